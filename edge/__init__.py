@@ -1,0 +1,1 @@
+"""BitNest Edge device runtime: checkpoint reader, decoder, nested KV cache, backends and decoding policies."""

@@ -1,0 +1,26 @@
+"""Shared command-line plumbing: one-line errors with exit code 2 (no traceback) and the final --json object."""
+
+import json
+import sys
+from typing import Callable
+
+from edge.errors import BitNestError
+
+
+def run_cli(body: Callable[[], dict], as_json: bool, prog: str) -> int:
+    """Run `body`; print its result as one JSON object last (with --json) or as `key: value` lines.
+    User errors and bad option values become `prog: error: ...` on stderr and exit code 2."""
+    try:
+        result = body()
+    except (BitNestError, ValueError, FileNotFoundError) as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    if as_json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            print(f"{k}: {v}")
+    return 0

@@ -1,0 +1,48 @@
+"""Constants of the nested weight and KV formats (DESIGN §3, §4), defined once for every op and backend."""
+
+FORMAT_VERSION = 1
+
+# Signed 4-bit code range of both planes.
+Q4_MIN, Q4_MAX = -8, 7
+# Refinement codes where the base code is Q4_MIN (paper eq. 9): keeps 16*q4+qr >= -128.
+QR_MIN_AT_BASE_MIN = 0
+# One refinement step is this fraction of the base step.
+REFINE_DIVISOR = 16
+# Per-token symmetric INT8 activations: s_x = max|x| / ACT_QMAX.
+ACT_QMAX = 127
+# KV quantization (DESIGN §4): s = max|x| / KV_QMAX.
+KV_QMAX = 7
+# Preferred weight group size; the largest power of two dividing K is used where it does not divide.
+DEFAULT_GROUP_SIZE = 128
+
+VIEWS = ("draft", "target")
+KV_VIEWS = ("kv4", "kv8", "recent")
+
+# Op names shared by the reference, the kernels, the ONNX schemas and the TensorRT plugins.
+OP_DUAL_PLANE_LINEAR = "dual_plane_linear"
+OP_NESTED_KV_ATTENTION = "nested_kv_attention"
+
+
+def check_view(view: str) -> str:
+    """Return `view` if it names a weight view, else raise ValueError with the accepted names."""
+    if view not in VIEWS:
+        raise ValueError(f"unknown weight view {view!r}: use one of {', '.join(VIEWS)}")
+    return view
+
+
+def group_size_for(k: int, preferred: int = DEFAULT_GROUP_SIZE) -> int:
+    """Group size for a row of length `k`: `preferred` where it divides k, else the largest power
+    of two below it that does (DESIGN §3)."""
+    if k <= 0 or preferred <= 0:
+        raise ValueError(f"group size needs positive K and preferred size, got K={k}, G={preferred}")
+    if k % preferred == 0:
+        return preferred
+    g = 1
+    while g * 2 <= preferred and k % (g * 2) == 0:
+        g *= 2
+    return g
+
+
+def bits_per_weight(group_size: int, has_offset: bool = False) -> float:
+    """Stored bits per weight of a nested linear: two 4-bit planes plus a float16 scale (and offset) per group."""
+    return 8.0 + (32.0 if has_offset else 16.0) / group_size

@@ -1,0 +1,30 @@
+"""Nested KV quantization (DESIGN §4, paper A.2): per-vector KV4 base and KV4 refinement planes."""
+
+import torch
+
+from plugins.contracts import KV_QMAX, Q4_MAX, Q4_MIN, REFINE_DIVISOR
+from plugins.packing import pack_nibbles, unpack_nibbles
+
+
+def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [..., D] -> (base uint8 [..., D/2], refine uint8 [..., D/2], scale float16 [...]).
+
+    s = max|x|/7 (stored as float16, and the stored value is the one used), q4 = clip(round(x/s), -8, 7),
+    qr = clip(round((x - q4 s)/(s/16)), -8, 7).
+    """
+    s = (x.float().abs().amax(dim=-1) / KV_QMAX).clamp_min(2.0 ** -24).to(torch.float16)  # [...]
+    sf = s.float().unsqueeze(-1)                                                           # [..., 1]
+    q4 = torch.clamp(torch.round(x.float() / sf), Q4_MIN, Q4_MAX)
+    qr = torch.clamp(torch.round((x.float() - q4 * sf) / (sf / REFINE_DIVISOR)), Q4_MIN, Q4_MAX)
+    return pack_nibbles(q4.to(torch.int8)), pack_nibbles(qr.to(torch.int8)), s
+
+
+def dequantize_kv(base: torch.Tensor, refine: torch.Tensor, scale: torch.Tensor, view: str) -> torch.Tensor:
+    """float32 [..., D] of a KV view: kv4 = q4 s, kv8 = (16 q4 + qr) s/16."""
+    sf = scale.float().unsqueeze(-1)
+    q4 = unpack_nibbles(base).float()
+    if view == "kv4":
+        return q4 * sf
+    if view == "kv8":
+        return (REFINE_DIVISOR * q4 + unpack_nibbles(refine).float()) * (sf / REFINE_DIVISOR)
+    raise ValueError(f"unknown KV view {view!r}: use kv4 or kv8 (recent-N is a mix chosen per position)")

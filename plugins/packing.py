@@ -1,0 +1,31 @@
+"""Signed-nibble plane packing (DESIGN §3): two 4-bit two's-complement codes per byte, low nibble first."""
+
+import torch
+
+from plugins.contracts import Q4_MAX, Q4_MIN
+
+
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """Pack signed 4-bit codes [..., K] (any integer dtype, values in [-8, 7], K even) into uint8 [..., K/2].
+
+    Byte j holds column 2j in its low nibble and column 2j+1 in its high nibble, each as `code & 0xF`.
+    """
+    if codes.shape[-1] % 2:
+        raise ValueError(f"cannot pack an odd number of columns ({codes.shape[-1]}) into nibbles")
+    c = codes.to(torch.int16)
+    if c.numel() and (int(c.min()) < Q4_MIN or int(c.max()) > Q4_MAX):
+        raise ValueError(f"nibble codes must lie in [{Q4_MIN}, {Q4_MAX}], got [{int(c.min())}, {int(c.max())}]")
+    u = c & 0xF                                       # [..., K] two's-complement nibbles
+    packed = u[..., 0::2] | (u[..., 1::2] << 4)       # [..., K/2]
+    return packed.to(torch.uint8)
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of `pack_nibbles`: uint8 [..., K/2] -> int8 codes [..., K] in [-8, 7]."""
+    if packed.dtype != torch.uint8:
+        raise ValueError(f"packed planes must be uint8, got {packed.dtype}")
+    p = packed.to(torch.int16)
+    lo = p & 0xF                                      # [..., K/2]
+    hi = (p >> 4) & 0xF                               # [..., K/2]
+    both = torch.stack((lo, hi), dim=-1).flatten(-2)  # [..., K]
+    return torch.where(both >= 8, both - 16, both).to(torch.int8)
