@@ -18,6 +18,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--group-size", type=int, default=128, help="preferred group size (power of two)")
     p.add_argument("--no-act-order", action="store_true", help="GPTQ in natural column order")
     p.add_argument("--damp", type=float, default=0.01, help="GPTQ dampening, fraction of mean diag(H)")
+    p.add_argument("--base-trust", type=float, default=None,
+                   help="bound GPTQ base codes to 0.5+D steps from the weight so the refinement can reach it")
     p.add_argument("--calib-samples", type=int, default=64, help="ShareGPT calibration windows")
     p.add_argument("--calib-seq-len", type=int, default=512, help="tokens per calibration window")
     p.add_argument("--quantize-head", action="store_true", help="store the LM head nested (RTN base) instead of float16")
@@ -33,7 +35,7 @@ def main(argv=None) -> int:
         if a.calib_samples < 1 or a.calib_seq_len < 16:
             raise ValueError("--calib-samples must be >= 1 and --calib-seq-len >= 16")
         quant = QuantOptions(method=a.method, refine=a.refine, group_size=a.group_size,
-                             act_order=not a.no_act_order, damp=a.damp, quantize_head=a.quantize_head)
+                             act_order=not a.no_act_order, damp=a.damp, base_trust=a.base_trust, quantize_head=a.quantize_head)
         return run_export(ExportOptions(out=a.out, model=a.model, rotation=a.rotation, seed=a.seed,
                                         calib_samples=a.calib_samples, calib_seq_len=a.calib_seq_len, quant=quant))
 

@@ -10,14 +10,21 @@ from plugins.nesting import refine_lower_bound, symmetric_scale
 
 class BaseQuantizer:
     """Symmetric 4-bit codes on per-group float16 scales chosen at the start of each group from the
-    error-updated weights (or up front from the original weights when static)."""
+    error-updated weights (or up front from the original weights when static).
 
-    def __init__(self, n: int, k: int, group_size: int, static_from: torch.Tensor | None = None):
+    With `trust` = d (and the original weights), a code may sit at most 0.5 + d base steps from the
+    original weight. The refinement reaches about half a base step either side of the base code, so
+    d bounds how far the target can be left from the original weight (d = 0 is RTN; None is plain GPTQ).
+    """
+
+    def __init__(self, n: int, k: int, group_size: int, static_from: torch.Tensor | None = None,
+                 trust: float | None = None, original: torch.Tensor | None = None):
         self.g = group_size
         self.scale = torch.zeros(n, k // group_size, dtype=torch.float16)
         self.static = static_from is not None
         if self.static:
             self.scale = symmetric_scale(static_from, group_size)
+        self.trust, self.original = trust, None if original is None else original.double()
 
     def begin_group(self, group: int, w_cols: torch.Tensor) -> None:
         if not self.static:
@@ -26,7 +33,11 @@ class BaseQuantizer:
     def __call__(self, col: int, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """w [N] (column `col`) -> (codes [N], dequantized [N])."""
         s = self.scale[:, col // self.g].double()
-        q = torch.clamp(torch.round(w / s), Q4_MIN, Q4_MAX)
+        q = torch.round(w / s)
+        if self.trust is not None:
+            u = self.original[:, col] / s
+            q = torch.minimum(torch.maximum(q, torch.ceil(u - 0.5 - self.trust)), torch.floor(u + 0.5 + self.trust))
+        q = torch.clamp(q, Q4_MIN, Q4_MAX)
         return q, q * s
 
 
@@ -99,10 +110,12 @@ def gptq(w: torch.Tensor, h: torch.Tensor, quantizer, group_size: int, act_order
     return out
 
 
-def gptq_base(w: torch.Tensor, h: torch.Tensor, group_size: int, act_order: bool, damp: float = 0.01):
-    """W4 base by GPTQ: (q4 int8 [N, K], scale float16 [N, K/G]). Act-order uses static group scales."""
+def gptq_base(w: torch.Tensor, h: torch.Tensor, group_size: int, act_order: bool, damp: float = 0.01,
+              trust: float | None = None):
+    """W4 base by GPTQ: (q4 int8 [N, K], scale float16 [N, K/G]). Act-order uses static group scales;
+    `trust` bounds each code's distance from the original weight (see BaseQuantizer)."""
     n, k = w.shape
-    quant = BaseQuantizer(n, k, group_size, static_from=w.float() if act_order else None)
+    quant = BaseQuantizer(n, k, group_size, static_from=w.float() if act_order else None, trust=trust, original=w)
     q4 = gptq(w, h, quant, group_size, act_order, damp)
     return q4.to(torch.int8), quant.scale
 

@@ -29,6 +29,7 @@ class QuantOptions:
     group_size: int = 128
     act_order: bool = True
     damp: float = 0.01
+    base_trust: float | None = None
     quantize_head: bool = False
 
     def __post_init__(self):
@@ -36,6 +37,8 @@ class QuantOptions:
             raise ValueError(f"unknown method {self.method!r}: use one of {', '.join(METHODS)}")
         if self.refine not in REFINES:
             raise ValueError(f"unknown refinement {self.refine!r}: use one of {', '.join(REFINES)}")
+        if self.base_trust is not None and self.base_trust < 0:
+            raise ValueError(f"--base-trust must be >= 0, got {self.base_trust}")
         if self.group_size < 2 or self.group_size & (self.group_size - 1):
             raise ValueError(f"group size must be a power of two >= 2, got {self.group_size}")
 
@@ -69,7 +72,7 @@ def _nest_one(w: torch.Tensor, opts: QuantOptions, h_draft=None, h_target=None) 
         return nest_top4of8(w, g)
     if opts.method == "rtn" or h_draft is None:
         return nest_rtn(w, g)
-    q4, scale = gptq_base(w, h_draft, g, opts.act_order, opts.damp)
+    q4, scale = gptq_base(w, h_draft, g, opts.act_order, opts.damp, opts.base_trust)
     if opts.refine == "gptq":
         qr = gptq_refine(w, h_target, q4, scale, g, opts.act_order, opts.damp)
     else:

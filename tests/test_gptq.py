@@ -38,3 +38,18 @@ def test_gptq_refinement_keeps_the_base_and_beats_closed_form(gen):
     assert bool((fitted.qr[q4 == -8] >= 0).all()) and int(fitted.qr.min()) >= -8 and int(fitted.qr.max()) <= 7
     e_closed, e_fit = _out_err(w, dequantize(closed, "target"), h), _out_err(w, dequantize(fitted, "target"), h)
     assert e_fit < e_closed, f"GPTQ refinement {e_fit:.4g} not below closed form {e_closed:.4g}"
+
+
+def test_base_trust_bounds_codes_and_trades_draft_for_target(gen):
+    w, h = _problem(gen)
+    rtn = nest_rtn(w, 64)
+    q0, s0 = gptq_base(w, h, 64, act_order=True, trust=0.0)
+    assert torch.equal(q0, rtn.q4), "trust 0 must reproduce RTN codes"
+    q4, scale = gptq_base(w, h, 64, act_order=True, trust=0.2)
+    u = w.double() / scale.double().repeat_interleave(64, 1)
+    assert bool(((q4.double() - u).abs() <= 0.7 + 1e-9).all()), "a code left its trust region"
+    free, fs = gptq_base(w, h, 64, act_order=True)
+    target = lambda q, s: _out_err(w, dequantize(NestedCodes(q, refine_codes(w, q, s), s), "target"), h)
+    draft = lambda q, s: _out_err(w, dequantize(NestedCodes(q, refine_codes(w, q, s), s), "draft"), h)
+    assert draft(free, fs) < draft(q4, scale) < draft(rtn.q4, rtn.scale)
+    assert target(rtn.q4, rtn.scale) < target(q4, scale) < target(free, fs)

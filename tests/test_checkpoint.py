@@ -1,0 +1,165 @@
+"""Nested checkpoints: contents, bits per weight, and a one-line error for every kind of bad input."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from edge.checkpoint import MANIFEST, WEIGHTS, load_checkpoint
+from edge.errors import BitNestError, CheckpointError
+from export.writer import check_output_dir
+from plugins.packing import unpack_nibbles
+from plugins.reference import dequantized_weight
+from tests.conftest import ROOT
+
+
+def _copy(src, tmp_path, name="ck"):
+    dst = tmp_path / name
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_checkpoint_contents(rtn_checkpoint):
+    ck = load_checkpoint(rtn_checkpoint)
+    m = ck.manifest
+    assert m["format_version"] == 1 and m["method"] == "rtn" and m["head"] == "float16"
+    assert set(m["files"]) >= {WEIGHTS, "tokenizer.json"} and "sha256" not in m["files"][WEIGHTS]
+    name = "model.layers.3.mlp.down_proj"
+    base, refine, scale, offset = ck.planes(name)
+    assert base.dtype == refine.dtype == torch.uint8 and base.shape == (576, 768) and scale.shape == (576, 12)
+    assert ck.linears["model.layers.3.self_attn.q_proj"].group_size == 64 and offset is None
+    # the 8-bit code stays in range and respects eq. 9
+    q4, qr = unpack_nibbles(base).int(), unpack_nibbles(refine).int()
+    assert bool((qr[q4 == -8] >= 0).all()) and int((16 * q4 + qr).min()) >= -128
+    assert ck.tensors["model.embed_tokens.weight"].dtype == torch.float16
+
+
+def test_linear_bits_per_weight_at_most_8_25(rtn_checkpoint):
+    ck = load_checkpoint(rtn_checkpoint)
+    bits = [8 + 16 / s.group_size for s in ck.linears.values()]
+    n = [s.shape[0] * s.shape[1] for s in ck.linears.values()]
+    stored = sum(ck.tensors[k].numel() * ck.tensors[k].element_size() for name in ck.linears
+                 for k in (name + ".base", name + ".refine", name + ".scale"))
+    assert stored * 8 / sum(n) == pytest.approx(sum(b * c for b, c in zip(bits, n)) / sum(n))
+    assert stored * 8 / sum(n) <= 8.25
+
+
+def test_draft_from_base_plane_is_the_target_minus_refinement(rtn_checkpoint):
+    ck = load_checkpoint(rtn_checkpoint)
+    base, refine, scale, _ = ck.planes("model.layers.0.self_attn.q_proj")
+    draft = dequantized_weight(base, None, scale, "draft")
+    target = dequantized_weight(base, refine, scale, "target")
+    s = scale.float().repeat_interleave(64, 1)
+    assert torch.equal(target - unpack_nibbles(refine).float() * (s / 16), draft)
+
+
+def test_missing_checkpoint(tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_checkpoint(tmp_path / "nope")
+    with pytest.raises(CheckpointError, match="no manifest.json"):
+        load_checkpoint(tmp_path)
+
+
+def test_truncated_weights(rtn_checkpoint, tmp_path):
+    ck = _copy(rtn_checkpoint, tmp_path)
+    data = (ck / WEIGHTS).read_bytes()
+    (ck / WEIGHTS).write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="sha256"):
+        load_checkpoint(ck)
+    with pytest.raises(CheckpointError, match="cannot be read"):
+        load_checkpoint(ck, verify=False)
+
+
+def test_corrupted_byte_fails_sha256(rtn_checkpoint, tmp_path):
+    ck = _copy(rtn_checkpoint, tmp_path)
+    with open(ck / WEIGHTS, "r+b") as f:
+        f.seek(-100, 2)
+        b = f.read(1)
+        f.seek(-100, 2)
+        f.write(bytes([b[0] ^ 0xFF]))
+    with pytest.raises(CheckpointError, match="sha256"):
+        load_checkpoint(ck)
+
+
+def test_missing_file_and_corrupted_manifest(rtn_checkpoint, tmp_path):
+    ck = _copy(rtn_checkpoint, tmp_path)
+    (ck / "tokenizer.json").unlink()
+    with pytest.raises(CheckpointError, match="missing tokenizer.json"):
+        load_checkpoint(ck)
+    (ck / MANIFEST).write_text('{"format": "bitnest-nested", ')
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        load_checkpoint(ck)
+
+
+def _edit_manifest(ck, fn):
+    m = json.loads((ck / MANIFEST).read_text())
+    fn(m)
+    (ck / MANIFEST).write_text(json.dumps(m))
+
+
+def test_unknown_architecture_in_checkpoint(rtn_checkpoint, tmp_path):
+    ck = _copy(rtn_checkpoint, tmp_path)
+    _edit_manifest(ck, lambda m: m["config"].update(architecture="FooForCausalLM"))
+    with pytest.raises(CheckpointError, match="unknown architecture 'FooForCausalLM'"):
+        load_checkpoint(ck)
+
+
+def test_group_size_not_dividing_k(rtn_checkpoint, tmp_path):
+    ck = _copy(rtn_checkpoint, tmp_path)
+    _edit_manifest(ck, lambda m: m["linears"]["model.layers.0.mlp.up_proj"].update(group_size=100))
+    with pytest.raises(CheckpointError, match="group size 100 does not divide K=576"):
+        load_checkpoint(ck)
+
+
+def test_format_version_and_shape_mismatch(rtn_checkpoint, tmp_path):
+    ck = _copy(rtn_checkpoint, tmp_path)
+    _edit_manifest(ck, lambda m: m.update(format_version=99))
+    with pytest.raises(CheckpointError, match="format version 99"):
+        load_checkpoint(ck)
+    ck2 = _copy(rtn_checkpoint, tmp_path, "ck2")
+    _edit_manifest(ck2, lambda m: m["config"].update(intermediate_size=1024))
+    with pytest.raises(CheckpointError, match="expected|implies"):
+        load_checkpoint(ck2)
+
+
+def test_output_folder_that_is_not_a_checkpoint(tmp_path):
+    (tmp_path / "precious.txt").write_text("user data")
+    with pytest.raises(BitNestError, match="exists and is not a BitNest checkpoint"):
+        check_output_dir(tmp_path)
+    check_output_dir(tmp_path / "fresh")  # a new folder is fine
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, cwd=ROOT, timeout=600)
+
+
+@pytest.mark.parametrize("case", ["missing", "corrupt"])
+def test_evaluate_cli_bad_checkpoint_is_one_line(rtn_checkpoint, tmp_path, case):
+    ck = tmp_path / "missing"
+    if case == "corrupt":
+        ck = _copy(rtn_checkpoint, tmp_path)
+        (ck / WEIGHTS).write_bytes(b"\0" * 64)
+    r = _cli("scripts/evaluate.py", "--checkpoint", ck, "--tokens", "16")
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr and lines[0].startswith("bitnest-evaluate: error:"), r.stderr
+
+
+def test_export_cli_errors_are_one_line(tmp_path):
+    (tmp_path / "notes.txt").write_text("keep me")
+    hf = tmp_path / "foo"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"architectures": ["FooForCausalLM"], "hidden_size": 8}))
+    for args, needle in [
+        (["--out", tmp_path, "--method", "rtn"], "exists and is not a BitNest checkpoint"),
+        (["--out", tmp_path / "o", "--model", tmp_path / "absent"], "does not exist"),
+        (["--out", tmp_path / "o", "--model", hf], "unknown architecture 'FooForCausalLM'"),
+        (["--out", tmp_path / "o", "--group-size", "96"], "power of two"),
+    ]:
+        r = _cli("scripts/export.py", *args)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], (args, r.stderr)
+    assert (tmp_path / "notes.txt").read_text() == "keep me"
