@@ -1,0 +1,63 @@
+"""End to end on the real default model: a small-calibration GPTQ export, its views, and evaluation."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from edge.backends.torch_ref import TorchReferenceWeights
+from edge.checkpoint import load_checkpoint
+from edge.evaluate import EvalOptions, evaluate
+from edge.model import Decoder
+from export.pipeline import ExportOptions, run_export
+from export.quantize import QuantOptions
+from tests.conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def gptq_checkpoint(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gptq") / "bitnest"
+    summary = run_export(ExportOptions(out=str(out), calib_samples=4, calib_seq_len=128,
+                                       quant=QuantOptions("bitnest", "closed", base_trust=0.1)))
+    return out, summary
+
+
+def test_export_summary(gptq_checkpoint):
+    out, summary = gptq_checkpoint
+    assert summary["checkpoint"] == str(out) and summary["method"] == "bitnest"
+    assert summary["bits_per_weight"]["linear"] == pytest.approx(8.21875)   # 576-wide rows in groups of 64, 1536 in 128
+    assert summary["seconds"] > 0
+    m = load_checkpoint(out).manifest
+    assert m["calibration"] == {"corpus": "sharegpt", "samples": 4, "seq_len": 128}
+    assert m["quant"]["base_trust"] == 0.1
+
+
+def test_int8_activation_views_track_float_views(gptq_checkpoint, gen):
+    ck = load_checkpoint(gptq_checkpoint[0])
+    ids = torch.randint(0, ck.config.vocab_size, (12,), generator=gen)
+    for view in ("draft", "target"):
+        f = Decoder(ck.config, TorchReferenceWeights(ck, act_int8=False), ck.rotations).forward(ids, view)
+        q = Decoder(ck.config, TorchReferenceWeights(ck, act_int8=True), ck.rotations).forward(ids, view)
+        err = ((q - f).norm() / f.norm()).item()
+        assert err < 0.1, f"{view}: int8 activations moved logits by {err:.3g}"
+
+
+def test_evaluate_reports_views_against_reference(gptq_checkpoint):
+    r = evaluate(EvalOptions(str(gptq_checkpoint[0]), corpora=("code", "shakespeare"), tokens=512, window=256))
+    for corpus in ("code", "shakespeare"):
+        ref, draft, target = (r["ppl"][k][corpus] for k in ("reference", "draft", "target"))
+        assert 1 < ref < 200 and target < draft, r["ppl"]
+        assert abs(target / ref - 1) < 0.05, f"{corpus}: target ppl {target} vs reference {ref}"
+        assert 0.5 < r["agreement"][corpus] < 1.0
+        assert r["tokens"][corpus] == 510
+
+
+def test_evaluate_cli_json_is_last_line(gptq_checkpoint):
+    r = subprocess.run([sys.executable, "scripts/evaluate.py", "--checkpoint", str(gptq_checkpoint[0]),
+                        "--corpus", "code", "--tokens", "64", "--window", "64", "--json"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert set(out["ppl"]) == {"reference", "draft", "target"} and set(out["agreement"]) == {"code"}
