@@ -7,8 +7,8 @@ from typing import Callable
 from edge.errors import BitNestError
 
 
-def run_cli(body: Callable[[], dict], as_json: bool, prog: str) -> int:
-    """Run `body`; print its result as one JSON object last (with --json) or as `key: value` lines.
+def run_cli(body: Callable[[], dict], as_json: bool, prog: str, echo: bool = True) -> int:
+    """Run `body`; print its result as one JSON object last (with --json) or, with `echo`, as `key: value` lines.
     User errors and bad option values become `prog: error: ...` on stderr and exit code 2."""
     try:
         result = body()
@@ -20,7 +20,7 @@ def run_cli(body: Callable[[], dict], as_json: bool, prog: str) -> int:
         return 130
     if as_json:
         print(json.dumps(result))
-    else:
+    elif echo:
         for k, v in result.items():
             print(f"{k}: {v}")
     return 0

@@ -29,6 +29,7 @@ class EvalOptions:
     window: int = 1024
     act_int8: bool = False
     reference: str | None = None   # HF folder of the float reference; default: the manifest's source folder
+    with_reference: bool = True    # False: views only (a caller that already has the reference's figures)
 
     def __post_init__(self):
         if self.tokens < 2 or self.window < 2:
@@ -64,8 +65,8 @@ def evaluate(opts: EvalOptions) -> dict:
     ckpt = load_checkpoint(opts.checkpoint)
     tok = load_tokenizer(ckpt.path)
     nested = Decoder(ckpt.config, TorchReferenceWeights(ckpt, act_int8=opts.act_int8), ckpt.rotations)
-    ref = reference_decoder(ckpt, opts.reference)
-    ppl = {"reference": {}, "draft": {}, "target": {}}
+    ref = reference_decoder(ckpt, opts.reference) if opts.with_reference else None
+    ppl = {"reference": {}, "draft": {}, "target": {}} if ref else {"draft": {}, "target": {}}
     agreement, target_vs_ref, counted = {}, {}, {}
     for corpus in opts.corpora:
         ids = torch.tensor(tok(eval_text(corpus))["input_ids"][: opts.tokens], dtype=torch.long)
@@ -73,19 +74,21 @@ def evaluate(opts: EvalOptions) -> dict:
         agree = tref = n = 0
         for chunk in _windows(ids, opts.window):
             targets = chunk[1:]
-            logits = {"reference": ref.forward(chunk, "target"),
-                      "draft": nested.forward(chunk, "draft"),
-                      "target": nested.forward(chunk, "target")}
+            logits = {"draft": nested.forward(chunk, "draft"), "target": nested.forward(chunk, "target")}
+            if ref is not None:
+                logits["reference"] = ref.forward(chunk, "target")
             for k, lg in logits.items():
                 nll[k] += F.cross_entropy(lg[:-1].float(), targets, reduction="sum").item()
             am = {k: lg[:-1].argmax(-1) for k, lg in logits.items()}
             agree += int((am["draft"] == am["target"]).sum())
-            tref += int((am["target"] == am["reference"]).sum())
+            if ref is not None:
+                tref += int((am["target"] == am["reference"]).sum())
             n += targets.numel()
         for k in ppl:
             ppl[k][corpus] = round(math.exp(nll[k] / n), 4)
         agreement[corpus] = round(agree / n, 4)
-        target_vs_ref[corpus] = round(tref / n, 4)
+        if ref is not None:
+            target_vs_ref[corpus] = round(tref / n, 4)
         counted[corpus] = n
     return {"checkpoint": str(ckpt.path), "method": ckpt.method, "refine": ckpt.manifest.get("refine"),
             "rotation": ckpt.manifest["rotation"]["kind"], "activations": "int8" if opts.act_int8 else "float",

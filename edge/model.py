@@ -11,6 +11,19 @@ import torch.nn.functional as F
 from edge.arch import ModelConfig
 from plugins.hadamard import apply_hadamard
 
+# Passes of at most this many tokens (drafting, verification, AR steps) run their float matmuls row by
+# row, so a verification pass over γ+1 tokens computes bit for bit what γ+1 single-token steps compute:
+# BLAS kernels pick different blockings for different M, and activation rounding (int8, bf16) would
+# amplify those last-bit differences into different tokens.
+ROWWISE_MAX = 32
+
+
+def rowwise(fn, x: torch.Tensor) -> torch.Tensor:
+    """fn(x) for x [M, ...], computed one row at a time when 1 < M <= ROWWISE_MAX (batch invariance)."""
+    if 1 < x.shape[0] <= ROWWISE_MAX:
+        return torch.cat([fn(x[i:i + 1]) for i in range(x.shape[0])])
+    return fn(x)
+
 
 class WeightStore(Protocol):
     """What the decoder reads: every linear goes through `linear` with the current view."""
@@ -61,10 +74,12 @@ class Decoder:
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.weights.embed(ids)                                   # [T, H]
         if self.rot.r1 is not None:
-            x = x @ self.rot.r1.to(x.dtype)                           # into the rotated residual basis
+            r1 = self.rot.r1.to(x.dtype)
+            x = rowwise(lambda r: r @ r1, x)                          # into the rotated residual basis
         return x
 
-    def block(self, layer: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, view: str) -> torch.Tensor:
+    def block(self, layer: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, view: str,
+              attend: "Attention") -> torch.Tensor:
         """One decoder block on the residual stream x [T, H]."""
         cfg, w, p = self.cfg, self.weights, f"model.layers.{layer}."
         t = x.shape[0]
@@ -73,32 +88,56 @@ class Decoder:
         k = w.linear(p + "self_attn.k_proj", h, view).view(t, cfg.num_kv_heads, cfg.head_dim).transpose(0, 1)
         v = w.linear(p + "self_attn.v_proj", h, view).view(t, cfg.num_kv_heads, cfg.head_dim).transpose(0, 1)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)      # [Hq, T, D], [Hkv, T, D]
-        rep = cfg.num_heads // cfg.num_kv_heads
-        k, v = k.repeat_interleave(rep, 0), v.repeat_interleave(rep, 0)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(cfg.head_dim))
+        a = attend(layer, q, k, v)                                    # [Hq, T, D]
         a = a.transpose(0, 1).reshape(t, cfg.num_heads * cfg.head_dim)  # [T, Hq*D]
         x = x + w.linear(p + "self_attn.o_proj", a, view)
         h = rms_norm(x, w.norm(p + "post_attention_layernorm"), cfg.rms_norm_eps)
         g = F.silu(w.linear(p + "mlp.gate_proj", h, view)) * w.linear(p + "mlp.up_proj", h, view)  # [T, I]
         if self.rot.r4_size is not None:
-            g = apply_hadamard(g, self.rot.r4_size)
+            g = rowwise(lambda r: apply_hadamard(r, self.rot.r4_size), g)
         return x + w.linear(p + "mlp.down_proj", g, view)
 
     def final(self, x: torch.Tensor, view: str) -> torch.Tensor:
         """Residual [T, H] -> logits [T, V]."""
         if self.rot.r1 is not None:
-            x = x @ self.rot.r1.to(x.dtype).T                         # back to the original basis
+            r1t = self.rot.r1.to(x.dtype).T
+            x = rowwise(lambda r: r @ r1t, x)                         # back to the original basis
         x = rms_norm(x, self.weights.norm("model.norm"), self.cfg.rms_norm_eps)
         return self.weights.head(x, view)
 
-    def rope(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return rope_tables(self.cfg, torch.arange(t), self.weights.dtype)
+    def rope(self, t: int, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        return rope_tables(self.cfg, torch.arange(start, start + t), self.weights.dtype)
 
     @torch.no_grad()
-    def forward(self, ids: torch.Tensor, view: str) -> torch.Tensor:
-        """ids [T] -> logits [T, V] (float32 or the store's dtype)."""
+    def forward(self, ids: torch.Tensor, view: str, attend: Optional["Attention"] = None, start: int = 0,
+                last_only: bool = False) -> torch.Tensor:
+        """ids [T] at positions [start, start + T) -> logits [T, V] ([1, V] with `last_only`).
+        Without `attend`, plain causal attention over `ids` alone (no cache)."""
+        attend = attend or causal_attention
         x = self.embed(ids)
-        cos, sin = self.rope(ids.shape[0])
+        cos, sin = self.rope(ids.shape[0], start)
         for layer in range(self.cfg.num_layers):
-            x = self.block(layer, x, cos, sin, view)
-        return self.final(x, view)
+            x = self.block(layer, x, cos, sin, view, attend)
+        return self.final(x[-1:] if last_only else x, view)
+
+
+class Attention(Protocol):
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
+    """q [Hq, T, D] at positions [start, start + T) over k, v [Hkv, S, D] at positions [0, S), causal, GQA.
+    Decode-sized passes attend one query at a time over exactly the keys an AR step would see."""
+    t, s = q.shape[1], k.shape[1]
+    k, v = k.to(q.dtype), v.to(q.dtype)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    if t <= ROWWISE_MAX and start + t == s:
+        return torch.cat([F.scaled_dot_product_attention(q[:, i:i + 1], k[:, :start + i + 1], v[:, :start + i + 1],
+                                                         enable_gqa=True, scale=scale) for i in range(t)], dim=1)
+    mask = torch.arange(s).unsqueeze(0) <= (start + torch.arange(t)).unsqueeze(1)   # [T, S]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True, scale=scale)
+
+
+def causal_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Attention of a whole sequence over itself (no cache)."""
+    return attention(q, k, v, 0)

@@ -49,6 +49,22 @@ def _bits(codes) -> dict:
     return {"linear": linear_bits / linear_n}
 
 
+def default_checkpoint_path() -> Path:
+    """Where the embedded default model's nested export lives ($BITNEST_CACHE/checkpoints/...)."""
+    from export.sources import cache_root
+    return cache_root() / "checkpoints" / "smollm2-135m-instruct-bitnest"
+
+
+def ensure_default_checkpoint() -> Path:
+    """The default export, made first (a few minutes, once) if it is absent."""
+    from edge.checkpoint import is_checkpoint_dir
+    path = default_checkpoint_path()
+    if not is_checkpoint_dir(path):
+        print(f"exporting the embedded default model to {path} (once, a few minutes)...", file=sys.stderr)
+        run_export(ExportOptions(out=str(path)))
+    return path
+
+
 def run_export(opts: ExportOptions) -> dict:
     """Export and validate one checkpoint; returns the summary the command prints."""
     t0 = time.time()
@@ -93,6 +109,7 @@ def run_export(opts: ExportOptions) -> dict:
                                                     "seq_len": opts.calib_seq_len},
         "source": {"model": opts.model, "folder": str(src.folder)},
         "activations": "per-token symmetric int8 on quantized-activation backends (DESIGN §5)",
+        "export": {"seconds": round(time.time() - t0, 1), "threads": torch.get_num_threads()},
     }
     write_checkpoint(out, tensors, manifest, src.tokenizer_files())
     load_checkpoint(out)  # the written artifact must read back and validate

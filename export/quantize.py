@@ -9,7 +9,7 @@ import torch
 
 from edge.arch import BLOCK_LINEARS, ModelConfig
 from edge.checkpoint import HEAD
-from edge.model import Decoder, OnlineRotations
+from edge.model import Decoder, OnlineRotations, causal_attention
 from edge.weights import FloatWeights
 from export.gptq import gptq_base, gptq_refine
 from plugins.contracts import group_size_for
@@ -81,7 +81,7 @@ def _nest_one(w: torch.Tensor, opts: QuantOptions, h_draft=None, h_target=None) 
 
 
 def _run_block(dec: Decoder, layer: int, xs: torch.Tensor, cos, sin) -> torch.Tensor:
-    return torch.stack([dec.block(layer, x, cos, sin, "target") for x in xs])
+    return torch.stack([dec.block(layer, x, cos, sin, "target", causal_attention) for x in xs])
 
 
 def nest_model(tensors: dict[str, torch.Tensor], cfg: ModelConfig, rotations: OnlineRotations, opts: QuantOptions,

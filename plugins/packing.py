@@ -21,11 +21,11 @@ def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
 
 
 def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
-    """Inverse of `pack_nibbles`: uint8 [..., K/2] -> int8 codes [..., K] in [-8, 7]."""
+    """Inverse of `pack_nibbles`: uint8 [..., K/2] -> int8 codes [..., K] in [-8, 7].
+
+    Sign extension by arithmetic shifts on int8: the low nibble is moved to the top and shifted back."""
     if packed.dtype != torch.uint8:
         raise ValueError(f"packed planes must be uint8, got {packed.dtype}")
-    p = packed.to(torch.int16)
-    lo = p & 0xF                                      # [..., K/2]
-    hi = (p >> 4) & 0xF                               # [..., K/2]
-    both = torch.stack((lo, hi), dim=-1).flatten(-2)  # [..., K]
-    return torch.where(both >= 8, both - 16, both).to(torch.int8)
+    lo = (packed << 4).view(torch.int8) >> 4                       # [..., K/2]
+    hi = packed.view(torch.int8) >> 4                              # [..., K/2]
+    return torch.stack((lo, hi), dim=-1).flatten(-2)               # [..., K]

@@ -1,2 +1,17 @@
-"""Backends: weight stores that run `dual_plane_linear` for the decoder (torch reference now; cpu, triton and
-tensorrt behind the same interface)."""
+"""Backends: weight stores that run `dual_plane_linear` for the decoder, chosen by name."""
+
+from edge.checkpoint import Checkpoint
+from edge.errors import BitNestError
+
+BACKENDS = ("torch", "cpu")
+
+
+def make_weights(name: str, ckpt: Checkpoint):
+    """The weight store of backend `name` over a loaded checkpoint (may re-lay its planes in place)."""
+    if name == "torch":
+        from edge.backends.torch_ref import TorchReferenceWeights
+        return TorchReferenceWeights(ckpt, act_int8=True)
+    if name == "cpu":
+        from edge.backends.cpu import CpuInt4Weights
+        return CpuInt4Weights(ckpt)
+    raise BitNestError(f"unknown backend {name!r}: use one of {', '.join(BACKENDS)}")

@@ -1,0 +1,84 @@
+"""`cpu` backend: the planes re-laid in place (at load) into PyTorch's CPU int4 GEMM layout, one
+`_weight_int4pack_mm_for_cpu` call for the draft view and two for the target view.
+
+Numerics (reported in its name and stats): bfloat16 activations and bfloat16 group scales (the op's
+only activation and scale dtype); the float16 head is applied to float16 activations. Passes of up to
+ROWWISE_MAX tokens call the op one row at a time (verification = the AR steps, bit for bit); on this
+CPU a linear's planes stay in cache across those rows.
+"""
+
+import torch
+
+from edge.checkpoint import HEAD, Checkpoint
+from edge.errors import BitNestError
+from edge.model import rowwise
+from plugins.contracts import REFINE_DIVISOR
+from plugins.packing import unpack_nibbles
+
+_INNER_K_TILES = 2
+
+
+def cpu_int4_available() -> bool:
+    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") and \
+        hasattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu")
+
+
+def _relay(plane: torch.Tensor) -> torch.Tensor:
+    """Canonical signed-nibble plane uint8 [N, K/2] -> the op's packed layout (same byte count)."""
+    codes = unpack_nibbles(plane).to(torch.int32) + 8                       # [N, K] in [0, 15]
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, _INNER_K_TILES)
+
+
+def _scales_and_zeros(scale: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
+    """[N, K/G] float16 -> [K/G, N, 2] bfloat16 (scale, zero): the op computes (q - 8) * scale + zero."""
+    zero = torch.zeros_like(scale) if offset is None else offset
+    return torch.stack((scale.T, zero.T), dim=-1).to(torch.bfloat16).contiguous()
+
+
+class CpuInt4Weights:
+    """Weight store running both views from the re-laid planes (the canonical planes are replaced)."""
+
+    name = "cpu"
+    activations = "bfloat16"
+
+    def __init__(self, ckpt: Checkpoint):
+        if not cpu_int4_available():
+            raise BitNestError("this torch build lacks _weight_int4pack_mm_for_cpu: use --backend torch")
+        self.ckpt, self.dtype = ckpt, torch.float32
+        self.layout: dict[str, tuple] = {}
+        t = ckpt.tensors
+        for name, spec in ckpt.linears.items():
+            base, refine, scale, offset = (t.pop(name + s, None) for s in (".base", ".refine", ".scale", ".offset"))
+            sz_base = _scales_and_zeros(scale, offset)
+            # the refinement reuses the base scales on x/16 (exact in bf16) unless an offset must be left out
+            sz_ref = sz_base if offset is None else _scales_and_zeros(scale, None)
+            self.layout[name] = (_relay(base), _relay(refine), sz_base, sz_ref, spec.group_size)
+        emb = t["model.embed_tokens.weight"]
+        self.head_w = None if ckpt.head_nested else (emb if ckpt.config.tie_word_embeddings else t["lm_head.weight"])
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.ckpt.tensors["model.embed_tokens.weight"][ids].float()
+
+    def norm(self, name: str) -> torch.Tensor:
+        return self.ckpt.tensors[name + ".weight"].float()
+
+    def linear(self, name: str, x: torch.Tensor, view: str) -> torch.Tensor:
+        base, refine, sz_base, sz_ref, g = self.layout[name]
+        mm = torch.ops.aten._weight_int4pack_mm_for_cpu
+
+        def one(xr: torch.Tensor) -> torch.Tensor:
+            xb = xr.to(torch.bfloat16)
+            y = mm(xb, base, g, sz_base).float()
+            if view == "target":
+                y = y + mm(xb / REFINE_DIVISOR, refine, g, sz_ref).float()
+            return y
+
+        y = rowwise(one, x)
+        bias = self.ckpt.tensors.get(name + ".bias")
+        return y if bias is None else y + bias.float()
+
+    def head(self, x: torch.Tensor, view: str) -> torch.Tensor:
+        if self.head_w is None:
+            return self.linear(HEAD, x, view)
+        w = self.head_w
+        return rowwise(lambda r: (r.to(w.dtype) @ w.T).float(), x)

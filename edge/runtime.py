@@ -1,0 +1,82 @@
+"""The runtime a user drives: a checkpoint, its tokenizer and chat template, a backend and one engine,
+turning prompts into text with streaming and decode statistics."""
+
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable, Optional
+
+from edge.backends import make_weights
+from edge.checkpoint import load_checkpoint
+from edge.engine import Engine
+from edge.generate import GenerateConfig, generate
+from edge.stats import DecodeStats, fp16_weight_bytes_per_pass
+
+
+def load_tokenizer(folder: Path):
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+class Runtime:
+    """Loads a checkpoint once; `run` generates for one prompt (or a chat history) at a time."""
+
+    def __init__(self, checkpoint, backend: str = "cpu", max_context: int = 2048, prefill_chunk: int = 256,
+                 scratch: int = 17):
+        self.ckpt = load_checkpoint(checkpoint)
+        self.tokenizer = load_tokenizer(self.ckpt.path)
+        self.weights = make_weights(backend, self.ckpt)
+        self.backend = backend
+        self.engine = Engine(self.ckpt, self.weights, max_context, scratch=scratch, prefill_chunk=prefill_chunk)
+        eos = set(self.ckpt.config.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.eos = eos
+        self.fp16_bytes_per_token = fp16_weight_bytes_per_pass(self.ckpt)
+
+    def encode(self, prompt: str | list[dict], chat: bool = True) -> list[int]:
+        """Token ids of a prompt: with `chat`, through the model's chat template (a str is one user turn)."""
+        if not chat:
+            return self.tokenizer(prompt)["input_ids"]
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                       return_dict=False))
+
+    def run(self, prompt_ids: list[int], cfg: GenerateConfig, stop_strings: tuple[str, ...] = (),
+            on_text: Optional[Callable[[str], None]] = None) -> dict:
+        """Generate after `prompt_ids`; stream decoded text deltas to `on_text`. Returns
+        {"text", "tokens", "stats"} with the stop token (EOS) left out of the text."""
+        tok = self.tokenizer
+        collected, shown = [], [""]
+
+        def stop(out: list[int]) -> bool:
+            return any(s in tok.decode(out[-16:]) for s in stop_strings)
+
+        def stream(new: list[int]) -> None:
+            collected.extend(t for t in new if t not in self.eos)
+            if on_text is not None:
+                text = tok.decode(collected, skip_special_tokens=True)
+                on_text(text[len(shown[0]):])
+                shown[0] = text
+
+        tokens, stats = generate(self.engine, prompt_ids, cfg, self.eos, stop if stop_strings else None, stream)
+        text = tok.decode([t for t in tokens if t not in self.eos], skip_special_tokens=True)
+        for s in stop_strings:
+            if s in text:
+                text = text[: text.index(s)]
+        stats.extra.update(self.describe())
+        return {"text": text, "tokens": tokens, "stats": stats}
+
+    def describe(self) -> dict:
+        return {"activations": getattr(self.weights, "activations", "float32"),
+                "fp16_weight_bytes_per_token": self.fp16_bytes_per_token,
+                "method": self.ckpt.method}
+
+
+def merged_summary(stats: list[DecodeStats]) -> dict:
+    """One summary over several runs (sums of counters, ratios recomputed)."""
+    total = replace(stats[0], extra=dict(stats[0].extra))
+    for s in stats[1:]:
+        total.add(s)
+    return total.summary()
