@@ -83,3 +83,23 @@ def eval_text(corpus: str) -> str:
     if not path.is_file():
         raise BitNestError(f"corpus {corpus!r} is neither one of {', '.join(CORPORA)} nor a readable file")
     return path.read_text(encoding="utf-8", errors="replace")
+
+
+def sharegpt_prompts(n: int, max_chars: int = 600) -> list[str]:
+    """First user turns of held-out ShareGPT conversations (from the evaluation range), at most
+    `max_chars` long, so prompts are real chat requests the calibration never saw."""
+    out = []
+    for conv in sharegpt_conversations(SHAREGPT_EVAL_START):
+        text = conv[0]["content"].strip()
+        if 20 <= len(text) <= max_chars:
+            out.append(text)
+            if len(out) == n:
+                break
+    return out
+
+
+def shakespeare_prompts(n: int, chars: int = 400) -> list[str]:
+    """Raw-text continuation prompts: consecutive passages of Hamlet and Macbeth."""
+    text = shakespeare_text()
+    start = len(text) // 10                       # skip the front matter
+    return [text[start + i * 5000: start + i * 5000 + chars] for i in range(n)]

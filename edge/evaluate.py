@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from edge.backends import BACKENDS, make_weights
 from edge.backends.torch_ref import TorchReferenceWeights
 from edge.checkpoint import Checkpoint, load_checkpoint
 from edge.cli import run_cli
@@ -30,6 +31,7 @@ class EvalOptions:
     act_int8: bool = False
     reference: str | None = None   # HF folder of the float reference; default: the manifest's source folder
     with_reference: bool = True    # False: views only (a caller that already has the reference's figures)
+    backend: str = "torch"         # torch (reference semantics, activations per act_int8) or cpu
 
     def __post_init__(self):
         if self.tokens < 2 or self.window < 2:
@@ -64,7 +66,9 @@ def evaluate(opts: EvalOptions) -> dict:
     t0 = time.time()
     ckpt = load_checkpoint(opts.checkpoint)
     tok = load_tokenizer(ckpt.path)
-    nested = Decoder(ckpt.config, TorchReferenceWeights(ckpt, act_int8=opts.act_int8), ckpt.rotations)
+    weights = TorchReferenceWeights(ckpt, act_int8=opts.act_int8) if opts.backend == "torch" \
+        else make_weights(opts.backend, ckpt)
+    nested = Decoder(ckpt.config, weights, ckpt.rotations)
     ref = reference_decoder(ckpt, opts.reference) if opts.with_reference else None
     ppl = {"reference": {}, "draft": {}, "target": {}} if ref else {"draft": {}, "target": {}}
     agreement, target_vs_ref, counted = {}, {}, {}
@@ -91,7 +95,8 @@ def evaluate(opts: EvalOptions) -> dict:
             target_vs_ref[corpus] = round(tref / n, 4)
         counted[corpus] = n
     return {"checkpoint": str(ckpt.path), "method": ckpt.method, "refine": ckpt.manifest.get("refine"),
-            "rotation": ckpt.manifest["rotation"]["kind"], "activations": "int8" if opts.act_int8 else "float",
+            "rotation": ckpt.manifest["rotation"]["kind"], "backend": opts.backend,
+            "activations": getattr(weights, "activations", "float32"),
             "ppl": ppl, "agreement": agreement, "target_reference_agreement": target_vs_ref,
             "tokens": counted, "window": opts.window, "seconds": round(time.time() - t0, 1)}
 
@@ -102,9 +107,11 @@ def main(argv=None) -> int:
     p.add_argument("--corpus", action="append", help=f"{'|'.join(CORPORA)}|FILE (repeatable; default: all three)")
     p.add_argument("--tokens", type=int, default=8192, help="evaluation tokens per corpus")
     p.add_argument("--window", type=int, default=1024, help="tokens per non-overlapping window")
-    p.add_argument("--act", choices=("float", "int8"), default="float", help="activations of the nested views")
+    p.add_argument("--act", choices=("float", "int8"), default="float", help="activations of the torch backend's views")
+    p.add_argument("--backend", choices=BACKENDS, default="torch", help="backend that runs the nested views")
     p.add_argument("--reference", help="HF folder of the float reference (default: the export's source)")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
     a = p.parse_args(argv)
-    opts = lambda: EvalOptions(a.checkpoint, tuple(a.corpus or CORPORA), a.tokens, a.window, a.act == "int8", a.reference)
+    opts = lambda: EvalOptions(a.checkpoint, tuple(a.corpus or CORPORA), a.tokens, a.window, a.act == "int8",
+                               a.reference, backend=a.backend)
     return run_cli(lambda: evaluate(opts()), a.json, "bitnest-evaluate")

@@ -8,6 +8,10 @@ from export.quantize import METHODS, REFINES, QuantOptions
 from export.rotation import ROTATIONS
 
 
+def _trust(text: str):
+    return None if text == "none" else float(text)
+
+
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bitnest-export", description=__doc__)
     p.add_argument("--model", default="default", help="`default` (embedded SmolLM2-135M-Instruct), an HF folder or a .gguf file")
@@ -18,8 +22,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--group-size", type=int, default=128, help="preferred group size (power of two)")
     p.add_argument("--no-act-order", action="store_true", help="GPTQ in natural column order")
     p.add_argument("--damp", type=float, default=0.01, help="GPTQ dampening, fraction of mean diag(H)")
-    p.add_argument("--base-trust", type=float, default=None,
-                   help="bound GPTQ base codes to 0.5+D steps from the weight so the refinement can reach it")
+    p.add_argument("--base-trust", type=_trust, default=0.1, metavar="D|none",
+                   help="keep GPTQ base codes within 0.5+D steps of the weight so the refinement can reach it "
+                        "(default 0.1; `none` = unconstrained GPTQ)")
     p.add_argument("--calib-samples", type=int, default=64, help="ShareGPT calibration windows")
     p.add_argument("--calib-seq-len", type=int, default=512, help="tokens per calibration window")
     p.add_argument("--quantize-head", action="store_true", help="store the LM head nested (RTN base) instead of float16")

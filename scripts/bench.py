@@ -1,0 +1,83 @@
+"""Decode speed on this machine: speculative, target and draft policies on the `cpu` backend against
+transformers' own float32 `generate` on the float reference model, on the same real prompts.
+
+    python scripts/bench.py [--checkpoint DIR] [--prompts N] [--max-new-tokens N] [--repeats R] [--json]
+
+Each figure is the median over repeats of decode-phase tok/s (prefill excluded: for transformers,
+(time for N new tokens - time for 1) / (N - 1)); ratios are taken within this one run.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+import torch  # noqa: E402
+
+from edge.cli import run_cli  # noqa: E402
+from edge.corpora import sharegpt_prompts  # noqa: E402
+from edge.generate import GenerateConfig  # noqa: E402
+from edge.runtime import Runtime, merged_summary  # noqa: E402
+from export.pipeline import ensure_default_checkpoint  # noqa: E402
+
+
+def hf_tok_s(folder: str, prompts: list[list[int]], n: int) -> float:
+    """Median decode tok/s of transformers' greedy generate (float32) over the prompts."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    rates = []
+    with torch.no_grad():
+        for ids in prompts:
+            x = torch.tensor([ids])
+            kw = dict(do_sample=False, pad_token_id=model.config.eos_token_id)
+            t0 = time.perf_counter()
+            model.generate(x, max_new_tokens=1, min_new_tokens=1, **kw)
+            t1 = time.perf_counter()
+            model.generate(x, max_new_tokens=n, min_new_tokens=n, **kw)
+            t2 = time.perf_counter()
+            rates.append((n - 1) / ((t2 - t1) - (t1 - t0)))
+    return statistics.median(rates)
+
+
+def run(a) -> dict:
+    ckpt = a.checkpoint or str(ensure_default_checkpoint())
+    rt = Runtime(ckpt, backend="cpu", max_context=a.max_new_tokens + 1024)
+    prompts = [rt.encode(p) for p in sharegpt_prompts(a.prompts)]
+    out = {"checkpoint": ckpt, "prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "repeats": a.repeats,
+           "threads": torch.get_num_threads(), "policies": {}}
+    for policy in ("speculative", "target", "draft"):
+        rates, stats = [], []
+        for _ in range(a.repeats):
+            run_stats = [rt.run(p, GenerateConfig(policy=policy, gamma=a.gamma, max_new_tokens=a.max_new_tokens))["stats"]
+                         for p in prompts]
+            summary = merged_summary(run_stats)
+            rates.append(summary["tok_s"])
+            stats = summary
+        out["policies"][policy] = {"tok_s_median": statistics.median(rates), "tok_s": rates, "stats": stats}
+    hf = [hf_tok_s(rt.ckpt.manifest["source"]["folder"], prompts, a.max_new_tokens) for _ in range(a.repeats)]
+    out["hf_fp32"] = {"tok_s_median": statistics.median(hf), "tok_s": hf}
+    spec = out["policies"]["speculative"]["tok_s_median"]
+    out["ratios"] = {"speculative_vs_hf_fp32": round(spec / out["hf_fp32"]["tok_s_median"], 3),
+                     "speculative_vs_target": round(spec / out["policies"]["target"]["tok_s_median"], 3)}
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint")
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    return run_cli(lambda: run(a), a.json, "bench.py")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""scripts/chat.py: JSON output shapes, prompts files, and one-line errors for bad input; Ctrl-C exits cleanly."""
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import ROOT
+
+
+def _chat(*args, **kw):
+    return subprocess.run([sys.executable, "scripts/chat.py", *map(str, args)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=600, **kw)
+
+
+def test_one_prompt_json(rtn_checkpoint):
+    r = _chat("--checkpoint", rtn_checkpoint, "--prompt", "Say hello.", "--max-new-tokens", "8", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert isinstance(out["text"], str) and 1 <= len(out["tokens"]) <= 8
+    for key in ("acceptance", "tokens_per_round", "tok_s", "weight_bytes_per_token", "kv_bytes_per_token",
+                "policy", "backend"):
+        assert key in out["stats"], key
+    assert out["stats"]["policy"] == "speculative" and out["stats"]["backend"] == "cpu"
+
+
+def test_prompts_file_json(rtn_checkpoint, tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"prompt": "Name a color."}) + "\n" +
+                 json.dumps({"prompt": "To be, or not to be,", "chat": False}) + "\n")
+    r = _chat("--checkpoint", rtn_checkpoint, "--prompts-file", f, "--max-new-tokens", "6", "--policy", "target", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(out["results"]) == 2 and out["stats"]["policy"] == "target" and out["stats"]["acceptance"] is None
+
+
+def _one_line_error(r, needle):
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+
+
+def test_bad_input_errors(rtn_checkpoint, tmp_path):
+    _one_line_error(_chat("--checkpoint", tmp_path / "none", "--prompt", "x"), "does not exist")
+    old = tmp_path / "old"
+    shutil.copytree(rtn_checkpoint, old)
+    m = json.loads((old / "manifest.json").read_text())
+    m["format_version"] = 0
+    (old / "manifest.json").write_text(json.dumps(m))
+    _one_line_error(_chat("--checkpoint", old, "--prompt", "x"), "format version 0")
+    _one_line_error(_chat("--checkpoint", rtn_checkpoint, "--prompt", "x", "--policy", "fast"), "unknown policy 'fast'")
+    _one_line_error(_chat("--checkpoint", rtn_checkpoint, "--prompt", "x", "--backend", "npu"), "unknown backend 'npu'")
+    _one_line_error(_chat("--checkpoint", rtn_checkpoint, "--prompt", "word " * 100, "--max-context", "32"),
+                    "does not fit the KV cache of 32")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": 1}\n')
+    _one_line_error(_chat("--checkpoint", rtn_checkpoint, "--prompts-file", bad), "bad.jsonl:1")
+
+
+def test_interactive_chat_streams_and_ctrl_c_exits_cleanly(rtn_checkpoint):
+    p = subprocess.Popen([sys.executable, "scripts/chat.py", "--checkpoint", str(rtn_checkpoint), "--max-new-tokens", "6"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    p.stdin.write("Hello!\n")
+    p.stdin.flush()
+    deadline = time.time() + 300
+    err = ""
+    while time.time() < deadline and "tok/s" not in err:
+        line = p.stderr.readline()
+        if not line:
+            break
+        err += line
+    assert "tok/s" in err, err
+    p.send_signal(signal.SIGINT)
+    out, rest = p.communicate(timeout=60)
+    assert p.returncode == 0 and "Traceback" not in rest, rest
+    assert "bot>" in out

@@ -1,0 +1,87 @@
+"""Decoding on the real default model: greedy speculative output equals greedy target output (both
+backends, KV8 and KV4 drafting), byte accounting, sampling, and bit-identical verification passes."""
+
+import pytest
+import torch
+
+from edge.backends import make_weights
+from edge.checkpoint import load_checkpoint
+from edge.engine import Engine
+from edge.generate import GenerateConfig
+from edge.policies import DraftKVPolicy
+from edge.runtime import Runtime
+from edge.sampling import SamplingConfig
+
+PROMPTS = ["Write a short poem about the sea.", "What is the capital of France? Explain briefly.",
+           "List three uses of a paperclip."]
+
+
+@pytest.fixture(scope="module")
+def cpu_runtime(rtn_checkpoint):
+    return Runtime(rtn_checkpoint, backend="cpu", max_context=256)
+
+
+def _run(rt, prompt, **kw):
+    return rt.run(rt.encode(prompt), GenerateConfig(**kw))
+
+
+@pytest.mark.parametrize("draft_kv", [DraftKVPolicy(), DraftKVPolicy(kv8_below=0), DraftKVPolicy(0, "recent", 8)])
+def test_speculative_equals_target_on_cpu_backend(cpu_runtime, draft_kv):
+    for prompt in PROMPTS:
+        target = _run(cpu_runtime, prompt, policy="target", max_new_tokens=32)
+        spec = _run(cpu_runtime, prompt, policy="speculative", gamma=4, max_new_tokens=32, draft_kv=draft_kv)
+        assert spec["tokens"] == target["tokens"], f"divergence on {prompt!r}"
+        s = spec["stats"].summary()
+        assert 0 <= s["acceptance"] <= 1 and 1 <= s["tokens_per_round"] <= 5
+        assert s["draft_passes"] == 4 * spec["stats"].rounds
+
+
+def test_speculative_equals_target_on_torch_backend(rtn_checkpoint):
+    rt = Runtime(rtn_checkpoint, backend="torch", max_context=128)
+    target = _run(rt, PROMPTS[1], policy="target", max_new_tokens=12)
+    spec = _run(rt, PROMPTS[1], policy="speculative", gamma=3, max_new_tokens=12)
+    assert spec["tokens"] == target["tokens"]
+
+
+def test_verification_pass_is_bit_identical_to_ar_steps(rtn_checkpoint):
+    for backend in ("cpu", "torch"):
+        ck = load_checkpoint(rtn_checkpoint)
+        eng = Engine(ck, make_weights(backend, ck), 32)
+        ids = [1, 504, 3145, 282, 260, 3622, 30, 5000]
+        eng.prefill(ids[:3])
+        batch = eng.run(ids[3:], "target")
+        eng.reset()
+        eng.prefill(ids[:3])
+        steps = []
+        for t in ids[3:]:
+            steps.append(eng.run([t], "target")[-1])
+            eng.cache.commit(eng.cache.length + 1)
+        assert torch.equal(batch, torch.stack(steps)), backend
+
+
+def test_bytes_per_token_follow_the_passes(cpu_runtime):
+    t = _run(cpu_runtime, PROMPTS[0], policy="target", max_new_tokens=8)["stats"]
+    d = _run(cpu_runtime, PROMPTS[0], policy="draft", max_new_tokens=8)["stats"]
+    eng = cpu_runtime.engine
+    emb = cpu_runtime.ckpt.config.hidden_size * 2
+    assert t.weight_bytes == t.target_passes * (eng.pass_weight_bytes["target"] + emb)
+    assert d.weight_bytes == d.draft_passes * (eng.pass_weight_bytes["draft"] + emb)
+    # the draft reads the base plane only: half the plane bytes of the target, same scales and head
+    planes = sum(s.shape[0] * s.shape[1] // 2 for s in cpu_runtime.ckpt.linears.values())
+    assert eng.pass_weight_bytes["target"] - eng.pass_weight_bytes["draft"] == planes
+    # KV bytes: every AR step reads the whole committed history once at KV8
+    c = eng.cache
+    assert t.kv_bytes == sum(c.bytes_per_position(True) * (t.prefill_tokens + 1 + i) for i in range(t.target_passes))
+
+
+def test_sampled_speculation_is_seeded_and_runs(cpu_runtime):
+    cfg = dict(policy="speculative", max_new_tokens=16, sampling=SamplingConfig(0.8, top_k=40, top_p=0.95, seed=7))
+    a, b = _run(cpu_runtime, PROMPTS[2], **cfg), _run(cpu_runtime, PROMPTS[2], **cfg)
+    assert a["tokens"] == b["tokens"] and len(a["tokens"]) >= 1
+
+
+def test_prompt_longer_than_cache(rtn_checkpoint):
+    from edge.errors import BitNestError
+    rt = Runtime(rtn_checkpoint, backend="cpu", max_context=16)
+    with pytest.raises(BitNestError, match="does not fit the KV cache of 16"):
+        _run(rt, PROMPTS[0] * 4, policy="target", max_new_tokens=4)
