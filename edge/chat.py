@@ -94,8 +94,6 @@ def interactive(rt: Runtime, cfg: GenerateConfig, stops) -> dict:
 
 
 def run(a) -> dict:
-    if a.backend not in BACKENDS:
-        raise BitNestError(f"unknown backend {a.backend!r}: use one of {', '.join(BACKENDS)}")
     cfg = generate_config(a)
     rt = Runtime(a.checkpoint, backend=a.backend, max_context=a.max_context, scratch=max(8, a.gamma + 1))
     stops = tuple(a.stop)

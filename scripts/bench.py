@@ -44,6 +44,22 @@ def hf_tok_s(folder: str, prompts: list[list[int]], n: int) -> float:
     return statistics.median(rates)
 
 
+def profile(rt: Runtime, prompt: list[int], a) -> dict:
+    """Where one speculative generation spends its time: the top functions by own time (cProfile)."""
+    import cProfile
+    import pstats
+    prof = cProfile.Profile()
+    prof.enable()
+    rt.run(prompt, GenerateConfig(policy="speculative", gamma=a.gamma, max_new_tokens=a.max_new_tokens))
+    prof.disable()
+    st = pstats.Stats(prof)
+    total = sum(v[2] for v in st.stats.values())
+    rows = sorted(st.stats.items(), key=lambda kv: kv[1][2], reverse=True)[:12]
+    return {"total_s": round(total, 3),
+            "top": [{"function": f"{Path(k[0]).name}:{k[1]}({k[2]})", "calls": v[1], "own_s": round(v[2], 3),
+                     "share": round(v[2] / total, 3)} for k, v in rows]}
+
+
 def run(a) -> dict:
     ckpt = a.checkpoint or str(ensure_default_checkpoint())
     rt = Runtime(ckpt, backend="cpu", max_context=a.max_new_tokens + 1024)
@@ -61,6 +77,8 @@ def run(a) -> dict:
         out["policies"][policy] = {"tok_s_median": statistics.median(rates), "tok_s": rates, "stats": stats}
     hf = [hf_tok_s(rt.ckpt.manifest["source"]["folder"], prompts, a.max_new_tokens) for _ in range(a.repeats)]
     out["hf_fp32"] = {"tok_s_median": statistics.median(hf), "tok_s": hf}
+    if a.profile:
+        out["profile"] = profile(rt, prompts[0], a)
     spec = out["policies"]["speculative"]["tok_s_median"]
     out["ratios"] = {"speculative_vs_hf_fp32": round(spec / out["hf_fp32"]["tok_s_median"], 3),
                      "speculative_vs_target": round(spec / out["policies"]["target"]["tok_s_median"], 3)}
@@ -74,6 +92,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--profile", action="store_true", help="add a cProfile breakdown of one speculative run")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     return run_cli(lambda: run(a), a.json, "bench.py")

@@ -5,6 +5,8 @@
 
 Prompts: N/2 held-out ShareGPT requests (chat template) and N/2 Shakespeare passages (raw continuation).
 A divergence is reported with the target's top-two logit gap at that step (a float near-tie when < 1e-4).
+Also reports, per corpus, the speculative and target decode statistics (acceptance, tokens per round,
+weight and KV bytes per token, tok/s).
 """
 
 import argparse
@@ -33,13 +35,17 @@ def run(a) -> dict:
     ckpt = a.checkpoint or str(ensure_default_checkpoint())
     rt = Runtime(ckpt, backend=a.backend, max_context=a.max_new_tokens + 1024)
     half = a.prompts // 2
-    prompts = [(p, True) for p in sharegpt_prompts(a.prompts - half)] + [(p, False) for p in shakespeare_prompts(half)]
-    same, divergences, spec_stats = 0, [], []
-    for text, chat in prompts:
+    prompts = [("sharegpt", p, True) for p in sharegpt_prompts(a.prompts - half)] + \
+              [("shakespeare", p, False) for p in shakespeare_prompts(half)]
+    same, divergences = 0, []
+    stats = {c: {"speculative": [], "target": []} for c in ("sharegpt", "shakespeare")}
+    for corpus, text, chat in prompts:
         ids = rt.encode(text, chat)
-        target = rt.run(ids, GenerateConfig(policy="target", max_new_tokens=a.max_new_tokens))["tokens"]
+        t_run = rt.run(ids, GenerateConfig(policy="target", max_new_tokens=a.max_new_tokens))
         spec = rt.run(ids, GenerateConfig(policy="speculative", gamma=a.gamma, max_new_tokens=a.max_new_tokens))
-        spec_stats.append(spec["stats"])
+        target = t_run["tokens"]
+        stats[corpus]["target"].append(t_run["stats"])
+        stats[corpus]["speculative"].append(spec["stats"])
         if spec["tokens"] == target:
             same += 1
             continue
@@ -49,7 +55,8 @@ def run(a) -> dict:
         print(f"divergence at token {i} of {text[:40]!r}: top-2 gap {gap:.3g}", file=sys.stderr)
     return {"checkpoint": ckpt, "backend": a.backend, "prompts": len(prompts), "max_new_tokens": a.max_new_tokens,
             "identical": same, "divergences": divergences,
-            "lossless": all(d["near_tie"] for d in divergences), "speculative": merged_summary(spec_stats)}
+            "lossless": all(d["near_tie"] for d in divergences),
+            "stats": {c: {p: merged_summary(v) for p, v in d.items() if v} for c, d in stats.items()}}
 
 
 def main(argv=None) -> int:

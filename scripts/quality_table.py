@@ -1,6 +1,6 @@
 """Export every nesting construction of the default model, evaluate each, and write the README table.
 
-    python scripts/quality_table.py [--work DIR] [--tokens N] [--only NAME ...] [--json]
+    python scripts/quality_table.py [--work DIR] [--tokens N] [--only NAME ...] [--table-only] [--json]
 
 Exports land in --work (reused when an export with the same options is already there), raw results in
 scripts/results/quality.json, and the markdown table between the README's quality-table markers.
@@ -22,13 +22,13 @@ from export.quantize import QuantOptions  # noqa: E402
 
 # name -> (rotation, QuantOptions)
 CONFIGS = {
-    "bitnest closed, trust 0.1 (default)": ("none", QuantOptions("bitnest", "closed", base_trust=0.1)),
+    "bitnest closed, trust 0.1": ("none", QuantOptions("bitnest", "closed", base_trust=0.1)),
     "bitnest gptq, trust 0.15": ("none", QuantOptions("bitnest", "gptq", base_trust=0.15)),
-    "bitnest closed, no trust": ("none", QuantOptions("bitnest", "closed")),
-    "bitnest gptq, no trust": ("none", QuantOptions("bitnest", "gptq")),
+    "bitnest closed, no trust": ("none", QuantOptions("bitnest", "closed", base_trust=None)),
+    "bitnest gptq, no trust": ("none", QuantOptions("bitnest", "gptq", base_trust=None)),
     "rtn": ("none", QuantOptions("rtn")),
     "top4of8": ("none", QuantOptions("top4of8")),
-    "bitnest closed, trust 0.1 + rot": ("r1r2r4", QuantOptions("bitnest", "closed", base_trust=0.1)),
+    "bitnest closed, trust 0.1 + rot (default)": ("r1r2r4", QuantOptions("bitnest", "closed", base_trust=0.1)),
     "bitnest gptq, trust 0.15 + rot": ("r1r2r4", QuantOptions("bitnest", "gptq", base_trust=0.15)),
     "rtn + rot": ("r1r2r4", QuantOptions("rtn")),
     "top4of8 + rot": ("r1r2r4", QuantOptions("top4of8")),
@@ -81,7 +81,7 @@ def write_readme(text: str) -> None:
 def run(a) -> dict:
     work = Path(a.work)
     results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
-    for name in a.only or CONFIGS:
+    for name in [] if a.table_only else (a.only or CONFIGS):
         if name not in CONFIGS:
             raise ValueError(f"unknown config {name!r}: choose from {', '.join(CONFIGS)}")
         ck = _export(name, work)
@@ -106,6 +106,7 @@ def main(argv=None) -> int:
     p.add_argument("--work", default=str(ROOT / "checkpoints" / "table"), help="folder for the exports")
     p.add_argument("--tokens", type=int, default=4096, help="evaluation tokens per corpus")
     p.add_argument("--only", nargs="*", help="config names to (re)run")
+    p.add_argument("--table-only", action="store_true", help="only rewrite the README table from the saved results")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     return run_cli(lambda: run(a), a.json, "quality_table")

@@ -19,14 +19,24 @@ def default_model():
     return load_source("default")
 
 
-@pytest.fixture(scope="session")
-def rtn_checkpoint(tmp_path_factory):
-    """A real RTN export of the default model (seconds)."""
+def _rtn_export(tmp_path_factory, rotation):
     from export.pipeline import ExportOptions, run_export
     from export.quantize import QuantOptions
-    out = tmp_path_factory.mktemp("ckpt") / "rtn"
-    run_export(ExportOptions(out=str(out), quant=QuantOptions(method="rtn")))
+    out = tmp_path_factory.mktemp("ckpt") / f"rtn-{rotation}"
+    run_export(ExportOptions(out=str(out), rotation=rotation, quant=QuantOptions(method="rtn")))
     return out
+
+
+@pytest.fixture(scope="session")
+def rtn_checkpoint(tmp_path_factory):
+    """A real RTN export of the default model, no rotation (seconds)."""
+    return _rtn_export(tmp_path_factory, "none")
+
+
+@pytest.fixture(scope="session")
+def rotated_checkpoint(tmp_path_factory):
+    """A real RTN export with R1, R2 and the online R4 (seconds)."""
+    return _rtn_export(tmp_path_factory, "r1r2r4")
 
 
 @pytest.fixture

@@ -36,6 +36,15 @@ def test_speculative_equals_target_on_cpu_backend(cpu_runtime, draft_kv):
         assert s["draft_passes"] == 4 * spec["stats"].rounds
 
 
+def test_speculative_equals_target_with_online_rotations(rotated_checkpoint):
+    rt = Runtime(rotated_checkpoint, backend="cpu", max_context=256)
+    assert rt.ckpt.rotations.r1 is not None and rt.ckpt.rotations.r4_size == 1536
+    for prompt in PROMPTS[:2]:
+        target = _run(rt, prompt, policy="target", max_new_tokens=24)
+        spec = _run(rt, prompt, policy="speculative", gamma=4, max_new_tokens=24)
+        assert spec["tokens"] == target["tokens"], f"divergence on {prompt!r}"
+
+
 def test_speculative_equals_target_on_torch_backend(rtn_checkpoint):
     rt = Runtime(rtn_checkpoint, backend="torch", max_context=128)
     target = _run(rt, PROMPTS[1], policy="target", max_new_tokens=12)
