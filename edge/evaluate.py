@@ -3,7 +3,6 @@ held-out text, and teacher-forced draft/target argmax agreement."""
 
 import argparse
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from edge.corpora import CORPORA, eval_text
 from edge.errors import BitNestError
 from edge.hf_folder import load_hf_folder
 from edge.model import Decoder
+from edge.runtime import load_tokenizer
 from edge.weights import FloatWeights
 
 
@@ -36,12 +36,6 @@ class EvalOptions:
     def __post_init__(self):
         if self.tokens < 2 or self.window < 2:
             raise ValueError("--tokens and --window must be at least 2")
-
-
-def load_tokenizer(folder: Path):
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(str(folder))
 
 
 def reference_decoder(ckpt: Checkpoint, folder: str | None) -> Decoder:

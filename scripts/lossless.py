@@ -48,6 +48,8 @@ def run(a) -> dict:
         stats[corpus]["speculative"].append(spec["stats"])
         if spec["tokens"] == target:
             same += 1
+            print(f"prompt {len(stats['sharegpt']['target']) + len(stats['shakespeare']['target'])}/{len(prompts)}: "
+                  f"identical ({len(target)} tokens)", file=sys.stderr, flush=True)
             continue
         i = next((j for j, (x, y) in enumerate(zip(spec["tokens"], target)) if x != y), min(len(target), len(spec["tokens"])))
         gap = top2_gap(rt, ids + target[:i])
