@@ -5,15 +5,16 @@ import torch
 from plugins.contracts import Q4_MAX, Q4_MIN
 
 
-def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+def pack_nibbles(codes: torch.Tensor, check: bool = True) -> torch.Tensor:
     """Pack signed 4-bit codes [..., K] (any integer dtype, values in [-8, 7], K even) into uint8 [..., K/2].
 
     Byte j holds column 2j in its low nibble and column 2j+1 in its high nibble, each as `code & 0xF`.
+    `check=False` skips the range check (two reductions) for callers whose codes are clamped already.
     """
     if codes.shape[-1] % 2:
         raise ValueError(f"cannot pack an odd number of columns ({codes.shape[-1]}) into nibbles")
     c = codes.to(torch.int16)
-    if c.numel() and (int(c.min()) < Q4_MIN or int(c.max()) > Q4_MAX):
+    if check and c.numel() and (int(c.min()) < Q4_MIN or int(c.max()) > Q4_MAX):
         raise ValueError(f"nibble codes must lie in [{Q4_MIN}, {Q4_MAX}], got [{int(c.min())}, {int(c.max())}]")
     u = c & 0xF                                       # [..., K] two's-complement nibbles
     packed = u[..., 0::2] | (u[..., 1::2] << 4)       # [..., K/2]

@@ -16,8 +16,6 @@ from plugins.reference import dequantized_weight
 class TorchReferenceWeights:
     """Weight store over a loaded checkpoint; `act_int8` selects W4A8/W8A8 (True) or float activations."""
 
-    activations = "int8"
-
     def __init__(self, ckpt: Checkpoint, act_int8: bool = True):
         self.ckpt, self.act_int8, self.dtype = ckpt, act_int8, torch.float32
         self.name = "torch" if act_int8 else "torch-float-act"
