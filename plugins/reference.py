@@ -59,3 +59,45 @@ def dequantized_weight(base, refine, scale, view, offset=None) -> torch.Tensor:
     """float32 W_view [N, K] from packed planes: the draft reads base + scale only."""
     qr = unpack_nibbles(refine) if view == "target" else None
     return dequantize_codes(unpack_nibbles(base), qr, scale, view, offset)
+
+
+def nested_kv_attention(
+    q: torch.Tensor,
+    base: torch.Tensor,
+    refine: torch.Tensor,
+    scale: torch.Tensor,
+    main_len: int,
+    kv8_from: int,
+    scratch: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
+    scratch_len: int = 0,
+) -> torch.Tensor:
+    """out[Hq, T, D] = causal GQA attention of q over one layer's nested KV cache (DESIGN §4, §6).
+
+    q: float [Hq, T, D]. base, refine: uint8 [2, Hkv, C, D/2] (K then V), scale: float16 [2, Hkv, C].
+    The sequence is main positions [0, main_len) followed by `scratch_len` slots of the optional
+    `scratch` planes (same layout; draft-time entries), S = main_len + scratch_len in all. The T queries
+    are its last T positions: query i sees keys [0, S - T + i]. Positions before `kv8_from` are read at
+    KV4 (base plane only), positions from it on at KV8 (one integer encodes every KV view: kv8 -> 0,
+    kv4 -> S, recent-N -> max(0, S - N)). Softmax scale 1/sqrt(D). Computed in float64: the oracle.
+    """
+    hq, t, d = q.shape
+    hkv = base.shape[1]
+    if hq % hkv or base.shape[-1] * 2 != d:
+        raise ValueError(f"q [{hq}, {t}, {d}] does not fit KV planes {tuple(base.shape)}")
+    s = main_len + scratch_len
+    if t > s:
+        raise ValueError(f"{t} queries but only {s} cached positions")
+    planes = [(base[..., :main_len, :], refine[..., :main_len, :], scale[..., :main_len])]
+    if scratch_len:
+        sb, sr, ss = scratch
+        planes.append((sb[..., :scratch_len, :], sr[..., :scratch_len, :], ss[..., :scratch_len]))
+    qr_all = torch.cat([unpack_nibbles(r).double() for _, r, _ in planes], dim=-2)      # [2, Hkv, S, D]
+    q4_all = torch.cat([unpack_nibbles(b).double() for b, _, _ in planes], dim=-2)      # [2, Hkv, S, D]
+    s_all = torch.cat([sc.double() for _, _, sc in planes], dim=-1).unsqueeze(-1)       # [2, Hkv, S, 1]
+    kv8 = (torch.arange(s) >= kv8_from).view(1, 1, s, 1)
+    kv = torch.where(kv8, (REFINE_DIVISOR * q4_all + qr_all) * (s_all / REFINE_DIVISOR), q4_all * s_all)
+    k, v = kv[0].repeat_interleave(hq // hkv, 0), kv[1].repeat_interleave(hq // hkv, 0)  # [Hq, S, D]
+    scores = q.double() @ k.transpose(1, 2) / d ** 0.5                                  # [Hq, T, S]
+    visible = torch.arange(s).unsqueeze(0) <= (s - t + torch.arange(t)).unsqueeze(1)    # [T, S]
+    scores = scores.masked_fill(~visible, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v                                            # [Hq, T, D]

@@ -47,3 +47,24 @@ def test_draft_reads_no_refinement(gen):
         dual_plane_linear(x, base, None, scale, "target")
     with pytest.raises(ValueError):
         dual_plane_linear(x, base, refine, scale, "full")
+
+
+def test_nested_kv_attention_reference_matches_dequantized_attention(gen):
+    """The attention oracle equals plain causal attention over the dequantized KV view, for every view
+    (kv8_from = 0, S, S - N) and with part of the sequence held in scratch planes."""
+    from edge.model import attention
+    from plugins.kv import dequantize_kv, quantize_kv
+    from plugins.reference import nested_kv_attention
+
+    hq, hkv, d, cap, t, length = 6, 2, 16, 20, 3, 13
+    b, r, s = quantize_kv(torch.randn(2, hkv, cap, d, generator=gen))
+    q = torch.randn(hq, t, d, generator=gen)
+    for kv8_from in (0, length, length - 4):
+        lo = dequantize_kv(b[..., :kv8_from, :], None, s[..., :kv8_from], "kv4")
+        hi = dequantize_kv(b[..., kv8_from:length, :], r[..., kv8_from:length, :], s[..., kv8_from:length], "kv8")
+        kv = torch.cat((lo, hi), dim=2)
+        want = attention(q, kv[0], kv[1], length - t)
+        got = nested_kv_attention(q, b, r, s, length, kv8_from)
+        assert torch.allclose(got.float(), want, atol=1e-5), kv8_from
+    split = nested_kv_attention(q, b, r, s, 10, 0, scratch=(b[..., 10:, :], r[..., 10:, :], s[..., 10:]), scratch_len=3)
+    assert torch.equal(split, nested_kv_attention(q, b, r, s, 13, 0))
