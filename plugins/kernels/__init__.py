@@ -1,0 +1,24 @@
+"""Triton kernels of the BitNest ops (DESIGN §6): the dual-plane GEMV/GEMM (`gemv`), nested-KV flash-decoding and
+its KV write path (`attention`), ahead-of-time compilation for Orin (`aot`) and a self-check (`selfcheck`).
+
+Importing this package does not import triton: the launchers below load their module on first call, so CPU-only
+code paths never need it. Set TRITON_INTERPRET=1 before the first call to run the kernels on CPU tensors.
+"""
+
+
+def dual_plane_linear(x, base, refine, scale, view, offset=None, out=None, act="int8"):
+    """y float32 [M, N] = x [M, K] @ W_view^T from the packed planes (see `plugins.kernels.gemv`)."""
+    from plugins.kernels.gemv import dual_plane_linear as launch
+    return launch(x, base, refine, scale, view, offset, out, act)
+
+
+def nested_kv_attention(q, base, refine, scale, main_len, kv8_from, scratch=None, scratch_len=0, out=None):
+    """out float32 [Hq, T, D] over one layer's nested KV planes (see `plugins.kernels.attention`)."""
+    from plugins.kernels.attention import nested_kv_attention as launch
+    return launch(q, base, refine, scale, main_len, kv8_from, scratch, scratch_len, out)
+
+
+def write_kv(k, v, base, refine, scale, pos):
+    """Quantize k, v [Hkv, T, D] into positions [pos, pos + T) of one layer's KV planes in place."""
+    from plugins.kernels.attention import write_kv as launch
+    return launch(k, v, base, refine, scale, pos)

@@ -1,0 +1,211 @@
+"""Triton dual-plane GEMV/GEMM (DESIGN §3, §5, §6): y[M, N] = x[M, K] @ W_view^T straight from the packed planes,
+for the small M of drafting (1) and verification (γ+1 <= 16) where decoding is bandwidth-bound.
+
+Bytes read, and why no more than the format requires: each program owns BLOCK_N rows and a contiguous range of
+whole groups; it reads every byte of `base` (and, for the target view only, of `refine`) in that tile exactly once,
+one float16 scale per (row, group), and the M x K int8 activations (kilobytes, shared through L2). The draft view
+never issues a load of the refinement plane: its pointer is not even dereferenced (the branch is a compile-time
+constant). With split-K the partial sums ([SPLIT, M, N] float32, M*N*4 bytes per split, tiny next to the planes)
+are reduced by a second kernel in a fixed order.
+
+Arithmetic (W4A8 draft / W8A8 target): activations are quantized per token to INT8 (s_x = max|x|/127, round half
+to even, as `plugins.nesting.quantize_activations`); each group's dot product is an exact int32 sum of int8 x int8
+products (tensor-core int8 MMA: the nibbles are sign-extended to int8, the activations split into the even and odd
+columns that the low and high nibbles hold); the target code 16*q4 + qr is formed as 16*dot(x, q4) + dot(x, qr), so
+it is exact even where it leaves int8 (top-4-of-8: [-136, 119]). The group sum is then scaled by s (draft) or s/16
+(target) in float32, and by s_x at the end. Results do not depend on M or on the other rows of x (the split depends
+only on N, K and the device), so a verification pass computes bit for bit what single-token steps compute.
+
+A float-activation variant (`act="float16"`) feeds float16 activations and the exactly representable codes to
+float16 MMAs with float32 accumulation, and skips the quantization launch.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from plugins.kernels.common import INTERPRET, round_half_even
+
+BLOCK_M = 16          # rows of x per program: the MMA's minimum M; M <= 16 runs in one tile
+ACTS = ("int8", "float16")
+
+
+@triton.jit
+def quantize_rows_kernel(x_ptr, xq_ptr, sx_ptr, K, stride_x, BLOCK_K: tl.constexpr):
+    """One program per token: s_x = max|x|/127 (at least 1e-12), x_q = clip(round(x/s_x), -127, 127)."""
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK_K)
+    amax = tl.zeros([BLOCK_K], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        v = tl.load(x_ptr + row * stride_x + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(v))
+    s = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), 127.0), 1e-12)
+    tl.store(sx_ptr + row, s)
+    for k0 in range(0, K, BLOCK_K):
+        m = k0 + offs < K
+        v = tl.load(x_ptr + row * stride_x + k0 + offs, mask=m, other=0.0).to(tl.float32)
+        q = tl.minimum(tl.maximum(round_half_even(tl.math.div_rn(v, s)), -127.0), 127.0)
+        tl.store(xq_ptr + row * K + k0 + offs, q.to(tl.int8), mask=m)
+
+
+@triton.jit
+def _nibbles(p):
+    """uint8 [R, C] -> (low, high) int8 nibbles sign-extended (two's complement, DESIGN §3)."""
+    lo = (p << 4).to(tl.int8, bitcast=True) >> 4
+    hi = p.to(tl.int8, bitcast=True) >> 4
+    return lo, hi
+
+
+@triton.jit
+def _mma(a, b, INTERP: tl.constexpr):
+    """a [BM, C] @ b [C, BN] with int32 (int8 operands) or float32 (float16 operands) accumulation. The Triton
+    interpreter wraps int8 products and mis-rounds low-precision dots, so there the operands go through float32,
+    where every product and group sum here is exact (|x| <= 127, |code| <= 8, C <= 128: sums < 2^24)."""
+    if INTERP:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    elif a.dtype == tl.int8:
+        out = tl.dot(a, b, out_dtype=tl.int32)
+    else:
+        out = tl.dot(a, b, out_dtype=tl.float32)
+    return out.to(tl.float32)
+
+
+@triton.jit
+def dual_plane_kernel(
+    x_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr,
+    M, N, K, GROUPS_PER_SPLIT,
+    TARGET: tl.constexpr, HAS_OFFSET: tl.constexpr, FLOAT_ACT: tl.constexpr, SPLIT: tl.constexpr,
+    G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, INTERP: tl.constexpr,
+):
+    """Program (n-tile, split): rows [n0, n0+BLOCK_N), groups [split*GPS, (split+1)*GPS) of K.
+    x: int8 [M, K] with scales sx float32 [M] (or float16 [M, K] with FLOAT_ACT); base/refine uint8 [N, K/2];
+    scale/offset float16 [N, K/G]. out: float32 [M, N] (SPLIT == 1) or partials [SPLIT, M, N] (unscaled by s_x)."""
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    HALF: tl.constexpr = G // 2
+    n_offs = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)              # [BN]
+    m_offs = tl.arange(0, BLOCK_M)                               # [BM]
+    j = tl.arange(0, HALF)                                       # [G/2] byte within a group
+    n_mask = n_offs < N
+    m_mask = m_offs < M
+    n_groups = K // G
+    g_begin = split * GROUPS_PER_SPLIT
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for gi in range(0, GROUPS_PER_SPLIT):
+        g = g_begin + gi
+        col = g * G + 2 * j                                      # [G/2] even columns of this group
+        xm = m_mask[:, None] & (col[None, :] < K)                                # [BM, G/2]
+        x_even = tl.load(x_ptr + m_offs[:, None] * K + col[None, :], mask=xm, other=0)        # [BM, G/2]
+        x_odd = tl.load(x_ptr + m_offs[:, None] * K + col[None, :] + 1, mask=xm, other=0)     # [BM, G/2]
+        wm = n_mask[:, None] & (col[None, :] < K)                                # [BN, G/2]
+        gm = n_mask & (n_offs * 0 + g < n_groups)                                            # [BN]
+        byte = n_offs[:, None] * (K // 2) + g * HALF + j[None, :]                            # [BN, G/2]
+        lo, hi = _nibbles(tl.load(base_ptr + byte, mask=wm, other=0))                        # [BN, G/2] int8
+        if FLOAT_ACT:
+            lo, hi = lo.to(tl.float16), hi.to(tl.float16)
+        part = _mma(x_even, tl.trans(lo), INTERP) + _mma(x_odd, tl.trans(hi), INTERP)        # [BM, BN]
+        step = tl.load(scale_ptr + n_offs * n_groups + g, mask=gm, other=0.0).to(tl.float32)  # [BN]
+        if TARGET:
+            rlo, rhi = _nibbles(tl.load(refine_ptr + byte, mask=wm, other=0))
+            if FLOAT_ACT:
+                rlo, rhi = rlo.to(tl.float16), rhi.to(tl.float16)
+            part = 16.0 * part + (_mma(x_even, tl.trans(rlo), INTERP) + _mma(x_odd, tl.trans(rhi), INTERP))
+            step = step / 16.0
+        acc += part * step[None, :]
+        if HAS_OFFSET:
+            xsum = tl.sum(x_even.to(tl.float32) + x_odd.to(tl.float32), axis=1)              # [BM]
+            off = tl.load(offset_ptr + n_offs * n_groups + g, mask=gm, other=0.0).to(tl.float32)
+            acc += xsum[:, None] * off[None, :]
+    out_mask = m_mask[:, None] & n_mask[None, :]
+    if SPLIT == 1:
+        if not FLOAT_ACT:
+            acc = acc * tl.load(sx_ptr + m_offs, mask=m_mask, other=0.0)[:, None]
+        tl.store(out_ptr + m_offs[:, None] * N + n_offs[None, :], acc, mask=out_mask)
+    else:
+        tl.store(out_ptr + (split * M + m_offs[:, None]) * N + n_offs[None, :], acc, mask=out_mask)
+
+
+@triton.jit
+def split_reduce_kernel(part_ptr, sx_ptr, out_ptr, M, N, SPLIT: tl.constexpr, SCALE_X: tl.constexpr,
+                        BLOCK: tl.constexpr):
+    """out[m, n] = s_x[m] * sum over splits in index order (deterministic) of part[split, m, n]."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < M * N
+    acc = tl.zeros([BLOCK], tl.float32)
+    for s in range(SPLIT):
+        acc += tl.load(part_ptr + s * M * N + offs, mask=mask, other=0.0)
+    if SCALE_X:
+        acc = acc * tl.load(sx_ptr + offs // N, mask=mask, other=0.0)
+    tl.store(out_ptr + offs, acc, mask=mask)
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 8  # the interpreter: Orin NX's 8 SMs, so tests exercise the split path
+
+
+def plan_split(n: int, k: int, g: int, block_n: int, sms: int) -> tuple[int, int]:
+    """(split, groups per split) for an N x K layer: enough programs to give every SM ~4 of them at M = 1,
+    never splitting below 2 groups of K per program. Depends on the shape and device only, never on M."""
+    groups = k // g
+    tiles = triton.cdiv(n, block_n)
+    split = max(1, min(triton.cdiv(4 * sms, tiles), groups // 2 or 1, 32))
+    per = triton.cdiv(groups, split)
+    return triton.cdiv(groups, per), per
+
+
+def block_n_for(n: int) -> int:
+    return 64 if n >= 64 else max(16, triton.next_power_of_2(n))
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (int8 [M, K], float32 [M]) per-token INT8 activations on the device of x."""
+    m, k = x.shape
+    xq = torch.empty(m, k, dtype=torch.int8, device=x.device)
+    sx = torch.empty(m, dtype=torch.float32, device=x.device)
+    quantize_rows_kernel[(m,)](x, xq, sx, k, x.stride(0), BLOCK_K=min(1024, triton.next_power_of_2(k)),
+                                    enable_fp_fusion=False)
+    return xq, sx
+
+
+def dual_plane_linear(x: torch.Tensor, base: torch.Tensor, refine, scale: torch.Tensor, view: str,
+                      offset=None, out=None, act: str = "int8") -> torch.Tensor:
+    """y float32 [M, N] = x [M, K] @ W_view^T, reading only the planes of `view` (see the module docstring)."""
+    if view not in ("draft", "target"):
+        raise ValueError(f"unknown weight view {view!r}: use draft or target")
+    if act not in ACTS:
+        raise ValueError(f"unknown activation mode {act!r}: use one of {', '.join(ACTS)}")
+    m, k = x.shape
+    n = base.shape[0]
+    g = k // scale.shape[1]
+    if base.shape != (n, k // 2) or scale.shape[0] != n or k % g or g < 32 or g & (g - 1):
+        raise ValueError(f"planes {tuple(base.shape)} / scale {tuple(scale.shape)} do not fit x [{m}, {k}] "
+                         "(the kernel needs a power-of-two group size >= 32)")
+    target = view == "target"
+    if target and refine is None:
+        raise ValueError("the target view needs the refinement plane")
+    y = out if out is not None else torch.empty(m, n, dtype=torch.float32, device=x.device)
+    if m > BLOCK_M:   # prefill chunks: tiles of 16 tokens, each the same computation as a decode pass
+        for i in range(0, m, BLOCK_M):
+            dual_plane_linear(x[i:i + BLOCK_M], base, refine, scale, view, offset, y[i:i + BLOCK_M], act)
+        return y
+    float_act = act == "float16"
+    if float_act:
+        xk, sx = x.to(torch.float16).contiguous(), y     # sx unused
+    else:
+        xk, sx = quantize_rows(x.contiguous())
+    bn = block_n_for(n)
+    split, per = plan_split(n, k, g, bn, _sm_count(x.device))
+    dest = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    dual_plane_kernel[(triton.cdiv(n, bn), split)](
+        xk, sx, base, refine if target else base, scale, offset if offset is not None else scale, dest,
+        m, n, k, per,
+        TARGET=target, HAS_OFFSET=offset is not None, FLOAT_ACT=float_act, SPLIT=split,
+        G=g, BLOCK_N=bn, BLOCK_M=BLOCK_M, INTERP=INTERPRET, enable_fp_fusion=False,
+    )
+    if split > 1:
+        block = 256
+        split_reduce_kernel[(triton.cdiv(m * n, block),)](dest, sx, y, m, n, SPLIT=split, SCALE_X=not float_act,
+                                                          BLOCK=block, enable_fp_fusion=False)
+    return y

@@ -1,0 +1,143 @@
+"""The Triton kernels against the pure-torch references (plugins/reference.py, plugins/kv.py), run in the Triton
+interpreter on CPU here (TRITON_INTERPRET=1, set by conftest) and on the GPU where there is one. Fresh random inputs
+every run (the seed is printed on failure), outputs poisoned before each launch, relative-error tolerances."""
+
+import pytest
+import torch
+
+from plugins.kernels import dual_plane_linear, nested_kv_attention, write_kv
+from plugins.kv import quantize_kv
+from plugins.nesting import nest_rtn, nest_top4of8
+from plugins.packing import pack_nibbles
+from plugins import reference
+from tests.conftest import KERNEL_DEVICE as DEV
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.double().cpu() - want.double()).norm() / want.norm()).item()
+
+
+def nested_planes(gen, n, k, g, method):
+    w = torch.randn(n, k, generator=gen) * 0.05
+    c = nest_top4of8(w, g) if method == "top4of8" else nest_rtn(w, g)
+    return pack_nibbles(c.q4), pack_nibbles(c.qr), c.scale, c.offset
+
+
+def poisoned(*shape) -> torch.Tensor:
+    return torch.full(shape, float("nan"), dtype=torch.float32, device=DEV)
+
+
+def to_dev(*ts):
+    return [None if t is None else t.to(DEV) for t in ts]
+
+
+# K = 576 with G = 64 is 9 groups (split unevenly); 192 / 64 = 3 groups; N = 100 and 40 are not multiples of BLOCK_N.
+@pytest.mark.parametrize("m", [1, 5, 16, 21])
+@pytest.mark.parametrize("n,k,g,method", [(100, 576, 64, "rtn"), (40, 192, 64, "top4of8"), (72, 1536, 128, "rtn"),
+                                          (64, 256, 32, "top4of8")])
+def test_dual_plane_linear_matches_reference(gen, m, n, k, g, method):
+    base, refine, scale, offset = nested_planes(gen, n, k, g, method)
+    x = torch.randn(m, k, generator=gen)
+    xd, bd, rd, sd, od = to_dev(x, base, refine, scale, offset)
+    for view in ("draft", "target"):
+        want = reference.dual_plane_linear(x, base, refine, scale, view, offset, act_int8=True)
+        got = dual_plane_linear(xd, bd, rd if view == "target" else None, sd, view, od, out=poisoned(m, n))
+        assert rel_err(got, want) < 1e-5, view
+        want_f = reference.dual_plane_linear(x, base, refine, scale, view, offset, act_int8=False)
+        got_f = dual_plane_linear(xd, bd, rd, sd, view, od, out=poisoned(m, n), act="float16")
+        assert rel_err(got_f, want_f) < 2e-3, view       # float16 activations: ~2e-4
+
+
+def test_dual_plane_linear_is_batch_invariant(gen):
+    """Each row of a 5-token pass equals the single-token result bit for bit (lossless verification)."""
+    base, refine, scale, _ = to_dev(*nested_planes(gen, 80, 576, 64, "rtn"))
+    x = torch.randn(5, 576, generator=gen).to(DEV)
+    for view in ("draft", "target"):
+        whole = dual_plane_linear(x, base, refine, scale, view)
+        for i in range(5):
+            assert torch.equal(whole[i:i + 1], dual_plane_linear(x[i:i + 1], base, refine, scale, view))
+
+
+def test_dual_plane_linear_rejects_bad_shapes(gen):
+    base, refine, scale, _ = nested_planes(gen, 16, 128, 32, "rtn")
+    with pytest.raises(ValueError, match="do not fit"):
+        dual_plane_linear(torch.zeros(1, 64, device=DEV), *to_dev(base, refine, scale), "target")
+    with pytest.raises(ValueError, match="refinement plane"):
+        dual_plane_linear(torch.zeros(1, 128, device=DEV), *to_dev(base, None, scale), "target")
+    with pytest.raises(ValueError, match="unknown weight view"):
+        dual_plane_linear(torch.zeros(1, 128, device=DEV), *to_dev(base, refine, scale), "big")
+
+
+def kv_planes(gen, hkv, cap, d):
+    return quantize_kv(torch.randn(2, hkv, cap, d, generator=gen) * 2)
+
+
+# Contexts around the chunk of 128 positions (1, 127, 129, 300); GQA ratios 1, 3 and 4; head dims 32 and 64.
+@pytest.mark.parametrize("hq,hkv,d", [(4, 4, 32), (9, 3, 64), (8, 2, 64)])
+@pytest.mark.parametrize("seq,t", [(1, 1), (127, 5), (129, 1), (300, 5)])
+def test_nested_kv_attention_matches_reference(gen, hq, hkv, d, seq, t):
+    if t > seq:
+        pytest.skip("more queries than positions")
+    base, refine, scale = kv_planes(gen, hkv, seq + 3, d)
+    q = torch.randn(hq, t, d, generator=gen)
+    qd, bd, rd, sd = to_dev(q, base, refine, scale)
+    for kv8_from in (0, seq, max(0, seq - 40)):        # KV8, KV4, Recent-40
+        want = reference.nested_kv_attention(q, base, refine, scale, seq, kv8_from)
+        got = nested_kv_attention(qd, bd, rd, sd, seq, kv8_from, out=poisoned(hq, t, d))
+        assert rel_err(got, want) < 2e-3, kv8_from      # float16 operands: ~3e-4
+
+
+def test_nested_kv_attention_over_scratch_slots(gen):
+    """Draft-time queries over committed positions plus scratch slots, at a Recent-N split inside the scratch."""
+    main, scratch = kv_planes(gen, 3, 200, 64), kv_planes(gen, 3, 8, 64)
+    q = torch.randn(9, 3, 64, generator=gen)
+    for kv8_from in (0, 131, 190):
+        want = reference.nested_kv_attention(q, *main, 130, kv8_from, scratch=scratch, scratch_len=5)
+        got = nested_kv_attention(*to_dev(q, *main), 130, kv8_from, scratch=to_dev(*scratch), scratch_len=5,
+                                  out=poisoned(9, 3, 64))
+        assert rel_err(got, want) < 2e-3
+
+
+def test_kv4_positions_never_read_the_refinement_plane(gen):
+    """Garbage in the refinement plane before kv8_from changes nothing, bit for bit."""
+    base, refine, scale = to_dev(*kv_planes(gen, 2, 150, 32))
+    q = torch.randn(4, 2, 32, generator=gen).to(DEV)
+    junk = refine.clone()
+    junk[:, :, :100] = torch.randint(0, 256, junk[:, :, :100].shape, generator=gen, dtype=torch.uint8).to(DEV)
+    assert torch.equal(nested_kv_attention(q, base, refine, scale, 150, 100),
+                       nested_kv_attention(q, base, junk, scale, 150, 100))
+
+
+def test_nested_kv_attention_is_batch_invariant(gen):
+    """Query t of a verification pass over S positions equals a single-query pass over its own S - T + t + 1."""
+    base, refine, scale = to_dev(*kv_planes(gen, 3, 140, 64))
+    q = torch.randn(9, 5, 64, generator=gen).to(DEV)
+    whole = nested_kv_attention(q, base, refine, scale, 133, 0)
+    for t in range(5):
+        one = nested_kv_attention(q[:, t:t + 1].contiguous(), base, refine, scale, 129 + t, 0)
+        assert torch.equal(whole[:, t:t + 1], one), t
+
+
+@pytest.mark.parametrize("hkv,t,d", [(3, 1, 64), (2, 5, 32), (8, 3, 128)])
+def test_write_kv_matches_quantize_kv_bit_for_bit(gen, hkv, t, d):
+    k, v = torch.randn(hkv, t, d, generator=gen) * 3, torch.randn(hkv, t, d, generator=gen)
+    cap, pos = 20, 7
+    base = torch.randint(0, 256, (2, hkv, cap, d // 2), generator=gen, dtype=torch.uint8)
+    refine, scale = torch.randint(0, 256, base.shape, generator=gen, dtype=torch.uint8), torch.randn(2, hkv, cap).half()
+    bd, rd, sd = to_dev(base, refine, scale)
+    write_kv(*to_dev(k, v), bd, rd, sd, pos)
+    wb, wr, ws = quantize_kv(torch.stack((k, v)))
+    inside = slice(pos, pos + t)
+    assert torch.equal(bd[:, :, inside].cpu(), wb) and torch.equal(rd[:, :, inside].cpu(), wr)
+    assert torch.equal(sd[:, :, inside].cpu(), ws)
+    outside = torch.ones(cap, dtype=torch.bool)
+    outside[inside] = False
+    assert torch.equal(bd[:, :, outside].cpu(), base[:, :, outside])        # nothing else written
+    assert torch.equal(sd[:, :, outside].cpu(), scale[:, :, outside])
+
+
+def test_write_kv_rejects_out_of_range_positions(gen):
+    base, refine, scale = to_dev(*kv_planes(gen, 2, 10, 32))
+    k = torch.randn(2, 3, 32, device=DEV)
+    with pytest.raises(ValueError, match="do not fit"):
+        write_kv(k, k, base, refine, scale, 8)
