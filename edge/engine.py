@@ -23,7 +23,8 @@ class Engine:
             raise ValueError("prefill chunk must be at least 1 token")
         self.ckpt, self.weights, self.prefill_chunk = ckpt, weights, prefill_chunk
         self.decoder = Decoder(cfg, weights, ckpt.rotations)
-        self.cache = NestedKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, capacity, scratch)
+        self.cache = NestedKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, capacity, scratch,
+                                   device=getattr(weights, "device", None), ops=getattr(weights, "kernel_ops", None))
         self.pass_weight_bytes = {v: weight_bytes_per_pass(ckpt, v) for v in ("draft", "target")}
         self.embed_row_bytes = cfg.hidden_size * 2
         self.stats = DecodeStats(policy="", backend=getattr(weights, "name", type(weights).__name__))

@@ -30,15 +30,24 @@ class KVRead:
 
 
 class _Planes:
-    """Planes for `slots` positions: base / refine uint8 [L, 2, Hkv, slots, D/2], scale float16 [L, 2, Hkv, slots]."""
+    """Planes for `slots` positions: base / refine uint8 [L, 2, Hkv, slots, D/2], scale float16 [L, 2, Hkv, slots].
+    With kernel `ops` (a GPU backend's `write_kv` / `nested_kv_attention`) writes go through its write kernel."""
 
-    def __init__(self, layers: int, heads: int, slots: int, head_dim: int):
-        self.base = torch.zeros(layers, 2, heads, slots, head_dim // 2, dtype=torch.uint8)
+    def __init__(self, layers: int, heads: int, slots: int, head_dim: int, device=None, ops=None):
+        self.base = torch.zeros(layers, 2, heads, slots, head_dim // 2, dtype=torch.uint8, device=device)
         self.refine = torch.zeros_like(self.base)
-        self.scale = torch.zeros(layers, 2, heads, slots, dtype=torch.float16)
+        self.scale = torch.zeros(layers, 2, heads, slots, dtype=torch.float16, device=device)
+        self.ops = ops
+
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One layer's planes [2, Hkv, slots, D/2] x2 and scales [2, Hkv, slots] (views, contiguous)."""
+        return self.base[layer], self.refine[layer], self.scale[layer]
 
     def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Quantize k, v [Hkv, T, D] into positions [start, start + T)."""
+        if self.ops is not None:
+            self.ops.write_kv(k, v, *self.layer(layer), start)
+            return
         b, r, s = quantize_kv(torch.stack((k, v)))                      # [2, Hkv, T, D/2], ..., [2, Hkv, T]
         t = k.shape[1]
         self.base[layer, :, :, start:start + t] = b
@@ -69,13 +78,15 @@ class NestedKVCache:
     ones; rejected entries are dropped by never committing them (rollback = a smaller length).
     """
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int, scratch: int = 8):
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int, scratch: int = 8, device=None,
+                 ops=None):
         if capacity < 1:
             raise ValueError("KV cache capacity must be at least one position")
         self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
         self.capacity, self.scratch_slots = capacity, scratch
-        self.main = _Planes(layers, kv_heads, capacity, head_dim)
-        self.draft = _Planes(layers, kv_heads, scratch, head_dim)
+        self.ops = ops   # kernels that attend straight from the planes (triton backend); None: dequantize + SDPA
+        self.main = _Planes(layers, kv_heads, capacity, head_dim, device, ops)
+        self.draft = _Planes(layers, kv_heads, scratch, head_dim, device, ops)
         self.length = 0
 
     def nbytes(self) -> int:
@@ -139,9 +150,14 @@ class CachedAttention:
         c, t = self.cache, q.shape[1]
         if self.slot is None:
             c.write(layer, self.start, k, v)
-            keys, values = c.read(layer, self.start + t, self.kv)
+            main_len, scratch_len = self.start + t, 0
         else:
             c.write_scratch(layer, self.slot, k, v)
-            keys, values = c.read(layer, c.length, self.kv, scratch_len=self.slot + t)
-        self.positions_read += keys.shape[1]
+            main_len, scratch_len = c.length, self.slot + t
+        self.positions_read += main_len + scratch_len
+        if c.ops is not None:   # flash-decoding from the planes: KV4 positions never touch the refinement plane
+            kv8_from = self.kv.kv8_from(main_len + scratch_len)
+            return c.ops.nested_kv_attention(q, *c.main.layer(layer), main_len, kv8_from,
+                                             scratch=c.draft.layer(layer), scratch_len=scratch_len)
+        keys, values = c.read(layer, main_len, self.kv, scratch_len=scratch_len)
         return attention(q, keys, values, self.start)

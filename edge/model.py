@@ -74,7 +74,7 @@ class Decoder:
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.weights.embed(ids)                                   # [T, H]
         if self.rot.r1 is not None:
-            r1 = self.rot.r1.to(x.dtype)
+            r1 = self.rot.r1.to(device=x.device, dtype=x.dtype)
             x = rowwise(lambda r: r @ r1, x)                          # into the rotated residual basis
         return x
 
@@ -100,13 +100,15 @@ class Decoder:
     def final(self, x: torch.Tensor, view: str) -> torch.Tensor:
         """Residual [T, H] -> logits [T, V]."""
         if self.rot.r1 is not None:
-            r1t = self.rot.r1.to(x.dtype).T
+            r1t = self.rot.r1.to(device=x.device, dtype=x.dtype).T
             x = rowwise(lambda r: r @ r1t, x)                         # back to the original basis
         x = rms_norm(x, self.weights.norm("model.norm"), self.cfg.rms_norm_eps)
         return self.weights.head(x, view)
 
     def rope(self, t: int, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        return rope_tables(self.cfg, torch.arange(start, start + t), self.weights.dtype)
+        cos, sin = rope_tables(self.cfg, torch.arange(start, start + t), self.weights.dtype)
+        device = getattr(self.weights, "device", None)
+        return (cos, sin) if device is None else (cos.to(device), sin.to(device))
 
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, view: str, attend: Optional["Attention"] = None, start: int = 0,

@@ -1,6 +1,6 @@
 """Check that greedy speculative output equals greedy target output, token for token, on real prompts.
 
-    python scripts/lossless.py [--checkpoint DIR] [--backend cpu|torch] [--prompts N] [--max-new-tokens N]
+    python scripts/lossless.py [--checkpoint DIR] [--backend cpu|torch|triton] [--prompts N] [--max-new-tokens N]
                                [--gamma G] [--json]
 
 Prompts: N/2 held-out ShareGPT requests (chat template) and N/2 Shakespeare passages (raw continuation).
@@ -17,6 +17,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import torch  # noqa: E402
 
+from edge.backends import BACKENDS  # noqa: E402
 from edge.cli import run_cli  # noqa: E402
 from edge.corpora import shakespeare_prompts, sharegpt_prompts  # noqa: E402
 from edge.generate import GenerateConfig  # noqa: E402
@@ -64,7 +65,7 @@ def run(a) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint")
-    p.add_argument("--backend", default="cpu", choices=("cpu", "torch"))
+    p.add_argument("--backend", default="cpu", choices=BACKENDS)
     p.add_argument("--prompts", type=int, default=20)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--gamma", type=int, default=4)

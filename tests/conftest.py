@@ -57,3 +57,31 @@ def gen():
     seed = int.from_bytes(os.urandom(4), "little")
     print(f"generator seed {seed}")
     return torch.Generator().manual_seed(seed)
+
+
+def save_small_hf_model(folder: Path, model, default_model) -> Path:
+    """Save a small randomly initialised transformers model as a real HF folder with SmolLM2's tokenizer files
+    (so calibration text and prompts tokenize into its vocabulary)."""
+    import shutil
+    model.save_pretrained(folder)
+    for f in default_model.tokenizer_files():
+        if f.name != "generation_config.json":
+            shutil.copyfile(f, folder / f.name)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def small_llama_checkpoint(tmp_path_factory, default_model):
+    """A 2-layer Llama (hidden 128, head dim 64, GQA 2:1) with random weights, exported RTN with R1/R2/R4: small
+    enough for the Triton interpreter to run whole passes, with the kernels' minimum head dim."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from export.pipeline import ExportOptions, run_export
+    from export.quantize import QuantOptions
+    torch.manual_seed(4321)
+    cfg = LlamaConfig(vocab_size=default_model.config.vocab_size, hidden_size=128, intermediate_size=256,
+                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+                      max_position_embeddings=512, tie_word_embeddings=True)
+    folder = save_small_hf_model(tmp_path_factory.mktemp("llama"), LlamaForCausalLM(cfg).eval(), default_model)
+    out = tmp_path_factory.mktemp("ckpt") / "small-llama"
+    run_export(ExportOptions(out=str(out), model=str(folder), rotation="r1r2r4", quant=QuantOptions(method="rtn")))
+    return out

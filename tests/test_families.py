@@ -11,12 +11,12 @@ from export.pipeline import ExportOptions, run_export
 from export.quantize import QuantOptions
 from export.rotation import RotationPlan, rotate
 from export.sources import load_source
+from tests.conftest import save_small_hf_model
 
 
 @pytest.fixture(scope="module")
 def qwen2_folder(tmp_path_factory, default_model):
     """Random weights, SmolLM2's tokenizer (so calibration text tokenizes into its vocabulary)."""
-    import shutil
     from transformers import Qwen2Config, Qwen2ForCausalLM
     torch.manual_seed(1234)
     cfg = Qwen2Config(vocab_size=default_model.config.vocab_size, hidden_size=96, intermediate_size=192, num_hidden_layers=2,
@@ -27,12 +27,7 @@ def qwen2_folder(tmp_path_factory, default_model):
         for layer in model.model.layers:
             for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                 proj.bias.normal_(0, 0.5)
-    folder = tmp_path_factory.mktemp("qwen2")
-    model.save_pretrained(folder)
-    for f in default_model.tokenizer_files():
-        if f.name != "generation_config.json":
-            shutil.copyfile(f, folder / f.name)
-    return folder, model
+    return save_small_hf_model(tmp_path_factory.mktemp("qwen2"), model, default_model), model
 
 
 def test_qwen2_decoder_matches_transformers(qwen2_folder, gen):

@@ -3,7 +3,7 @@
 from edge.checkpoint import Checkpoint
 from edge.errors import BitNestError
 
-BACKENDS = ("torch", "cpu")
+BACKENDS = ("torch", "cpu", "triton")
 
 
 def make_weights(name: str, ckpt: Checkpoint):
@@ -14,4 +14,7 @@ def make_weights(name: str, ckpt: Checkpoint):
     if name == "cpu":
         from edge.backends.cpu import CpuInt4Weights
         return CpuInt4Weights(ckpt)
+    if name == "triton":
+        from edge.backends.triton_gpu import TritonWeights
+        return TritonWeights(ckpt)
     raise BitNestError(f"unknown backend {name!r}: use one of {', '.join(BACKENDS)}")

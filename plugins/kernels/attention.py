@@ -11,8 +11,10 @@ never loaded. Partial results (m, l and a D-vector per row and chunk, float32) a
 
 Layout: base / refine uint8 [2, Hkv, C, D/2] (K then V; byte j holds dims 2j, 2j+1), scale float16 [2, Hkv, C].
 The sequence is main positions [0, main_len) then `scratch_len` draft-time slots of the scratch planes. Codes are
-exact in float16 (|16*q4 + qr| <= 136), dots use float16 operands with float32 accumulation, the KV scale (s/16)
-is applied to the scores (K) and to the probabilities (V) in float32. Chunk boundaries are absolute positions
+exact in float16 (|16*q4 + qr| <= 136); the float32 queries and probabilities are split into float16 high and low
+halves, so two float16 MMAs with float32 accumulation give ~float32 accuracy (one half alone costs ~3e-4 relative,
+which INT8 activation rounding downstream amplifies); the KV scale (s/16) is applied to the scores (K) and to the
+probabilities (V) in float32. Chunk boundaries are absolute positions
 (multiples of CHUNK), and a chunk a query cannot see contributes an exact zero, so a query's result does not
 depend on how many later queries share the pass.
 """
@@ -69,10 +71,19 @@ def _scales(scale_ptr, sscale_ptr, plane, pos, main_len, seq_len, cap, scap):
 
 
 @triton.jit
-def _dot(a, b, INTERP: tl.constexpr):
-    if INTERP:   # the interpreter's low-precision dots are not IEEE: go through float32 (exact codes)
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    return tl.dot(a, b, out_dtype=tl.float32)
+def _split16(a):
+    """float32 a = hi + lo with both halves float16: two float16 MMAs then carry ~22 bits of a."""
+    hi = a.to(tl.float16)
+    return hi, (a - hi.to(tl.float32)).to(tl.float16)
+
+
+@triton.jit
+def _dot(a_hi, a_lo, b, INTERP: tl.constexpr):
+    """(a_hi + a_lo) @ b for float16 codes b (exact), accumulated in float32."""
+    if INTERP:   # the interpreter's low-precision dots are not IEEE: go through float32 (exact operands)
+        return tl.dot(a_hi.to(tl.float32), b.to(tl.float32), input_precision="ieee") + \
+            tl.dot(a_lo.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a_hi, b, out_dtype=tl.float32) + tl.dot(a_lo, b, out_dtype=tl.float32)
 
 
 @triton.jit
@@ -96,8 +107,8 @@ def flash_decode_kernel(
     j = tl.arange(0, HALF)
     qoff = (head * T + rows % T)[:, None] * D + 2 * j[None, :]        # q [Hq, T, D]
     qm = live[:, None] & (j[None, :] < HALF)
-    q_even = tl.load(q_ptr + qoff, mask=qm, other=0.0).to(tl.float16)  # [BM, HALF]
-    q_odd = tl.load(q_ptr + qoff + 1, mask=qm, other=0.0).to(tl.float16)
+    qe_hi, qe_lo = _split16(tl.load(q_ptr + qoff, mask=qm, other=0.0).to(tl.float32))    # [BM, HALF] x2
+    qo_hi, qo_lo = _split16(tl.load(q_ptr + qoff + 1, mask=qm, other=0.0).to(tl.float32))
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc_e = tl.zeros([BLOCK_M, HALF], tl.float32)
@@ -109,7 +120,7 @@ def flash_decode_kernel(
         k_lo, k_hi = _codes(base_ptr, refine_ptr, sbase_ptr, srefine_ptr, k_plane, pos, main_len, seq_len,
                             kv8_from, cap, scap, j, HALF)
         sk = _scales(scale_ptr, sscale_ptr, k_plane, pos, main_len, seq_len, cap, scap)
-        scores = _dot(q_even, tl.trans(k_lo), INTERP) + _dot(q_odd, tl.trans(k_hi), INTERP)   # [BM, BS]
+        scores = _dot(qe_hi, qe_lo, tl.trans(k_lo), INTERP) + _dot(qo_hi, qo_lo, tl.trans(k_hi), INTERP)  # [BM, BS]
         scores = scores * (sk * sm_scale)[None, :]
         visible = (pos[None, :] <= qpos[:, None]) & (pos[None, :] < seq_len) & live[:, None]
         scores = tl.where(visible, scores, float("-inf"))
@@ -121,9 +132,9 @@ def flash_decode_kernel(
         v_lo, v_hi = _codes(base_ptr, refine_ptr, sbase_ptr, srefine_ptr, v_plane, pos, main_len, seq_len,
                             kv8_from, cap, scap, j, HALF)
         sv = _scales(scale_ptr, sscale_ptr, v_plane, pos, main_len, seq_len, cap, scap)
-        pv = (p * sv[None, :]).to(tl.float16)
-        acc_e = acc_e * alpha[:, None] + _dot(pv, v_lo, INTERP)
-        acc_o = acc_o * alpha[:, None] + _dot(pv, v_hi, INTERP)
+        pv_hi, pv_lo = _split16(p * sv[None, :])
+        acc_e = acc_e * alpha[:, None] + _dot(pv_hi, pv_lo, v_lo, INTERP)
+        acc_o = acc_o * alpha[:, None] + _dot(pv_hi, pv_lo, v_hi, INTERP)
         m_i = m_new
     slot = (h * R * T + rows) * n_chunks + c                             # [BM]
     tl.store(m_ws + slot, m_i, mask=live)

@@ -1,0 +1,74 @@
+"""`triton` backend: the nested checkpoint on a CUDA GPU, every linear through the Triton dual-plane GEMV/GEMM
+(W4A8 draft / W8A8 target, per-token INT8 activations) and attention through the nested-KV flash-decoding kernel
+over a KV cache that lives on the GPU (`kernel_ops` below, handed to the engine's cache).
+
+The planes move to the GPU in place of the checkpoint's CPU copies (no second copy, DESIGN §3). With
+TRITON_INTERPRET=1 and no GPU, the same kernels run on CPU tensors in the Triton interpreter: slow, for tests.
+"""
+
+import os
+from pathlib import Path
+
+import torch
+
+from edge.checkpoint import HEAD, Checkpoint
+from edge.errors import BitNestError
+
+JETPACK_PTXAS = Path("/usr/local/cuda/bin/ptxas")
+
+
+def kernel_device() -> torch.device:
+    """The device the kernels run on: the GPU, or the CPU under the Triton interpreter; else a one-line error."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise BitNestError("the triton backend needs a CUDA GPU (none found): use --backend cpu, or set "
+                           "TRITON_INTERPRET=1 to run its kernels in the (slow) Triton interpreter")
+    if "TRITON_PTXAS_PATH" not in os.environ and JETPACK_PTXAS.exists():
+        os.environ["TRITON_PTXAS_PATH"] = str(JETPACK_PTXAS)   # PTX that the installed driver's CUDA loads
+    return torch.device("cuda")
+
+
+def _kernels():
+    try:
+        import plugins.kernels as k
+        import triton  # noqa: F401  (fail here, with the fix, rather than at the first pass)
+    except ImportError as e:
+        raise BitNestError(f"the triton backend needs triton ({e}): pip install triton") from e
+    return k
+
+
+class TritonWeights:
+    """Weight store on the kernel device; `kernel_ops` is the KV cache's attention implementation."""
+
+    name = "triton"
+    activations = "int8"
+    dtype = torch.float32
+
+    def __init__(self, ckpt: Checkpoint):
+        self.device = kernel_device()
+        self.k = _kernels()
+        self.ckpt = ckpt
+        for key, t in ckpt.tensors.items():            # move, don't copy: the CPU tensors are released
+            ckpt.tensors[key] = t.to(self.device)
+        self.kernel_ops = self.k
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.ckpt.tensors["model.embed_tokens.weight"][ids.to(self.device)].float()
+
+    def norm(self, name: str) -> torch.Tensor:
+        return self.ckpt.tensors[name + ".weight"].float()
+
+    def linear(self, name: str, x: torch.Tensor, view: str) -> torch.Tensor:
+        base, refine, scale, offset = self.ckpt.planes(name)
+        y = self.k.dual_plane_linear(x, base, refine if view == "target" else None, scale, view, offset)
+        bias = self.ckpt.tensors.get(name + ".bias")
+        return y if bias is None else y + bias.float()
+
+    def head(self, x: torch.Tensor, view: str) -> torch.Tensor:
+        """Logits [M, V], returned on the CPU where the sampler runs."""
+        if self.ckpt.head_nested:
+            return self.linear(HEAD, x, view).cpu()
+        t = self.ckpt.tensors
+        w = t["model.embed_tokens.weight"] if self.ckpt.config.tie_word_embeddings else t["lm_head.weight"]
+        return torch.cat([(r.half() @ w.T).float() for r in x.split(1)]).cpu()   # row by row: batch invariant
