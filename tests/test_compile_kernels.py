@@ -34,3 +34,33 @@ def test_compile_kernels_for_sm87(tmp_path):
 def test_compile_kernels_rejects_a_bad_arch(tmp_path):
     out = compile_kernels("--arch", "ampere", "--out", str(tmp_path))
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "sm_87" in out.stderr
+
+
+def selfcheck(*args: str, interpret: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, TRITON_INTERPRET=interpret)
+    return subprocess.run([sys.executable, "-m", "plugins.kernels.selfcheck", *args, "--json"], cwd=ROOT,
+                          capture_output=True, text=True, env=env, timeout=900)
+
+
+def test_kernel_selfcheck_passes_on_real_planes(rtn_checkpoint):
+    out = selfcheck("--checkpoint", str(rtn_checkpoint), interpret=os.environ["TRITON_INTERPRET"])
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert out.returncode == 0 and result["passed"], result
+    names = " ".join(c["name"] for c in result["checks"])
+    assert "q_proj M=5 target int8" in names and "down_proj M=1 draft float16" in names and "kv4" in names
+    assert len(result["checks"]) == 20 and all(c["passed"] for c in result["checks"])
+
+
+def test_kernel_selfcheck_reports_why_it_cannot_run(tmp_path):
+    import pytest
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the kernels can run")
+    out = selfcheck(interpret="0")
+    assert out.returncode == 2 and "no CUDA GPU" in json.loads(out.stdout.strip())["reason"]
+
+
+def test_kernel_selfcheck_rejects_a_bad_checkpoint(tmp_path):
+    out = selfcheck("--checkpoint", str(tmp_path), interpret="1")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert str(tmp_path) in json.loads(out.stdout.strip())["reason"]

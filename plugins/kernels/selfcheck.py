@@ -1,0 +1,117 @@
+"""Kernel self-check: every Triton kernel on real planes of a checkpoint against the pure-torch references, on the
+GPU where there is one, else in the Triton interpreter (the caller sets TRITON_INTERPRET=1 before starting Python).
+
+    python -m plugins.kernels.selfcheck [--checkpoint DIR] [--json]
+
+GEMV: two real linears of layer 0 (q_proj and down_proj: both group sizes of the default model) at M = 1 and 5,
+both views, INT8 and float16 activations. Attention and the KV write: the model's head shapes over fresh random
+K/V quantized into the nested format, at a context that is not a multiple of the kernel's chunk, KV8, KV4 and
+Recent-N. Without --checkpoint, random weights nested by RTN stand in (said in the output).
+Exit 0 when every check passes, 1 when one fails, 2 when the kernels cannot run (the reason is printed).
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+from plugins import reference
+from plugins.kv import quantize_kv
+from plugins.nesting import nest_rtn
+from plugins.packing import pack_nibbles
+
+LIMITS = {"int8": 1e-5, "float16": 2e-3, "attention": 5e-5}
+
+
+def _rel(got, want) -> float:
+    return ((got.double().cpu() - want.double()).norm() / want.norm()).item()
+
+
+def _linears(checkpoint):
+    """[(name, base, refine, scale, offset)] of two real linears, and the model's (Hq, Hkv, D)."""
+    if checkpoint is None:
+        gen = torch.Generator().manual_seed(0)
+        out = []
+        for name, (n, k) in (("random[576x576]", (576, 576)), ("random[576x1536]", (576, 1536))):
+            c = nest_rtn(torch.randn(n, k, generator=gen) * 0.05, 128 if k % 128 == 0 else 64)
+            out.append((name, pack_nibbles(c.q4), pack_nibbles(c.qr), c.scale, c.offset))
+        return out, (9, 3, 64)
+    from edge.checkpoint import load_checkpoint
+    ck = load_checkpoint(checkpoint)
+    names = ["model.layers.0.self_attn.q_proj", "model.layers.0.mlp.down_proj"]
+    cfg = ck.config
+    return [(n, *ck.planes(n)) for n in names], (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+
+
+def run_checks(checkpoint=None) -> dict:
+    """All checks; raises ImportError where triton is missing, RuntimeError where no device can run it."""
+    import triton  # noqa: F401
+    from plugins import kernels
+    interp = os.environ.get("TRITON_INTERPRET") == "1"
+    if not interp and not torch.cuda.is_available():
+        raise RuntimeError("no CUDA GPU and TRITON_INTERPRET is not 1")
+    dev = "cpu" if interp else "cuda"
+    gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    checks = []
+
+    def add(name, err, limit):
+        checks.append({"name": name, "max_rel_err": err, "limit": limit, "passed": bool(err < limit)})
+
+    linears, (hq, hkv, d) = _linears(checkpoint)
+    for name, base, refine, scale, offset in linears:
+        planes = [t if t is None else t.to(dev) for t in (base, refine, scale, offset)]
+        for m in (1, 5):
+            x = torch.randn(m, base.shape[1] * 2, generator=gen)
+            for view in ("draft", "target"):
+                for act in ("int8", "float16"):
+                    want = reference.dual_plane_linear(x, base, refine, scale, view, offset, act_int8=act == "int8")
+                    got = kernels.dual_plane_linear(x.to(dev), planes[0], planes[1] if view == "target" else None,
+                                                    planes[2], view, planes[3], act=act)
+                    add(f"dual_plane_linear {name} M={m} {view} {act}", _rel(got, want), LIMITS[act])
+    seq, cap, t = 300, 304, 5
+    kv = quantize_kv(torch.randn(2, hkv, cap, d, generator=gen))
+    q = torch.randn(hq, t, d, generator=gen)
+    for label, kv8_from in (("kv8", 0), ("kv4", seq), ("recent-64", seq - 64)):
+        want = reference.nested_kv_attention(q, *kv, seq, kv8_from)
+        got = kernels.nested_kv_attention(q.to(dev), *(p.to(dev) for p in kv), seq, kv8_from)
+        add(f"nested_kv_attention Hq={hq} Hkv={hkv} D={d} S={seq} T={t} {label}", _rel(got, want),
+            LIMITS["attention"])
+    k, v = torch.randn(hkv, t, d, generator=gen), torch.randn(hkv, t, d, generator=gen)
+    planes = [torch.zeros(2, hkv, 16, d // 2, dtype=torch.uint8, device=dev) for _ in range(2)]
+    scales = torch.zeros(2, hkv, 16, dtype=torch.float16, device=dev)
+    kernels.write_kv(k.to(dev), v.to(dev), planes[0], planes[1], scales, 3)
+    wb, wr, ws = quantize_kv(torch.stack((k, v)))
+    exact = all(torch.equal(a[:, :, 3:3 + t].cpu(), b) for a, b in ((planes[0], wb), (planes[1], wr), (scales, ws)))
+    checks.append({"name": "write_kv bit-exact", "max_rel_err": 0.0 if exact else None, "limit": 0.0,
+                   "passed": exact})
+    return {"passed": all(c["passed"] for c in checks), "device": "interpreter" if interp else "cuda",
+            "weights": str(checkpoint) if checkpoint else "random (RTN-nested)", "checks": checks, "reason": None}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m plugins.kernels.selfcheck", description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", help="nested checkpoint folder (default: random RTN-nested weights)")
+    p.add_argument("--json", action="store_true", help="print one JSON object last")
+    a = p.parse_args(argv)
+    from edge.errors import BitNestError
+    try:
+        result = run_checks(a.checkpoint)
+        code = 0 if result["passed"] else 1
+    except (ImportError, RuntimeError) as e:
+        result, code = {"passed": False, "device": None, "checks": [], "reason": f"cannot run the kernels: {e}"}, 2
+    except (BitNestError, ValueError, FileNotFoundError) as e:   # a bad checkpoint: one line, no traceback
+        result, code = {"passed": False, "device": None, "checks": [], "reason": str(e)}, 2
+    if a.json:
+        print(json.dumps(result))
+    else:
+        for c in result["checks"]:
+            print(f"{'ok  ' if c['passed'] else 'FAIL'} {c['name']}: rel err {c['max_rel_err']}")
+        if result["reason"]:
+            print(f"selfcheck: {result['reason']}", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
