@@ -64,3 +64,13 @@ def test_kernel_selfcheck_rejects_a_bad_checkpoint(tmp_path):
     out = selfcheck("--checkpoint", str(tmp_path), interpret="1")
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert str(tmp_path) in json.loads(out.stdout.strip())["reason"]
+
+
+def test_bench_kernels_without_a_gpu_says_so():
+    import pytest
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the benchmark runs (minutes)")
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_kernels.py"), "--json"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "needs a CUDA GPU" in out.stderr

@@ -95,7 +95,9 @@ def flash_decode_kernel(
     CHUNK: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr, INTERP: tl.constexpr,
 ):
     """Program (kv head h, chunk c, row tile): rows i = r*T + t (query head h*R + r, query t at position
-    seq_len - T + t). Writes per row and chunk the running max m, the sum l and the unnormalized output [D]."""
+    seq_len - T + t). Writes per row and chunk the running max m, the sum l and the unnormalized output [D].
+    Bytes: the chunk's K and V base bytes and scales once for all R*T rows, refinement bytes only at positions
+    >= kv8_from, nothing past seq_len; q once per program (L2-resident across chunks)."""
     h = tl.program_id(0)
     c = tl.program_id(1)
     tile = tl.program_id(2)
@@ -146,7 +148,8 @@ def flash_decode_kernel(
 
 @triton.jit
 def chunk_reduce_kernel(m_ws, l_ws, acc_ws, out_ptr, T, n_chunks, R: tl.constexpr, D: tl.constexpr):
-    """One program per (kv head, row): combine the chunks in index order (deterministic) into out [Hq, T, D]."""
+    """One program per (kv head, row): combine the chunks in index order (deterministic) into out [Hq, T, D].
+    Bytes: (2 + D) * 4 per chunk and row of partials, D * 4 out: no KV bytes."""
     h = tl.program_id(0)
     row = tl.program_id(1)
     base = (h * R * T + row) * n_chunks
@@ -169,7 +172,8 @@ def chunk_reduce_kernel(m_ws, l_ws, acc_ws, out_ptr, T, n_chunks, R: tl.constexp
 @triton.jit
 def write_kv_kernel(x_ptr, base_ptr, refine_ptr, scale_ptr, T, pos0, cap, HKV: tl.constexpr, D: tl.constexpr):
     """One program per (K-or-V, head, token) of x [2, Hkv, T, D]: s = fp16(max|x|/7), q4 = clip(rne(x/s)),
-    qr = clip(rne((x - q4 s)/(s/16))) written at position pos0 + t (the semantics of `plugins.kv.quantize_kv`)."""
+    qr = clip(rne((x - q4 s)/(s/16))) written at position pos0 + t (the semantics of `plugins.kv.quantize_kv`).
+    Bytes: the D floats of the vector in, D/2 bytes per plane and one float16 scale out; nothing is read back."""
     pid = tl.program_id(0)
     kv = pid // (HKV * T)
     h = (pid // T) % HKV

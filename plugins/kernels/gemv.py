@@ -32,7 +32,8 @@ ACTS = ("int8", "float16")
 
 @triton.jit
 def quantize_rows_kernel(x_ptr, xq_ptr, sx_ptr, K, stride_x, BLOCK_K: tl.constexpr):
-    """One program per token: s_x = max|x|/127 (at least 1e-12), x_q = clip(round(x/s_x), -127, 127)."""
+    """One program per token: s_x = max|x|/127 (at least 1e-12), x_q = clip(round(x/s_x), -127, 127).
+    Bytes: the row of x twice (max, then quantize; the second read hits L1/L2), K bytes of codes and 4 of scale out."""
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK_K)
     amax = tl.zeros([BLOCK_K], tl.float32)
@@ -79,7 +80,9 @@ def dual_plane_kernel(
 ):
     """Program (n-tile, split): rows [n0, n0+BLOCK_N), groups [split*GPS, (split+1)*GPS) of K.
     x: int8 [M, K] with scales sx float32 [M] (or float16 [M, K] with FLOAT_ACT); base/refine uint8 [N, K/2];
-    scale/offset float16 [N, K/G]. out: float32 [M, N] (SPLIT == 1) or partials [SPLIT, M, N] (unscaled by s_x)."""
+    scale/offset float16 [N, K/G]. out: float32 [M, N] (SPLIT == 1) or partials [SPLIT, M, N] (unscaled by s_x).
+    Bytes: each plane byte of the tile once (the refinement plane only when TARGET), one scale per row and group,
+    the tile's x columns (M*K bytes in all, L2-resident), and the output tile once; no weight is re-read per token."""
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     HALF: tl.constexpr = G // 2
@@ -128,7 +131,8 @@ def dual_plane_kernel(
 @triton.jit
 def split_reduce_kernel(part_ptr, sx_ptr, out_ptr, M, N, SPLIT: tl.constexpr, SCALE_X: tl.constexpr,
                         BLOCK: tl.constexpr):
-    """out[m, n] = s_x[m] * sum over splits in index order (deterministic) of part[split, m, n]."""
+    """out[m, n] = s_x[m] * sum over splits in index order (deterministic) of part[split, m, n].
+    Bytes: SPLIT * M * N * 4 partials in and M * N * 4 out: no weight bytes."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < M * N
     acc = tl.zeros([BLOCK], tl.float32)
