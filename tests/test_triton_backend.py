@@ -60,3 +60,18 @@ def test_triton_backend_without_gpu_or_interpreter_says_how_to_fix(small_llama_c
     monkeypatch.setitem(os.environ, "TRITON_INTERPRET", "0")
     with pytest.raises(BitNestError, match="needs a CUDA GPU.*--backend cpu"):
         make_weights("triton", load_checkpoint(small_llama_checkpoint))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+                    reason="needs a CUDA GPU with TRITON_INTERPRET unset (the interpreter is too slow for the 135M model)")
+def test_triton_lossless_on_the_default_model_gpu(rtn_checkpoint):
+    """On a CUDA GPU: greedy speculative output equals greedy target output on the real model, four prompts."""
+    from edge.runtime import Runtime
+    from edge.corpora import sharegpt_prompts
+    rt = Runtime(rtn_checkpoint, backend="triton", max_context=1024)
+    for prompt in sharegpt_prompts(4):
+        ids = rt.encode(prompt)
+        runs = [rt.run(ids, GenerateConfig(policy=p, gamma=4, max_new_tokens=64))["tokens"]
+                for p in ("target", "speculative")]
+        assert runs[0] == runs[1]
