@@ -10,7 +10,7 @@ from edge.devices import MiB, DeviceProfile
 from edge.errors import BitNestError
 from edge.kv_cache import KVRead
 from edge.synthetic import synthetic_checkpoint
-from edge.workspace import fused_workspace, steps_at_end, traced_workspace
+from edge.workspace import DryRun, fused_workspace, steps_at_end
 
 
 # Backends whose passes run as torch ops, so a dry run on meta tensors counts their workspace exactly.
@@ -122,6 +122,7 @@ class MemoryPlan:
     limited_by: str
     workspace: dict[str, int] = field(default_factory=dict)   # per step, at max_context
     draft_read_per_position: int | None = None                # KV bytes a draft pass reads per position
+    workspace_growth: float = 0.0                             # workspace bytes per extra position (dry runs)
 
     @property
     def weight_bytes(self) -> int:
@@ -153,9 +154,16 @@ class MemoryPlan:
                  "workspace = max(" + ", ".join(f"{k} {mb(v)}" for k, v in self.workspace.items())
                  + f") = {mb(self.workspace_bytes)} ({self.backend})"]
         free = self.device.usable_bytes - self.weight_bytes - self.scratch_bytes - self.workspace_bytes
-        lines.append(f"max context = floor(({mb(d.usable_bytes)} - {mb(self.weight_bytes)} - {mb(self.scratch_bytes)}"
-                     f" - {mb(self.workspace_bytes)}) / {self.kv_per_position:,} B) = {max(0, free // self.kv_per_position):,}"
-                     + (f", capped at {self.max_context:,} by the model's positions" if self.limited_by == "positions" else ""))
+        cap = f", capped at {self.max_context:,} by the model's positions" if self.limited_by == "positions" else ""
+        if self.workspace_growth:       # a dry-run workspace grows with the context: no closed form
+            lines.append(f"max context = largest C with {mb(self.weight_bytes)} + {mb(self.scratch_bytes)} + C x "
+                         f"{self.kv_per_position:,} B + workspace(C) <= {mb(d.usable_bytes)}, the workspace growing "
+                         f"~{self.workspace_growth:,.0f} B per position: C = {self.max_context:,}"
+                         f" (planned {mb(self.total_bytes())}){cap}")
+        else:
+            lines.append(f"max context = floor(({mb(d.usable_bytes)} - {mb(self.weight_bytes)} - {mb(self.scratch_bytes)}"
+                         f" - {mb(self.workspace_bytes)}) / {self.kv_per_position:,} B) = "
+                         f"{max(0, free // self.kv_per_position):,}{cap}")
         return lines
 
     def to_dict(self) -> dict:
@@ -170,13 +178,12 @@ class MemoryPlan:
                 "arithmetic": self.arithmetic()}
 
 
-def _workspace(cfg, ckpt, config, device, workload, backend, context, scratch) -> dict[str, int]:
-    steps = steps_at_end(max(context, workload.gamma + 2), config.speculative, workload.gamma,
-                         workload.prefill_chunk, KVRead(config.draft_kv))
-    if backend == "gpu-kernels":
-        act = 2 if device.compute == "gpu" else 4
-        return {s.name: fused_workspace(cfg, s, act, config.weights != "fp16") for s in steps}
-    return traced_workspace(ckpt, cfg, backend, max(context, workload.gamma + 2), scratch, steps)
+def _largest(lo: int, hi: int, ok) -> int:
+    """Largest c in [lo, hi] with ok(c), for ok true up to some point and false after it (ok(lo) holds)."""
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid - 1)
+    return lo
 
 
 def plan(model: str, cfg: ModelConfig, config: RunConfig, device: DeviceProfile, workload: Workload = Workload(),
@@ -199,22 +206,37 @@ def plan(model: str, cfg: ModelConfig, config: RunConfig, device: DeviceProfile,
     per_pos = kv_bytes_per_position(cfg, config.kv)
     slots = (scratch if scratch is not None else workload.gamma) if config.speculative else 0
     fixed = sum(weights.values()) + slots * per_pos
-    fits = lambda c, ws: fixed + c * per_pos + max(ws.values()) <= device.usable_bytes
+    shortest = workload.gamma + 2
+    upper = min((device.usable_bytes - fixed) // per_pos, cfg.max_position_embeddings)
+    dry = DryRun(ckpt, cfg, backend, max(upper, shortest), slots) if backend in TRACED_BACKENDS else None
 
-    ws = _workspace(cfg, ckpt, config, device, workload, backend, workload.gamma + 2, slots)
-    upper = (device.usable_bytes - fixed - max(ws.values())) // per_pos
-    if upper < workload.gamma + 2 or not fits(workload.gamma + 2, ws):
-        return MemoryPlan(model, config, device, workload, backend, weights, per_pos, slots, 0, "memory", ws,
-                          draft_read(cfg, config))
-    limit = cfg.max_position_embeddings
-    lo, hi = workload.gamma + 2, min(upper, limit)
-    while lo < hi:                        # largest context whose workspace (non-decreasing in it) still fits
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if fits(mid, _workspace(cfg, ckpt, config, device, workload, backend, mid, slots)) \
-            else (lo, mid - 1)
-    ws = _workspace(cfg, ckpt, config, device, workload, backend, lo, slots)
-    return MemoryPlan(model, config, device, workload, backend, weights, per_pos, slots, lo,
-                      "positions" if lo == limit else "memory", ws, draft_read(cfg, config))
+    def workspace(context: int) -> dict[str, int]:
+        steps = steps_at_end(context, config.speculative, workload.gamma, workload.prefill_chunk,
+                             KVRead(config.draft_kv))
+        if dry is not None:
+            return dry.workspace(steps)
+        act = 2 if device.compute == "gpu" else 4
+        return {s.name: fused_workspace(cfg, s, act, config.weights != "fp16") for s in steps}
+
+    fits = lambda c: fixed + c * per_pos + max(workspace(c).values()) <= device.usable_bytes
+    slope = 0.0
+    if upper < shortest or not fits(shortest):
+        best = 0
+    else:
+        # the workspace grows affinely with the context within a regime: solve the line through the two
+        # ends, check the answer, and search the whole range only if the check fails
+        w0, w1 = max(workspace(shortest).values()), max(workspace(upper).values())
+        slope = (w1 - w0) / max(1, upper - shortest)
+        guess = int((device.usable_bytes - fixed - w0 + slope * shortest) // (per_pos + slope))
+        guess = max(shortest, min(upper, guess))
+        if fits(guess) and (guess == upper or not fits(guess + 1)):
+            best = guess
+        else:
+            best = _largest(shortest, upper, fits)
+    ws = workspace(max(best, shortest))
+    return MemoryPlan(model, config, device, workload, backend, weights, per_pos, slots, best,
+                      "positions" if best == cfg.max_position_embeddings else "memory", ws, draft_read(cfg, config),
+                      slope if dry is not None else 0.0)
 
 
 def plan_all(model: str, cfg: ModelConfig, device: DeviceProfile, workload: Workload = Workload(),

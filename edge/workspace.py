@@ -79,18 +79,23 @@ def one_layer_meta(ckpt: Checkpoint) -> Checkpoint:
                       {n: meta(t) for n, t in ckpt.tensors.items() if keep(n)}, rot)
 
 
-def traced_workspace(ckpt: Checkpoint | None, cfg: ModelConfig, backend: str, context: int, scratch: int,
-                     steps: list[Step]) -> dict[str, int]:
-    """Peak bytes each step allocates beyond the engine's own buffers, from a dry run of this runtime
-    (backend `backend`) on meta tensors. One decoder block is enough: a block's transients are freed
-    before the next one starts, and every block sees the same history."""
-    from edge.backends import make_weights
-    meta = one_layer_meta(ckpt) if ckpt is not None else synthetic_checkpoint(replace(cfg, num_layers=1), "meta")
-    with torch.device("meta"):
-        eng = Engine(meta, make_weights(backend, meta), context, scratch=scratch)
-    out = {}
-    for step in steps:
-        with torch.device("meta"), AllocationTracer() as tr:
-            run_step(eng, step)
-        out[step.name] = tr.peak
-    return out
+class DryRun:
+    """This runtime's passes (backend `backend`) on meta tensors, to count the bytes each allocates beyond
+    the engine's own buffers. One decoder block is enough: a block's transients are freed before the next
+    one starts and every block sees the same history. The meta engine is built once for `capacity`
+    positions; a pass's workspace depends on the positions it reads, not on the capacity."""
+
+    def __init__(self, ckpt: Checkpoint | None, cfg: ModelConfig, backend: str, capacity: int, scratch: int):
+        from edge.backends import make_weights
+        meta = one_layer_meta(ckpt) if ckpt is not None else synthetic_checkpoint(replace(cfg, num_layers=1), "meta")
+        with torch.device("meta"):
+            self.engine = Engine(meta, make_weights(backend, meta), capacity, scratch=scratch)
+
+    def workspace(self, steps: list[Step]) -> dict[str, int]:
+        """Peak bytes of live storages each step allocates."""
+        out = {}
+        for step in steps:
+            with torch.device("meta"), AllocationTracer() as tr:
+                run_step(self.engine, step)
+            out[step.name] = tr.peak
+        return out
