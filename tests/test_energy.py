@@ -130,3 +130,20 @@ def test_tegrastats_on_a_jetson():
     finally:
         meter.stop()
     assert r.joules is not None and 0.5 < r.watts < 80, r
+
+
+@pytest.mark.gpu
+def test_nvml_energy_counter():
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed")
+    from edge.energy.nvml import NvmlMeter
+    why = NvmlMeter.unavailable_reason()
+    if why:
+        pytest.skip(why)
+    meter = make_meter("nvml")
+    try:
+        t0 = meter.mark()
+        time.sleep(0.5)
+        r = meter.energy(t0, meter.mark())
+    finally:
+        meter.stop()
+    assert r.joules is not None and r.watts > 1.0, r

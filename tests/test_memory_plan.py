@@ -104,3 +104,24 @@ def test_max_context_cli_errors(capsys):
     assert "use it with --device local" in capsys.readouterr().err
     assert max_context.main(["--device", "orin-nx-8gb", "--model", "/nonexistent"]) == 2
     assert "no such checkpoint folder" in capsys.readouterr().err
+
+
+def test_cuda_device_without_a_gpu_is_a_one_line_error(capsys):
+    import torch
+    import max_context
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is visible here: test_cuda_profile covers it")
+    assert max_context.main(["--device", "cuda", "--model", "llama-3-8b"]) == 2
+    err = capsys.readouterr().err
+    assert "needs a CUDA GPU" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.gpu
+def test_cuda_profile():
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU visible")
+    dev = get_profile("cuda")
+    free, total = torch.cuda.mem_get_info()
+    assert dev.total_bytes == total and dev.usable_bytes <= free
+    assert plan("llama-3-8b", MODEL_PRESETS["llama-3-8b"], CONFIGS["bitnest"], dev).backend == "gpu-kernels"
