@@ -10,6 +10,7 @@ from edge.backends import make_weights
 from edge.checkpoint import load_checkpoint
 from edge.engine import Engine
 from edge.generate import GenerateConfig, generate
+from edge.memory_plan import check_request, fit_context, plan_for_runtime
 from edge.stats import DecodeStats, fp16_weight_bytes_per_pass
 
 
@@ -22,10 +23,14 @@ def load_tokenizer(folder: Path):
 class Runtime:
     """Loads a checkpoint once; `run` generates for one prompt (or a chat history) at a time."""
 
-    def __init__(self, checkpoint, backend: str = "cpu", max_context: int = 2048, prefill_chunk: int = 256,
-                 scratch: int = 17):
+    def __init__(self, checkpoint, backend: str = "cpu", max_context: int | None = 2048, prefill_chunk: int = 256,
+                 scratch: int = 17, device: Optional[str] = None):
         self.ckpt = load_checkpoint(checkpoint)
         self.tokenizer = load_tokenizer(self.ckpt.path)
+        self.plan = None
+        if device is not None:  # allocate from the memory plan (DESIGN §8): max_context None = the largest that fits
+            self.plan = plan_for_runtime(self.ckpt, device, backend, prefill_chunk, scratch)
+            max_context = fit_context(self.plan, max_context)
         self.weights = make_weights(backend, self.ckpt)
         self.backend = backend
         self.engine = Engine(self.ckpt, self.weights, max_context, scratch=scratch, prefill_chunk=prefill_chunk)
@@ -47,6 +52,8 @@ class Runtime:
             on_text: Optional[Callable[[str], None]] = None) -> dict:
         """Generate after `prompt_ids`; stream decoded text deltas to `on_text`. Returns
         {"text", "tokens", "stats"} with the stop token (EOS) left out of the text."""
+        if self.plan is not None:
+            check_request(self.plan, self.engine.cache.capacity, len(prompt_ids), cfg.max_new_tokens)
         tok = self.tokenizer
         collected, shown = [], [""]
 

@@ -1,0 +1,149 @@
+"""Energy meters: tegrastats and jtop parsing on real recorded output, integration, a tegrastats meter fed
+by a replay of recorded lines, a source that dies mid-run, and J/token with no meter."""
+
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from edge.energy import make_meter
+from edge.energy.decode_energy import energy_summary, metered_generate
+from edge.energy.jtop_meter import power_from_jtop
+from edge.energy.power_log import PowerLog
+from edge.energy.tegrastats import TegrastatsMeter, parse_line
+from edge.errors import BitNestError
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORDED = ROOT / "tests" / "data" / "tegrastats_orin_8gb.log"    # the DESIGN §9 line (Orin Nano/NX 8 GB)
+REPLAY = [sys.executable, str(ROOT / "scripts" / "replay_tegrastats.py"), str(RECORDED)]
+# A real tegrastats line from a Jetson TX1 (L4T 28), which reports no power rails: hordiales/jetson-tx1-dev, SCRIPTS.md
+TX1_LINE = ("RAM 3468/3983MB (lfb 48x4MB) SWAP 873/8192MB (cached 295MB) cpu [17%,13%,29%,5%]@408 EMC 1%@408 "
+            "APE 25 GR3D 3%@76")
+
+
+def test_parse_recorded_orin_line():
+    line = parse_line(RECORDED.read_text().splitlines()[0])
+    assert line.rails == {"VDD_IN": (4673, 4673), "VDD_CPU_GPU_CV": (527, 527), "VDD_SOC": (1339, 1339)}
+    assert (line.ram_used_mb, line.ram_total_mb) == (2272, 7620)
+    assert line.total_mw() == (4673.0, "VDD_IN")
+    assert line.total_mw("VDD_SOC") == (1339.0, "VDD_SOC")
+    with pytest.raises(KeyError, match="VDD_GPU_SOC not on this tegrastats line"):
+        line.total_mw("VDD_GPU_SOC")
+    assert parse_line(TX1_LINE) is None
+
+
+def test_jtop_power_dict_uses_instant_not_avg():
+    # jetson.power of an Orin NX/Nano (jetson-stats 4.2 shape, DESIGN §9): mV, mA, mW; tot is VDD_IN
+    rail = lambda volt, curr, power, avg: {"online": True, "type": "INA3221", "status": "ok", "volt": volt,
+                                           "curr": curr, "power": power, "avg": avg, "warn": 32760, "crit": 32760}
+    power = {"rail": {"VDD_CPU_GPU_CV": rail(4984, 105, 527, 611), "VDD_SOC": rail(4984, 268, 1339, 1402)},
+             "tot": {**rail(5048, 925, 4673, 5120), "name": "VDD_IN"}}
+    total, rails = power_from_jtop(power)
+    assert total == 4673.0 and rails == {"VDD_CPU_GPU_CV": 527.0, "VDD_SOC": 1339.0}
+    with pytest.raises(ValueError, match="without tot.power"):
+        power_from_jtop({"rail": {}})
+
+
+def test_power_log_integrates_trapezoids_and_refuses_uncovered_windows():
+    log = PowerLog()
+    for i in range(11):                       # p(t) = 1000 + 1000 t mW, sampled every 0.2 s on [0, 2]
+        t = 0.2 * i
+        log.add(t, 1000.0 + 1000.0 * t)
+    r = log.energy(0.25, 1.75)                # exact for a linear power: 1.5 s x 1 W + (1.75^2 - 0.25^2)/2 W s
+    assert r.joules == pytest.approx(3.0, rel=1e-12) and r.samples == 7     # t = 0.4 ... 1.6
+    missing = log.energy(1.5, 2.5)
+    assert missing.joules is None and "do not cover" in missing.reason
+
+
+def test_tegrastats_meter_on_replayed_lines():
+    meter = TegrastatsMeter(interval_ms=50, command=REPLAY + ["--interval-ms", "50"])
+    meter.start()
+    try:
+        t0 = meter.mark()
+        time.sleep(0.5)
+        t1 = meter.mark()
+        r = meter.energy(t0, t1)
+    finally:
+        meter.stop()
+    assert meter.measured == "VDD_IN"
+    assert r.samples >= 5, r
+    assert r.joules == pytest.approx(4.673 * (t1 - t0), rel=1e-9)       # the recorded line's constant VDD_IN
+    assert r.rails == {"VDD_IN": 4673, "VDD_CPU_GPU_CV": 527, "VDD_SOC": 1339}
+
+
+def test_meter_dying_mid_run_marks_the_figure_unavailable(rtn_checkpoint):
+    from edge.generate import GenerateConfig
+    from edge.runtime import Runtime
+    rt = Runtime(rtn_checkpoint, backend="cpu", max_context=256)
+    ids = rt.encode("Write a short poem about the sea.")
+    meter = make_meter("tegrastats", 50, REPLAY + ["--interval-ms", "50", "--exit-after", "4", "--exit-code", "3"])
+    try:
+        stats, reading = metered_generate(rt.engine, ids, GenerateConfig(policy="speculative", max_new_tokens=10),
+                                          set(), meter)
+    finally:
+        meter.stop()
+    assert stats.tokens == 9                                # the run completes
+    assert reading.joules is None
+    assert "stopped after 4 readings (exit code 3)" in reading.reason, reading.reason
+    summary = energy_summary([reading], stats.tokens, None)
+    assert summary["joules_per_token"] is None and "exit code 3" in summary["reason"]
+
+
+def test_no_meter_here_says_why():
+    meter = make_meter("auto")
+    if meter.name != "none":
+        pytest.skip(f"this machine has a working {meter.name} meter")
+    for name in ("tegrastats", "jtop", "nvml"):
+        assert name in meter.reason
+    r = meter.energy(0.0, 1.0)
+    assert r.joules is None and r.reason == meter.reason
+    if shutil.which("tegrastats") is None:
+        with pytest.raises(BitNestError, match="--meter tegrastats is not available here"):
+            make_meter("tegrastats")
+
+
+def test_joules_per_token_script_with_no_meter(rtn_checkpoint, capsys):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import joules_per_token
+    rc = joules_per_token.main(["--checkpoint", str(rtn_checkpoint), "--meter", "none", "--policy", "target",
+                                "--prompts", "1", "--max-new-tokens", "8", "--idle-seconds", "0.1", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    target = out["policies"]["target"]
+    assert target["tokens"] == 7 and target["tok_s"] > 0
+    assert target["joules_per_token"] is None and target["reason"] == "no meter requested (--meter none)"
+    assert out["idle"]["watts"] is None
+
+
+@pytest.mark.jetson
+def test_tegrastats_on_a_jetson():
+    if shutil.which("tegrastats") is None:
+        pytest.skip("tegrastats is not on PATH: not a Jetson")
+    meter = make_meter("tegrastats", 100)
+    try:
+        t0 = meter.mark()
+        time.sleep(1.0)
+        r = meter.energy(t0, meter.mark())
+    finally:
+        meter.stop()
+    assert r.joules is not None and 0.5 < r.watts < 80, r
+
+
+@pytest.mark.gpu
+def test_nvml_energy_counter():
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed")
+    from edge.energy.nvml import NvmlMeter
+    why = NvmlMeter.unavailable_reason()
+    if why:
+        pytest.skip(why)
+    meter = make_meter("nvml")
+    try:
+        t0 = meter.mark()
+        time.sleep(0.5)
+        r = meter.energy(t0, meter.mark())
+    finally:
+        meter.stop()
+    assert r.joules is not None and r.watts > 1.0, r

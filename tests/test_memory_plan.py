@@ -1,0 +1,127 @@
+"""Memory planner: its byte counts against real allocations, the paper models' presets on the Jetson
+profiles, the runtime's refusal of requests over the plan, and a verify run on the real default model."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from edge.alloc_trace import storage_bytes
+from edge.backends import make_weights
+from edge.checkpoint import load_checkpoint
+from edge.devices import PRESETS, get_profile, meminfo
+from edge.errors import BitNestError
+from edge.kv_cache import NestedKVCache
+from edge.memory_plan import CONFIGS, Workload, dense_weight_bytes, kv_bytes_per_position, nested_weight_bytes, plan
+from edge.model_shapes import MODEL_PRESETS
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+
+def test_kv_formula_matches_the_allocated_cache():
+    cfg = MODEL_PRESETS["llama-3-8b"]
+    cache = NestedKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, capacity=37, scratch=5)
+    assert cache.nbytes() == 42 * kv_bytes_per_position(cfg, "nested")
+
+
+def test_weight_formulas_match_the_loaded_checkpoint(rtn_checkpoint):
+    ckpt = load_checkpoint(rtn_checkpoint)
+    held = sum(t.numel() * t.element_size() for t in ckpt.tensors.values())
+    assert sum(nested_weight_bytes(ckpt, "canonical").values()) == held
+    planned_cpu = sum(nested_weight_bytes(ckpt, "cpu").values())
+    weights = make_weights("cpu", ckpt)                     # re-lays the planes in place
+    assert storage_bytes(weights, ckpt.tensors) == planned_cpu
+
+
+def test_llama2_parameter_count():
+    # Llama-2-7B has 6,738,415,616 parameters; the fp16 baseline holds each at 2 bytes
+    assert sum(dense_weight_bytes(MODEL_PRESETS["llama-2-7b-32k"], "fp16").values()) == 2 * 6_738_415_616
+
+
+def test_orin_nx_16gb_llama2_32k_ordering():
+    dev = PRESETS["orin-nx-16gb"]
+    plans = {n: plan("llama-2-7b-32k", MODEL_PRESETS["llama-2-7b-32k"], c, dev) for n, c in CONFIGS.items()}
+    ctx = {n: p.max_context for n, p in plans.items()}
+    assert ctx["fp16-ar"] < ctx["w8a8-ar"] < ctx["bitnest"], ctx
+    assert ctx["bitnest"] >= 20_000, ctx
+    for p in plans.values():
+        assert p.total_bytes() <= dev.usable_bytes < p.total_bytes(p.max_context + 1)
+        assert p.arithmetic()[-1].endswith(f"= {p.max_context:,}")
+
+
+def test_every_preset_on_every_jetson_plans():
+    for dev in PRESETS.values():
+        for name, cfg in MODEL_PRESETS.items():
+            p = plan(name, cfg, CONFIGS["bitnest"], dev, Workload())
+            assert p.max_context == 0 or p.total_bytes() <= dev.usable_bytes
+
+
+def test_local_profile_reads_this_machine():
+    dev = get_profile("local")
+    assert dev.total_bytes == meminfo()["MemTotal"] and dev.usable_bytes > 0
+    assert dev.override(total_mib=4096, os_reserve_mib=0).usable_bytes == 4096 * 2**20 - dev.context_reserve_bytes
+    with pytest.raises(BitNestError, match="exceed the total"):
+        dev.override(total_mib=1, os_reserve_mib=0)
+
+
+def _small_local():
+    return get_profile("local").override(total_mib=400, os_reserve_mib=0, context_reserve_mib=0)
+
+
+def test_runtime_allocates_from_the_plan_and_refuses_over_it(rtn_checkpoint):
+    from edge.generate import GenerateConfig
+    from edge.runtime import Runtime
+    dev = _small_local()
+    rt = Runtime(rtn_checkpoint, backend="cpu", max_context=None, device=dev, prefill_chunk=64, scratch=5)
+    cap = rt.engine.cache.capacity
+    assert cap == rt.plan.max_context > 1000
+    with pytest.raises(BitNestError, match=f"largest context that fits {dev.name} is {cap:,}"):
+        rt.run([1] * (cap - 10), GenerateConfig(policy="target", max_new_tokens=11))
+    assert rt.engine.stats.prefill_tokens == 0 and rt.engine.cache.length == 0      # refused before any work
+    with pytest.raises(BitNestError, match=f"the largest that fits is {cap:,}"):
+        Runtime(rtn_checkpoint, backend="cpu", max_context=cap + 1, device=dev, prefill_chunk=64, scratch=5)
+
+
+def test_verify_on_the_real_model(rtn_checkpoint, capsys):
+    import max_context
+    rc = max_context.main(["--device", "local", "--model", str(rtn_checkpoint), "--total-mib", "300",
+                           "--os-reserve-mib", "0", "--context-reserve-mib", "0", "--prefill-chunk", "64",
+                           "--verify", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    v = out["verify"]
+    assert v["context"] == out["configs"]["bitnest"]["max_context"] > 500
+    assert abs(v["measured_bytes"] / v["planned_bytes"] - 1) <= 0.02, v
+
+
+def test_max_context_cli_errors(capsys):
+    import max_context
+    assert max_context.main(["--device", "orin-nx-32gb", "--model", "llama-3-8b"]) == 2
+    assert "unknown device 'orin-nx-32gb'" in capsys.readouterr().err
+    assert max_context.main(["--device", "orin-nx-16gb", "--model", "llama-3-8b", "--verify"]) == 2
+    assert "use it with --device local" in capsys.readouterr().err
+    assert max_context.main(["--device", "orin-nx-8gb", "--model", "/nonexistent"]) == 2
+    assert "no such checkpoint folder" in capsys.readouterr().err
+
+
+def test_cuda_device_without_a_gpu_is_a_one_line_error(capsys):
+    import torch
+    import max_context
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is visible here: test_cuda_profile covers it")
+    assert max_context.main(["--device", "cuda", "--model", "llama-3-8b"]) == 2
+    err = capsys.readouterr().err
+    assert "needs a CUDA GPU" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.gpu
+def test_cuda_profile():
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU visible")
+    dev = get_profile("cuda")
+    free, total = torch.cuda.mem_get_info()
+    assert dev.total_bytes == total and dev.usable_bytes <= free
+    assert plan("llama-3-8b", MODEL_PRESETS["llama-3-8b"], CONFIGS["bitnest"], dev).backend == "gpu-kernels"
