@@ -42,6 +42,8 @@ class DecodeStats:
     rounds: int = 0                # speculative rounds
     drafted: int = 0
     accepted: int = 0
+    steps: int = 0                 # gated decode steps (edge/gates.py)
+    escalated: int = 0             # of them, steps run with the target view
     draft_passes: int = 0
     target_passes: int = 0
     weight_bytes: int = 0
@@ -52,8 +54,8 @@ class DecodeStats:
     extra: dict = field(default_factory=dict)
 
     def add(self, other: "DecodeStats") -> None:
-        for f in ("tokens", "rounds", "drafted", "accepted", "draft_passes", "target_passes", "weight_bytes",
-                  "kv_bytes", "decode_seconds", "prefill_tokens", "prefill_seconds"):
+        for f in ("tokens", "rounds", "drafted", "accepted", "steps", "escalated", "draft_passes", "target_passes",
+                  "weight_bytes", "kv_bytes", "decode_seconds", "prefill_tokens", "prefill_seconds"):
             setattr(self, f, getattr(self, f) + getattr(other, f))
 
     def summary(self) -> dict:
@@ -64,6 +66,7 @@ class DecodeStats:
             "tokens": self.tokens,
             "acceptance": round(self.accepted / self.drafted, 4) if self.drafted else None,
             "tokens_per_round": round(self.tokens / self.rounds, 3) if self.rounds else None,
+            "escalation_rate": round(self.escalated / self.steps, 4) if self.steps else None,
             "draft_passes": self.draft_passes,
             "target_passes": self.target_passes,
             "weight_bytes_per_token": per(self.weight_bytes),
