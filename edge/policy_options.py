@@ -1,10 +1,30 @@
-"""Command-line options of the gate and adaptive-speculation policies, shared by chat, bench, replay and
-compare_policies, and their conversion into typed configs."""
+"""Command-line pieces of the Precision on Demand tools: the gate and adaptive-speculation options (chat,
+bench, compare_policies) and their typed configs, and the checkpoint/backend/--json options that
+calibrate_gates, replay and compare_policies share."""
 
 import argparse
 
 from edge.adaptive import AdaptiveConfig
+from edge.backends import BACKENDS
+from edge.errors import BitNestError
 from edge.gates import PHASE_ORDERS, SIGNALS, GateConfig
+
+
+def tool_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("--checkpoint", help="nested checkpoint folder (default: the embedded SmolLM2 export)")
+    p.add_argument("--backend", choices=BACKENDS, default="cpu")
+    p.add_argument("--json", action="store_true", help="print one JSON object last")
+    return p
+
+
+def checkpoint_arg(a, default_checkpoint) -> str:
+    """--checkpoint, or the default export (`default_checkpoint()` may export it first)."""
+    if a.checkpoint:
+        return a.checkpoint
+    if default_checkpoint is None:
+        raise BitNestError("pass --checkpoint DIR")
+    return str(default_checkpoint())
 
 
 def _threshold_or_none(text: str):

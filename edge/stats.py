@@ -3,18 +3,21 @@ counted from the passes actually run, and tok/s over the decode phase only."""
 
 from dataclasses import dataclass, field
 
-from edge.checkpoint import Checkpoint
+from edge.checkpoint import Checkpoint, LinearSpec
+
+
+def linear_bytes_per_pass(spec: LinearSpec, view: str) -> int:
+    """Bytes one nested linear gives a pass of `view`: its plane(s), float16 scales and offsets."""
+    n, k = spec.shape
+    groups = n * (k // spec.group_size)
+    return n * k // 2 * (2 if view == "target" else 1) + 2 * groups * (2 if spec.offset else 1)
 
 
 def weight_bytes_per_pass(ckpt: Checkpoint, view: str) -> int:
     """Bytes of weights one pass of `view` reads by the nested format (DESIGN §3): the base plane and
     scales (and offsets) of every nested linear, the refinement plane too for the target, biases, norms
     and a float16 head, which every pass reads in full. Embedding rows are counted per token apart."""
-    total = 0
-    for name, spec in ckpt.linears.items():
-        n, k = spec.shape
-        groups = n * (k // spec.group_size)
-        total += n * k // 2 * (2 if view == "target" else 1) + 2 * groups * (2 if spec.offset else 1)
+    total = sum(linear_bytes_per_pass(spec, view) for spec in ckpt.linears.values())
     t = ckpt.tensors
     for name, tensor in t.items():
         if name.endswith(".bias") or "layernorm" in name or name == "model.norm.weight":

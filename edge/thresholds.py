@@ -44,22 +44,30 @@ def threshold_for_rate(values: list[float], signal: str, rate: float) -> float:
     return (v[k - 1] + v[k]) / 2
 
 
-def calibrate(rt, prompts: int = 12, max_new_tokens: int = 64, rates=RATES) -> dict:
-    """Thresholds for `rates` on `rt` (a Runtime): its checkpoint and backend, greedy target trajectories."""
+def calibration_traces(rt, prompts: int = 12, max_new_tokens: int = 64) -> list[StepTrace]:
+    """Step traces of the target's greedy trajectories on the first `prompts` calibration requests."""
     if prompts < 1 or max_new_tokens < 2:
         raise ValueError("calibration needs at least 1 prompt and 2 new tokens per prompt")
-    t0 = time.time()
-    traces: list[StepTrace] = [trace_prompt(rt.engine, rt.encode(p), max_new_tokens, rt.eos)
-                               for p in sharegpt_prompts(prompts, start=0)]
+    return [trace_prompt(rt.engine, rt.encode(p), max_new_tokens, rt.eos) for p in sharegpt_prompts(prompts, start=0)]
+
+
+def thresholds_from_traces(traces: list[StepTrace], rates=RATES) -> dict:
+    """{"entropy": {rate: threshold}, "margin": {...}, "steps": n} over the pooled steps."""
     values = {"entropy": [x for t in traces for x in t.entropy], "margin": [x for t in traces for x in t.margin]}
-    steps = len(values["entropy"])
-    if steps == 0:
+    if not values["entropy"]:
         raise BitNestError("calibration produced no decode steps: raise --max-new-tokens")
-    return {"backend": rt.backend, "prompts": len(traces), "max_new_tokens": max_new_tokens, "steps": steps,
+    return {"steps": len(values["entropy"]),
+            **{s: {rate_key(r): threshold_for_rate(values[s], s, r) for r in rates} for s in SIGNALS}}
+
+
+def calibrate(rt, prompts: int = 12, max_new_tokens: int = 64, rates=RATES) -> dict:
+    """Thresholds for `rates` on `rt` (a Runtime): its checkpoint and backend, greedy target trajectories."""
+    t0 = time.time()
+    traces = calibration_traces(rt, prompts, max_new_tokens)
+    return {"backend": rt.backend, "prompts": len(traces), "max_new_tokens": max_new_tokens,
             "source": "ShareGPT conversations [0, 10000) (calibration range), first user turns, chat template; "
                       "target greedy trajectories, low pass on the target's history",
-            "seconds": round(time.time() - t0, 1),
-            **{s: {rate_key(r): threshold_for_rate(values[s], s, r) for r in rates} for s in SIGNALS}}
+            **thresholds_from_traces(traces, rates), "seconds": round(time.time() - t0, 1)}
 
 
 def _weights_hash(ckpt: Checkpoint) -> str:
@@ -123,3 +131,21 @@ def resolve_gate(rt, policy: str, gate: GateConfig) -> GateConfig:
         raise BitNestError(f"no threshold calibrated for rate {key}: use one of {', '.join(table)} "
                            "or pass --gate-threshold")
     return replace(gate, threshold=table[key])
+
+
+def main(argv=None, default_checkpoint=None) -> int:
+    """`python scripts/calibrate_gates.py`: calibrate (again) and save the thresholds of one backend."""
+    from edge.cli import run_cli
+    from edge.policy_options import checkpoint_arg, tool_parser
+    from edge.runtime import Runtime
+    p = tool_parser("calibrate_gates.py", __doc__)
+    p.add_argument("--prompts", type=int, default=12, help="calibration prompts (ShareGPT calibration range)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="length of each target trajectory")
+    a = p.parse_args(argv)
+
+    def body():
+        ckpt = checkpoint_arg(a, default_checkpoint)
+        rt = Runtime(ckpt, backend=a.backend, max_context=a.max_new_tokens + 2048)
+        entry = calibrate(rt, a.prompts, a.max_new_tokens)
+        return dict(entry, file=str(save_thresholds(rt.ckpt, entry)))
+    return run_cli(body, a.json, "calibrate_gates.py")
