@@ -5,6 +5,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from edge.backends import BACKENDS
@@ -12,8 +13,10 @@ from edge.cli import run_cli
 from edge.errors import BitNestError
 from edge.generate import GenerateConfig
 from edge.policies import POLICIES, DraftKVPolicy
+from edge.policy_options import adaptive_config, add_policy_arguments, gate_config
 from edge.runtime import Runtime, merged_summary
 from edge.sampling import SamplingConfig
+from edge.thresholds import resolve_gate
 
 
 def parser(prog: str = "chat.py") -> argparse.ArgumentParser:
@@ -35,13 +38,15 @@ def parser(prog: str = "chat.py") -> argparse.ArgumentParser:
     p.add_argument("--recent", type=int, default=256, help="KV8 window of the recent draft KV view")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
+    add_policy_arguments(p)
     return p
 
 
 def generate_config(a) -> GenerateConfig:
     return GenerateConfig(policy=a.policy, gamma=a.gamma, max_new_tokens=a.max_new_tokens,
                           sampling=SamplingConfig(a.temperature, a.top_k, a.top_p, a.seed),
-                          draft_kv=DraftKVPolicy(a.kv8_draft_below, a.long_draft_kv, a.recent))
+                          draft_kv=DraftKVPolicy(a.kv8_draft_below, a.long_draft_kv, a.recent),
+                          gate=gate_config(a), adaptive=adaptive_config(a))
 
 
 def read_prompts(path: str) -> list[tuple[str, bool]]:
@@ -86,6 +91,7 @@ def interactive(rt: Runtime, cfg: GenerateConfig, stops) -> dict:
             history.append({"role": "assistant", "content": r["text"]})
             s = r["stats"].summary()
             acc = f", acceptance {s['acceptance']:.0%}, {s['tokens_per_round']} tok/round" if s["acceptance"] is not None else ""
+            acc += f", escalated {s['escalation_rate']:.0%}" if s["escalation_rate"] is not None else ""
             print(f"\n[{s['tokens']} tokens, {s['tok_s']} tok/s{acc}]", file=sys.stderr)
             all_stats.append(r["stats"])
     except KeyboardInterrupt:
@@ -95,7 +101,8 @@ def interactive(rt: Runtime, cfg: GenerateConfig, stops) -> dict:
 
 def run(a) -> dict:
     cfg = generate_config(a)
-    rt = Runtime(a.checkpoint, backend=a.backend, max_context=a.max_context, scratch=max(8, a.gamma + 1))
+    rt = Runtime(a.checkpoint, backend=a.backend, max_context=a.max_context, scratch=max(8, cfg.most_proposals + 1))
+    cfg = replace(cfg, gate=resolve_gate(rt, cfg.policy, cfg.gate))
     stops = tuple(a.stop)
     if a.prompts_file:
         results = []

@@ -85,11 +85,12 @@ def eval_text(corpus: str) -> str:
     return path.read_text(encoding="utf-8", errors="replace")
 
 
-def sharegpt_prompts(n: int, max_chars: int = 600) -> list[str]:
+def sharegpt_prompts(n: int, max_chars: int = 600, start: int = SHAREGPT_EVAL_START) -> list[str]:
     """First user turns of held-out ShareGPT conversations (from the evaluation range), at most
-    `max_chars` long, so prompts are real chat requests the calibration never saw."""
+    `max_chars` long, so prompts are real chat requests the calibration never saw. `start=0` reads the
+    calibration range instead (gate threshold calibration)."""
     out = []
-    for conv in sharegpt_conversations(SHAREGPT_EVAL_START):
+    for conv in sharegpt_conversations(start):
         text = conv[0]["content"].strip()
         if 20 <= len(text) <= max_chars:
             out.append(text)

@@ -7,7 +7,9 @@ from typing import Callable, Optional
 
 import torch
 
+from edge.adaptive import AdaptiveConfig
 from edge.engine import Engine
+from edge.gates import GATE_POLICIES, Gate, GateConfig
 from edge.policies import POLICIES, DraftKVPolicy, ar_step, speculative_round
 from edge.sampling import SamplingConfig, choose
 from edge.stats import DecodeStats
@@ -20,6 +22,8 @@ class GenerateConfig:
     max_new_tokens: int = 128
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     draft_kv: DraftKVPolicy = field(default_factory=DraftKVPolicy)
+    gate: GateConfig = field(default_factory=GateConfig)
+    adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -29,12 +33,21 @@ class GenerateConfig:
         if self.max_new_tokens < 1:
             raise ValueError("max new tokens must be at least 1")
 
+    @property
+    def most_proposals(self) -> int:
+        """Draft proposals a round may hold (scratch slots it needs)."""
+        return self.adaptive.most_proposals(self.gamma) if self.policy == "adaptive" else self.gamma
+
 
 def generate(eng: Engine, prompt: list[int], cfg: GenerateConfig, eos: set[int],
              stop: Optional[Callable[[list[int]], bool]] = None,
-             on_tokens: Optional[Callable[[list[int]], None]] = None) -> tuple[list[int], DecodeStats]:
+             on_tokens: Optional[Callable[[list[int]], None]] = None,
+             decode: Optional[Callable[[list[int]], str]] = None) -> tuple[list[int], DecodeStats]:
     """New token ids after `prompt` and the run's statistics. The first new token comes from the
-    prefill; the decode phase (timed, and counted in tok/s and bytes per token) produces the rest."""
+    prefill; the decode phase (timed, and counted in tok/s and bytes per token) produces the rest.
+    `decode` (token ids -> text) is needed by gate-phase only."""
+    gate = Gate(cfg.policy, cfg.gate, decode) if cfg.policy in GATE_POLICIES else None
+    rule = cfg.adaptive.rule(cfg.gamma) if cfg.policy == "adaptive" else None
     eng.reset()
     eng.stats = DecodeStats(policy=cfg.policy, backend=eng.stats.backend)
     gen = torch.Generator().manual_seed(cfg.sampling.seed)
@@ -48,8 +61,11 @@ def generate(eng: Engine, prompt: list[int], cfg: GenerateConfig, eos: set[int],
         if length + 1 >= eng.cache.capacity:
             eng.stats.extra["stopped"] = "context full"
             break
-        if cfg.policy == "speculative" and length + cfg.gamma + 1 <= eng.cache.capacity:
-            new = speculative_round(eng, pending, cfg.gamma, cfg.sampling, gen, cfg.draft_kv.read(length))
+        if cfg.policy in ("speculative", "adaptive") and length + cfg.most_proposals + 1 <= eng.cache.capacity:
+            new = speculative_round(eng, pending, cfg.most_proposals, cfg.sampling, gen, cfg.draft_kv.read(length),
+                                    rule)
+        elif gate is not None:
+            new = gate.step(eng, pending, out, cfg.sampling, gen, cfg.draft_kv.read(length))
         elif cfg.policy == "draft":
             new = ar_step(eng, pending, "draft", cfg.sampling, gen, cfg.draft_kv.read(length))
         else:

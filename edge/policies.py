@@ -2,14 +2,16 @@
 BitNest's speculative round (draft view proposes γ tokens, target view verifies them in one pass)."""
 
 from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 
 from edge.engine import KV8, Engine
+from edge.gates import GATE_POLICIES
 from edge.kv_cache import KVRead
 from edge.sampling import SamplingConfig, accept_greedy, accept_sampled, choose, probs
 
-POLICIES = ("speculative", "target", "draft")
+POLICIES = ("speculative", "adaptive", "target", "draft") + GATE_POLICIES
 
 
 @dataclass(frozen=True)
@@ -36,12 +38,15 @@ def ar_step(eng: Engine, pending: int, view: str, sampling: SamplingConfig, gen:
 
 
 def speculative_round(eng: Engine, pending: int, gamma: int, sampling: SamplingConfig, gen: torch.Generator,
-                      draft_kv: KVRead) -> list[int]:
+                      draft_kv: KVRead,
+                      keep_drafting: Optional[Callable[[int, torch.Tensor], bool]] = None) -> list[int]:
     """One round. Rule: the draft view proposes d_1..d_γ from the pending token (its entries go to the
     scratch area); one target pass over [pending, d_1..d_γ] writes the real entries and yields γ+1
     distributions; accept the longest agreeing prefix (greedy) or apply rejection sampling; emit the
     accepted drafts plus one target token; commit the pending token and the accepted drafts, so the
-    rejected entries fall off the committed length."""
+    rejected entries fall off the committed length. With `keep_drafting(n, logits of proposal n)`
+    (adaptive speculation, edge/adaptive.py) γ is the most proposals and the rule ends drafting early;
+    it reads only the draft's own distributions, so verification keeps the output lossless."""
     base = eng.cache.length
     draft, draft_p, token = [], [], pending
     for slot in range(gamma):
@@ -53,6 +58,8 @@ def speculative_round(eng: Engine, pending: int, gamma: int, sampling: SamplingC
             token = int(torch.multinomial(q, 1, generator=gen))
             draft_p.append(q)
         draft.append(token)
+        if keep_drafting is not None and not keep_drafting(len(draft), logits):
+            break
     target_logits = eng.run([pending] + draft, "target", KV8)             # [γ+1, V]
     if sampling.greedy:
         a, nxt = accept_greedy(draft, target_logits)
@@ -61,6 +68,6 @@ def speculative_round(eng: Engine, pending: int, gamma: int, sampling: SamplingC
     eng.cache.commit(base + 1 + a)
     s = eng.stats
     s.rounds += 1
-    s.drafted += gamma
+    s.drafted += len(draft)
     s.accepted += a
     return draft[:a] + [nxt]

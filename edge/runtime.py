@@ -67,7 +67,8 @@ class Runtime:
                 on_text(text[len(shown[0]):])
                 shown[0] = text
 
-        tokens, stats = generate(self.engine, prompt_ids, cfg, self.eos, stop if stop_strings else None, stream)
+        tokens, stats = generate(self.engine, prompt_ids, cfg, self.eos, stop if stop_strings else None, stream,
+                                 decode=tok.decode)
         text = tok.decode([t for t in tokens if t not in self.eos], skip_special_tokens=True)
         for s in stop_strings:
             if s in text:

@@ -3,18 +3,21 @@ counted from the passes actually run, and tok/s over the decode phase only."""
 
 from dataclasses import dataclass, field
 
-from edge.checkpoint import Checkpoint
+from edge.checkpoint import Checkpoint, LinearSpec
+
+
+def linear_bytes_per_pass(spec: LinearSpec, view: str) -> int:
+    """Bytes one nested linear gives a pass of `view`: its plane(s), float16 scales and offsets."""
+    n, k = spec.shape
+    groups = n * (k // spec.group_size)
+    return n * k // 2 * (2 if view == "target" else 1) + 2 * groups * (2 if spec.offset else 1)
 
 
 def weight_bytes_per_pass(ckpt: Checkpoint, view: str) -> int:
     """Bytes of weights one pass of `view` reads by the nested format (DESIGN §3): the base plane and
     scales (and offsets) of every nested linear, the refinement plane too for the target, biases, norms
     and a float16 head, which every pass reads in full. Embedding rows are counted per token apart."""
-    total = 0
-    for name, spec in ckpt.linears.items():
-        n, k = spec.shape
-        groups = n * (k // spec.group_size)
-        total += n * k // 2 * (2 if view == "target" else 1) + 2 * groups * (2 if spec.offset else 1)
+    total = sum(linear_bytes_per_pass(spec, view) for spec in ckpt.linears.values())
     t = ckpt.tensors
     for name, tensor in t.items():
         if name.endswith(".bias") or "layernorm" in name or name == "model.norm.weight":
@@ -42,6 +45,8 @@ class DecodeStats:
     rounds: int = 0                # speculative rounds
     drafted: int = 0
     accepted: int = 0
+    steps: int = 0                 # gated decode steps (edge/gates.py)
+    escalated: int = 0             # of them, steps run with the target view
     draft_passes: int = 0
     target_passes: int = 0
     weight_bytes: int = 0
@@ -52,8 +57,8 @@ class DecodeStats:
     extra: dict = field(default_factory=dict)
 
     def add(self, other: "DecodeStats") -> None:
-        for f in ("tokens", "rounds", "drafted", "accepted", "draft_passes", "target_passes", "weight_bytes",
-                  "kv_bytes", "decode_seconds", "prefill_tokens", "prefill_seconds"):
+        for f in ("tokens", "rounds", "drafted", "accepted", "steps", "escalated", "draft_passes", "target_passes",
+                  "weight_bytes", "kv_bytes", "decode_seconds", "prefill_tokens", "prefill_seconds"):
             setattr(self, f, getattr(self, f) + getattr(other, f))
 
     def summary(self) -> dict:
@@ -64,6 +69,7 @@ class DecodeStats:
             "tokens": self.tokens,
             "acceptance": round(self.accepted / self.drafted, 4) if self.drafted else None,
             "tokens_per_round": round(self.tokens / self.rounds, 3) if self.rounds else None,
+            "escalation_rate": round(self.escalated / self.steps, 4) if self.steps else None,
             "draft_passes": self.draft_passes,
             "target_passes": self.target_passes,
             "weight_bytes_per_token": per(self.weight_bytes),

@@ -1,7 +1,8 @@
 """Decode speed on this machine: speculative, target and draft policies on the `cpu` backend against
 transformers' own float32 `generate` on the float reference model, on the same real prompts.
 
-    python scripts/bench.py [--checkpoint DIR] [--prompts N] [--max-new-tokens N] [--repeats R] [--json]
+    python scripts/bench.py [--checkpoint DIR] [--prompts N] [--max-new-tokens N] [--repeats R]
+                            [--policy P (repeatable; gate and adaptive options as chat.py)] [--json]
 
 Each figure is the median over repeats of decode-phase tok/s (prefill excluded: for transformers,
 (time for N new tokens - time for 1) / (N - 1)); ratios are taken within this one run.
@@ -21,7 +22,10 @@ import torch  # noqa: E402
 from edge.cli import run_cli  # noqa: E402
 from edge.corpora import sharegpt_prompts  # noqa: E402
 from edge.generate import GenerateConfig  # noqa: E402
+from edge.policies import POLICIES  # noqa: E402
+from edge.policy_options import adaptive_config, add_policy_arguments, gate_config  # noqa: E402
 from edge.runtime import Runtime, merged_summary  # noqa: E402
+from edge.thresholds import resolve_gate  # noqa: E402
 from export.pipeline import ensure_default_checkpoint  # noqa: E402
 
 
@@ -62,15 +66,16 @@ def profile(rt: Runtime, prompt: list[int], a) -> dict:
 
 def run(a) -> dict:
     ckpt = a.checkpoint or str(ensure_default_checkpoint())
-    rt = Runtime(ckpt, backend="cpu", max_context=a.max_new_tokens + 1024)
+    rt = Runtime(ckpt, backend="cpu", max_context=a.max_new_tokens + 1024, scratch=max(17, a.gamma_max + 1))
     prompts = [rt.encode(p) for p in sharegpt_prompts(a.prompts)]
     out = {"checkpoint": ckpt, "prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "repeats": a.repeats,
            "threads": torch.get_num_threads(), "policies": {}}
-    for policy in ("speculative", "target", "draft"):
+    for policy in a.policy or ("speculative", "target", "draft"):
         rates, stats = [], []
+        cfg = GenerateConfig(policy=policy, gamma=a.gamma, max_new_tokens=a.max_new_tokens,
+                             gate=resolve_gate(rt, policy, gate_config(a)), adaptive=adaptive_config(a))
         for _ in range(a.repeats):
-            run_stats = [rt.run(p, GenerateConfig(policy=policy, gamma=a.gamma, max_new_tokens=a.max_new_tokens))["stats"]
-                         for p in prompts]
+            run_stats = [rt.run(p, cfg)["stats"] for p in prompts]
             summary = merged_summary(run_stats)
             rates.append(summary["tok_s"])
             stats = summary
@@ -79,9 +84,10 @@ def run(a) -> dict:
     out["hf_fp32"] = {"tok_s_median": statistics.median(hf), "tok_s": hf}
     if a.profile:
         out["profile"] = profile(rt, prompts[0], a)
-    spec = out["policies"]["speculative"]["tok_s_median"]
-    out["ratios"] = {"speculative_vs_hf_fp32": round(spec / out["hf_fp32"]["tok_s_median"], 3),
-                     "speculative_vs_target": round(spec / out["policies"]["target"]["tok_s_median"], 3)}
+    tok_s = {k: v["tok_s_median"] for k, v in out["policies"].items()}
+    out["ratios"] = {f"{k}_vs_hf_fp32": round(v / out["hf_fp32"]["tok_s_median"], 3) for k, v in tok_s.items()}
+    if "target" in tok_s:
+        out["ratios"].update({f"{k}_vs_target": round(v / tok_s["target"], 3) for k, v in tok_s.items() if k != "target"})
     return out
 
 
@@ -93,7 +99,10 @@ def main(argv=None) -> int:
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--profile", action="store_true", help="add a cProfile breakdown of one speculative run")
+    p.add_argument("--policy", action="append", choices=POLICIES, help="policy to time (repeatable; default: "
+                   "speculative, target, draft)")
     p.add_argument("--json", action="store_true")
+    add_policy_arguments(p)
     a = p.parse_args(argv)
     return run_cli(lambda: run(a), a.json, "bench.py")
 

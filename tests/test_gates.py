@@ -1,0 +1,161 @@
+"""Gated escalation on the real model (cpu backend): escalation counts and byte accounting, the lagged
+gate's single pass per step, the phase switch at the closing tag, the seeded random gate, threshold
+calibration on its own calibration trajectories, and adaptive speculation staying lossless."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from edge.adaptive import AdaptiveConfig
+from edge.gates import GateConfig, is_uncertain
+from edge.generate import GenerateConfig
+from edge.runtime import Runtime
+from edge.sampling import SamplingConfig
+from edge.thresholds import (RATES, THRESHOLDS_FILE, calibration_traces, order_by_uncertainty, rate_key,
+                             read_thresholds, resolve_gate, save_thresholds, thresholds_from_traces)
+from edge.trace import trace_prompt
+
+PROMPTS = ["Write a short poem about the sea.", "What is the capital of France? Explain briefly.",
+           "List three uses of a paperclip."]
+# Raw text whose continuation repeats a closing tag (checked: the target writes "</think>" within 40 tokens).
+PHASE_PROMPT = "<think>one</think> <think>two</think> <think>three</think> <think>four</think> <think>five"
+
+
+@pytest.fixture(scope="module")
+def rt(rtn_checkpoint):
+    return Runtime(rtn_checkpoint, backend="cpu", max_context=512)
+
+
+def _run(rt, prompt, chat=True, **kw):
+    return rt.run(rt.encode(prompt, chat), GenerateConfig(**kw))
+
+
+def _bytes(rt, draft_passes, target_passes):
+    emb = rt.ckpt.config.hidden_size * 2
+    w = rt.engine.pass_weight_bytes
+    return draft_passes * (w["draft"] + emb) + target_passes * (w["target"] + emb)
+
+
+@pytest.fixture(scope="module")
+def median_entropy(rt):
+    tr = trace_prompt(rt.engine, rt.encode(PROMPTS[0]), 32, rt.eos)
+    return float(torch.tensor(tr.entropy).median())
+
+
+def test_entropy_gate_counts_escalations_and_their_bytes(rt, median_entropy):
+    r = _run(rt, PROMPTS[0], policy="gate-entropy", max_new_tokens=32, gate=GateConfig(threshold=median_entropy))
+    s = r["stats"]
+    steps = len(r["tokens"]) - 1
+    assert s.steps == steps == s.draft_passes, "every step pays for a low pass"
+    assert 0 < s.escalated < steps and s.target_passes == s.escalated
+    assert s.summary()["escalation_rate"] == round(s.escalated / steps, 4)
+    assert s.weight_bytes == _bytes(rt, s.draft_passes, s.target_passes), "the head is counted in every pass"
+
+
+def test_gate_that_always_escalates_is_the_target_and_never_is_the_draft(rt):
+    target = _run(rt, PROMPTS[1], policy="target", max_new_tokens=24)
+    draft = _run(rt, PROMPTS[1], policy="draft", max_new_tokens=24)
+    always = _run(rt, PROMPTS[1], policy="gate-margin", max_new_tokens=24, gate=GateConfig(threshold=1e9))
+    never = _run(rt, PROMPTS[1], policy="gate-margin", max_new_tokens=24, gate=GateConfig(threshold=-1.0))
+    assert always["tokens"] == target["tokens"], "the escalated pass must overwrite the low pass's KV entry"
+    assert never["tokens"] == draft["tokens"]
+    a, t = always["stats"], target["stats"]
+    assert a.escalated == a.steps == a.draft_passes == a.target_passes == t.target_passes
+    # both passes read the same KV8 history at every step: twice the target's KV bytes
+    assert a.kv_bytes == 2 * t.kv_bytes and a.weight_bytes == _bytes(rt, a.draft_passes, a.target_passes)
+    assert never["stats"].escalated == 0 and never["stats"].weight_bytes == draft["stats"].weight_bytes
+
+
+def test_lagged_gate_runs_one_pass_per_step(rt, median_entropy):
+    s = _run(rt, PROMPTS[0], policy="gate-lagged", max_new_tokens=32, gate=GateConfig(threshold=median_entropy))["stats"]
+    assert s.draft_passes + s.target_passes == s.steps, "no wasted low pass"
+    assert s.target_passes == s.escalated and 0 < s.escalated < s.steps
+    assert s.weight_bytes == _bytes(rt, s.draft_passes, s.target_passes)
+    # always uncertain: the first step has no previous signal (low), every later step is high
+    s = _run(rt, PROMPTS[0], policy="gate-lagged", max_new_tokens=16, gate=GateConfig(threshold=-1.0))["stats"]
+    assert s.draft_passes == 1 and s.target_passes == s.steps - 1
+
+
+@pytest.mark.parametrize("order", ["low-high", "high-low"])
+def test_phase_gate_switches_after_the_closing_tag(rt, order):
+    r = _run(rt, PHASE_PROMPT, chat=False, policy="gate-phase", max_new_tokens=40, gate=GateConfig(order=order))
+    s, tokens = r["stats"], r["tokens"]
+    at = s.extra["phase_switch_at"]
+    tok = rt.tokenizer
+    assert "</think>" in tok.decode(tokens[:at]) and "</think>" not in tok.decode(tokens[:at - 1])
+    before, after = at - 1, s.steps - (at - 1)       # steps deciding tokens 1..at-1, then the rest
+    assert after > 0
+    low, high = (before, after) if order == "low-high" else (after, before)
+    assert (s.draft_passes, s.target_passes, s.escalated) == (low, high, high)
+
+
+def test_random_gate_is_seeded_at_its_rate(rt):
+    def run(seed):
+        runs = [_run(rt, p, policy="gate-random", max_new_tokens=48, gate=GateConfig(rate=0.3, seed=seed))
+                for p in PROMPTS]
+        return [r["tokens"] for r in runs], [r["stats"] for r in runs]
+    toks_a, stats_a = run(11)
+    toks_b, stats_b = run(11)
+    assert toks_a == toks_b and [s.escalated for s in stats_a] == [s.escalated for s in stats_b]
+    for s in stats_a:      # the decisions are the seeded coin, one draw per step
+        coin = torch.Generator().manual_seed(11)
+        want = sum(bool(torch.rand((), generator=coin, dtype=torch.float64) < 0.3) for _ in range(s.steps))
+        assert s.escalated == want and s.draft_passes + s.target_passes == s.steps
+    steps = sum(s.steps for s in stats_a)
+    rate = sum(s.escalated for s in stats_a) / steps
+    assert abs(rate - 0.3) < 4.5 * (0.21 / steps) ** 0.5, f"realised {rate:.3f} over {steps} steps"
+
+
+def test_calibration_hits_its_target_rates_and_is_saved_beside_the_checkpoint(rt, rtn_checkpoint, tmp_path):
+    traces = calibration_traces(rt, prompts=3, max_new_tokens=40)
+    entry = dict(thresholds_from_traces(traces), backend="cpu")
+    n = entry["steps"]
+    assert n == sum(len(t) for t in traces) >= 60
+    for signal in ("entropy", "margin"):
+        values = [x for t in traces for x in getattr(t, signal)]
+        ordered = order_by_uncertainty(values, signal)
+        thresholds = [entry[signal][rate_key(r)] for r in RATES]
+        assert thresholds == sorted(thresholds, reverse=signal == "entropy"), "higher rates, laxer thresholds"
+        for r, thr in zip(RATES, thresholds):
+            k = round(r * n)
+            count = sum(is_uncertain(signal, v, thr) for v in values)
+            assert count == k or ordered[k - 1] == ordered[k], f"{signal} at {r}: {count} of {n}, want {k}"
+    ck = tmp_path / "ckpt"
+    shutil.copytree(rtn_checkpoint, ck)
+    rt.ckpt.path, saved = ck, rt.ckpt.path
+    try:
+        path = save_thresholds(rt.ckpt, entry)
+        assert path == ck / THRESHOLDS_FILE and read_thresholds(rt.ckpt)["cpu"] == json.loads(path.read_text())["backends"]["cpu"]
+        gate = resolve_gate(rt, "gate-margin", GateConfig(rate=0.07))
+        assert gate.threshold == entry["margin"]["0.07"]
+        data = json.loads(path.read_text())
+        data["weights_sha256"] = "0" * 64                 # thresholds of another export are not used
+        path.write_text(json.dumps(data))
+        assert read_thresholds(rt.ckpt) == {}
+    finally:
+        rt.ckpt.path = saved
+
+
+@pytest.mark.parametrize("adaptive", [AdaptiveConfig(), AdaptiveConfig("entropy", stop=2.0, extend=0.5, gamma_max=7)])
+def test_adaptive_speculation_is_lossless(rt, adaptive):
+    rounds = drafted = 0
+    for prompt in PROMPTS:
+        target = _run(rt, prompt, policy="target", max_new_tokens=32)
+        r = _run(rt, prompt, policy="adaptive", gamma=4, max_new_tokens=32, adaptive=adaptive)
+        assert r["tokens"] == target["tokens"], f"divergence on {prompt!r}"
+        s = r["stats"]
+        assert s.draft_passes == s.drafted and s.target_passes == s.rounds
+        rounds, drafted = rounds + s.rounds, drafted + s.drafted
+    assert drafted != 4 * rounds, "the rule should change some round's length"
+
+
+def test_sampled_adaptive_is_seeded(rt):
+    cfg = dict(policy="adaptive", max_new_tokens=16, sampling=SamplingConfig(0.8, top_k=40, seed=3))
+    assert _run(rt, PROMPTS[2], **cfg)["tokens"] == _run(rt, PROMPTS[2], **cfg)["tokens"]
+
+
+def test_threshold_gate_without_threshold_is_refused(rt):
+    with pytest.raises(ValueError, match="needs a threshold"):
+        _run(rt, PROMPTS[0], policy="gate-entropy", max_new_tokens=4)

@@ -1,0 +1,95 @@
+"""The Precision on Demand command lines on a real small export: calibrate_gates, replay (JSON shape,
+figures), compare_policies (every policy, tests against target and draft), chat with a gate, and
+one-line errors for bad input."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from edge import compare, replay, thresholds
+from tests.conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def calibrated(rtn_checkpoint, tmp_path_factory):
+    """A copy of the RTN export with thresholds calibrated on a few short trajectories."""
+    ck = tmp_path_factory.mktemp("pod") / "ckpt"
+    shutil.copytree(rtn_checkpoint, ck)
+    assert thresholds.main(["--checkpoint", str(ck), "--prompts", "2", "--max-new-tokens", "12", "--json"]) == 0
+    return ck
+
+
+def _last_json(capsys) -> dict:
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_calibrate_writes_thresholds_beside_the_checkpoint(calibrated):
+    data = json.loads((calibrated / thresholds.THRESHOLDS_FILE).read_text())
+    entry = data["backends"]["cpu"]
+    assert set(entry["entropy"]) == set(entry["margin"]) == {"0.03", "0.07", "0.15", "0.3"}
+    assert entry["steps"] >= 10
+
+
+def test_replay_json_and_figures(calibrated, tmp_path, capsys):
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"prompt": "Name three rivers."}) + "\n" +
+                 json.dumps({"prompt": "To be, or not to be,", "chat": False}) + "\n")
+    rc = replay.main(["--checkpoint", str(calibrated), "--prompts-file", str(f), "--max-new-tokens", "16",
+                      "--resamples", "50", "--plots", str(tmp_path / "figs"), "--json"])
+    assert rc == 0
+    out = _last_json(capsys)
+    assert out["prompts"] == 2 and out["steps"] >= 20 and 0 <= out["flip_rate"] <= 1
+    for signal in ("entropy", "margin"):
+        a = out["auc"][signal]
+        assert a["low"] <= a["value"] <= a["high"], a
+    assert set(out["budgets"]) == {"0.03", "0.07", "0.15", "0.3"}
+    for b in out["budgets"].values():
+        assert b["oracle"]["kl_removed"] >= max(b["entropy"]["kl_removed"], b["margin"]["kl_removed"]) - 1e-9
+    assert set(out["speculation"]) == {"k2", "k4", "k6", "k8"}
+    assert all(1 <= s["tokens_per_round"] <= int(k[1:]) + 1 and s["bytes_vs_high"] > 0
+               for k, s in out["speculation"].items())
+    c = out["cost_model"]
+    assert c["high_pass"] == c["blocks_high"] + c["head_high"] and 0 < c["low_share_of_high"] < 1
+    assert out["calibrated"] is not None and len(out["plots"]) == 4
+    assert all((tmp_path / "figs" / p.split("/")[-1]).stat().st_size > 10_000 for p in out["plots"])
+
+
+def test_compare_runs_every_policy(calibrated, capsys):
+    rc = compare.main(["--checkpoint", str(calibrated), "--prompts", "3", "--max-new-tokens", "6",
+                       "--match-tokens", "4", "--phase-prompts", "0", "--resamples", "100", "--json"])
+    assert rc == 0
+    out = _last_json(capsys)
+    table = out["policies"]
+    assert set(table) == {"target", "draft", "speculative", "adaptive", "gate-entropy", "gate-margin", "gate-lagged",
+                          "gate-random"}
+    for lossless in ("target", "speculative", "adaptive"):
+        assert table[lossless]["match"] == 1.0 and table[lossless]["prefix_share"] == 1.0
+    assert table["target"]["escalation_rate"] is None and 0 <= table["gate-entropy"]["escalation_rate"] <= 1
+    m = table["draft"]["vs_target"]["mcnemar"]
+    assert m["a_only"] == 0 and m["b_only"] == round(3 * (1 - table["draft"]["match"]))
+    assert "vs_draft" in table["gate-margin"] and table["gate-random"]["matched_to"] == "gate-entropy"
+
+
+def test_chat_with_a_calibrated_gate(calibrated):
+    r = subprocess.run([sys.executable, "scripts/chat.py", "--checkpoint", str(calibrated), "--prompt", "Say hi.",
+                        "--policy", "gate-margin", "--gate-rate", "0.3", "--max-new-tokens", "8", "--json"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout.strip().splitlines()[-1])["stats"]
+    assert s["policy"] == "gate-margin" and s["escalation_rate"] is not None
+
+
+def test_bad_input_is_one_line(calibrated, tmp_path, capsys):
+    assert replay.main(["--checkpoint", str(calibrated), "--prompts-file", str(tmp_path / "none.jsonl")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "does not exist" in err[0]
+    assert compare.main(["--checkpoint", str(calibrated), "--gate-threshold", "1"]) == 2
+    assert "--gate-rate" in capsys.readouterr().err
+    r = subprocess.run([sys.executable, "scripts/chat.py", "--checkpoint", str(calibrated), "--prompt", "x",
+                        "--policy", "gate-entropy", "--gate-rate", "0.5"], capture_output=True, text=True, cwd=ROOT,
+                       timeout=600)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "no threshold calibrated for rate 0.5" in lines[0], r.stderr
