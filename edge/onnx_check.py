@@ -83,3 +83,35 @@ def compare(ckpt: Checkpoint, session, prompts: list[list[int]], opts: CheckOpti
                        "passes": sum(r["passes"] for r in rs)}
     return {"max_rel_err": max(m["max_rel_err"] for m in modes.values()),
             "argmax_agreement": min(m["argmax_agreement"] for m in modes.values()), "modes": modes}
+
+
+def chat_prompts(ckpt: Checkpoint, n: int, max_tokens: int) -> list[list[int]]:
+    """Token ids of `n` held-out ShareGPT requests in the model's chat template, cut to `max_tokens`."""
+    from edge.corpora import sharegpt_prompts
+    from edge.runtime import load_tokenizer
+
+    tok = load_tokenizer(ckpt.path)
+    out = []
+    for text in sharegpt_prompts(n, max_chars=400):
+        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                      tokenize=True, return_dict=False)
+        out.append(list(ids)[:max_tokens])
+    return out
+
+
+def verify(checkpoint, onnx_path, prompts: int = 2, max_prompt_tokens: int = 24,
+           opts: CheckOptions = CheckOptions()) -> dict:
+    """scripts/verify_onnx.py: real prompts through the ONNX graph and the torch backend, every mode.
+    {"max_rel_err", "argmax_agreement", "nodes", "modes", "prompts", "seconds"}."""
+    import time
+
+    from edge.checkpoint import load_checkpoint
+    from edge.onnx_step import open_session
+
+    if prompts < 1 or max_prompt_tokens < 1:
+        raise ValueError("--prompts and --max-prompt-tokens must be at least 1")
+    t0 = time.time()
+    ckpt = load_checkpoint(checkpoint)
+    session = open_session(onnx_path)
+    result = compare(ckpt, session, chat_prompts(ckpt, prompts, max_prompt_tokens), opts)
+    return {**result, "nodes": onnx_node_counts(onnx_path), "prompts": prompts, "seconds": round(time.time() - t0, 1)}
