@@ -5,6 +5,7 @@ Exit 0 when no path failed, 1 when one did, 2 on bad input."""
 import argparse
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repo root, not scripts/
@@ -42,11 +43,12 @@ def main(argv=None) -> int:
 
     def body():
         from export.pipeline import ensure_default_checkpoint
-        paths = tuple(x for x in a.paths.split(",") if x)
+        opts = SelfCheckOptions(a.checkpoint or "", None, a.engine, a.tokens, tuple(x for x in a.paths.split(",") if x),
+                                a.triton_timeout)                      # bad options fail before any work
         ckpt = Path(a.checkpoint) if a.checkpoint else ensure_default_checkpoint()
         with tempfile.TemporaryDirectory(prefix="bitnest-selfcheck-") as work:
-            onnx_path = onnx_for(ckpt, work) if "onnxruntime" in paths else None
-            result = run_selfcheck(SelfCheckOptions(str(ckpt), onnx_path, a.engine, a.tokens, paths, a.triton_timeout))
+            onnx_path = onnx_for(ckpt, work) if "onnxruntime" in opts.paths else None
+            result = run_selfcheck(replace(opts, checkpoint=str(ckpt), onnx=onnx_path))
         for r in result["paths"]:
             print(f"{r['path']:>16}: {r['status']}" + (f" ({r['reason']})" if r["reason"] else ""), file=sys.stderr)
         failed.append(not result["passed"])
