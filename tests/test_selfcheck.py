@@ -9,7 +9,7 @@ from tests.conftest import ROOT
 
 def test_selfcheck_reports_every_path(rtn_checkpoint):
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "selfcheck.py"), "--checkpoint", str(rtn_checkpoint),
-                          "--tokens", "3", "--paths", "torch,onnxruntime,tensorrt,energy,triton", "--json"],
+                          "--tokens", "3", "--paths", "torch,onnxruntime,tensorrt,energy", "--json"],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout.strip().splitlines()[-1])
