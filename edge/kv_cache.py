@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from edge.model import attention
-from plugins.kv import dequantize_kv, quantize_kv
+from plugins.kv import dequantize_kv_mixed, quantize_kv
 
 KV_READS = ("kv4", "kv8", "recent")
 
@@ -57,14 +57,9 @@ class _Planes:
     def read(self, layer: int, start: int, end: int, kv8_from: int) -> torch.Tensor:
         """Dequantized [2, Hkv, end - start, D]: KV4 before position `kv8_from`, KV8 from it on.
         KV4 positions never touch the refinement plane."""
-        out = []
-        split = min(max(kv8_from, start), end)
-        if split > start:
-            out.append(dequantize_kv(self.base[layer, :, :, start:split], None, self.scale[layer, :, :, start:split], "kv4"))
-        if end > split:
-            out.append(dequantize_kv(self.base[layer, :, :, split:end], self.refine[layer, :, :, split:end],
-                                     self.scale[layer, :, :, split:end], "kv8"))
-        return torch.cat(out, dim=2) if len(out) > 1 else out[0]
+        sl = slice(start, end)
+        return dequantize_kv_mixed(self.base[layer, :, :, sl], self.refine[layer, :, :, sl], self.scale[layer, :, :, sl],
+                                   kv8_from - start)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.base, self.refine, self.scale))

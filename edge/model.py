@@ -1,28 +1,14 @@
 """Llama-family decoder forward over a weight store (nested views or float), with the manifest's
 online rotations applied: R1 at the embedding output and before the final norm, R4 before down_proj."""
 
-import math
 from dataclasses import dataclass
 from typing import Optional, Protocol
 
 import torch
-import torch.nn.functional as F
 
 from edge.arch import ModelConfig
-from plugins.hadamard import apply_hadamard
-
-# Passes of at most this many tokens (drafting, verification, AR steps) run their float matmuls row by
-# row, so a verification pass over γ+1 tokens computes bit for bit what γ+1 single-token steps compute:
-# BLAS kernels pick different blockings for different M, and activation rounding (int8, bf16) would
-# amplify those last-bit differences into different tokens.
-ROWWISE_MAX = 32
-
-
-def rowwise(fn, x: torch.Tensor) -> torch.Tensor:
-    """fn(x) for x [M, ...], computed one row at a time when 1 < M <= ROWWISE_MAX (batch invariance)."""
-    if 1 < x.shape[0] <= ROWWISE_MAX:
-        return torch.cat([fn(x[i:i + 1]) for i in range(x.shape[0])])
-    return fn(x)
+from plugins.decoder_math import (ROWWISE_MAX, attention, hadamard_rows, rms_norm, rotate_rows,  # noqa: F401
+                                  rowwise, silu_mul)
 
 
 class WeightStore(Protocol):
@@ -42,11 +28,6 @@ class OnlineRotations:
 
     r1: Optional[torch.Tensor] = None     # [H, H]: residual stream is x @ r1; undone before the final norm
     r4_size: Optional[int] = None         # Hadamard order applied to down_proj inputs
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dimension, computed in the input's dtype."""
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.to(x.dtype)
 
 
 def rope_tables(cfg: ModelConfig, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,8 +55,7 @@ class Decoder:
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.weights.embed(ids)                                   # [T, H]
         if self.rot.r1 is not None:
-            r1 = self.rot.r1.to(device=x.device, dtype=x.dtype)
-            x = rowwise(lambda r: r @ r1, x)                          # into the rotated residual basis
+            x = rotate_rows(x, self.rot.r1)                           # into the rotated residual basis
         return x
 
     def block(self, layer: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, view: str,
@@ -92,16 +72,15 @@ class Decoder:
         a = a.transpose(0, 1).reshape(t, cfg.num_heads * cfg.head_dim)  # [T, Hq*D]
         x = x + w.linear(p + "self_attn.o_proj", a, view)
         h = rms_norm(x, w.norm(p + "post_attention_layernorm"), cfg.rms_norm_eps)
-        g = F.silu(w.linear(p + "mlp.gate_proj", h, view)) * w.linear(p + "mlp.up_proj", h, view)  # [T, I]
+        g = silu_mul(w.linear(p + "mlp.gate_proj", h, view), w.linear(p + "mlp.up_proj", h, view))  # [T, I]
         if self.rot.r4_size is not None:
-            g = rowwise(lambda r: apply_hadamard(r, self.rot.r4_size), g)
+            g = hadamard_rows(g, self.rot.r4_size)
         return x + w.linear(p + "mlp.down_proj", g, view)
 
     def final(self, x: torch.Tensor, view: str) -> torch.Tensor:
         """Residual [T, H] -> logits [T, V]."""
         if self.rot.r1 is not None:
-            r1t = self.rot.r1.to(device=x.device, dtype=x.dtype).T
-            x = rowwise(lambda r: r @ r1t, x)                         # back to the original basis
+            x = rotate_rows(x, self.rot.r1, transpose=True)           # back to the original basis
         x = rms_norm(x, self.weights.norm("model.norm"), self.cfg.rms_norm_eps)
         return self.weights.head(x, view)
 
@@ -125,19 +104,6 @@ class Decoder:
 
 class Attention(Protocol):
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
-
-
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
-    """q [Hq, T, D] at positions [start, start + T) over k, v [Hkv, S, D] at positions [0, S), causal, GQA.
-    Decode-sized passes attend one query at a time over exactly the keys an AR step would see."""
-    t, s = q.shape[1], k.shape[1]
-    k, v = k.to(q.dtype), v.to(q.dtype)
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    if t <= ROWWISE_MAX and start + t == s:
-        return torch.cat([F.scaled_dot_product_attention(q[:, i:i + 1], k[:, :start + i + 1], v[:, :start + i + 1],
-                                                         enable_gqa=True, scale=scale) for i in range(t)], dim=1)
-    mask = torch.arange(s).unsqueeze(0) <= (start + torch.arange(t)).unsqueeze(1)   # [T, S]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True, scale=scale)
 
 
 def causal_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

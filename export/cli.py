@@ -3,6 +3,7 @@
 import argparse
 
 from edge.cli import run_cli
+from edge.errors import BitNestError
 from export.pipeline import DEFAULT_ROTATION, ExportOptions, run_export
 from export.quantize import METHODS, REFINES, QuantOptions
 from export.rotation import ROTATIONS
@@ -29,6 +30,14 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--calib-seq-len", type=int, default=512, help="tokens per calibration window")
     p.add_argument("--quantize-head", action="store_true", help="store the LM head nested (RTN base) instead of float16")
     p.add_argument("--seed", type=int, default=0, help="rotation seed")
+    p.add_argument("--onnx", action="store_true", help="also write the decoder-step ONNX graph (bitnest custom ops) "
+                   "beside the weights: OUT/decoder_step.onnx")
+    p.add_argument("--engine", action="store_true", help="also build the TensorRT engine OUT/decoder_step.engine "
+                   "(implies --onnx; needs TensorRT and a CUDA GPU, e.g. a Jetson on JetPack 6.1/6.2)")
+    p.add_argument("--existing", action="store_true", help="reuse the checkpoint already at --out (no re-export): "
+                   "with --onnx / --engine, build only those")
+    p.add_argument("--max-context", type=int, default=2048, help="engine profile: largest KV capacity")
+    p.add_argument("--max-tokens", type=int, default=5, help="engine profile: largest pass (γ+1)")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
     return p.parse_args(argv)
 
@@ -39,9 +48,30 @@ def main(argv=None) -> int:
     def body():
         if a.calib_samples < 1 or a.calib_seq_len < 16:
             raise ValueError("--calib-samples must be >= 1 and --calib-seq-len >= 16")
-        quant = QuantOptions(method=a.method, refine=a.refine, group_size=a.group_size,
-                             act_order=not a.no_act_order, damp=a.damp, base_trust=a.base_trust, quantize_head=a.quantize_head)
-        return run_export(ExportOptions(out=a.out, model=a.model, rotation=a.rotation, seed=a.seed,
-                                        calib_samples=a.calib_samples, calib_seq_len=a.calib_seq_len, quant=quant))
+        profile = None
+        if a.engine:  # refuse before minutes of export where no engine can be built
+            from export.trt_build import engine_build_unavailable
+            from plugins.step_contract import ProfileSpec
+
+            reason = engine_build_unavailable()
+            if reason:
+                raise BitNestError(f"--engine: {reason}")
+            profile = ProfileSpec(max_tokens=a.max_tokens, max_context=a.max_context)
+        if a.existing:
+            if not (a.onnx or a.engine):
+                raise ValueError("--existing builds from a checkpoint already exported: add --onnx or --engine")
+            result = {"checkpoint": a.out}
+        else:
+            quant = QuantOptions(method=a.method, refine=a.refine, group_size=a.group_size, act_order=not a.no_act_order,
+                                 damp=a.damp, base_trust=a.base_trust, quantize_head=a.quantize_head)
+            result = run_export(ExportOptions(out=a.out, model=a.model, rotation=a.rotation, seed=a.seed,
+                                              calib_samples=a.calib_samples, calib_seq_len=a.calib_seq_len, quant=quant))
+        if a.onnx or a.engine:
+            from export.onnx_export import export_onnx
+            result["onnx"] = export_onnx(a.out)
+        if a.engine:
+            from export.trt_build import build_engine
+            result["engine"] = build_engine(result["onnx"]["onnx"], profile)
+        return result
 
     return run_cli(body, a.json, "bitnest-export")

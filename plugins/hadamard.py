@@ -60,6 +60,14 @@ def _factor_matrix(order: int) -> torch.Tensor:
     return h / order ** 0.5                                   # orthonormal
 
 
+def hadamard_factor_matrices(n: int) -> list[torch.Tensor]:
+    """The orthonormal factor matrices (float64) whose Kronecker product is H_n, in `hadamard_factors` order."""
+    factors = hadamard_factors(n)
+    if factors is None:
+        raise ValueError(f"no Hadamard construction of order {n} here: use a random orthogonal matrix")
+    return [_factor_matrix(f) for f in factors]
+
+
 def hadamard_matrix(n: int) -> torch.Tensor:
     """Orthonormal Hadamard matrix [n, n] (float64) as a Kronecker product of its factors."""
     factors = hadamard_factors(n)

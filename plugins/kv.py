@@ -29,3 +29,16 @@ def dequantize_kv(base: torch.Tensor, refine: torch.Tensor, scale: torch.Tensor,
     if view == "kv8":
         return (REFINE_DIVISOR * q4 + unpack_nibbles(refine).float()) * (sf / REFINE_DIVISOR)
     raise ValueError(f"unknown KV view {view!r}: use kv4 or kv8 (recent-N is a mix chosen per position)")
+
+
+def dequantize_kv_mixed(base: torch.Tensor, refine: torch.Tensor, scale: torch.Tensor, kv8_from: int) -> torch.Tensor:
+    """float32 [..., S, D] of planes [..., S, D/2] read at KV4 before position `kv8_from` and at KV8 from it on
+    (every KV view: kv8 -> 0, kv4 -> S, recent-N -> S - N). KV4 positions never touch the refinement plane."""
+    s = base.shape[-2]
+    split = min(max(kv8_from, 0), s)
+    out = []
+    if split:
+        out.append(dequantize_kv(base[..., :split, :], None, scale[..., :split], "kv4"))
+    if s > split:
+        out.append(dequantize_kv(base[..., split:, :], refine[..., split:, :], scale[..., split:], "kv8"))
+    return torch.cat(out, dim=-2) if len(out) > 1 else out[0]

@@ -101,3 +101,26 @@ def nested_kv_attention(
     visible = torch.arange(s).unsqueeze(0) <= (s - t + torch.arange(t)).unsqueeze(1)    # [T, S]
     scores = scores.masked_fill(~visible, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v                                            # [Hq, T, D]
+
+
+def dual_plane_linear_int8(x: torch.Tensor, base: torch.Tensor, refine: Optional[torch.Tensor], scale: torch.Tensor,
+                           offset: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """float32 y [M, N] = dual_plane_linear(..., act_int8=True) computed fast: the target view where `refine`
+    is given, else the draft view. Each group's integer dot product is exact in float32 (|x_q| <= 127,
+    |code| <= 136, G <= 128 gives partial sums < 2^24) before it is scaled, so rows do not depend on M."""
+    m, k = x.shape
+    n, c = scale.shape
+    g = k // c
+    codes = unpack_nibbles(base).to(torch.int16)                            # [N, K]
+    step = scale.float()                                                    # [N, C]
+    if refine is not None:
+        codes = codes * REFINE_DIVISOR + unpack_nibbles(refine)
+        step = step / REFINE_DIVISOR
+    xq, sx = quantize_activations(x)                                        # [M, K] int8, [M, 1]
+    xg = xq.float().view(m, c, g).transpose(0, 1)                           # [C, M, G]
+    partial = torch.bmm(xg, codes.float().view(n, c, g).permute(1, 2, 0))  # [C, M, N], exact integers
+    y = (partial * step.T.unsqueeze(1)).sum(0)                              # [M, N]
+    if offset is not None:
+        xsum = xg.sum(-1).T                                                 # [M, C], exact integers
+        y = y + (xsum.unsqueeze(-1) * offset.float().T.unsqueeze(0)).sum(1)
+    return y * sx

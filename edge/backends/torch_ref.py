@@ -7,10 +7,7 @@ import torch
 
 from edge.checkpoint import HEAD, Checkpoint
 from edge.model import rowwise
-from plugins.contracts import REFINE_DIVISOR
-from plugins.nesting import quantize_activations
-from plugins.packing import unpack_nibbles
-from plugins.reference import dequantized_weight
+from plugins.reference import dequantized_weight, dual_plane_linear_int8
 
 
 class TorchReferenceWeights:
@@ -31,31 +28,12 @@ class TorchReferenceWeights:
         base, refine, scale, offset = self.ckpt.planes(name)
         refine = refine if view == "target" else None   # the draft never reads the refinement plane
         if self.act_int8:
-            y = self._int8_linear(x, base, refine, scale, offset)
+            y = dual_plane_linear_int8(x, base, refine, scale, offset)
         else:
             w = dequantized_weight(base, refine, scale, view, offset)
             y = rowwise(lambda r: r.float() @ w.T, x)
         bias = self.ckpt.tensors.get(name + ".bias")
         return y if bias is None else y + bias.float()
-
-    @staticmethod
-    def _int8_linear(x, base, refine, scale, offset) -> torch.Tensor:
-        m, k = x.shape
-        n, c = scale.shape
-        g = k // c
-        codes = unpack_nibbles(base).to(torch.int16)                            # [N, K]
-        step = scale.float()                                                    # [N, C]
-        if refine is not None:
-            codes = codes * REFINE_DIVISOR + unpack_nibbles(refine)
-            step = step / REFINE_DIVISOR
-        xq, sx = quantize_activations(x)                                        # [M, K] int8, [M, 1]
-        xg = xq.float().view(m, c, g).transpose(0, 1)                           # [C, M, G]
-        partial = torch.bmm(xg, codes.float().view(n, c, g).permute(1, 2, 0))  # [C, M, N], exact integers
-        y = (partial * step.T.unsqueeze(1)).sum(0)                              # [M, N]
-        if offset is not None:
-            xsum = xg.sum(-1).T                                                 # [M, C], exact integers
-            y = y + (xsum.unsqueeze(-1) * offset.float().T.unsqueeze(0)).sum(1)
-        return y * sx
 
     def head(self, x: torch.Tensor, view: str) -> torch.Tensor:
         if self.ckpt.head_nested:

@@ -1,0 +1,50 @@
+"""Runs the exported decoder-step graph with onnxruntime on the CPU: host-side nested KV planes for one
+sequence, one pass of M tokens at a time, new KV entries written back after each pass
+(the contract in plugins.step_contract)."""
+
+from pathlib import Path
+
+import numpy as np
+
+from edge.errors import BitNestError
+from plugins.step_contract import (INPUT_IDS, KV8_FROM, LOGITS, SEQ_LEN, VIEW, StepShapes, kv_inputs, kv_outputs,
+                                   view_code)
+
+
+def open_session(onnx_path, threads: int = 0):
+    """onnxruntime session over a step graph; a one-line BitNestError where that cannot be done here."""
+    path = Path(onnx_path)
+    if not path.is_file():
+        raise BitNestError(f"ONNX file {path} does not exist: write it with `python scripts/export.py --out CKPT "
+                           "--existing --onnx`")
+    try:
+        from plugins.ort_ops import ort_session
+        return ort_session(path, threads)
+    except ImportError as e:
+        raise BitNestError(f"onnxruntime path unavailable ({e}): pip install onnxruntime onnxruntime-extensions")
+
+
+class OnnxStepRunner:
+    """One sequence's KV planes (numpy, [2, Hkv, C, D/2] per layer) and passes through an ORT session."""
+
+    def __init__(self, session, shapes: StepShapes, capacity: int):
+        self.session, self.shapes, self.capacity = session, shapes, capacity
+        self.planes = [(np.zeros(shapes.plane_shape(capacity), np.uint8), np.zeros(shapes.plane_shape(capacity), np.uint8),
+                        np.zeros(shapes.scale_shape(capacity), np.float16)) for _ in range(shapes.layers)]
+        self.out_names = [LOGITS] + [n for layer in range(shapes.layers) for n in kv_outputs(layer)]
+
+    def run(self, ids: list[int], view: str, seq_len: int, kv8_from: int) -> np.ndarray:
+        """Pass over `ids` at positions [seq_len - M, seq_len): logits float32 [M, V]; the new KV entries
+        are written into those positions of the planes."""
+        m = len(ids)
+        if not 1 <= m <= seq_len <= self.capacity:
+            raise ValueError(f"a pass of {m} tokens ending at {seq_len} does not fit the capacity {self.capacity}")
+        feeds = {INPUT_IDS: np.asarray(ids, np.int64), SEQ_LEN: np.asarray([seq_len], np.int64),
+                 KV8_FROM: np.asarray([kv8_from], np.int64), VIEW: np.asarray([view_code(view)], np.int64)}
+        for layer, planes in enumerate(self.planes):
+            feeds.update(zip(kv_inputs(layer), planes))
+        outs = self.session.run(self.out_names, feeds)
+        for layer, planes in enumerate(self.planes):
+            for plane, new in zip(planes, outs[1 + 3 * layer: 4 + 3 * layer]):
+                plane[:, :, seq_len - m:seq_len] = new                        # [2, Hkv, M, ...]
+        return outs[0]

@@ -1,0 +1,215 @@
+"""ONNX export of the decoder step from a nested checkpoint: every linear a `bitnest::DualPlaneGemv` node
+over the checkpoint's planes (initializers, stored once), attention a `bitnest::NestedKvAttention` node
+over the KV planes (graph inputs), the manifest's online rotations (R1, R4) as MatMuls, written atomically.
+The float ops that feed a quantizer are model-local functions (export.onnx_functions). The graph's I/O
+contract is plugins.step_contract; the math mirrors edge.model.Decoder op for op."""
+
+import hashlib
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from edge.checkpoint import HEAD, Checkpoint, load_checkpoint
+from edge.model import rope_tables
+from export.onnx_functions import (hadamard_rows_function, rms_norm_function, rotate_rows_function,
+                                   silu_mul_function)
+from plugins.onnx_schemas import bitnest_node_counts, register_schemas
+from plugins.step_contract import (DOMAIN, DOMAIN_VERSION, DUAL_PLANE_GEMV, HADAMARD_ROWS, INPUT_IDS, IR_VERSION,
+                                   KV8_FROM, LOGITS, NESTED_KV_ATTENTION, ONNX_FILE, OPSET, RMS_NORM, ROTATE_ROWS,
+                                   SEQ_LEN, SILU_MUL, VIEW, kv_inputs, kv_outputs)
+
+# Above this many initializer bytes the weights go to an external data file (protobuf caps a message at 2 GiB).
+EXTERNAL_DATA_BYTES = 1 << 30
+
+
+class _Builder:
+    """Accumulates nodes and initializers; `op` returns the output names of the node it adds."""
+
+    def __init__(self):
+        self.nodes, self.inits, self._n = [], {}, 0
+
+    def init(self, name: str, array) -> str:
+        if name not in self.inits:
+            a = array.numpy() if isinstance(array, torch.Tensor) else np.asarray(array)
+            self.inits[name] = numpy_helper.from_array(np.ascontiguousarray(a), name)
+        return name
+
+    def op(self, op_type: str, inputs, n_out: int = 1, domain: str = "", **attrs):
+        self._n += 1
+        outs = [f"{op_type.lower()}_{self._n}" + (f"_{i}" if n_out > 1 else "") for i in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, list(inputs), outs, name=f"{op_type}_{self._n}",
+                                           domain=domain, **attrs))
+        return outs if n_out > 1 else outs[0]
+
+    def const_i64(self, name: str, values) -> str:
+        return self.init(name, np.asarray(values, dtype=np.int64))
+
+
+class _StepGraph:
+    """Builds the step graph of one checkpoint (edge.model.Decoder's forward, op for op)."""
+
+    def __init__(self, ckpt: Checkpoint):
+        self.ckpt, self.cfg, self.b = ckpt, ckpt.config, _Builder()
+
+    # -- pieces -------------------------------------------------------------------------------------
+    def linear(self, name: str, x: str) -> str:
+        b, t = self.b, self.ckpt.tensors
+        base, refine, scale, offset = self.ckpt.planes(name)
+        ins = [x, b.init(name + ".base", base), b.init(name + ".refine", refine), b.init(name + ".scale", scale), VIEW]
+        if offset is not None:
+            ins.append(b.init(name + ".offset", offset))
+        y = b.op(DUAL_PLANE_GEMV, ins, domain=DOMAIN)                                   # [M, N]
+        bias = t.get(name + ".bias")
+        return y if bias is None else b.op("Add", [y, b.init(name + ".bias", bias.float())])
+
+    def rms_norm(self, x: str, weight_name: str) -> str:
+        b = self.b
+        w = b.init(weight_name + ".weight", self.ckpt.tensors[weight_name + ".weight"].float())
+        eps = b.init("rms_eps", np.asarray(self.cfg.rms_norm_eps, dtype=np.float32))
+        return b.op(RMS_NORM, [x, w, eps], domain=DOMAIN)
+
+    def heads(self, y: str, n_heads: int) -> str:
+        """[M, H*D] -> [H, M, D]."""
+        b, d = self.b, self.cfg.head_dim
+        shape = b.const_i64(f"shape_heads_{n_heads}", [-1, n_heads, d])
+        return b.op("Transpose", [b.op("Reshape", [y, shape])], perm=[1, 0, 2])
+
+    def rope(self, x: str, cos: str, sin: str) -> str:
+        """x [H, M, D] rotated by position (rotate-half convention), cos/sin [M, D]."""
+        b, half = self.b, self.cfg.head_dim // 2
+        lo = b.op("Slice", [x, b.const_i64("zero1", [0]), b.const_i64("half1", [half]), b.const_i64("axis_last", [-1])])
+        hi = b.op("Slice", [x, b.const_i64("half1", [half]), b.const_i64("end1", [self.cfg.head_dim]), b.const_i64("axis_last", [-1])])
+        rot = b.op("Concat", [b.op("Neg", [hi]), lo], axis=-1)
+        return b.op("Add", [b.op("Mul", [x, cos]), b.op("Mul", [rot, sin])])
+
+    def head(self, x: str) -> str:
+        b, t, cfg = self.b, self.ckpt.tensors, self.cfg
+        if self.ckpt.head_nested:
+            return self.linear(HEAD, x)
+        name = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
+        w = b.op("Cast", [b.init(name, t[name])], to=TensorProto.FLOAT)                     # [V, H]
+        return b.op("Gemm", [x, w], transB=1)                                               # [M, V]
+
+    # -- the step -----------------------------------------------------------------------------------
+    def block(self, layer: int, x: str, cos: str, sin: str) -> str:
+        b, cfg, p = self.b, self.cfg, f"model.layers.{layer}."
+        h = self.rms_norm(x, p + "input_layernorm")
+        q = self.rope(self.heads(self.linear(p + "self_attn.q_proj", h), cfg.num_heads), cos, sin)
+        k = self.rope(self.heads(self.linear(p + "self_attn.k_proj", h), cfg.num_kv_heads), cos, sin)
+        v = self.heads(self.linear(p + "self_attn.v_proj", h), cfg.num_kv_heads)
+        att, nb, nr, ns = b.op(NESTED_KV_ATTENTION, [q, k, v, *kv_inputs(layer), SEQ_LEN, KV8_FROM], n_out=4,
+                               domain=DOMAIN)
+        for src, dst in zip((nb, nr, ns), kv_outputs(layer)):
+            b.nodes.append(helper.make_node("Identity", [src], [dst], name=f"out_{dst}"))
+        flat = b.const_i64("shape_attn", [-1, cfg.num_heads * cfg.head_dim])
+        a = b.op("Reshape", [b.op("Transpose", [att], perm=[1, 0, 2]), flat])             # [M, Hq*D]
+        x = b.op("Add", [x, self.linear(p + "self_attn.o_proj", a)])
+        h = self.rms_norm(x, p + "post_attention_layernorm")
+        g = b.op(SILU_MUL, [self.linear(p + "mlp.gate_proj", h), self.linear(p + "mlp.up_proj", h)], domain=DOMAIN)
+        if self.ckpt.rotations.r4_size is not None:
+            g = b.op(HADAMARD_ROWS, [g], domain=DOMAIN)                                     # [M, I] @ H
+        return b.op("Add", [x, self.linear(p + "mlp.down_proj", g)])
+
+    def build(self) -> onnx.ModelProto:
+        b, cfg, t = self.b, self.cfg, self.ckpt.tensors
+        # positions [S - M, S) and their RoPE rows, gathered from tables computed as edge.model does
+        s = b.op("Squeeze", [SEQ_LEN, b.const_i64("axis0", [0])])
+        m = b.op("Squeeze", [b.op("Shape", [INPUT_IDS]), b.const_i64("axis0", [0])])
+        pos = b.op("Range", [b.op("Sub", [s, m]), s, b.init("one_i64", np.asarray(1, dtype=np.int64))])  # [M]
+        cos_t, sin_t = rope_tables(cfg, torch.arange(cfg.max_position_embeddings), torch.float32)
+        cos = b.op("Gather", [b.init("rope.cos", cos_t), pos], axis=0)                     # [M, D]
+        sin = b.op("Gather", [b.init("rope.sin", sin_t), pos], axis=0)
+        emb = b.init("model.embed_tokens.weight", t["model.embed_tokens.weight"])         # float16 [V, H]
+        x = b.op("Cast", [b.op("Gather", [emb, INPUT_IDS], axis=0)], to=TensorProto.FLOAT)  # [M, H]
+        r1 = self.ckpt.rotations.r1
+        if r1 is not None:
+            x = b.op(ROTATE_ROWS, [x, b.init("rotation.r1", r1.float())], domain=DOMAIN)
+        for layer in range(cfg.num_layers):
+            x = self.block(layer, x, cos, sin)
+        if r1 is not None:
+            x = b.op("MatMul", [x, b.op("Transpose", ["rotation.r1"], perm=[1, 0])])       # back to the original basis
+        logits = self.head(self.rms_norm(x, "model.norm"))
+        b.nodes.append(helper.make_node("Identity", [logits], [LOGITS], name="out_logits"))
+        functions = [rms_norm_function(), silu_mul_function(), rotate_rows_function()]
+        if self.ckpt.rotations.r4_size is not None:
+            functions.append(hadamard_rows_function(self.ckpt.rotations.r4_size))
+        return helper.make_model(
+            helper.make_graph(b.nodes, "bitnest_decoder_step", self.inputs(), self.outputs(), list(b.inits.values())),
+            opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, DOMAIN_VERSION)],
+            functions=functions, ir_version=IR_VERSION, producer_name="bitnest-export")
+
+    def inputs(self):
+        cfg, half = self.cfg, self.cfg.head_dim // 2
+        ins = [helper.make_tensor_value_info(INPUT_IDS, TensorProto.INT64, ["M"])]
+        ins += [helper.make_tensor_value_info(n, TensorProto.INT64, [1]) for n in (SEQ_LEN, KV8_FROM, VIEW)]
+        for layer in range(cfg.num_layers):
+            base, refine, scale = kv_inputs(layer)
+            ins += [helper.make_tensor_value_info(base, TensorProto.UINT8, [2, cfg.num_kv_heads, "C", half]),
+                    helper.make_tensor_value_info(refine, TensorProto.UINT8, [2, cfg.num_kv_heads, "C", half]),
+                    helper.make_tensor_value_info(scale, TensorProto.FLOAT16, [2, cfg.num_kv_heads, "C"])]
+        return ins
+
+    def outputs(self):
+        cfg, half = self.cfg, self.cfg.head_dim // 2
+        outs = [helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT, ["M", cfg.vocab_size])]
+        for layer in range(cfg.num_layers):
+            base, refine, scale = kv_outputs(layer)
+            outs += [helper.make_tensor_value_info(base, TensorProto.UINT8, [2, cfg.num_kv_heads, "M", half]),
+                     helper.make_tensor_value_info(refine, TensorProto.UINT8, [2, cfg.num_kv_heads, "M", half]),
+                     helper.make_tensor_value_info(scale, TensorProto.FLOAT16, [2, cfg.num_kv_heads, "M"])]
+        return outs
+
+
+def build_step_model(ckpt: Checkpoint) -> onnx.ModelProto:
+    """The checked step graph of a loaded checkpoint (metadata ties it to the checkpoint's weights)."""
+    register_schemas()
+    model = _StepGraph(ckpt).build()
+    meta = {"bitnest.format_version": str(ckpt.manifest["format_version"]),
+            "bitnest.weights_sha256": ckpt.manifest["files"]["model.safetensors"],
+            "bitnest.method": ckpt.method,
+            "bitnest.activations": "int8 per token (W4A8 draft, W8A8 target)"}
+    helper.set_model_props(model, meta)
+    return model
+
+
+def save_model_atomic(model: onnx.ModelProto, out: Path, external: bool) -> None:
+    """Write `model` to `out` (and `out`.data with `external`) through temporary files renamed into place."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        data_name = out.name + ".data"
+        onnx.save_model(model, str(tmp / out.name), save_as_external_data=external, all_tensors_to_one_file=True,
+                        location=data_name, size_threshold=1024)
+        onnx.checker.check_model(str(tmp / out.name), full_check=True)  # by path: external data too
+        if external:
+            os.replace(tmp / data_name, out.parent / data_name)
+        elif (out.parent / data_name).exists():
+            (out.parent / data_name).unlink()  # a stale weights file of an earlier external-data export
+        os.replace(tmp / out.name, out)
+    finally:
+        for f in tmp.iterdir():
+            f.unlink()
+        tmp.rmdir()
+
+
+def export_onnx(checkpoint, out=None, external=None) -> dict:
+    """Export the step graph of the checkpoint folder `checkpoint` to `out` (default: beside its weights,
+    CHECKPOINT/decoder_step.onnx); `external` None = external data only past EXTERNAL_DATA_BYTES."""
+    t0 = time.time()
+    ckpt = load_checkpoint(checkpoint)
+    model = build_step_model(ckpt)
+    init_bytes = sum(len(i.raw_data) for i in model.graph.initializer)
+    if external is None:
+        external = init_bytes > EXTERNAL_DATA_BYTES
+    out = Path(out) if out else ckpt.path / ONNX_FILE
+    save_model_atomic(model, out, external)
+    return {"onnx": str(out), "external_data": bool(external), "initializer_bytes": init_bytes,
+            "file_bytes": out.stat().st_size, "nodes": bitnest_node_counts(model), "seconds": round(time.time() - t0, 1),
+            "sha256": hashlib.sha256(out.read_bytes()).hexdigest()}

@@ -1,0 +1,140 @@
+"""ONNX OpSchemas of the `bitnest` domain (DualPlaneGemv, NestedKvAttention) with type and shape
+inference, registered once into the installed onnx so `onnx.checker.check_model(full_check=True)` and
+shape inference understand exported graphs."""
+
+import onnx
+from onnx import TensorProto
+from onnx.defs import OpSchema
+
+from plugins.step_contract import DOMAIN, DOMAIN_VERSION, DUAL_PLANE_GEMV, NESTED_KV_ATTENTION
+
+_P = OpSchema.FormalParameter
+_OPTIONAL = OpSchema.FormalParameterOption.Optional
+
+_GEMV_DOC = """y[M, N] = x[M, K] @ W_view^T from packed nested planes (DESIGN §3, §6; reference:
+plugins.reference.dual_plane_linear with act_int8=True). x is quantized per token to symmetric INT8
+(DESIGN §5); each group's integer dot product is exact before its float16 group scale is applied.
+`view` = 0 (draft) reads base + scale only and never touches `refine`; 1 (target) reads both planes as
+the 8-bit code 16*q4 + qr on scale/16. Optional `offset` [N, K/G] adds offset * sum(x_group) (top4of8)."""
+
+_ATTN_DOC = """Causal GQA attention of q over one layer's nested KV cache (DESIGN §4, §6; reference:
+plugins.reference.nested_kv_attention). k, v [Hkv, T, D] (after RoPE) are quantized into new KV4+KV4
+entries (plugins.kv.quantize_kv) for positions [seq_len - T, seq_len); the op attends over positions
+[0, seq_len) of the planes with those T positions taken from the new entries, reading positions before
+`kv8_from` at KV4 and the rest at KV8, and returns the output and the new entries. See
+plugins.step_contract for the in-place contract (TensorRT writes the entries into the plane inputs)."""
+
+
+def _tensor_type(elem: int, dims) -> onnx.TypeProto:
+    """TypeProto of a tensor whose dims are ints, dim_param strings, or Dimension protos to copy."""
+    t = onnx.TypeProto()
+    t.tensor_type.elem_type = elem
+    shape = t.tensor_type.shape
+    for d in dims:
+        nd = shape.dim.add()
+        if isinstance(d, int):
+            nd.dim_value = d
+        elif isinstance(d, str):
+            nd.dim_param = d
+        else:
+            nd.CopyFrom(d)
+    return t
+
+
+def _dims(ctx, i: int):
+    """Dimension protos of input i (None where its rank is unknown)."""
+    tt = ctx.get_input_type(i).tensor_type
+    return list(tt.shape.dim) if tt.HasField("shape") else None
+
+
+def _infer_gemv(ctx) -> None:
+    x, base = _dims(ctx, 0), _dims(ctx, 1)
+    if x is None or base is None:
+        ctx.set_output_type(0, _unranked(TensorProto.FLOAT))
+        return
+    ctx.set_output_type(0, _tensor_type(TensorProto.FLOAT, [x[0], base[0]]))
+
+
+def _infer_attention(ctx) -> None:
+    q, k, planes = _dims(ctx, 0), _dims(ctx, 1), _dims(ctx, 3)
+    if q is None or k is None or planes is None:
+        for i, elem in enumerate((TensorProto.FLOAT, TensorProto.UINT8, TensorProto.UINT8, TensorProto.FLOAT16)):
+            ctx.set_output_type(i, _unranked(elem))
+        return
+    two, hkv, t, half = planes[0], k[0], k[1], planes[3]
+    ctx.set_output_type(0, _tensor_type(TensorProto.FLOAT, q))
+    ctx.set_output_type(1, _tensor_type(TensorProto.UINT8, [two, hkv, t, half]))
+    ctx.set_output_type(2, _tensor_type(TensorProto.UINT8, [two, hkv, t, half]))
+    ctx.set_output_type(3, _tensor_type(TensorProto.FLOAT16, [two, hkv, t]))
+
+
+def _unranked(elem: int) -> onnx.TypeProto:
+    t = onnx.TypeProto()
+    t.tensor_type.elem_type = elem
+    return t
+
+
+def _gemv_schema() -> OpSchema:
+    s = OpSchema(
+        DUAL_PLANE_GEMV, DOMAIN, DOMAIN_VERSION, _GEMV_DOC,
+        inputs=[
+            _P("x", "tensor(float)", "activations [M, K]"),
+            _P("base", "tensor(uint8)", "base plane [N, K/2], signed nibbles, low nibble = even column"),
+            _P("refine", "tensor(uint8)", "refinement plane [N, K/2] (not read by the draft view)"),
+            _P("scale", "tensor(float16)", "group scales [N, K/G]"),
+            _P("view", "tensor(int64)", "[1]: 0 = draft, 1 = target"),
+            _P("offset", "tensor(float16)", "optional group offsets [N, K/G] (top4of8)", param_option=_OPTIONAL),
+        ],
+        outputs=[_P("y", "tensor(float)", "[M, N]")],
+        node_determinism=OpSchema.NodeDeterminism.Deterministic,
+    )
+    return s.set_type_and_shape_inference_function(_infer_gemv) or s
+
+
+def _attention_schema() -> OpSchema:
+    s = OpSchema(
+        NESTED_KV_ATTENTION, DOMAIN, DOMAIN_VERSION, _ATTN_DOC,
+        inputs=[
+            _P("q", "tensor(float)", "queries [Hq, T, D] after RoPE"),
+            _P("k", "tensor(float)", "new keys [Hkv, T, D] after RoPE"),
+            _P("v", "tensor(float)", "new values [Hkv, T, D]"),
+            _P("kv_base", "tensor(uint8)", "KV4 base plane [2, Hkv, C, D/2] (K then V); TensorRT writes in place"),
+            _P("kv_refine", "tensor(uint8)", "KV4 refinement plane [2, Hkv, C, D/2]; TensorRT writes in place"),
+            _P("kv_scale", "tensor(float16)", "per-vector scales [2, Hkv, C]; TensorRT writes in place"),
+            _P("seq_len", "tensor(int64)", "[1]: S, sequence length including this pass"),
+            _P("kv8_from", "tensor(int64)", "[1]: first position read at KV8"),
+        ],
+        outputs=[
+            _P("out", "tensor(float)", "[Hq, T, D]"),
+            _P("new_base", "tensor(uint8)", "[2, Hkv, T, D/2] entries for positions [S - T, S)"),
+            _P("new_refine", "tensor(uint8)", "[2, Hkv, T, D/2]"),
+            _P("new_scale", "tensor(float16)", "[2, Hkv, T]"),
+        ],
+        node_determinism=OpSchema.NodeDeterminism.Deterministic,
+    )
+    return s.set_type_and_shape_inference_function(_infer_attention) or s
+
+
+_registered = False
+
+
+def register_schemas() -> None:
+    """Register both schemas into the onnx library of this process (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    for schema in (_gemv_schema(), _attention_schema()):
+        try:
+            onnx.defs.get_schema(schema.name, DOMAIN_VERSION, DOMAIN)
+        except onnx.defs.SchemaError:
+            onnx.defs.register_schema(schema)
+    _registered = True
+
+
+def bitnest_node_counts(model: onnx.ModelProto) -> dict[str, int]:
+    """{op type: count} of the graph's `bitnest` nodes."""
+    counts: dict[str, int] = {}
+    for n in model.graph.node:
+        if n.domain == DOMAIN:
+            counts[n.op_type] = counts.get(n.op_type, 0) + 1
+    return counts

@@ -1,0 +1,116 @@
+"""The decoder-step graph's contract shared by the ONNX exporter, the onnxruntime runner, the TensorRT
+plugins, the engine build and the TensorRT backend: op names, I/O names, view codes, the in-place KV rule
+and the optimization-profile shapes.
+
+One graph (and one engine) runs one pass of M tokens (1..γ+1) for either weight view and any KV view:
+
+inputs   input_ids  int64 [M]                    the pass's tokens, at positions [seq_len - M, seq_len)
+         seq_len    int64 [1]                    S: sequence length after this pass (committed + drafted + M)
+         kv8_from   int64 [1]                    first position read at KV8 (kv8 -> 0, kv4 -> S, recent-N -> S - N)
+         view       int64 [1]                    weight view: 0 = draft (base plane only), 1 = target
+         kv_base.L, kv_refine.L   uint8 [2, Hkv, C, D/2]   layer L's KV planes (K then V), C = capacity
+         kv_scale.L               float16 [2, Hkv, C]
+outputs  logits     float32 [M, V]
+         new_kv_base.L, new_kv_refine.L  uint8 [2, Hkv, M, D/2],  new_kv_scale.L  float16 [2, Hkv, M]
+
+KV contract (ONNX has no aliasing): `NestedKvAttention` quantizes the pass's K/V into new entries,
+attends over the planes with positions [S - M, S) taken from those entries, and returns the entries.
+Graph semantics are pure: a runtime that keeps its planes on the host (onnxruntime) writes the returned
+entries into positions [S - M, S) of its planes after the pass. The TensorRT plugin also writes them into
+the plane inputs in place (the same bytes, so the result is identical); the TensorRT runtime binds its
+persistent plane buffers as inputs and needs no copy. Entries past the committed length are draft-time
+entries; verification overwrites them and rollback is a smaller committed length (DESIGN §4).
+"""
+
+from dataclasses import dataclass
+
+DOMAIN = "bitnest"
+DOMAIN_VERSION = 1
+DUAL_PLANE_GEMV = "DualPlaneGemv"
+NESTED_KV_ATTENTION = "NestedKvAttention"
+OP_TYPES = (DUAL_PLANE_GEMV, NESTED_KV_ATTENTION)
+# Model-local functions (standard-op bodies; export.onnx_functions) for the float ops that feed a quantizer.
+RMS_NORM, SILU_MUL, ROTATE_ROWS, HADAMARD_ROWS = "RmsNorm", "SiluMul", "RotateRows", "HadamardRows"
+FUNCTIONS = (RMS_NORM, SILU_MUL, ROTATE_ROWS, HADAMARD_ROWS)
+
+VIEW_CODES = {"draft": 0, "target": 1}
+CODE_VIEWS = {c: v for v, c in VIEW_CODES.items()}
+
+INPUT_IDS, SEQ_LEN, KV8_FROM, VIEW, LOGITS = "input_ids", "seq_len", "kv8_from", "view", "logits"
+SCALAR_INPUTS = (SEQ_LEN, KV8_FROM, VIEW)
+
+# ONNX opset of the standard ops and IR version: within what TensorRT 10.3's parser and onnxruntime read.
+OPSET = 17
+IR_VERSION = 8
+
+ONNX_FILE = "decoder_step.onnx"
+ENGINE_FILE = "decoder_step.engine"
+
+
+def kv_inputs(layer: int) -> tuple[str, str, str]:
+    """Names of layer `layer`'s plane inputs (base, refine, scale)."""
+    return f"kv_base.{layer}", f"kv_refine.{layer}", f"kv_scale.{layer}"
+
+
+def kv_outputs(layer: int) -> tuple[str, str, str]:
+    """Names of layer `layer`'s new-entry outputs (base, refine, scale)."""
+    return f"new_kv_base.{layer}", f"new_kv_refine.{layer}", f"new_kv_scale.{layer}"
+
+
+def view_code(view: str) -> int:
+    if view not in VIEW_CODES:
+        raise ValueError(f"unknown weight view {view!r}: use one of {', '.join(VIEW_CODES)}")
+    return VIEW_CODES[view]
+
+
+@dataclass(frozen=True)
+class StepShapes:
+    """The model dimensions the step graph's I/O depends on."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+
+    @classmethod
+    def of(cls, cfg) -> "StepShapes":
+        return cls(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size)
+
+    def plane_shape(self, capacity: int) -> tuple[int, int, int, int]:
+        return (2, self.kv_heads, capacity, self.head_dim // 2)
+
+    def scale_shape(self, capacity: int) -> tuple[int, int, int]:
+        return (2, self.kv_heads, capacity)
+
+
+@dataclass(frozen=True)
+class ProfileSpec:
+    """One TensorRT optimization profile: M in [1, max_tokens] (γ+1 for verification, more for chunked
+    prefill) and KV capacity C in [min_context, max_context], with `opt_*` the shapes tuned for."""
+
+    max_tokens: int = 5
+    max_context: int = 2048
+    min_context: int = 1
+    opt_tokens: int = 1
+    opt_context: int = 0
+
+    def __post_init__(self):
+        if self.max_tokens < 1 or not 1 <= self.opt_tokens <= self.max_tokens:
+            raise ValueError(f"profile tokens: need 1 <= opt ({self.opt_tokens}) <= max ({self.max_tokens})")
+        if not 1 <= self.min_context <= self.max_context:
+            raise ValueError(f"profile context: need 1 <= min ({self.min_context}) <= max ({self.max_context})")
+        if self.max_tokens > self.max_context:
+            raise ValueError(f"a pass of {self.max_tokens} tokens cannot fit a context of {self.max_context}")
+        if self.opt_context and not self.min_context <= self.opt_context <= self.max_context:
+            raise ValueError(f"profile opt context {self.opt_context} outside [{self.min_context}, {self.max_context}]")
+
+    def shapes(self, s: StepShapes) -> dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
+        """{input name: (min, opt, max) shape} for every dynamic input of the step graph."""
+        opt_c = self.opt_context or self.max_context
+        out = {INPUT_IDS: ((1,), (self.opt_tokens,), (self.max_tokens,))}
+        for layer in range(s.layers):
+            base, refine, scale = kv_inputs(layer)
+            planes = (s.plane_shape(self.min_context), s.plane_shape(opt_c), s.plane_shape(self.max_context))
+            out[base] = out[refine] = planes
+            out[scale] = (s.scale_shape(self.min_context), s.scale_shape(opt_c), s.scale_shape(self.max_context))
+        return out

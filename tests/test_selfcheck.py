@@ -1,0 +1,35 @@
+"""scripts/selfcheck.py on a real export: the paths that run here pass, TensorRT is skipped with its reason."""
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+
+def test_selfcheck_reports_every_path(rtn_checkpoint):
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "selfcheck.py"), "--checkpoint", str(rtn_checkpoint),
+                          "--tokens", "3", "--paths", "torch,onnxruntime,tensorrt,energy", "--json"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    by = {p["path"]: p for p in r["paths"]}
+    assert r["passed"] and len(r["reference_tokens"]) == 3
+    assert by["torch"]["status"] == "passed" and by["torch"]["details"]["tokens"] == r["reference_tokens"]
+    assert by["onnxruntime"]["status"] == "passed", by["onnxruntime"]
+    assert by["onnxruntime"]["details"]["max_rel_err"] < 1e-3
+    for p in r["paths"]:
+        assert p["status"] in ("passed", "failed", "skipped")
+        if p["status"] == "skipped":
+            assert p["reason"], p
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError:
+        assert by["tensorrt"]["status"] == "skipped" and "TensorRT" in by["tensorrt"]["reason"]
+    assert "tensorrt: skipped" in out.stderr or "tensorrt: passed" in out.stderr
+
+
+def test_selfcheck_bad_path_is_one_line(rtn_checkpoint):
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "selfcheck.py"), "--checkpoint", str(rtn_checkpoint),
+                          "--paths", "torch,warp"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "'warp'" in out.stderr

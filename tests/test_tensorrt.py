@@ -1,0 +1,71 @@
+"""TensorRT path: what runs without TensorRT (profile shapes, graph dimensions, refusals) always; the plugin
+registration, engine build and engine decode only where TensorRT >= 10.3 and a CUDA GPU exist (`trt`)."""
+
+import pytest
+
+from plugins.step_contract import INPUT_IDS, ProfileSpec, StepShapes, kv_inputs
+
+
+def test_profile_shapes_cover_every_dynamic_input():
+    s = StepShapes(layers=3, kv_heads=2, head_dim=64, vocab=100)
+    shapes = ProfileSpec(max_tokens=5, max_context=512, min_context=16, opt_tokens=1, opt_context=256).shapes(s)
+    assert shapes[INPUT_IDS] == ((1,), (1,), (5,))
+    base, refine, scale = kv_inputs(2)
+    assert shapes[base] == shapes[refine] == ((2, 2, 16, 32), (2, 2, 256, 32), (2, 2, 512, 32))
+    assert shapes[scale] == ((2, 2, 16), (2, 2, 256), (2, 2, 512))
+    assert len(shapes) == 1 + 3 * 3
+
+
+@pytest.mark.parametrize("kw", [dict(max_tokens=0), dict(opt_tokens=6), dict(max_context=4),
+                                dict(min_context=600, max_context=512), dict(opt_context=4096)])
+def test_profile_rejects_impossible_ranges(kw):
+    with pytest.raises(ValueError):
+        ProfileSpec(**kw)
+
+
+def test_step_shapes_read_from_an_exported_graph(rtn_checkpoint, tmp_path):
+    import onnx.inliner
+
+    from edge.checkpoint import load_checkpoint
+    from export.onnx_export import build_step_model
+    from export.trt_build import step_shapes_of
+    ckpt = load_checkpoint(rtn_checkpoint)
+    model = build_step_model(ckpt)
+    assert step_shapes_of(model) == StepShapes.of(ckpt.config)
+    inlined = onnx.inliner.inline_local_functions(model)  # what the engine build hands TensorRT
+    assert {n.op_type for n in inlined.graph.node if n.domain == "bitnest"} == {"DualPlaneGemv", "NestedKvAttention"}
+
+
+def test_refusals_name_the_missing_piece():
+    from edge.backends.tensorrt_engine import tensorrt_backend_unavailable
+    from export.trt_build import engine_build_unavailable
+    reason = engine_build_unavailable()
+    if reason is None:
+        pytest.skip("TensorRT and a CUDA GPU are present here")
+    assert "TensorRT" in reason or "GPU" in reason or "plugins.kernels" in reason
+    assert "\n" not in reason and tensorrt_backend_unavailable()
+
+
+def _trt_or_skip():
+    from export.trt_build import engine_build_unavailable
+    reason = engine_build_unavailable()
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.mark.trt
+def test_engine_build_and_decode_match_reference(rtn_checkpoint, tmp_path):
+    """On a TensorRT machine: build the engine and decode a few tokens losslessly."""
+    _trt_or_skip()
+    from edge.backends.tensorrt_engine import tensorrt_engine
+    from edge.checkpoint import load_checkpoint
+    from edge.generate import GenerateConfig, generate
+    from export.onnx_export import export_onnx
+    from export.trt_build import build_engine
+    onnx_path = export_onnx(rtn_checkpoint, tmp_path / "decoder_step.onnx")["onnx"]
+    engine = build_engine(onnx_path, ProfileSpec(max_tokens=5, max_context=64))["engine"]
+    ckpt = load_checkpoint(rtn_checkpoint)
+    prompt = [1, 9690, 198, 2683, 359, 253]
+    spec, _ = generate(tensorrt_engine(ckpt, 64, engine), prompt, GenerateConfig(max_new_tokens=6), set())
+    target, _ = generate(tensorrt_engine(ckpt, 64, engine), prompt, GenerateConfig(policy="target", max_new_tokens=6), set())
+    assert spec == target
