@@ -71,12 +71,12 @@ def test_engine_build_and_decode_match_reference(rtn_checkpoint, tmp_path):
     assert spec == target
 
 
-def test_runtime_tensorrt_backend_refuses_here(rtn_checkpoint):
-    from edge.backends.tensorrt_engine import tensorrt_backend_unavailable
+def test_tensorrt_engine_refuses_here(rtn_checkpoint):
+    from edge.backends.tensorrt_engine import tensorrt_backend_unavailable, tensorrt_engine
+    from edge.checkpoint import load_checkpoint
     from edge.errors import BitNestError
-    from edge.runtime import Runtime
     if tensorrt_backend_unavailable() is None:
         pytest.skip("TensorRT, pycuda and a GPU are present here")
     with pytest.raises(BitNestError, match="tensorrt backend: ") as e:
-        Runtime(rtn_checkpoint, backend="tensorrt", max_context=64)
+        tensorrt_engine(load_checkpoint(rtn_checkpoint, verify=False), 64)
     assert "\n" not in str(e.value)

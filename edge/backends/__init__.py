@@ -3,7 +3,7 @@
 from edge.checkpoint import Checkpoint
 from edge.errors import BitNestError
 
-BACKENDS = ("torch", "cpu", "tensorrt")
+BACKENDS = ("torch", "cpu")
 
 
 def make_weights(name: str, ckpt: Checkpoint):
@@ -14,6 +14,4 @@ def make_weights(name: str, ckpt: Checkpoint):
     if name == "cpu":
         from edge.backends.cpu import CpuInt4Weights
         return CpuInt4Weights(ckpt)
-    if name == "tensorrt":  # runs whole decoder steps from an engine: edge.runtime builds its StepEngine
-        raise BitNestError("the tensorrt backend has no weight store: use it through edge.runtime.Runtime")
     raise BitNestError(f"unknown backend {name!r}: use one of {', '.join(BACKENDS)}")
