@@ -69,3 +69,14 @@ def test_engine_build_and_decode_match_reference(rtn_checkpoint, tmp_path):
     spec, _ = generate(tensorrt_engine(ckpt, 64, engine), prompt, GenerateConfig(max_new_tokens=6), set())
     target, _ = generate(tensorrt_engine(ckpt, 64, engine), prompt, GenerateConfig(policy="target", max_new_tokens=6), set())
     assert spec == target
+
+
+def test_tensorrt_engine_refuses_here(rtn_checkpoint):
+    from edge.backends.tensorrt_engine import tensorrt_backend_unavailable, tensorrt_engine
+    from edge.checkpoint import load_checkpoint
+    from edge.errors import BitNestError
+    if tensorrt_backend_unavailable() is None:
+        pytest.skip("TensorRT, pycuda and a GPU are present here")
+    with pytest.raises(BitNestError, match="tensorrt backend: ") as e:
+        tensorrt_engine(load_checkpoint(rtn_checkpoint, verify=False), 64)
+    assert "\n" not in str(e.value)

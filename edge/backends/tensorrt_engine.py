@@ -31,7 +31,7 @@ def tensorrt_backend_unavailable() -> str | None:
 class TensorRTStepRunner:
     """One sequence's device KV planes and passes through a deserialized step engine."""
 
-    def __init__(self, engine_path, shapes: StepShapes, capacity: int, max_tokens: int):
+    def __init__(self, engine_path, shapes: StepShapes, capacity: int, max_tokens: int | None = None):
         reason = tensorrt_backend_unavailable()
         if reason:
             raise BitNestError(f"tensorrt backend: {reason}")
@@ -46,10 +46,19 @@ class TensorRTStepRunner:
             raise BitNestError(f"engine {path} does not exist: build it with `python scripts/export.py --out CKPT "
                                "--existing --engine`")
         register_plugins()  # the engine's plugin nodes resolve to these creators at deserialization
-        self.cuda, self.shapes, self.capacity, self.max_tokens = cuda, shapes, capacity, max_tokens
         self.engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(path.read_bytes())
         if self.engine is None:
             raise BitNestError(f"TensorRT could not deserialize {path} (built by another TensorRT version?): rebuild it")
+        lo, _, hi = self.engine.get_tensor_profile_shape(kv_inputs(0)[0], 0)
+        if not lo[2] <= capacity <= hi[2]:
+            raise BitNestError(f"a KV capacity of {capacity} is outside the engine's profile [{lo[2]}, {hi[2]}]: "
+                               f"rebuild it with --max-context {capacity} or lower --max-context")
+        lo, _, hi = self.engine.get_tensor_profile_shape(INPUT_IDS, 0)
+        max_tokens = max_tokens or hi[0]                       # default: the largest pass the engine was built for
+        if max_tokens > hi[0]:
+            raise BitNestError(f"passes of {max_tokens} tokens exceed the engine's profile ({hi[0]}): lower gamma "
+                               f"or rebuild with --max-tokens {max_tokens}")
+        self.cuda, self.shapes, self.capacity, self.max_tokens = cuda, shapes, capacity, max_tokens
         self.context = self.engine.create_execution_context()
         self.stream = cuda.Stream()
         plane, scale = shapes.plane_shape(capacity), shapes.scale_shape(capacity)
@@ -99,7 +108,8 @@ class TensorRTStepRunner:
         return self.logits[:m].copy()
 
 
-def tensorrt_engine(ckpt: Checkpoint, capacity: int, engine_path=None, max_tokens: int = 5) -> StepEngine:
-    """A StepEngine over CHECKPOINT/decoder_step.engine (or `engine_path`) for `generate` and the policies."""
+def tensorrt_engine(ckpt: Checkpoint, capacity: int, engine_path=None, max_tokens: int | None = None) -> StepEngine:
+    """A StepEngine over CHECKPOINT/decoder_step.engine (or `engine_path`) for `generate` and the policies;
+    passes of up to `max_tokens` (default: the engine profile's largest M)."""
     runner = TensorRTStepRunner(engine_path or ckpt.path / ENGINE_FILE, StepShapes.of(ckpt.config), capacity, max_tokens)
-    return StepEngine(ckpt, runner, capacity, "tensorrt", max_tokens)
+    return StepEngine(ckpt, runner, capacity, "tensorrt", runner.max_tokens)
