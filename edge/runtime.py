@@ -31,9 +31,13 @@ class Runtime:
         if device is not None:  # allocate from the memory plan (DESIGN §8): max_context None = the largest that fits
             self.plan = plan_for_runtime(self.ckpt, device, backend, prefill_chunk, scratch)
             max_context = fit_context(self.plan, max_context)
-        self.weights = make_weights(backend, self.ckpt)
         self.backend = backend
-        self.engine = Engine(self.ckpt, self.weights, max_context, scratch=scratch, prefill_chunk=prefill_chunk)
+        if backend == "tensorrt":  # the engine beside the checkpoint runs whole steps (edge.backends.tensorrt_engine)
+            from edge.backends.tensorrt_engine import tensorrt_engine
+            self.weights, self.engine = None, tensorrt_engine(self.ckpt, max_context)
+        else:
+            self.weights = make_weights(backend, self.ckpt)
+            self.engine = Engine(self.ckpt, self.weights, max_context, scratch=scratch, prefill_chunk=prefill_chunk)
         eos = set(self.ckpt.config.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
@@ -77,7 +81,7 @@ class Runtime:
         return {"text": text, "tokens": tokens, "stats": stats}
 
     def describe(self) -> dict:
-        return {"activations": getattr(self.weights, "activations", "float32"),
+        return {"activations": getattr(self.weights, "activations", "int8" if self.backend == "tensorrt" else "float32"),
                 "fp16_weight_bytes_per_token": self.fp16_bytes_per_token,
                 "method": self.ckpt.method}
 

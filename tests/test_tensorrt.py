@@ -80,3 +80,14 @@ def test_tensorrt_engine_refuses_here(rtn_checkpoint):
     with pytest.raises(BitNestError, match="tensorrt backend: ") as e:
         tensorrt_engine(load_checkpoint(rtn_checkpoint, verify=False), 64)
     assert "\n" not in str(e.value)
+
+
+def test_runtime_tensorrt_backend_refuses_here(rtn_checkpoint):
+    from edge.backends.tensorrt_engine import tensorrt_backend_unavailable
+    from edge.errors import BitNestError
+    from edge.runtime import Runtime
+    if tensorrt_backend_unavailable() is None:
+        pytest.skip("TensorRT, pycuda and a GPU are present here")
+    with pytest.raises(BitNestError, match="tensorrt backend: ") as e:
+        Runtime(rtn_checkpoint, backend="tensorrt", max_context=64)
+    assert "\n" not in str(e.value)

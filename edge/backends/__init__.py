@@ -3,7 +3,7 @@
 from edge.checkpoint import Checkpoint
 from edge.errors import BitNestError
 
-BACKENDS = ("torch", "cpu", "triton")
+BACKENDS = ("torch", "cpu", "triton", "tensorrt")
 
 
 def make_weights(name: str, ckpt: Checkpoint):
@@ -17,4 +17,6 @@ def make_weights(name: str, ckpt: Checkpoint):
     if name == "triton":
         from edge.backends.triton_gpu import TritonWeights
         return TritonWeights(ckpt)
+    if name == "tensorrt":  # runs whole decoder steps from an engine: edge.runtime builds its StepEngine
+        raise BitNestError("the tensorrt backend has no weight store: use it through edge.runtime.Runtime")
     raise BitNestError(f"unknown backend {name!r}: use one of {', '.join(BACKENDS)}")
