@@ -1,7 +1,7 @@
-"""Decode speed on this machine: speculative, target and draft policies on the `cpu` backend against
+"""Decode speed on this machine: speculative, target and draft policies on a backend (default `cpu`) against
 transformers' own float32 `generate` on the float reference model, on the same real prompts.
 
-    python scripts/bench.py [--checkpoint DIR] [--prompts N] [--max-new-tokens N] [--repeats R]
+    python scripts/bench.py [--checkpoint DIR] [--backend cpu|torch|triton|tensorrt] [--prompts N] [--max-new-tokens N] [--repeats R]
                             [--policy P (repeatable; gate and adaptive options as chat.py)] [--json]
 
 Each figure is the median over repeats of decode-phase tok/s (prefill excluded: for transformers,
@@ -19,6 +19,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import torch  # noqa: E402
 
+from edge.backends import BACKENDS  # noqa: E402
 from edge.cli import run_cli  # noqa: E402
 from edge.corpora import sharegpt_prompts  # noqa: E402
 from edge.generate import GenerateConfig  # noqa: E402
@@ -66,9 +67,9 @@ def profile(rt: Runtime, prompt: list[int], a) -> dict:
 
 def run(a) -> dict:
     ckpt = a.checkpoint or str(ensure_default_checkpoint())
-    rt = Runtime(ckpt, backend="cpu", max_context=a.max_new_tokens + 1024, scratch=max(17, a.gamma_max + 1))
+    rt = Runtime(ckpt, backend=a.backend, max_context=a.max_new_tokens + 1024, scratch=max(17, a.gamma_max + 1))
     prompts = [rt.encode(p) for p in sharegpt_prompts(a.prompts)]
-    out = {"checkpoint": ckpt, "prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "repeats": a.repeats,
+    out = {"checkpoint": ckpt, "backend": a.backend, "prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "repeats": a.repeats,
            "threads": torch.get_num_threads(), "policies": {}}
     for policy in a.policy or ("speculative", "target", "draft"):
         rates, stats = [], []
@@ -94,6 +95,7 @@ def run(a) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint")
+    p.add_argument("--backend", default="cpu", choices=BACKENDS, help="backend that runs the nested views")
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--gamma", type=int, default=4)
