@@ -70,18 +70,23 @@ def _small_local():
     return get_profile("local").override(total_mib=400, os_reserve_mib=0, context_reserve_mib=0)
 
 
-def test_runtime_allocates_from_the_plan_and_refuses_over_it(rtn_checkpoint):
+def test_runtime_allocates_from_the_plan_and_refuses_over_it(rotated_checkpoint):
     from edge.generate import GenerateConfig
     from edge.runtime import Runtime
+    from plugins.hadamard import _factor_matrix
+    _factor_matrix.cache_clear()     # as in a fresh process: the plan's dry run is the first Hadamard user
     dev = _small_local()
-    rt = Runtime(rtn_checkpoint, backend="torch", max_context=None, device=dev, prefill_chunk=64, scratch=5)
+    rt = Runtime(rotated_checkpoint, backend="torch", max_context=None, device=dev, prefill_chunk=64, scratch=5)
     cap = rt.engine.cache.capacity
     assert cap == rt.plan.max_context > 1000
     with pytest.raises(BitNestError, match=f"largest context that fits {dev.name} is {cap:,}"):
         rt.run([1] * (cap - 10), GenerateConfig(policy="target", max_new_tokens=11))
     assert rt.engine.stats.prefill_tokens == 0 and rt.engine.cache.length == 0      # refused before any work
+    # the plan's meta-device dry run (R1, online R4) leaves nothing behind that real passes would trip on
+    out = rt.run(rt.encode("Name a colour."), GenerateConfig(policy="speculative", max_new_tokens=3))
+    assert len(out["tokens"]) == 3
     with pytest.raises(BitNestError, match=f"the largest that fits is {cap:,}"):
-        Runtime(rtn_checkpoint, backend="torch", max_context=cap + 1, device=dev, prefill_chunk=64, scratch=5)
+        Runtime(rotated_checkpoint, backend="torch", max_context=cap + 1, device=dev, prefill_chunk=64, scratch=5)
 
 
 def test_verify_on_the_real_model(rtn_checkpoint, capsys):
