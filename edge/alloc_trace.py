@@ -10,7 +10,7 @@ from torch.utils._pytree import tree_flatten
 
 
 def _key(storage) -> int:
-    return StorageWeakRef(storage).cdata       # one key per storage, also on the meta device (no data_ptr)
+    return storage._cdata                      # one key per storage, also on the meta device (no data_ptr)
 
 
 def tensors_in(obj: Any, _seen: set | None = None) -> Iterable[torch.Tensor]:

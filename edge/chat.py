@@ -32,7 +32,10 @@ def parser(prog: str = "chat.py") -> argparse.ArgumentParser:
     p.add_argument("--prompt", help="one prompt (chat-formatted)")
     p.add_argument("--prompts-file", help='JSONL, one {"prompt": str, "chat": bool} per line')
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--max-context", type=int, default=2048, help="KV cache capacity in positions")
+    p.add_argument("--max-context", type=int, help="KV cache capacity in positions (default 2048, or with "
+                                                   "--device the largest that fits)")
+    p.add_argument("--device", help="plan memory for this device profile (scripts/max_context.py) and refuse "
+                                    "requests over it")
     p.add_argument("--kv8-draft-below", type=int, default=2048, help="draft with KV8 below this context, else --long-draft-kv")
     p.add_argument("--long-draft-kv", choices=("kv4", "recent"), default="kv4")
     p.add_argument("--recent", type=int, default=256, help="KV8 window of the recent draft KV view")
@@ -101,7 +104,8 @@ def interactive(rt: Runtime, cfg: GenerateConfig, stops) -> dict:
 
 def run(a) -> dict:
     cfg = generate_config(a)
-    rt = Runtime(a.checkpoint, backend=a.backend, max_context=a.max_context, scratch=max(8, cfg.most_proposals + 1))
+    rt = Runtime(a.checkpoint, backend=a.backend, max_context=a.max_context or (None if a.device else 2048),
+                 scratch=max(8, cfg.most_proposals + 1), device=a.device)
     cfg = replace(cfg, gate=resolve_gate(rt, cfg.policy, cfg.gate))
     stops = tuple(a.stop)
     if a.prompts_file:

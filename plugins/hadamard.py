@@ -56,8 +56,9 @@ def hadamard_factors(n: int) -> Optional[tuple[int, ...]]:
 
 @lru_cache(maxsize=None)
 def _factor_matrix(order: int) -> torch.Tensor:
-    h = _sylvester(order) if order & (order - 1) == 0 else _paley(order)
-    return h / order ** 0.5                                   # orthonormal
+    with torch.device("cpu"):     # cached for every caller: never on a caller's default device (meta dry runs)
+        h = _sylvester(order) if order & (order - 1) == 0 else _paley(order)
+        return h / order ** 0.5                               # orthonormal
 
 
 def hadamard_factor_matrices(n: int) -> list[torch.Tensor]:

@@ -77,15 +77,15 @@ def test_tegrastats_meter_on_replayed_lines():
 def test_meter_dying_mid_run_marks_the_figure_unavailable(rtn_checkpoint):
     from edge.generate import GenerateConfig
     from edge.runtime import Runtime
-    rt = Runtime(rtn_checkpoint, backend="cpu", max_context=256)
+    rt = Runtime(rtn_checkpoint, backend="torch", max_context=256)     # torch: no re-layout at load
     ids = rt.encode("Write a short poem about the sea.")
     meter = make_meter("tegrastats", 50, REPLAY + ["--interval-ms", "50", "--exit-after", "4", "--exit-code", "3"])
     try:
-        stats, reading = metered_generate(rt.engine, ids, GenerateConfig(policy="speculative", max_new_tokens=10),
+        stats, reading = metered_generate(rt.engine, ids, GenerateConfig(policy="target", max_new_tokens=6),
                                           set(), meter)
     finally:
         meter.stop()
-    assert stats.tokens == 9                                # the run completes
+    assert stats.tokens == 5                                # the run completes
     assert reading.joules is None
     assert "stopped after 4 readings (exit code 3)" in reading.reason, reading.reason
     summary = energy_summary([reading], stats.tokens, None)
@@ -109,11 +109,12 @@ def test_joules_per_token_script_with_no_meter(rtn_checkpoint, capsys):
     sys.path.insert(0, str(ROOT / "scripts"))
     import joules_per_token
     rc = joules_per_token.main(["--checkpoint", str(rtn_checkpoint), "--meter", "none", "--policy", "target",
-                                "--prompts", "1", "--max-new-tokens", "8", "--idle-seconds", "0.1", "--json"])
+                                "--prompts", "1", "--max-new-tokens", "6", "--idle-seconds", "0.1", "--backend", "torch",
+                                "--json"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     target = out["policies"]["target"]
-    assert target["tokens"] == 7 and target["tok_s"] > 0
+    assert target["tokens"] == 5 and target["tok_s"] > 0
     assert target["joules_per_token"] is None and target["reason"] == "no meter requested (--meter none)"
     assert out["idle"]["watts"] is None
 

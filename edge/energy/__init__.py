@@ -3,6 +3,8 @@ takes the first that works here. Each meter's hardware package is imported only 
 
 A meter has start(), mark() -> t (monotonic), energy(t0, t1) -> EnergyReading, stop()."""
 
+import time
+
 from edge.energy.power_log import EnergyReading
 from edge.errors import BitNestError
 
@@ -21,7 +23,6 @@ class NoMeter:
         pass
 
     def mark(self) -> float:
-        import time
         return time.monotonic()
 
     def energy(self, t0: float, t1: float) -> EnergyReading:
