@@ -156,7 +156,7 @@ def phase_comparison(rt: Runtime, o: CompareOptions) -> dict:
     base = GenerateConfig(max_new_tokens=o.phase_tokens)
     prompts, target_runs, info = phase_prompts(rt, o.phase_prompts, o.phase_tokens)
     if not prompts:
-        raise BitNestError("no phase prompt's target continuation reached the closing tag: raise --phase-tokens")
+        return {**info, "prompts": 0, "error": "no candidate's target continuation wrote the tag: raise --phase-tokens"}
     configs = {"draft": replace(base, policy="draft"), "gate-phase": replace(base, policy="gate-phase"),
                "gate-phase-reverse": replace(base, policy="gate-phase", gate=GateConfig(order="high-low")),
                "gate-entropy": replace(base, policy="gate-entropy",
