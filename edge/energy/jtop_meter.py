@@ -4,7 +4,7 @@ instantaneous) at every update and integrate it; the smoothed `avg` field is nev
 import threading
 import time
 
-from edge.energy.power_log import EnergyReading, PowerLog
+from edge.energy.power_log import PowerLog, SampledMeter
 
 
 def power_from_jtop(power: dict) -> tuple[float, dict[str, float]]:
@@ -19,7 +19,7 @@ def power_from_jtop(power: dict) -> tuple[float, dict[str, float]]:
     return total, rails
 
 
-class JtopMeter:
+class JtopMeter(SampledMeter):
     """Reads the jtop service through its client (imported here only) on a polling thread."""
 
     name = "jtop"
@@ -61,14 +61,6 @@ class JtopMeter:
             self.log.fail(f"jtop stopped after {n} readings ({e.__class__.__name__}: {e})")
             return
         self.log.fail(f"jtop stopped after {n} readings")
-
-    def mark(self) -> float:
-        """The monotonic time of a window's end (samples are logged continuously)."""
-        return time.monotonic()
-
-    def energy(self, t0: float, t1: float) -> EnergyReading:
-        self.log.wait_past(t1, timeout=3 * self.interval_s + 1.0)
-        return self.log.energy(t0, t1)
 
     def stop(self) -> None:
         self._running = False

@@ -81,3 +81,20 @@ def _interp(ts: list[float], ps: list[float], x: float) -> float:
             a, b = ts[i - 1], ts[i]
             return ps[i] if b == a else ps[i - 1] + (ps[i] - ps[i - 1]) * (x - a) / (b - a)
     return ps[-1]
+
+
+class SampledMeter:
+    """What a meter that logs samples continuously into `self.log` every `self.interval_s` seconds shares:
+    windows are marked by monotonic time and their energy integrated from the log."""
+
+    log: PowerLog
+    interval_s: float
+
+    def mark(self) -> float:
+        """The monotonic time of a window's end (samples are logged continuously)."""
+        return time.monotonic()
+
+    def energy(self, t0: float, t1: float) -> EnergyReading:
+        """Energy over [t0, t1] (monotonic); waits a few intervals for the sample that closes the window."""
+        self.log.wait_past(t1, timeout=3 * self.interval_s + 1.0)
+        return self.log.energy(t0, t1)

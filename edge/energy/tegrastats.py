@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from edge.energy.power_log import EnergyReading, PowerLog
+from edge.energy.power_log import PowerLog, SampledMeter
 
 # "VDD_IN 4673mW/4673mW" (JetPack 5/6) or "VDD_IN 4067/4067" (older releases, mW implied)
 _RAIL = re.compile(r"\b((?:VDD|VIN|POM)_[A-Z0-9_]+) (\d+)(?:mW)?/(\d+)(?:mW)?")
@@ -48,7 +48,7 @@ def parse_line(line: str) -> TegrastatsLine | None:
     return TegrastatsLine(rails, int(ram.group(1)) if ram else None, int(ram.group(2)) if ram else None)
 
 
-class TegrastatsMeter:
+class TegrastatsMeter(SampledMeter):
     """Runs `command` (default `tegrastats --interval MS`) and logs each line's power until `stop`."""
 
     name = "tegrastats"
@@ -91,15 +91,6 @@ class TegrastatsMeter:
             n += 1
         code = self._proc.wait()
         self.log.fail(f"{self.command[0]} stopped after {n} readings (exit code {code})")
-
-    def mark(self) -> float:
-        """The monotonic time of a window's end (samples are logged continuously)."""
-        return time.monotonic()
-
-    def energy(self, t0: float, t1: float) -> EnergyReading:
-        """Energy over [t0, t1] (monotonic); waits up to two intervals for the sample that closes the window."""
-        self.log.wait_past(t1, timeout=3 * self.interval_s + 1.0)
-        return self.log.energy(t0, t1)
 
     def stop(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
