@@ -98,9 +98,12 @@ def main_configs(rt: Runtime, o: CompareOptions) -> dict[str, GenerateConfig]:
             "gate-lagged": replace(base, policy="gate-lagged", gate=entropy)}
 
 
-def matched_random(rate: float, base: GenerateConfig, seed: int) -> GenerateConfig:
-    """gate-random escalating with the probability that another gate realised in this run."""
-    return replace(base, policy="gate-random", gate=GateConfig(rate=rate, seed=seed))
+def matched_random(rt: Runtime, prompts: list[list[int]], rate: float, base: GenerateConfig,
+                   seed: int) -> dict[str, list[dict]]:
+    """gate-random at the escalation rate another gate realised in this run: prompt i escalates a random
+    subset of its steps drawn with seed + i (one seed for all would escalate the same steps of every prompt)."""
+    return {"gate-random": [rt.run(p, replace(base, policy="gate-random", gate=GateConfig(rate=rate, seed=seed + i)))
+                            for i, p in enumerate(prompts)]}
 
 
 def speculation_sweep(rt: Runtime, prompts: list[list[int]], o: CompareOptions) -> dict:
@@ -141,9 +144,9 @@ def compare(o: CompareOptions) -> dict:
     configs = main_configs(rt, o)
     runs = _run_all(rt, prompts, configs)
     rate = _escalation(runs["gate-entropy"])
-    runs.update(_run_all(rt, prompts, {"gate-random": matched_random(rate, configs["target"], o.seed)}))
+    runs.update(matched_random(rt, prompts, rate, configs["target"], o.seed))
     out["policies"] = _table(runs, o.match_tokens, o.resamples, o.seed)
-    out["policies"]["gate-random"]["matched_to"] = "gate-entropy"
+    out["policies"]["gate-random"].update(matched_to="gate-entropy", matched_rate=rate)
     if o.phase_prompts:
         out["phase"] = phase_comparison(rt, o)
     out["seconds"] = round(time.time() - t0, 1)
@@ -162,9 +165,10 @@ def phase_comparison(rt: Runtime, o: CompareOptions) -> dict:
                "gate-entropy": replace(base, policy="gate-entropy",
                                        gate=resolve_gate(rt, "gate-entropy", GateConfig(rate=o.rate)))}
     runs = {"target": target_runs, **_run_all(rt, prompts, configs)}
-    runs.update(_run_all(rt, prompts, {"gate-random": matched_random(_escalation(runs["gate-phase"]), base, o.seed)}))
+    rate = _escalation(runs["gate-phase"])
+    runs.update(matched_random(rt, prompts, rate, base, o.seed))
     table = _table(runs, o.match_tokens, o.resamples, o.seed)
-    table["gate-random"]["matched_to"] = "gate-phase"
+    table["gate-random"].update(matched_to="gate-phase", matched_rate=rate)
     table["gate-phase"]["switched"] = sum("phase_switch_at" in r["stats"].extra for r in runs["gate-phase"])
     return {**info, "prompts": len(prompts), "max_new_tokens": o.phase_tokens, "policies": table}
 

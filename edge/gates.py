@@ -1,7 +1,8 @@
 """Precision on Demand (paper 2611.14418, DESIGN §7): gated escalation policies. Every step decodes with
 the draft (low) view unless a rule sends it to the target (high) view: the low pass's entropy or top-two
 margin (`gate-entropy`, `gate-margin`), the previous step's signal (`gate-lagged`, no wasted low pass),
-a closing tag such as `</think>` (`gate-phase`), or a seeded coin at a matched rate (`gate-random`)."""
+a closing tag such as `</think>` (`gate-phase`), or a seeded random subset of the steps at a matched
+rate (`gate-random`)."""
 
 import math
 from dataclasses import dataclass
@@ -37,12 +38,12 @@ def is_uncertain(signal: str, value: float, threshold: float) -> bool:
 class GateConfig:
     """Settings of the gate policies. `threshold` (nats for entropy, logits for margin) drives the
     entropy, margin and lagged gates; when it is None the runtime resolves it from the thresholds
-    calibrated for `rate` (edge/thresholds.py). `rate` is also gate-random's escalation probability."""
+    calibrated for `rate` (edge/thresholds.py). `rate` is also the share of steps gate-random escalates."""
 
     threshold: Optional[float] = None
     rate: float = 0.15
     signal: str = "entropy"        # the lagged gate's signal (entropy and margin gates fix their own)
-    seed: int = 0                  # gate-random's coin
+    seed: int = 0                  # gate-random's choice of steps
     tag: str = "</think>"          # gate-phase: the closing tag that ends the first phase
     order: str = "low-high"        # gate-phase: low view until the tag, high after (or the reverse)
 
@@ -59,6 +60,17 @@ class GateConfig:
             raise ValueError("the phase tag must not be empty")
 
 
+def random_schedule(rate: float, steps: int, seed: int) -> set[int]:
+    """gate-random's escalated steps: a seeded uniform subset of the `steps` planned decode steps holding
+    floor(rate * steps + u) of them (u a seeded uniform), so the realised share is `rate` in expectation and
+    within one step of it in every generation; independent coins per step would miss a matched rate by
+    several points on a short run."""
+    coin = torch.Generator().manual_seed(seed)
+    u = float(torch.rand((), generator=coin, dtype=torch.float64))
+    k = min(steps, int(math.floor(rate * steps + u)))
+    return set(torch.randperm(steps, generator=coin)[:k].tolist()) if steps > 0 else set()
+
+
 def gate_signal(policy: str, cfg: GateConfig) -> str:
     """Which signal a threshold gate reads."""
     return {"gate-entropy": "entropy", "gate-margin": "margin"}.get(policy, cfg.signal)
@@ -67,7 +79,8 @@ def gate_signal(policy: str, cfg: GateConfig) -> str:
 class Gate:
     """The per-generation state of one gate policy; `step` decodes one token and counts escalation."""
 
-    def __init__(self, policy: str, cfg: GateConfig, decode: Optional[Callable[[list[int]], str]] = None):
+    def __init__(self, policy: str, cfg: GateConfig, decode: Optional[Callable[[list[int]], str]] = None,
+                 planned_steps: int = 0):
         if policy in THRESHOLD_GATES and cfg.threshold is None:
             raise ValueError(f"{policy} needs a threshold: pass --gate-threshold, or --gate-rate with thresholds "
                              "calibrated by scripts/calibrate_gates.py")
@@ -77,7 +90,8 @@ class Gate:
         self.signal = gate_signal(policy, cfg)
         self.lagged_high = False      # gate-lagged: the previous step's signal said "uncertain"
         self.closed = False           # gate-phase: the tag has been generated
-        self.coin = torch.Generator().manual_seed(cfg.seed)
+        # gate-random: which of the planned decode steps (step index -> escalate) go to the target view
+        self.random_steps = random_schedule(cfg.rate, planned_steps, cfg.seed) if policy == "gate-random" else set()
 
     def _uncertain(self, logits: torch.Tensor) -> bool:
         h, m = entropy_and_margin(logits)
@@ -104,7 +118,7 @@ class Gate:
             if p == "gate-lagged":
                 high = self.lagged_high
             elif p == "gate-random":
-                high = bool(torch.rand((), generator=self.coin, dtype=torch.float64) < self.cfg.rate)
+                high = eng.stats.steps in self.random_steps   # steps so far = this step's index
             else:
                 high = self._high_by_phase(eng, out)
             logits = eng.run([pending], "target", KV8)[-1] if high else eng.run([pending], "draft", draft_kv)[-1]

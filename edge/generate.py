@@ -46,7 +46,8 @@ def generate(eng: Engine, prompt: list[int], cfg: GenerateConfig, eos: set[int],
     """New token ids after `prompt` and the run's statistics. The first new token comes from the
     prefill; the decode phase (timed, and counted in tok/s and bytes per token) produces the rest.
     `decode` (token ids -> text) is needed by gate-phase only."""
-    gate = Gate(cfg.policy, cfg.gate, decode) if cfg.policy in GATE_POLICIES else None
+    # the prefill yields the first token, so a generation plans max_new_tokens - 1 gated decode steps
+    gate = Gate(cfg.policy, cfg.gate, decode, cfg.max_new_tokens - 1) if cfg.policy in GATE_POLICIES else None
     rule = cfg.adaptive.rule(cfg.gamma) if cfg.policy == "adaptive" else None
     eng.reset()
     eng.stats = DecodeStats(policy=cfg.policy, backend=eng.stats.backend)

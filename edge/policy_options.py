@@ -36,7 +36,7 @@ def add_policy_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gate-threshold", type=float, help="entropy (nats, escalate above) or margin (logits, escalate "
                    "below); default: the threshold calibrated for --gate-rate")
     g.add_argument("--gate-rate", type=float, default=0.15, help="target escalation rate (0.03, 0.07, 0.15 or 0.3 "
-                   "calibrated); gate-random's escalation probability")
+                   "calibrated); for gate-random, the share of decode steps it escalates (any value in [0, 1])")
     g.add_argument("--gate-signal", choices=SIGNALS, default="entropy", help="gate-lagged's signal")
     g.add_argument("--gate-seed", type=int, default=0, help="gate-random's seed")
     g.add_argument("--phase-tag", default="</think>", help="gate-phase: the closing tag between the phases")

@@ -71,6 +71,10 @@ def test_compare_runs_every_policy(calibrated, capsys):
     m = table["draft"]["vs_target"]["mcnemar"]
     assert m["a_only"] == 0 and m["b_only"] == round(3 * (1 - table["draft"]["match"]))
     assert "vs_draft" in table["gate-margin"] and table["gate-random"]["matched_to"] == "gate-entropy"
+    # the random control realises the entropy gate's rate: 3 prompts x 5 steps, within one step per prompt
+    rand = table["gate-random"]
+    assert rand["matched_rate"] == table["gate-entropy"]["escalation_rate"]
+    assert abs(rand["escalation_rate"] - rand["matched_rate"]) < 3 / 15 + 1e-9
 
 
 def test_chat_with_a_calibrated_gate(calibrated):
