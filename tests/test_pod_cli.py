@@ -77,6 +77,39 @@ def test_compare_runs_every_policy(calibrated, capsys):
     assert abs(rand["escalation_rate"] - rand["matched_rate"]) < 3 / 15 + 1e-9
 
 
+def test_speculation_sweep_is_lossless_and_counts_its_drafting(calibrated, capsys):
+    rc = compare.main(["--checkpoint", str(calibrated), "--prompts", "2", "--max-new-tokens", "10",
+                       "--speculation-sweep", "--json"])
+    assert rc == 0
+    sweep = _last_json(capsys)["speculation_sweep"]
+    assert set(sweep) == {"target", "fixed-g2", "fixed-g4", "fixed-g6", "fixed-g8", "adaptive-g4-stop",
+                          "adaptive-g4-stop-extend8"}
+    assert all(r["identical_to_target"] == 2 for r in sweep.values())
+    for g in (2, 4, 6, 8):     # a fixed round always drafts gamma proposals, one draft pass each
+        r = sweep[f"fixed-g{g}"]
+        assert r["drafted"] == g * r["rounds"] == r["draft_passes"] and r["target_passes"] == r["rounds"]
+    stop, extend = sweep["adaptive-g4-stop"], sweep["adaptive-g4-stop-extend8"]
+    assert stop["rounds"] <= stop["drafted"] <= 4 * stop["rounds"]
+    assert extend["rounds"] <= extend["drafted"] <= 8 * extend["rounds"]
+    assert stop["weight_bytes_per_token"] > 0 and 0 < stop["acceptance"] <= 1
+
+
+def test_phase_comparison_on_its_tagged_prompt_set(calibrated, capsys):
+    rc = compare.main(["--checkpoint", str(calibrated), "--prompts", "1", "--max-new-tokens", "2",
+                       "--match-tokens", "1", "--phase-prompts", "1", "--phase-tokens", "40", "--resamples", "50",
+                       "--json"])
+    assert rc == 0
+    phase = _last_json(capsys)["phase"]
+    assert phase["tag"] == "</think>" and phase["kept"] == phase["prompts"] == 1 and phase["candidates"] <= 3
+    table = phase["policies"]
+    assert set(table) == {"target", "draft", "gate-phase", "gate-phase-reverse", "gate-entropy", "gate-random"}
+    assert table["gate-phase"]["switched"] == 1
+    # think low / answer high escalates only after the tag; the reverse starts high
+    assert 0 < table["gate-phase"]["escalation_rate"] < 1 and table["gate-phase-reverse"]["escalation_rate"] > 0
+    assert table["gate-random"]["matched_rate"] == table["gate-phase"]["escalation_rate"]
+    assert table["target"]["match"] == 1.0
+
+
 def test_chat_with_a_calibrated_gate(calibrated):
     r = subprocess.run([sys.executable, "scripts/chat.py", "--checkpoint", str(calibrated), "--prompt", "Say hi.",
                         "--policy", "gate-margin", "--gate-rate", "0.3", "--max-new-tokens", "8", "--json"],
