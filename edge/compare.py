@@ -1,12 +1,15 @@
 """Live comparison of every decoding policy on one task the shipped data allow: reproduce the target's
 greedy continuation of held-out ShareGPT requests (exact match of the first K tokens, and the share of
 tokens before the first departure), with bytes per token, escalation rate, paired bootstrap differences
-and exact McNemar tests against `target` and against `draft`. The phase gate runs on a second prompt
+and exact McNemar tests against `target` and against `draft`; for every gate, how often its low and its
+escalated steps leave the target's choice on the gate's own history. The phase gate runs on a second prompt
 set whose continuations contain a closing tag (edge/phase_prompts.py); `--speculation-sweep` compares
 adaptive speculation with fixed γ."""
 
 import time
 from dataclasses import asdict, dataclass, field, replace
+
+import torch
 
 from edge.adaptive import AdaptiveConfig
 from edge.corpora import sharegpt_prompts
@@ -14,8 +17,10 @@ from edge.errors import BitNestError
 from edge.gates import GateConfig
 from edge.generate import GenerateConfig
 from edge.phase_prompts import phase_prompts
+from edge.engine import KV8
 from edge.runtime import Runtime, merged_summary
 from edge.significance import mcnemar_exact, paired_bootstrap_diff
+from edge.stats import DecodeStats
 from edge.thresholds import resolve_gate
 
 STAT_KEYS = ("acceptance", "tokens_per_round", "escalation_rate", "weight_bytes_per_token", "kv_bytes_per_token",
@@ -67,6 +72,38 @@ def _escalation(runs: list[dict]) -> float:
     return merged_summary([r["stats"] for r in runs])["escalation_rate"]
 
 
+@torch.no_grad()
+def target_choices(rt: Runtime, prompt: list[int], tokens: list[int]) -> list[int]:
+    """The target's greedy choice at every position of a generation, on that generation's own token history
+    with target-view KV throughout: element i is what the target would have chosen for token i."""
+    eng = rt.engine
+    eng.reset()
+    eng.stats = DecodeStats(policy="target-on-history", backend=eng.stats.backend)   # not any run's counters
+    first = int(torch.argmax(eng.prefill(prompt)))
+    rest = eng.run(tokens[:-1], "target", KV8).argmax(-1).tolist() if len(tokens) > 1 else []   # [n-1]
+    return [first] + rest
+
+
+def departures(rt: Runtime, prompts: list[list[int]], runs: list[dict]) -> dict:
+    """Where a gate's tokens leave the target's choice on the gate's own history, split by whether the step
+    was escalated. A low step that departs is a flip the gate missed; an escalated step that departs can
+    only come from the history's KV: earlier low steps left draft-view entries that the high pass reads,
+    which the replay's first-order model (an escalated step equals the target's step) leaves out."""
+    low = high = low_dep = high_dep = 0
+    for p, r in zip(prompts, runs):
+        want = target_choices(rt, p, r["tokens"])
+        escalated = set(r["stats"].escalated_at)
+        for step in range(r["stats"].steps):          # step i chose token i + 1
+            dep = r["tokens"][step + 1] != want[step + 1]
+            if step in escalated:
+                high, high_dep = high + 1, high_dep + dep
+            else:
+                low, low_dep = low + 1, low_dep + dep
+    share = lambda a, b: round(a / b, 4) if b else None
+    return {"low_steps": low, "low_departures": share(low_dep, low),
+            "escalated_steps": high, "escalated_departures": share(high_dep, high)}
+
+
 def _table(runs: dict[str, list[dict]], k: int, resamples: int, seed: int) -> dict:
     """Per policy: outcomes against the target's tokens, decode statistics, and paired tests vs target/draft."""
     ref = [r["tokens"] for r in runs["target"]]
@@ -85,6 +122,12 @@ def _table(runs: dict[str, list[dict]], k: int, resamples: int, seed: int) -> di
                                       "mcnemar": mcnemar_exact(match, om)}
         table[name] = row
     return table
+
+
+def _add_departures(rt: Runtime, prompts: list[list[int]], runs: dict[str, list[dict]], table: dict) -> None:
+    for name, rs in runs.items():
+        if name.startswith("gate-"):
+            table[name]["own_history"] = departures(rt, prompts, rs)
 
 
 def main_configs(rt: Runtime, o: CompareOptions) -> dict[str, GenerateConfig]:
@@ -147,6 +190,7 @@ def compare(o: CompareOptions) -> dict:
     runs.update(matched_random(rt, prompts, rate, configs["target"], o.seed))
     out["policies"] = _table(runs, o.match_tokens, o.resamples, o.seed)
     out["policies"]["gate-random"].update(matched_to="gate-entropy", matched_rate=rate)
+    _add_departures(rt, prompts, runs, out["policies"])
     if o.phase_prompts:
         out["phase"] = phase_comparison(rt, o)
     out["seconds"] = round(time.time() - t0, 1)
@@ -169,6 +213,7 @@ def phase_comparison(rt: Runtime, o: CompareOptions) -> dict:
     runs.update(matched_random(rt, prompts, rate, base, o.seed))
     table = _table(runs, o.match_tokens, o.resamples, o.seed)
     table["gate-random"].update(matched_to="gate-phase", matched_rate=rate)
+    _add_departures(rt, prompts, runs, table)
     table["gate-phase"]["switched"] = sum("phase_switch_at" in r["stats"].extra for r in runs["gate-phase"])
     return {**info, "prompts": len(prompts), "max_new_tokens": o.phase_tokens, "policies": table}
 

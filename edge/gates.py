@@ -125,6 +125,8 @@ class Gate:
             if p == "gate-lagged":   # the signal of whichever pass ran decides the next step
                 self.lagged_high = self._uncertain(logits)
         eng.cache.commit(length + 1)
+        if high:
+            eng.stats.escalated_at.append(eng.stats.steps)
         eng.stats.steps += 1
         eng.stats.escalated += int(high)
         return [choose(logits, sampling, gen)]

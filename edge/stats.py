@@ -54,6 +54,7 @@ class DecodeStats:
     decode_seconds: float = 0.0
     prefill_tokens: int = 0
     prefill_seconds: float = 0.0
+    escalated_at: list = field(default_factory=list)   # gated steps run with the target view (step i chose token i + 1)
     extra: dict = field(default_factory=dict)
 
     def add(self, other: "DecodeStats") -> None:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from edge.adaptive import AdaptiveConfig
+from edge.compare import departures, target_choices
 from edge.gates import GateConfig, is_uncertain, random_schedule
 from edge.generate import GenerateConfig
 from edge.runtime import Runtime
@@ -174,3 +175,22 @@ def test_sampled_adaptive_is_seeded(rt):
 def test_threshold_gate_without_threshold_is_refused(rt):
     with pytest.raises(ValueError, match="needs a threshold"):
         _run(rt, PROMPTS[0], policy="gate-entropy", max_new_tokens=4)
+
+
+def test_departures_on_a_gates_own_history(rt):
+    """The target reproduces its own run on its own history; a gate that always escalates never departs;
+    one that never escalates departs exactly where the draft's own run leaves the target's choices."""
+    prompts = [rt.encode(p) for p in PROMPTS[:2]]
+    run = lambda policy, **kw: [rt.run(p, GenerateConfig(policy=policy, max_new_tokens=16, **kw)) for p in prompts]
+    target = run("target")
+    assert all(target_choices(rt, p, r["tokens"]) == r["tokens"] for p, r in zip(prompts, target))
+    always = departures(rt, prompts, run("gate-random", gate=GateConfig(rate=1.0)))
+    assert always["low_steps"] == 0 and always["escalated_steps"] > 0 and always["escalated_departures"] == 0
+    never = departures(rt, prompts, run("gate-random", gate=GateConfig(rate=0.0)))
+    draft = run("draft")
+    flips = sum(t != w for p, r in zip(prompts, draft)
+                for t, w in zip(r["tokens"][1:], target_choices(rt, p, r["tokens"])[1:]))
+    steps = sum(len(r["tokens"]) - 1 for r in draft)
+    assert never["escalated_steps"] == 0 and never["low_steps"] == steps
+    assert never["low_departures"] == round(flips / steps, 4) and flips > 0
+

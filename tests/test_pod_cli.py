@@ -75,6 +75,9 @@ def test_compare_runs_every_policy(calibrated, capsys):
     rand = table["gate-random"]
     assert rand["matched_rate"] == table["gate-entropy"]["escalation_rate"]
     assert abs(rand["escalation_rate"] - rand["matched_rate"]) < 3 / 15 + 1e-9
+    for gate in ("gate-entropy", "gate-margin", "gate-lagged", "gate-random"):   # 3 prompts x 5 gated steps
+        own = table[gate]["own_history"]
+        assert own["low_steps"] + own["escalated_steps"] == 15
 
 
 def test_speculation_sweep_is_lossless_and_counts_its_drafting(calibrated, capsys):
