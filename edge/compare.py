@@ -13,11 +13,11 @@ import torch
 
 from edge.adaptive import AdaptiveConfig
 from edge.corpora import sharegpt_prompts
+from edge.engine import KV8
 from edge.errors import BitNestError
 from edge.gates import GateConfig
 from edge.generate import GenerateConfig
 from edge.phase_prompts import phase_prompts
-from edge.engine import KV8
 from edge.runtime import Runtime, merged_summary
 from edge.significance import mcnemar_exact, paired_bootstrap_diff
 from edge.stats import DecodeStats
