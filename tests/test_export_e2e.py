@@ -9,8 +9,10 @@ import torch
 
 from edge.backends.torch_ref import TorchReferenceWeights
 from edge.checkpoint import load_checkpoint
+from edge.corpora import eval_text
 from edge.evaluate import EvalOptions, evaluate
 from edge.model import Decoder
+from edge.runtime import load_tokenizer
 from export.pipeline import ExportOptions, run_export
 from export.quantize import QuantOptions
 from tests.conftest import ROOT
@@ -35,8 +37,13 @@ def test_export_summary(gptq_checkpoint):
 
 
 def test_int8_activation_views_track_float_views(gptq_checkpoint, gen):
+    # A window of real text at a random offset: uniformly random token ids are not text, and about 3% of
+    # 12-token draws (9 of 300) drive activation outliers past 10% logit error (seed 1754798622: 0.16 draft,
+    # 0.45 target); 50 real windows stayed under 0.07.
     ck = load_checkpoint(gptq_checkpoint[0])
-    ids = torch.randint(0, ck.config.vocab_size, (12,), generator=gen)
+    text = load_tokenizer(ck.path).encode(eval_text("shakespeare"))
+    start = int(torch.randint(0, len(text) - 64, (1,), generator=gen))
+    ids = torch.tensor(text[start:start + 64])
     for view in ("draft", "target"):
         f = Decoder(ck.config, TorchReferenceWeights(ck, act_int8=False), ck.rotations).forward(ids, view)
         q = Decoder(ck.config, TorchReferenceWeights(ck, act_int8=True), ck.rotations).forward(ids, view)
