@@ -4,13 +4,12 @@ thresholds at which the low-pass signal crosses on 3, 7, 15 and 30% of steps, sa
 checkpoint as a small JSON file (atomic write), one entry per backend, tied to the weights' hash."""
 
 import json
-import os
 import sys
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
+from edge.atomic import write_atomic
 from edge.checkpoint import WEIGHTS, Checkpoint
 from edge.corpora import sharegpt_prompts
 from edge.errors import BitNestError
@@ -95,19 +94,10 @@ def save_thresholds(ckpt: Checkpoint, entry: dict) -> Path:
     data = {"format": FORMAT, "version": 1, "weights_sha256": _weights_hash(ckpt), "backends": backends}
     path = ckpt.path / THRESHOLDS_FILE
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{THRESHOLDS_FILE}.", dir=ckpt.path)
+        write_atomic(json.dumps(data, indent=1).encode(), path)
     except OSError as e:
         raise BitNestError(f"cannot write gate thresholds beside {ckpt.path} ({e.strerror}): "
                            "make the folder writable or pass --gate-threshold") from None
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return path
 
 

@@ -3,11 +3,10 @@
 the pass size M and the KV capacity C, serialized atomically beside the ONNX file. Runs where TensorRT
 >= 10.3 and a CUDA GPU exist (a Jetson on JetPack 6.1/6.2); elsewhere it refuses with the reason."""
 
-import os
-import tempfile
 import time
 from pathlib import Path
 
+from edge.atomic import write_atomic
 from edge.errors import BitNestError
 from plugins.step_contract import ENGINE_FILE, LOGITS, ProfileSpec, StepShapes, kv_inputs
 
@@ -27,19 +26,6 @@ def step_shapes_of(model) -> StepShapes:
     if not layers or base is None or LOGITS not in outs:
         raise BitNestError("this ONNX file is not a BitNest decoder-step graph: export it with scripts/export.py --onnx")
     return StepShapes(layers=layers, kv_heads=int(base[1]), head_dim=2 * int(base[3]), vocab=int(outs[LOGITS][1]))
-
-
-def write_atomic(data: bytes, out: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.tmp-", dir=out.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def build_engine(onnx_path, profile: ProfileSpec = ProfileSpec(), out=None, workspace_mib: int = 1024) -> dict:
