@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from edge.backends import make_weights
-from edge.checkpoint import load_checkpoint
-from edge.engine import Engine
-from edge.generate import GenerateConfig, generate
-from edge.memory_plan import check_request, fit_context, plan_for_runtime
-from edge.stats import DecodeStats, fp16_weight_bytes_per_pass
+from edge.model.checkpoint import load_checkpoint
+from edge.decode.engine import Engine
+from edge.decode.generate import GenerateConfig, generate
+from edge.memory.plan import check_request, fit_context, plan_for_runtime
+from edge.decode.stats import DecodeStats, fp16_weight_bytes_per_pass
 
 
 def load_tokenizer(folder: Path):
@@ -32,8 +32,8 @@ class Runtime:
             self.plan = plan_for_runtime(self.ckpt, device, backend, prefill_chunk, scratch)
             max_context = fit_context(self.plan, max_context)
         self.backend = backend
-        if backend == "tensorrt":  # the engine beside the checkpoint runs whole steps (edge.backends.tensorrt_engine)
-            from edge.backends.tensorrt_engine import tensorrt_engine
+        if backend == "tensorrt":  # the engine beside the checkpoint runs whole steps (edge.backends.tensorrt_step)
+            from edge.backends.tensorrt_step import tensorrt_engine
             self.weights, self.engine = None, tensorrt_engine(self.ckpt, max_context)
         else:
             self.weights = make_weights(backend, self.ckpt)

@@ -2,7 +2,7 @@
 
 import argparse
 
-from edge.cli import run_cli
+from edge.cli.common import run_cli
 from edge.errors import BitNestError
 from export.pipeline import DEFAULT_ROTATION, ExportOptions, run_export
 from export.quantize import METHODS, REFINES, QuantOptions

@@ -2,7 +2,7 @@
 over the checkpoint's planes (initializers, stored once), attention a `bitnest::NestedKvAttention` node
 over the KV planes (graph inputs), the manifest's online rotations (R1, R4) as MatMuls, written atomically.
 The float ops that feed a quantizer are model-local functions (export.onnx_functions). The graph's I/O
-contract is plugins.step_contract; the math mirrors edge.model.Decoder op for op."""
+contract is plugins.step_contract; the math mirrors edge.model.decoder.Decoder op for op."""
 
 import hashlib
 import os
@@ -15,8 +15,8 @@ import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from edge.checkpoint import HEAD, Checkpoint, load_checkpoint
-from edge.model import rope_tables
+from edge.model.checkpoint import HEAD, Checkpoint, load_checkpoint
+from edge.model.decoder import rope_tables
 from export.onnx_functions import (hadamard_rows_function, rms_norm_function, rotate_rows_function,
                                    silu_mul_function)
 from plugins.onnx_schemas import bitnest_node_counts, register_schemas
@@ -52,7 +52,7 @@ class _Builder:
 
 
 class _StepGraph:
-    """Builds the step graph of one checkpoint (edge.model.Decoder's forward, op for op)."""
+    """Builds the step graph of one checkpoint (edge.model.decoder.Decoder's forward, op for op)."""
 
     def __init__(self, ckpt: Checkpoint):
         self.ckpt, self.cfg, self.b = ckpt, ckpt.config, _Builder()
@@ -118,7 +118,7 @@ class _StepGraph:
 
     def build(self) -> onnx.ModelProto:
         b, cfg, t = self.b, self.cfg, self.ckpt.tensors
-        # positions [S - M, S) and their RoPE rows, gathered from tables computed as edge.model does
+        # positions [S - M, S) and their RoPE rows, gathered from tables computed as edge.model.decoder does
         s = b.op("Squeeze", [SEQ_LEN, b.const_i64("axis0", [0])])
         m = b.op("Squeeze", [b.op("Shape", [INPUT_IDS]), b.const_i64("axis0", [0])])
         pos = b.op("Range", [b.op("Sub", [s, m]), s, b.init("one_i64", np.asarray(1, dtype=np.int64))])  # [M]

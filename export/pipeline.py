@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
-from edge.checkpoint import HEAD, load_checkpoint
+from edge.model.checkpoint import HEAD, load_checkpoint
 from edge.errors import BitNestError
-from edge.model import OnlineRotations
+from edge.model.decoder import OnlineRotations
 from export.calibration import calibration_windows
 from export.quantize import QuantOptions, nest_model
 from export.rotation import RotationPlan, rotate
@@ -57,7 +57,7 @@ def default_checkpoint_path() -> Path:
 
 def ensure_default_checkpoint() -> Path:
     """The default export, made first (a few minutes, once) if it is absent."""
-    from edge.checkpoint import is_checkpoint_dir
+    from edge.model.checkpoint import is_checkpoint_dir
     path = default_checkpoint_path()
     if not is_checkpoint_dir(path):
         print(f"exporting the embedded default model to {path} (once, a few minutes)...", file=sys.stderr)

@@ -7,10 +7,10 @@ from typing import Callable, Optional
 
 import torch
 
-from edge.arch import BLOCK_LINEARS, ModelConfig
-from edge.checkpoint import HEAD
-from edge.model import Decoder, OnlineRotations, causal_attention
-from edge.weights import FloatWeights
+from edge.model.arch import BLOCK_LINEARS, ModelConfig
+from edge.model.checkpoint import HEAD
+from edge.model.decoder import Decoder, OnlineRotations, causal_attention
+from edge.model.float_store import FloatWeights
 from export.gptq import gptq_base, gptq_refine
 from plugins.contracts import group_size_for
 from plugins.nesting import NestedCodes, dequantize, nest_rtn, nest_top4of8, refine_codes

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from edge.arch import ModelConfig
-from edge.checkpoint import R1_TENSOR
+from edge.model.arch import ModelConfig
+from edge.model.checkpoint import R1_TENSOR
 from plugins.hadamard import hadamard_factors, hadamard_matrix, randomized_hadamard
 
 ROTATIONS = ("none", "r1r2", "r1r2r4", "r4")

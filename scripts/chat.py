@@ -5,7 +5,7 @@ from pathlib import Path
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repo root, not scripts/
 
-from edge.chat import main  # noqa: E402
+from edge.cli.chat import main  # noqa: E402
 from export.pipeline import ensure_default_checkpoint  # noqa: E402
 
 if __name__ == "__main__":

@@ -1,12 +1,12 @@
 """Live comparison of every decoding policy (target, draft, speculative, adaptive, every gate) with
-bytes per token, escalation rates, paired bootstrap differences and McNemar tests; see edge/compare.py."""
+bytes per token, escalation rates, paired bootstrap differences and McNemar tests; see edge/analysis/compare.py."""
 
 import sys
 from pathlib import Path
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repo root, not scripts/
 
-from edge.compare import main  # noqa: E402
+from edge.analysis.compare import main  # noqa: E402
 from export.pipeline import ensure_default_checkpoint  # noqa: E402
 
 if __name__ == "__main__":

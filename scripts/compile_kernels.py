@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from edge.cli import run_cli  # noqa: E402
+from edge.cli.common import run_cli  # noqa: E402
 
 
 def run(a) -> dict:

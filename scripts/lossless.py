@@ -18,9 +18,9 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 import torch  # noqa: E402
 
 from edge.backends import BACKENDS  # noqa: E402
-from edge.cli import run_cli  # noqa: E402
-from edge.corpora import shakespeare_prompts, sharegpt_prompts  # noqa: E402
-from edge.generate import GenerateConfig  # noqa: E402
+from edge.cli.common import run_cli  # noqa: E402
+from edge.analysis.corpora import shakespeare_prompts, sharegpt_prompts  # noqa: E402
+from edge.decode.generate import GenerateConfig  # noqa: E402
 from edge.runtime import Runtime, merged_summary  # noqa: E402
 from export.pipeline import ensure_default_checkpoint  # noqa: E402
 

@@ -16,18 +16,18 @@ from pathlib import Path
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from edge.checkpoint import load_checkpoint  # noqa: E402
-from edge.cli import run_cli  # noqa: E402
-from edge.devices import DEVICES, MiB, get_profile  # noqa: E402
+from edge.model.checkpoint import load_checkpoint  # noqa: E402
+from edge.cli.common import run_cli  # noqa: E402
+from edge.memory.devices import DEVICES, MiB, get_profile  # noqa: E402
 from edge.errors import BitNestError  # noqa: E402
-from edge.memory_plan import CONFIGS, Workload, plan  # noqa: E402
-from edge.model_shapes import MODEL_PRESETS  # noqa: E402
+from edge.memory.plan import CONFIGS, Workload, plan  # noqa: E402
+from edge.memory.model_shapes import MODEL_PRESETS  # noqa: E402
 
 
 def resolve_model(name: str):
     """(label, config, checkpoint or None, loader for --verify) of a preset, `default` or a checkpoint folder."""
     if name in MODEL_PRESETS:
-        from edge.synthetic import synthetic_checkpoint
+        from edge.memory.synthetic import synthetic_checkpoint
         cfg = MODEL_PRESETS[name]
         return name, cfg, None, lambda: synthetic_checkpoint(cfg, "cpu")
     if name == "default":
@@ -88,7 +88,7 @@ def run(a) -> dict:
     if a.verify:
         if a.device != "local":
             raise BitNestError("--verify allocates the plan on this machine: use it with --device local")
-        from edge.memory_verify import verify_plan
+        from edge.memory.verify import verify_plan
         out["verify"] = verify_plan(plans["bitnest"], load)
         if not a.json:
             v = out["verify"]

@@ -1,5 +1,5 @@
 """Device self-check: run every decode path this machine supports (torch, cpu, triton, onnxruntime, tensorrt,
-energy meters) for a few tokens of the default model and compare each with the reference (see edge.selfcheck).
+energy meters) for a few tokens of the default model and compare each with the reference (see edge.checks.selfcheck).
 Exit 0 when no path failed, 1 when one did, 2 on bad input."""
 
 import argparse
@@ -10,15 +10,15 @@ from pathlib import Path
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repo root, not scripts/
 
-from edge.cli import run_cli  # noqa: E402
-from edge.selfcheck import PATHS, SelfCheckOptions, run_selfcheck  # noqa: E402
+from edge.cli.common import run_cli  # noqa: E402
+from edge.checks.selfcheck import PATHS, SelfCheckOptions, run_selfcheck  # noqa: E402
 
 
 def onnx_for(checkpoint: Path, workdir: str) -> str:
     """CHECKPOINT/decoder_step.onnx when it was exported from these weights, else a fresh export in `workdir`."""
     import onnx
 
-    from edge.checkpoint import read_manifest
+    from edge.model.checkpoint import read_manifest
     from export.onnx_export import export_onnx
     from plugins.step_contract import ONNX_FILE
 

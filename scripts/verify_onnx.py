@@ -1,5 +1,5 @@
 """Run real prompts through an exported ONNX step graph (onnxruntime, CPU) and through the torch backend,
-pass for pass, for the target and draft views; report the worst relative error on logits (see edge.onnx_check)."""
+pass for pass, for the target and draft views; report the worst relative error on logits (see edge.checks.onnx_check)."""
 
 import argparse
 import sys
@@ -7,8 +7,8 @@ from pathlib import Path
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repo root, not scripts/
 
-from edge.cli import run_cli  # noqa: E402
-from edge.onnx_check import MODES, CheckOptions, verify  # noqa: E402
+from edge.cli.common import run_cli  # noqa: E402
+from edge.checks.onnx_check import MODES, CheckOptions, verify  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from edge.checkpoint import MANIFEST, WEIGHTS, load_checkpoint
+from edge.model.checkpoint import MANIFEST, WEIGHTS, load_checkpoint
 from edge.errors import BitNestError, CheckpointError
 from export.writer import check_output_dir
 from plugins.packing import unpack_nibbles

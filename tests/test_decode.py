@@ -5,12 +5,12 @@ import pytest
 import torch
 
 from edge.backends import make_weights
-from edge.checkpoint import load_checkpoint
-from edge.engine import Engine
-from edge.generate import GenerateConfig
-from edge.policies import DraftKVPolicy
+from edge.model.checkpoint import load_checkpoint
+from edge.decode.engine import Engine
+from edge.decode.generate import GenerateConfig
+from edge.decode.policies import DraftKVPolicy
 from edge.runtime import Runtime
-from edge.sampling import SamplingConfig
+from edge.decode.sampling import SamplingConfig
 
 PROMPTS = ["Write a short poem about the sea.", "What is the capital of France? Explain briefly.",
            "List three uses of a paperclip."]

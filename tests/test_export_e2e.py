@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from edge.backends.torch_ref import TorchReferenceWeights
-from edge.checkpoint import load_checkpoint
-from edge.corpora import eval_text
-from edge.evaluate import EvalOptions, evaluate
-from edge.model import Decoder
+from edge.model.checkpoint import load_checkpoint
+from edge.analysis.corpora import eval_text
+from edge.analysis.evaluate import EvalOptions, evaluate
+from edge.model.decoder import Decoder
 from edge.runtime import load_tokenizer
 from export.pipeline import ExportOptions, run_export
 from export.quantize import QuantOptions

@@ -4,9 +4,9 @@ on a small randomly initialised transformers Qwen2ForCausalLM saved as a real HF
 import pytest
 import torch
 
-from edge.checkpoint import load_checkpoint
-from edge.model import Decoder, OnlineRotations
-from edge.weights import FloatWeights
+from edge.model.checkpoint import load_checkpoint
+from edge.model.decoder import Decoder, OnlineRotations
+from edge.model.float_store import FloatWeights
 from export.pipeline import ExportOptions, run_export
 from export.quantize import QuantOptions
 from export.rotation import RotationPlan, rotate

@@ -8,15 +8,15 @@ import shutil
 import pytest
 import torch
 
-from edge.adaptive import AdaptiveConfig
-from edge.compare import departures, target_choices
-from edge.gates import GateConfig, is_uncertain, random_schedule
-from edge.generate import GenerateConfig
+from edge.decode.adaptive import AdaptiveConfig
+from edge.analysis.compare import departures, target_choices
+from edge.decode.gates import GateConfig, is_uncertain, random_schedule
+from edge.decode.generate import GenerateConfig
 from edge.runtime import Runtime
-from edge.sampling import SamplingConfig
-from edge.thresholds import (RATES, THRESHOLDS_FILE, calibration_traces, order_by_uncertainty, rate_key,
+from edge.decode.sampling import SamplingConfig
+from edge.decode.thresholds import (RATES, THRESHOLDS_FILE, calibration_traces, order_by_uncertainty, rate_key,
                              read_thresholds, resolve_gate, save_thresholds, thresholds_from_traces)
-from edge.trace import trace_prompt
+from edge.analysis.trace import trace_prompt
 
 PROMPTS = ["Write a short poem about the sea.", "What is the capital of France? Explain briefly.",
            "List three uses of a paperclip."]

@@ -3,7 +3,7 @@
 import torch
 from hypothesis import given, settings, strategies as st
 
-from edge.kv_cache import KVRead, NestedKVCache
+from edge.decode.kv_cache import KVRead, NestedKVCache
 from plugins.kv import dequantize_kv, quantize_kv
 
 L, H, D = 2, 3, 16

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from edge.alloc_trace import storage_bytes
+from edge.memory.alloc_trace import storage_bytes
 from edge.backends import make_weights
-from edge.checkpoint import load_checkpoint
-from edge.devices import PRESETS, get_profile, meminfo
+from edge.model.checkpoint import load_checkpoint
+from edge.memory.devices import PRESETS, get_profile, meminfo
 from edge.errors import BitNestError
-from edge.kv_cache import NestedKVCache
-from edge.memory_plan import CONFIGS, Workload, dense_weight_bytes, kv_bytes_per_position, nested_weight_bytes, plan
-from edge.model_shapes import MODEL_PRESETS
+from edge.decode.kv_cache import NestedKVCache
+from edge.memory.plan import CONFIGS, Workload, dense_weight_bytes, kv_bytes_per_position, nested_weight_bytes, plan
+from edge.memory.model_shapes import MODEL_PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -71,7 +71,7 @@ def _small_local():
 
 
 def test_runtime_allocates_from_the_plan_and_refuses_over_it(rotated_checkpoint):
-    from edge.generate import GenerateConfig
+    from edge.decode.generate import GenerateConfig
     from edge.runtime import Runtime
     from plugins.hadamard import _factor_matrix
     _factor_matrix.cache_clear()     # as in a fresh process: the plan's dry run is the first Hadamard user

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from edge.model import Decoder, OnlineRotations
-from edge.weights import FloatWeights
+from edge.model.decoder import Decoder, OnlineRotations
+from edge.model.float_store import FloatWeights
 from export.rotation import RotationPlan, rotate
 
 

@@ -24,7 +24,7 @@ def rotated_onnx(rotated_checkpoint, tmp_path_factory):
 
 
 def test_export_checks_and_stores_each_plane_once(rotated_checkpoint, rotated_onnx):
-    from edge.checkpoint import load_checkpoint
+    from edge.model.checkpoint import load_checkpoint
     ckpt = load_checkpoint(rotated_checkpoint)
     layers = ckpt.config.num_layers
     assert rotated_onnx["nodes"]["DualPlaneGemv"] == 7 * layers
@@ -60,9 +60,9 @@ def test_round_trip_matches_torch_rotated_both_views(rotated_checkpoint, rotated
 
 
 def test_round_trip_matches_torch_rtn_both_views(rtn_checkpoint, tmp_path):
-    from edge.checkpoint import load_checkpoint
-    from edge.onnx_check import CheckOptions, chat_prompts, compare
-    from edge.onnx_step import open_session
+    from edge.model.checkpoint import load_checkpoint
+    from edge.checks.onnx_check import CheckOptions, chat_prompts, compare
+    from edge.backends.onnxruntime_step import open_session
     from export.onnx_export import export_onnx
 
     path = export_onnx(rtn_checkpoint, tmp_path / "step.onnx")["onnx"]

@@ -2,7 +2,7 @@
 
 import torch
 
-from edge.sampling import SamplingConfig, accept_greedy, accept_sampled, probs
+from edge.decode.sampling import SamplingConfig, accept_greedy, accept_sampled, probs
 
 
 def test_top_k_top_p_filter(gen):

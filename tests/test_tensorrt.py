@@ -26,7 +26,7 @@ def test_profile_rejects_impossible_ranges(kw):
 def test_step_shapes_read_from_an_exported_graph(rtn_checkpoint, tmp_path):
     import onnx.inliner
 
-    from edge.checkpoint import load_checkpoint
+    from edge.model.checkpoint import load_checkpoint
     from export.onnx_export import build_step_model
     from export.trt_build import step_shapes_of
     ckpt = load_checkpoint(rtn_checkpoint)
@@ -37,7 +37,7 @@ def test_step_shapes_read_from_an_exported_graph(rtn_checkpoint, tmp_path):
 
 
 def test_refusals_name_the_missing_piece():
-    from edge.backends.tensorrt_engine import tensorrt_backend_unavailable
+    from edge.backends.tensorrt_step import tensorrt_backend_unavailable
     from export.trt_build import engine_build_unavailable
     reason = engine_build_unavailable()
     if reason is None:
@@ -57,9 +57,9 @@ def _trt_or_skip():
 def test_engine_build_and_decode_match_reference(rtn_checkpoint, tmp_path):
     """On a TensorRT machine: build the engine and decode a few tokens losslessly."""
     _trt_or_skip()
-    from edge.backends.tensorrt_engine import tensorrt_engine
-    from edge.checkpoint import load_checkpoint
-    from edge.generate import GenerateConfig, generate
+    from edge.backends.tensorrt_step import tensorrt_engine
+    from edge.model.checkpoint import load_checkpoint
+    from edge.decode.generate import GenerateConfig, generate
     from export.onnx_export import export_onnx
     from export.trt_build import build_engine
     onnx_path = export_onnx(rtn_checkpoint, tmp_path / "decoder_step.onnx")["onnx"]
@@ -72,8 +72,8 @@ def test_engine_build_and_decode_match_reference(rtn_checkpoint, tmp_path):
 
 
 def test_tensorrt_engine_refuses_here(rtn_checkpoint):
-    from edge.backends.tensorrt_engine import tensorrt_backend_unavailable, tensorrt_engine
-    from edge.checkpoint import load_checkpoint
+    from edge.backends.tensorrt_step import tensorrt_backend_unavailable, tensorrt_engine
+    from edge.model.checkpoint import load_checkpoint
     from edge.errors import BitNestError
     if tensorrt_backend_unavailable() is None:
         pytest.skip("TensorRT, pycuda and a GPU are present here")
@@ -83,7 +83,7 @@ def test_tensorrt_engine_refuses_here(rtn_checkpoint):
 
 
 def test_runtime_tensorrt_backend_refuses_here(rtn_checkpoint):
-    from edge.backends.tensorrt_engine import tensorrt_backend_unavailable
+    from edge.backends.tensorrt_step import tensorrt_backend_unavailable
     from edge.errors import BitNestError
     from edge.runtime import Runtime
     if tensorrt_backend_unavailable() is None:

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from edge.backends import make_weights
-from edge.checkpoint import load_checkpoint
-from edge.engine import Engine
+from edge.model.checkpoint import load_checkpoint
+from edge.decode.engine import Engine
 from edge.errors import BitNestError
-from edge.generate import GenerateConfig, generate
-from edge.kv_cache import KVRead
+from edge.decode.generate import GenerateConfig, generate
+from edge.decode.kv_cache import KVRead
 
 PROMPT = [1, 504, 3458, 314, 253, 1789, 282, 260, 4150, 30, 378, 1096]
 
@@ -68,7 +68,7 @@ def test_triton_backend_without_gpu_or_interpreter_says_how_to_fix(small_llama_c
 def test_triton_lossless_on_the_default_model_gpu(rtn_checkpoint):
     """On a CUDA GPU: greedy speculative output equals greedy target output on the real model, four prompts."""
     from edge.runtime import Runtime
-    from edge.corpora import sharegpt_prompts
+    from edge.analysis.corpora import sharegpt_prompts
     rt = Runtime(rtn_checkpoint, backend="triton", max_context=1024)
     for prompt in sharegpt_prompts(4):
         ids = rt.encode(prompt)

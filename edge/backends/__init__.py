@@ -1,6 +1,6 @@
 """Backends: weight stores that run `dual_plane_linear` for the decoder, chosen by name."""
 
-from edge.checkpoint import Checkpoint
+from edge.model.checkpoint import Checkpoint
 from edge.errors import BitNestError
 
 BACKENDS = ("torch", "cpu", "triton", "tensorrt")

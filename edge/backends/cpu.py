@@ -10,7 +10,7 @@ bit for bit what γ+1 AR steps give, in one call per plane.
 
 import torch
 
-from edge.checkpoint import HEAD, Checkpoint
+from edge.model.checkpoint import HEAD, Checkpoint
 from edge.errors import BitNestError
 from plugins.contracts import REFINE_DIVISOR
 from plugins.packing import unpack_nibbles

@@ -5,8 +5,8 @@ so results do not depend on how many tokens a pass holds. With float activations
 
 import torch
 
-from edge.checkpoint import HEAD, Checkpoint
-from edge.model import rowwise
+from edge.model.checkpoint import HEAD, Checkpoint
+from edge.model.decoder import rowwise
 from plugins.reference import dequantized_weight, dual_plane_linear_int8
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from edge.checkpoint import HEAD, Checkpoint
+from edge.model.checkpoint import HEAD, Checkpoint
 from edge.errors import BitNestError
 
 JETPACK_PTXAS = Path("/usr/local/cuda/bin/ptxas")

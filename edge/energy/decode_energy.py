@@ -4,9 +4,9 @@ decode window (from the first token, which the prefill yields, to the last) mete
 import time
 
 from edge.energy.power_log import EnergyReading
-from edge.engine import Engine
-from edge.generate import GenerateConfig, generate
-from edge.stats import DecodeStats
+from edge.decode.engine import Engine
+from edge.decode.generate import GenerateConfig, generate
+from edge.decode.stats import DecodeStats
 
 
 def idle_power(meter, seconds: float) -> dict:

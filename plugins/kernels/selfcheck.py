@@ -38,7 +38,7 @@ def _linears(checkpoint):
             c = nest_rtn(torch.randn(n, k, generator=gen) * 0.05, 128 if k % 128 == 0 else 64)
             out.append((name, pack_nibbles(c.q4), pack_nibbles(c.qr), c.scale, c.offset))
         return out, (9, 3, 64)
-    from edge.checkpoint import load_checkpoint
+    from edge.model.checkpoint import load_checkpoint
     ck = load_checkpoint(checkpoint)
     names = ["model.layers.0.self_attn.q_proj", "model.layers.0.mlp.down_proj"]
     cfg = ck.config

@@ -1,0 +1,111 @@
+"""Quality of the nested views: perplexity of the float reference, the draft view and the target view on
+held-out text, and teacher-forced draft/target argmax agreement."""
+
+import argparse
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from edge.backends import BACKENDS, make_weights
+from edge.backends.torch_ref import TorchReferenceWeights
+from edge.model.checkpoint import Checkpoint, load_checkpoint
+from edge.cli.common import run_cli
+from edge.analysis.corpora import CORPORA, eval_text
+from edge.errors import BitNestError
+from edge.model.hf_folder import load_hf_folder
+from edge.model.decoder import Decoder
+from edge.runtime import load_tokenizer
+from edge.model.float_store import FloatWeights
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    checkpoint: str
+    corpora: tuple[str, ...] = CORPORA
+    tokens: int = 8192
+    window: int = 1024
+    act_int8: bool = False
+    reference: str | None = None   # HF folder of the float reference; default: the manifest's source folder
+    with_reference: bool = True    # False: views only (a caller that already has the reference's figures)
+    backend: str = "torch"         # torch (reference semantics, activations per act_int8) or cpu
+
+    def __post_init__(self):
+        if self.tokens < 2 or self.window < 2:
+            raise ValueError("--tokens and --window must be at least 2")
+
+
+def reference_decoder(ckpt: Checkpoint, folder: str | None) -> Decoder:
+    """Decoder over the float source model the checkpoint was exported from."""
+    folder = Path(folder or ckpt.manifest["source"]["folder"])
+    if not (folder / "config.json").is_file():
+        raise BitNestError(f"float reference {folder} is gone: re-run the export or pass --reference HF_FOLDER")
+    src = load_hf_folder(folder, str(folder))
+    return Decoder(src.config, FloatWeights(src.tensors, src.config.tie_word_embeddings))
+
+
+def _windows(ids: torch.Tensor, window: int):
+    for start in range(0, ids.numel() - 1, window):
+        chunk = ids[start:start + window]
+        if chunk.numel() >= 2:
+            yield chunk
+
+
+@torch.no_grad()
+def evaluate(opts: EvalOptions) -> dict:
+    """{"ppl": {"reference"|"draft"|"target": {corpus: x}}, "agreement": {corpus: x}, ...}."""
+    t0 = time.time()
+    ckpt = load_checkpoint(opts.checkpoint)
+    tok = load_tokenizer(ckpt.path)
+    weights = TorchReferenceWeights(ckpt, act_int8=opts.act_int8) if opts.backend == "torch" \
+        else make_weights(opts.backend, ckpt)
+    nested = Decoder(ckpt.config, weights, ckpt.rotations)
+    ref = reference_decoder(ckpt, opts.reference) if opts.with_reference else None
+    ppl = {"reference": {}, "draft": {}, "target": {}} if ref else {"draft": {}, "target": {}}
+    agreement, target_vs_ref, counted = {}, {}, {}
+    for corpus in opts.corpora:
+        ids = torch.tensor(tok(eval_text(corpus))["input_ids"][: opts.tokens], dtype=torch.long)
+        nll = {k: 0.0 for k in ppl}
+        agree = tref = n = 0
+        for chunk in _windows(ids, opts.window):
+            targets = chunk[1:]
+            logits = {"draft": nested.forward(chunk, "draft"), "target": nested.forward(chunk, "target")}
+            if ref is not None:
+                logits["reference"] = ref.forward(chunk, "target")
+            for k, lg in logits.items():
+                nll[k] += F.cross_entropy(lg[:-1].float(), targets, reduction="sum").item()
+            am = {k: lg[:-1].argmax(-1) for k, lg in logits.items()}
+            agree += int((am["draft"] == am["target"]).sum())
+            if ref is not None:
+                tref += int((am["target"] == am["reference"]).sum())
+            n += targets.numel()
+        for k in ppl:
+            ppl[k][corpus] = round(math.exp(nll[k] / n), 4)
+        agreement[corpus] = round(agree / n, 4)
+        if ref is not None:
+            target_vs_ref[corpus] = round(tref / n, 4)
+        counted[corpus] = n
+    return {"checkpoint": str(ckpt.path), "method": ckpt.method, "refine": ckpt.manifest.get("refine"),
+            "rotation": ckpt.manifest["rotation"]["kind"], "backend": opts.backend,
+            "activations": getattr(weights, "activations", "float32"),
+            "ppl": ppl, "agreement": agreement, "target_reference_agreement": target_vs_ref,
+            "tokens": counted, "window": opts.window, "seconds": round(time.time() - t0, 1)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="bitnest-evaluate", description=__doc__)
+    p.add_argument("--checkpoint", required=True, help="nested checkpoint folder")
+    p.add_argument("--corpus", action="append", help=f"{'|'.join(CORPORA)}|FILE (repeatable; default: all three)")
+    p.add_argument("--tokens", type=int, default=8192, help="evaluation tokens per corpus")
+    p.add_argument("--window", type=int, default=1024, help="tokens per non-overlapping window")
+    p.add_argument("--act", choices=("float", "int8"), default="float", help="activations of the torch backend's views")
+    p.add_argument("--backend", choices=BACKENDS, default="torch", help="backend that runs the nested views")
+    p.add_argument("--reference", help="HF folder of the float reference (default: the export's source)")
+    p.add_argument("--json", action="store_true", help="print one JSON object last")
+    a = p.parse_args(argv)
+    opts = lambda: EvalOptions(a.checkpoint, tuple(a.corpus or CORPORA), a.tokens, a.window, a.act == "int8",
+                               a.reference, backend=a.backend)
+    return run_cli(lambda: evaluate(opts()), a.json, "bitnest-evaluate")

@@ -1,0 +1,210 @@
+"""The device self-check: every decode path this machine supports (torch, cpu, triton or the Triton
+interpreter, onnxruntime, tensorrt, each energy meter) run on a real prompt for a few tokens and compared
+with the reference (the torch backend's target-only greedy tokens); each path is reported passed, failed
+or skipped with the reason. The first thing a Jetson owner runs (scripts/selfcheck.py)."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from edge.model.checkpoint import load_checkpoint
+from edge.decode.engine import Engine
+from edge.decode.generate import GenerateConfig, generate
+
+PATHS = ("torch", "cpu", "triton", "onnxruntime", "tensorrt", "energy")
+# The ONNX graph reproduces the torch backend's quantizer inputs bit for bit (see tests/test_onnx.py).
+ONNX_MAX_REL_ERR = 1e-3
+
+
+@dataclass
+class PathResult:
+    path: str
+    status: str                      # passed | failed | skipped
+    reason: str | None = None
+    details: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SelfCheckOptions:
+    checkpoint: str
+    onnx: str | None = None          # step graph for the onnxruntime path (None: skipped)
+    engine: str | None = None        # TensorRT engine (default CHECKPOINT/decoder_step.engine)
+    tokens: int = 4
+    paths: tuple[str, ...] = PATHS
+    triton_timeout: int = 600
+
+    def __post_init__(self):
+        bad = [p for p in self.paths if p not in PATHS]
+        if bad:
+            raise ValueError(f"unknown path {bad[0]!r}: use {', '.join(PATHS)}")
+        if self.tokens < 1:
+            raise ValueError("--tokens must be at least 1")
+
+
+class _Check:
+    """Shared state of one run: the prompt, the reference tokens, configs."""
+
+    def __init__(self, opts: SelfCheckOptions):
+        from edge.backends.torch_ref import TorchReferenceWeights
+        from edge.runtime import load_tokenizer
+
+        self.opts = opts
+        self.ckpt = load_checkpoint(opts.checkpoint)
+        tok = load_tokenizer(self.ckpt.path)
+        self.prompt = list(tok.apply_chat_template([{"role": "user", "content": "Name three primary colors."}],
+                                                   add_generation_prompt=True, tokenize=True, return_dict=False))
+        self.capacity = len(self.prompt) + opts.tokens + 8
+        self.target = GenerateConfig(policy="target", max_new_tokens=opts.tokens)
+        self.spec = GenerateConfig(policy="speculative", gamma=4, max_new_tokens=opts.tokens)
+        self.reference, _ = generate(Engine(self.ckpt, TorchReferenceWeights(self.ckpt), self.capacity),
+                                     self.prompt, self.target, set())
+
+    def agreement(self, tokens: list[int]) -> float:
+        return sum(a == b for a, b in zip(tokens, self.reference)) / len(self.reference)
+
+    def lossless(self, make_engine, name: str) -> PathResult:
+        """Speculative vs target-only greedy on one backend (lossless), agreement with the reference."""
+        spec, stats = generate(make_engine(), self.prompt, self.spec, set())
+        target, _ = generate(make_engine(), self.prompt, self.target, set())
+        d = {"tokens": spec, "target_tokens": target, "agreement_with_reference": self.agreement(spec),
+             "acceptance": stats.summary()["acceptance"]}
+        if spec != target:
+            return PathResult(name, "failed", "speculative output differs from target-only output", d)
+        return PathResult(name, "passed", None, d)
+
+
+def check_torch(c: _Check) -> PathResult:
+    from edge.backends.torch_ref import TorchReferenceWeights
+    r = c.lossless(lambda: Engine(c.ckpt, TorchReferenceWeights(c.ckpt), c.capacity), "torch")
+    if r.status == "passed" and r.details["tokens"] != c.reference:
+        return PathResult("torch", "failed", "tokens differ from the reference", r.details)
+    return r
+
+
+def check_cpu(c: _Check) -> PathResult:
+    from edge.backends.cpu import CpuInt4Weights, cpu_int4_available
+    if not cpu_int4_available():
+        return PathResult("cpu", "skipped", "this torch build lacks _weight_int4pack_mm_for_cpu")
+    ckpt = load_checkpoint(c.opts.checkpoint)   # the cpu backend re-lays its planes in place
+    weights = CpuInt4Weights(ckpt)
+    r = c.lossless(lambda: Engine(ckpt, weights, c.capacity), "cpu")
+    r.details["note"] = "bfloat16 activations: agreement with the INT8-activation reference is reported, not required"
+    return r
+
+
+def check_triton(c: _Check) -> PathResult:
+    if importlib.util.find_spec("plugins.kernels") is None or importlib.util.find_spec("plugins.kernels.selfcheck") is None:
+        return PathResult("triton", "skipped", "plugins.kernels.selfcheck is not in this install (Triton kernels)")
+    import torch
+    env = dict(os.environ)
+    if not torch.cuda.is_available():
+        env["TRITON_INTERPRET"] = "1"
+    cmd = [sys.executable, "-m", "plugins.kernels.selfcheck", "--checkpoint", str(c.ckpt.path), "--json"]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=c.opts.triton_timeout,
+                             cwd=str(Path(__file__).resolve().parents[1]))
+    except subprocess.TimeoutExpired:
+        return PathResult("triton", "failed", f"kernel self-check timed out after {c.opts.triton_timeout} s")
+    lines = out.stdout.strip().splitlines()
+    try:
+        report = json.loads(lines[-1]) if lines else {}
+    except ValueError:
+        report = {}
+    reason = report.get("reason") or (out.stderr.strip().splitlines() or [None])[-1]
+    status = {0: "passed", 1: "failed", 2: "skipped"}.get(out.returncode, "failed")
+    return PathResult("triton", status, None if status == "passed" else reason,
+                      {"device": report.get("device"), "checks": report.get("checks")})
+
+
+def check_onnxruntime(c: _Check) -> PathResult:
+    if not c.opts.onnx:
+        return PathResult("onnxruntime", "skipped", "no ONNX step graph given (scripts/export.py --onnx writes one)")
+    from edge.checks.onnx_check import CheckOptions, compare
+    from edge.backends.onnxruntime_step import OnnxStepRunner, open_session
+    from edge.decode.step_engine import StepEngine
+    from plugins.step_contract import StepShapes
+
+    session = open_session(c.opts.onnx)
+    shapes = StepShapes.of(c.ckpt.config)
+    # M is unbounded in onnxruntime: the prompt goes in one pass, as the reference engine's prefill does
+    r = c.lossless(lambda: StepEngine(c.ckpt, OnnxStepRunner(session, shapes, c.capacity), c.capacity, "onnxruntime",
+                                      max_tokens=len(c.prompt)), "onnxruntime")
+    logits = compare(c.ckpt, session, [c.prompt[:5]], CheckOptions(new_tokens=1, modes=("target-kv8", "draft-kv4")))
+    r.details["max_rel_err"] = logits["max_rel_err"]
+    if r.status == "passed" and (r.details["tokens"] != c.reference or logits["max_rel_err"] >= ONNX_MAX_REL_ERR):
+        return PathResult("onnxruntime", "failed", f"tokens or logits differ from the torch backend "
+                          f"(max rel err {logits['max_rel_err']:.2e})", r.details)
+    return r
+
+
+def check_tensorrt(c: _Check) -> PathResult:
+    from edge.backends.tensorrt_step import tensorrt_backend_unavailable, tensorrt_engine
+    from plugins.step_contract import ENGINE_FILE
+
+    reason = tensorrt_backend_unavailable()
+    if reason:
+        return PathResult("tensorrt", "skipped", reason)
+    engine = Path(c.opts.engine or c.ckpt.path / ENGINE_FILE)
+    if not engine.is_file():
+        return PathResult("tensorrt", "skipped", f"no engine at {engine}: build it with `python scripts/export.py "
+                          f"--out {c.ckpt.path} --existing --engine`")
+    r = c.lossless(lambda: tensorrt_engine(c.ckpt, c.capacity, engine), "tensorrt")
+    r.details["note"] = "GPU arithmetic: agreement with the CPU reference is reported, losslessness is required"
+    return r
+
+
+def check_energy(c: _Check) -> list[PathResult]:
+    try:
+        import edge.energy as energy
+    except ImportError as e:
+        return [PathResult("energy", "skipped", f"edge.energy is not in this install ({e})")]
+    from edge.backends.torch_ref import TorchReferenceWeights
+    from edge.errors import BitNestError
+
+    out = []
+    for name in [m for m in getattr(energy, "METERS", ()) if m not in ("auto", "none")]:
+        try:
+            meter = energy.make_meter(name)
+        except BitNestError as e:
+            out.append(PathResult(f"energy:{name}", "skipped", str(e)))
+            continue
+        try:
+            t0 = meter.mark()
+            generate(Engine(c.ckpt, TorchReferenceWeights(c.ckpt), c.capacity), c.prompt, c.target, set())
+            reading = meter.energy(t0, meter.mark())
+        finally:
+            meter.stop()
+        d = {k: v for k, v in (asdict(reading) if hasattr(reading, "__dataclass_fields__") else {}).items()}
+        joules = d.get("joules", getattr(reading, "joules", None))
+        out.append(PathResult(f"energy:{name}", "passed" if joules and joules > 0 else "failed",
+                              None if joules and joules > 0 else f"no energy over the decode ({d})", d))
+    return out or [PathResult("energy", "skipped", "edge.energy lists no meters")]
+
+
+_CHECKS = {"torch": check_torch, "cpu": check_cpu, "triton": check_triton, "onnxruntime": check_onnxruntime,
+           "tensorrt": check_tensorrt, "energy": check_energy}
+
+
+def run_selfcheck(opts: SelfCheckOptions) -> dict:
+    """{"passed": bool (no path failed), "paths": [PathResult...], "reference_tokens", "seconds"}."""
+    t0 = time.time()
+    c = _Check(opts)
+    setup = round(time.time() - t0, 1)
+    results: list[PathResult] = []
+    for name in opts.paths:
+        t = time.time()
+        try:
+            r = _CHECKS[name](c)
+        except Exception as e:                      # a path that crashes is a failed path, not a crashed check
+            r = PathResult(name, "failed", f"{e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        for one in r if isinstance(r, list) else [r]:
+            one.details["seconds"] = round(time.time() - t, 1)
+            results.append(one)
+    return {"passed": all(r.status != "failed" for r in results), "paths": [asdict(r) for r in results],
+            "reference_tokens": c.reference, "checkpoint": str(c.ckpt.path), "reference_seconds": setup,
+            "seconds": round(time.time() - t0, 1)}

@@ -1,0 +1,59 @@
+"""Command-line pieces of the Precision on Demand tools: the gate and adaptive-speculation options (chat,
+bench, compare_policies) and their typed configs, and the checkpoint/backend/--json options that
+calibrate_gates, replay and compare_policies share."""
+
+import argparse
+
+from edge.decode.adaptive import AdaptiveConfig
+from edge.backends import BACKENDS
+from edge.errors import BitNestError
+from edge.decode.gates import PHASE_ORDERS, SIGNALS, GateConfig
+
+
+def tool_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("--checkpoint", help="nested checkpoint folder (default: the embedded SmolLM2 export)")
+    p.add_argument("--backend", choices=BACKENDS, default="cpu")
+    p.add_argument("--json", action="store_true", help="print one JSON object last")
+    return p
+
+
+def checkpoint_arg(a, default_checkpoint) -> str:
+    """--checkpoint, or the default export (`default_checkpoint()` may export it first)."""
+    if a.checkpoint:
+        return a.checkpoint
+    if default_checkpoint is None:
+        raise BitNestError("pass --checkpoint DIR")
+    return str(default_checkpoint())
+
+
+def _threshold_or_none(text: str):
+    return None if text.lower() == "none" else float(text)
+
+
+def add_policy_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("gates (gate-entropy, gate-margin, gate-lagged, gate-phase, gate-random)")
+    g.add_argument("--gate-threshold", type=float, help="entropy (nats, escalate above) or margin (logits, escalate "
+                   "below); default: the threshold calibrated for --gate-rate")
+    g.add_argument("--gate-rate", type=float, default=0.15, help="target escalation rate (0.03, 0.07, 0.15 or 0.3 "
+                   "calibrated); for gate-random, the share of decode steps it escalates (any value in [0, 1])")
+    g.add_argument("--gate-signal", choices=SIGNALS, default="entropy", help="gate-lagged's signal")
+    g.add_argument("--gate-seed", type=int, default=0, help="gate-random's seed")
+    g.add_argument("--phase-tag", default="</think>", help="gate-phase: the closing tag between the phases")
+    g.add_argument("--phase-order", choices=PHASE_ORDERS, default="low-high",
+                   help="gate-phase: low view until the tag and high after, or the reverse")
+    a = p.add_argument_group("adaptive speculation")
+    a.add_argument("--adaptive-signal", choices=SIGNALS, default="margin")
+    a.add_argument("--adaptive-stop", type=float, default=AdaptiveConfig.stop,
+                   help="end the round after a proposal whose draft margin is below (entropy above) this")
+    a.add_argument("--adaptive-extend", type=_threshold_or_none, default=AdaptiveConfig.extend,
+                   help="draft past --gamma while the margin is at least (entropy at most) this; none: never")
+    a.add_argument("--gamma-max", type=int, default=AdaptiveConfig.gamma_max, help="most proposals per adaptive round")
+
+
+def gate_config(a) -> GateConfig:
+    return GateConfig(a.gate_threshold, a.gate_rate, a.gate_signal, a.gate_seed, a.phase_tag, a.phase_order)
+
+
+def adaptive_config(a) -> AdaptiveConfig:
+    return AdaptiveConfig(a.adaptive_signal, a.adaptive_stop, a.adaptive_extend, a.gamma_max)

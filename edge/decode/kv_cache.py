@@ -1,0 +1,158 @@
+"""Nested KV cache (DESIGN §4): preallocated KV4 base and KV4 refinement planes plus float16 scales for a
+fixed capacity, a scratch area for draft-time entries, and commit / rollback by committed length."""
+
+from dataclasses import dataclass
+
+import torch
+
+from edge.model.decoder import attention
+from plugins.kv import dequantize_kv_mixed, quantize_kv
+
+KV_READS = ("kv4", "kv8", "recent")
+
+
+@dataclass(frozen=True)
+class KVRead:
+    """How a pass reads the history: kv8, kv4, or recent (KV8 for the last `recent` positions, KV4 before)."""
+
+    view: str = "kv8"
+    recent: int = 0
+
+    def __post_init__(self):
+        if self.view not in KV_READS:
+            raise ValueError(f"unknown KV view {self.view!r}: use one of {', '.join(KV_READS)}")
+        if self.view == "recent" and self.recent < 1:
+            raise ValueError("the recent-N KV view needs N >= 1")
+
+    def kv8_from(self, end: int) -> int:
+        """First position (of `end`) read at KV8; positions before it are read at KV4."""
+        return {"kv8": 0, "kv4": end}.get(self.view, max(0, end - self.recent))
+
+
+class _Planes:
+    """Planes for `slots` positions: base / refine uint8 [L, 2, Hkv, slots, D/2], scale float16 [L, 2, Hkv, slots].
+    With kernel `ops` (a GPU backend's `write_kv` / `nested_kv_attention`) writes go through its write kernel."""
+
+    def __init__(self, layers: int, heads: int, slots: int, head_dim: int, device=None, ops=None):
+        self.base = torch.zeros(layers, 2, heads, slots, head_dim // 2, dtype=torch.uint8, device=device)
+        self.refine = torch.zeros_like(self.base)
+        self.scale = torch.zeros(layers, 2, heads, slots, dtype=torch.float16, device=device)
+        self.ops = ops
+
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One layer's planes [2, Hkv, slots, D/2] x2 and scales [2, Hkv, slots] (views, contiguous)."""
+        return self.base[layer], self.refine[layer], self.scale[layer]
+
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Quantize k, v [Hkv, T, D] into positions [start, start + T)."""
+        if self.ops is not None:
+            self.ops.write_kv(k, v, *self.layer(layer), start)
+            return
+        b, r, s = quantize_kv(torch.stack((k, v)))                      # [2, Hkv, T, D/2], ..., [2, Hkv, T]
+        t = k.shape[1]
+        self.base[layer, :, :, start:start + t] = b
+        self.refine[layer, :, :, start:start + t] = r
+        self.scale[layer, :, :, start:start + t] = s
+
+    def read(self, layer: int, start: int, end: int, kv8_from: int) -> torch.Tensor:
+        """Dequantized [2, Hkv, end - start, D]: KV4 before position `kv8_from`, KV8 from it on.
+        KV4 positions never touch the refinement plane."""
+        sl = slice(start, end)
+        return dequantize_kv_mixed(self.base[layer, :, :, sl], self.refine[layer, :, :, sl], self.scale[layer, :, :, sl],
+                                   kv8_from - start)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.base, self.refine, self.scale))
+
+
+class NestedKVCache:
+    """KV for one sequence of up to `capacity` positions, plus `scratch` draft-time slots.
+
+    `length` is the committed length: entries at positions >= length are not part of the sequence.
+    Verification writes real entries past `length` and `commit` moves it forward over the accepted
+    ones; rejected entries are dropped by never committing them (rollback = a smaller length).
+    """
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int, scratch: int = 8, device=None,
+                 ops=None):
+        if capacity < 1:
+            raise ValueError("KV cache capacity must be at least one position")
+        self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
+        self.capacity, self.scratch_slots = capacity, scratch
+        self.ops = ops   # kernels that attend straight from the planes (triton backend); None: dequantize + SDPA
+        self.main = _Planes(layers, kv_heads, capacity, head_dim, device, ops)
+        self.draft = _Planes(layers, kv_heads, scratch, head_dim, device, ops)
+        self.length = 0
+
+    def nbytes(self) -> int:
+        """Bytes allocated for planes and scales (main and scratch)."""
+        return self.main.nbytes() + self.draft.nbytes()
+
+    def bytes_per_position(self, kv8: bool) -> int:
+        """Bytes a pass reads per cached position over all layers (K and V, scales included)."""
+        planes = 2 if kv8 else 1
+        return self.layers * 2 * self.kv_heads * (planes * self.head_dim // 2 + 2)
+
+    def check_room(self, end: int) -> None:
+        if end > self.capacity:
+            raise ValueError(f"sequence of {end} positions exceeds the KV cache capacity {self.capacity}")
+
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Real entries for positions [start, start + T); start may not lie before the committed length."""
+        if start < self.length:
+            raise ValueError(f"cannot overwrite committed position {start} (committed length {self.length})")
+        self.check_room(start + k.shape[1])
+        self.main.write(layer, start, k, v)
+
+    def write_scratch(self, layer: int, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Draft-time entries for scratch slots [slot, slot + T) (positions length + slot, ...)."""
+        if slot + k.shape[1] > self.scratch_slots:
+            raise ValueError(f"draft scratch holds {self.scratch_slots} positions: lower gamma")
+        self.draft.write(layer, slot, k, v)
+
+    def read(self, layer: int, end: int, kv: KVRead, scratch_len: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v [Hkv, end + scratch_len, D]: main positions [0, end) then scratch slots [0, scratch_len),
+        with the KV view applied over the whole sequence."""
+        total = end + scratch_len
+        kv8_from = kv.kv8_from(total)
+        kvs = self.main.read(layer, 0, end, kv8_from) if end else None
+        if scratch_len:
+            s = self.draft.read(layer, 0, scratch_len, kv8_from - end)
+            kvs = s if kvs is None else torch.cat((kvs, s), dim=2)
+        return kvs[0], kvs[1]
+
+    def commit(self, length: int) -> None:
+        """Set the committed length (forward over verified entries, or back to roll rejected ones off)."""
+        if not 0 <= length <= self.capacity:
+            raise ValueError(f"committed length {length} outside [0, {self.capacity}]")
+        self.length = length
+
+
+class CachedAttention:
+    """The decoder's attention over a nested cache for one pass of T tokens at positions [start, start+T).
+
+    A real pass (prefill, verification, AR) first writes its entries at [start, start+T), then attends
+    over [0, start+T) through the cache's view, so a token sees the same quantized history however the
+    sequence was chunked. A draft pass (`draft_slot` set) writes scratch slots instead and attends over
+    the committed history plus the scratch entries drafted so far.
+    """
+
+    def __init__(self, cache: NestedKVCache, start: int, kv: KVRead, draft_slot: int | None = None):
+        self.cache, self.start, self.kv, self.slot = cache, start, kv, draft_slot
+        self.positions_read = 0  # summed over layers: drives kv_bytes accounting
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        c, t = self.cache, q.shape[1]
+        if self.slot is None:
+            c.write(layer, self.start, k, v)
+            main_len, scratch_len = self.start + t, 0
+        else:
+            c.write_scratch(layer, self.slot, k, v)
+            main_len, scratch_len = c.length, self.slot + t
+        self.positions_read += main_len + scratch_len
+        if c.ops is not None:   # flash-decoding from the planes: KV4 positions never touch the refinement plane
+            kv8_from = self.kv.kv8_from(main_len + scratch_len)
+            return c.ops.nested_kv_attention(q, *c.main.layer(layer), main_len, kv8_from,
+                                             scratch=c.draft.layer(layer), scratch_len=scratch_len)
+        keys, values = c.read(layer, main_len, self.kv, scratch_len=scratch_len)
+        return attention(q, keys, values, self.start)

@@ -1,0 +1,83 @@
+"""Decode statistics (DESIGN §7 names): acceptance, tokens per round, weight and KV bytes per token
+counted from the passes actually run, and tok/s over the decode phase only."""
+
+from dataclasses import dataclass, field
+
+from edge.model.checkpoint import Checkpoint, LinearSpec
+
+
+def linear_bytes_per_pass(spec: LinearSpec, view: str) -> int:
+    """Bytes one nested linear gives a pass of `view`: its plane(s), float16 scales and offsets."""
+    n, k = spec.shape
+    groups = n * (k // spec.group_size)
+    return n * k // 2 * (2 if view == "target" else 1) + 2 * groups * (2 if spec.offset else 1)
+
+
+def weight_bytes_per_pass(ckpt: Checkpoint, view: str) -> int:
+    """Bytes of weights one pass of `view` reads by the nested format (DESIGN §3): the base plane and
+    scales (and offsets) of every nested linear, the refinement plane too for the target, biases, norms
+    and a float16 head, which every pass reads in full. Embedding rows are counted per token apart."""
+    total = sum(linear_bytes_per_pass(spec, view) for spec in ckpt.linears.values())
+    t = ckpt.tensors
+    for name, tensor in t.items():
+        if name.endswith(".bias") or "layernorm" in name or name == "model.norm.weight":
+            total += tensor.numel() * tensor.element_size()
+    if not ckpt.head_nested:
+        cfg = ckpt.config
+        total += cfg.vocab_size * cfg.hidden_size * 2
+    return total
+
+
+def fp16_weight_bytes_per_pass(ckpt: Checkpoint) -> int:
+    """The same model's weights at float16 (the FP16 AR baseline of the papers)."""
+    cfg = ckpt.config
+    linear = sum(s.shape[0] * s.shape[1] for n, s in ckpt.linears.items() if n != "lm_head")
+    return 2 * (linear + cfg.vocab_size * cfg.hidden_size + (2 * cfg.num_layers + 1) * cfg.hidden_size)
+
+
+@dataclass
+class DecodeStats:
+    """Counters of one generation (or a sum of several)."""
+
+    policy: str
+    backend: str
+    tokens: int = 0                # tokens emitted in the decode phase
+    rounds: int = 0                # speculative rounds
+    drafted: int = 0
+    accepted: int = 0
+    steps: int = 0                 # gated decode steps (edge/decode/gates.py)
+    escalated: int = 0             # of them, steps run with the target view
+    draft_passes: int = 0
+    target_passes: int = 0
+    weight_bytes: int = 0
+    kv_bytes: int = 0
+    decode_seconds: float = 0.0
+    prefill_tokens: int = 0
+    prefill_seconds: float = 0.0
+    escalated_at: list = field(default_factory=list)   # gated steps run with the target view (step i chose token i + 1)
+    extra: dict = field(default_factory=dict)
+
+    def add(self, other: "DecodeStats") -> None:
+        for f in ("tokens", "rounds", "drafted", "accepted", "steps", "escalated", "draft_passes", "target_passes",
+                  "weight_bytes", "kv_bytes", "decode_seconds", "prefill_tokens", "prefill_seconds"):
+            setattr(self, f, getattr(self, f) + getattr(other, f))
+
+    def summary(self) -> dict:
+        per = lambda v: round(v / self.tokens, 1) if self.tokens else None
+        return {
+            "policy": self.policy,
+            "backend": self.backend,
+            "tokens": self.tokens,
+            "acceptance": round(self.accepted / self.drafted, 4) if self.drafted else None,
+            "tokens_per_round": round(self.tokens / self.rounds, 3) if self.rounds else None,
+            "escalation_rate": round(self.escalated / self.steps, 4) if self.steps else None,
+            "draft_passes": self.draft_passes,
+            "target_passes": self.target_passes,
+            "weight_bytes_per_token": per(self.weight_bytes),
+            "kv_bytes_per_token": per(self.kv_bytes),
+            "tok_s": round(self.tokens / self.decode_seconds, 2) if self.decode_seconds > 0 else None,
+            "decode_seconds": round(self.decode_seconds, 3),
+            "prefill_tokens": self.prefill_tokens,
+            "prefill_tok_s": round(self.prefill_tokens / self.prefill_seconds, 1) if self.prefill_seconds > 0 else None,
+            **self.extra,
+        }

@@ -1,0 +1,24 @@
+"""Shape-only presets of the papers' models (no weights needed): their HF `config.json` figures as a
+ModelConfig, for memory planning of models this machine cannot hold."""
+
+from edge.model.arch import ModelConfig
+
+
+def _llama(arch, hidden, inter, layers, heads, kv, vocab, max_pos, theta, bias=False, family="llama",
+           tied=False) -> ModelConfig:
+    return ModelConfig(architecture=arch, family=family, hidden_size=hidden, intermediate_size=inter,
+                       num_layers=layers, num_heads=heads, num_kv_heads=kv, head_dim=hidden // heads,
+                       vocab_size=vocab, rms_norm_eps=1e-5, rope_theta=theta, tie_word_embeddings=tied,
+                       attention_bias=bias, max_position_embeddings=max_pos)
+
+
+MODEL_PRESETS = {
+    # togethercomputer/LLaMA-2-7B-32K (linear RoPE scaling x8 over Llama-2-7B's 4096 positions)
+    "llama-2-7b-32k": _llama("LlamaForCausalLM", 4096, 11008, 32, 32, 32, 32000, 32768, 10000.0),
+    # meta-llama/Meta-Llama-3-8B
+    "llama-3-8b": _llama("LlamaForCausalLM", 4096, 14336, 32, 32, 8, 128256, 8192, 500000.0),
+    # meta-llama/Llama-3.2-3B (tied embeddings): the papers' model for the 8 GB Orin
+    "llama-3.2-3b": _llama("LlamaForCausalLM", 3072, 8192, 28, 24, 8, 128256, 131072, 500000.0, tied=True),
+    # Qwen/Qwen2.5-7B (q/k/v biases)
+    "qwen2.5-7b": _llama("Qwen2ForCausalLM", 3584, 18944, 28, 28, 4, 152064, 131072, 1e6, bias=True, family="qwen2"),
+}

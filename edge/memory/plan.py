@@ -1,0 +1,278 @@
+"""Memory planner (DESIGN §8): the bytes a run allocates (weights by format, KV per position, draft
+scratch, the largest pass's workspace) on a device profile, the maximum context that fits, and the
+arithmetic behind it."""
+
+from dataclasses import dataclass, field
+
+from edge.model.arch import ModelConfig
+from edge.model.checkpoint import HEAD, Checkpoint
+from edge.memory.devices import MiB, DeviceProfile
+from edge.errors import BitNestError
+from edge.decode.kv_cache import KVRead
+from edge.memory.synthetic import synthetic_checkpoint
+from edge.memory.workspace import DryRun, fused_workspace, steps_at_end
+
+
+# Backends whose passes run as torch ops, so a dry run on meta tensors counts their workspace exactly.
+TRACED_BACKENDS = ("cpu", "torch")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """How a model is run: weight format, KV format, decoding, and the KV view drafts read at long context."""
+
+    name: str
+    weights: str            # fp16 | w8a8 | nested
+    kv: str                 # fp16 | nested
+    speculative: bool
+    draft_kv: str = "kv8"   # kv8 | kv4
+    about: str = ""
+
+
+CONFIGS = {
+    "fp16-ar": RunConfig("fp16-ar", "fp16", "fp16", False, about="FP16 weights, FP16 KV, autoregressive"),
+    "w8a8-ar": RunConfig("w8a8-ar", "w8a8", "fp16", False,
+                         about="INT8 weights (per-channel fp16 scales), INT8 activations, FP16 KV (the paper's W8A8 AR)"),
+    "bitnest": RunConfig("bitnest", "nested", "nested", True, "kv4",
+                         about="nested W4/W8 planes, nested KV4/KV8, speculative; drafts read KV4 at long context"),
+    "bitnest-kv8-draft": RunConfig("bitnest-kv8-draft", "nested", "nested", True, "kv8",
+                                   about="as bitnest, drafts read KV8 at every context"),
+}
+
+
+@dataclass(frozen=True)
+class Workload:
+    gamma: int = 4
+    prefill_chunk: int = 256
+
+    def __post_init__(self):
+        if not 1 <= self.gamma <= 16 or self.prefill_chunk < 1:
+            raise BitNestError("gamma must be in [1, 16] and the prefill chunk at least 1 token")
+
+
+def nested_weight_bytes(ckpt: Checkpoint, layout: str) -> dict[str, int]:
+    """Weight bytes of a nested checkpoint as a backend holds them. `canonical` (torch backend, GPU kernels):
+    the planes, float16 scales (and offsets) as stored. `cpu`: the planes re-laid at the same size, scales
+    and zeros as one bfloat16 [K/G, N, 2] tensor per plane set (shared by both planes unless an offset exists)."""
+    out = {"linear_planes": 0, "linear_scales": 0, "embedding": 0, "head": 0, "norms_biases": 0, "rotation": 0}
+    for name, spec in ckpt.linears.items():
+        n, k = spec.shape
+        groups = n * (k // spec.group_size)
+        key = "head" if name == HEAD else "linear_planes"
+        out[key] += n * k                                                  # base + refine, K/2 bytes each
+        if layout == "cpu":
+            scales = 4 * groups * (2 if spec.offset else 1)
+        else:
+            scales = 2 * groups * (2 if spec.offset else 1)
+        out["head" if name == HEAD else "linear_scales"] += scales
+    for name, t in ckpt.tensors.items():
+        b = t.numel() * t.element_size()
+        if name.endswith((".base", ".refine", ".scale", ".offset")):
+            continue
+        if name == "model.embed_tokens.weight":
+            out["embedding"] += b
+        elif name == "lm_head.weight":
+            out["head"] += b
+        elif name == "rotation.r1":
+            out["rotation"] += b
+        else:
+            out["norms_biases"] += b
+    return out
+
+
+def dense_weight_bytes(cfg: ModelConfig, fmt: str) -> dict[str, int]:
+    """Weight bytes of the FP16 and W8A8 baselines: linears at 2 bytes (fp16) or 1 byte plus a float16
+    scale per output channel (w8a8); embedding and head float16 (the head tied to the embedding if so)."""
+    lin = sum(n * k for n, k in cfg.linear_shapes().values()) * cfg.num_layers
+    rows = sum(n for n, _ in cfg.linear_shapes().values()) * cfg.num_layers
+    emb = cfg.vocab_size * cfg.hidden_size * 2
+    bias = 2 * (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim * cfg.num_layers if cfg.attention_bias else 0
+    return {"linear_planes": lin * (2 if fmt == "fp16" else 1), "linear_scales": 0 if fmt == "fp16" else 2 * rows,
+            "embedding": emb, "head": 0 if cfg.tie_word_embeddings else emb,
+            "norms_biases": 2 * cfg.hidden_size * (2 * cfg.num_layers + 1) + bias, "rotation": 0}
+
+
+def kv_bytes_per_position(cfg: ModelConfig, kv: str) -> int:
+    """fp16: K and V vectors at 2 bytes per value. nested (DESIGN §4): two packed 4-bit planes (D/2 bytes
+    each) and one float16 scale per (layer, K/V, KV head). kv4: what a KV4 read touches of the nested
+    cache (the base plane and the scale)."""
+    per_vector = {"fp16": cfg.head_dim * 2, "nested": cfg.head_dim + 2, "kv4": cfg.head_dim // 2 + 2}[kv]
+    return cfg.num_layers * 2 * cfg.num_kv_heads * per_vector
+
+
+def draft_read(cfg: ModelConfig, config: RunConfig) -> int | None:
+    """KV bytes a draft pass reads per cached position at long context (storage is the same either way:
+    verification reads KV8)."""
+    return kv_bytes_per_position(cfg, "nested" if config.draft_kv == "kv8" else "kv4") if config.speculative else None
+
+
+@dataclass
+class MemoryPlan:
+    """What a run allocates at `context` positions and the largest context that fits the device."""
+
+    model: str
+    config: RunConfig
+    device: DeviceProfile
+    workload: Workload
+    backend: str                   # who runs it: "gpu-kernels" (formula) or a torch backend here (traced)
+    weights: dict[str, int]
+    kv_per_position: int
+    scratch_slots: int
+    max_context: int
+    limited_by: str
+    workspace: dict[str, int] = field(default_factory=dict)   # per step, at max_context
+    draft_read_per_position: int | None = None                # KV bytes a draft pass reads per position
+    workspace_growth: float = 0.0                             # workspace bytes per extra position (dry runs)
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(self.weights.values())
+
+    @property
+    def scratch_bytes(self) -> int:
+        return self.scratch_slots * self.kv_per_position
+
+    @property
+    def workspace_bytes(self) -> int:
+        return max(self.workspace.values(), default=0)
+
+    def kv_bytes(self, context: int) -> int:
+        return context * self.kv_per_position
+
+    def total_bytes(self, context: int | None = None) -> int:
+        """Planned bytes at `context` (default the maximum); workspace as planned at the maximum."""
+        c = self.max_context if context is None else context
+        return self.weight_bytes + self.kv_bytes(c) + self.scratch_bytes + self.workspace_bytes
+
+    def arithmetic(self) -> list[str]:
+        d, w, mb = self.device, self.weights, lambda b: f"{b / MiB:,.1f} MiB"
+        lines = [f"usable = total {mb(d.total_bytes)} - OS {mb(d.os_reserve_bytes)} - context {mb(d.context_reserve_bytes)}"
+                 f" = {mb(d.usable_bytes)}",
+                 "weights = " + " + ".join(f"{k} {mb(v)}" for k, v in w.items() if v) + f" = {mb(self.weight_bytes)}",
+                 f"KV per position = {self.kv_per_position:,} B ({self.config.kv})",
+                 f"draft scratch = {self.scratch_slots} slots x {self.kv_per_position:,} B = {mb(self.scratch_bytes)}",
+                 "workspace = max(" + ", ".join(f"{k} {mb(v)}" for k, v in self.workspace.items())
+                 + f") = {mb(self.workspace_bytes)} ({self.backend})"]
+        free = self.device.usable_bytes - self.weight_bytes - self.scratch_bytes - self.workspace_bytes
+        cap = f", capped at {self.max_context:,} by the model's positions" if self.limited_by == "positions" else ""
+        if self.workspace_growth:       # a dry-run workspace grows with the context: no closed form
+            lines.append(f"max context = largest C with {mb(self.weight_bytes)} + {mb(self.scratch_bytes)} + C x "
+                         f"{self.kv_per_position:,} B + workspace(C) <= {mb(d.usable_bytes)}, the workspace growing "
+                         f"~{self.workspace_growth:,.0f} B per position: C = {self.max_context:,}"
+                         f" (planned {mb(self.total_bytes())}){cap}")
+        else:
+            lines.append(f"max context = floor(({mb(d.usable_bytes)} - {mb(self.weight_bytes)} - {mb(self.scratch_bytes)}"
+                         f" - {mb(self.workspace_bytes)}) / {self.kv_per_position:,} B) = "
+                         f"{max(0, free // self.kv_per_position):,}{cap}")
+        return lines
+
+    def to_dict(self) -> dict:
+        c = self.max_context
+        return {"max_context": c, "limited_by": self.limited_by, "about": self.config.about,
+                "backend": self.backend, "weight_bytes": self.weight_bytes, "weights": self.weights,
+                "kv_bytes_per_position": self.kv_per_position, "kv_bytes": self.kv_bytes(c),
+                "draft_reads_kv_bytes_per_position": self.draft_read_per_position,
+                "scratch_slots": self.scratch_slots, "scratch_bytes": self.scratch_bytes,
+                "workspace_bytes": self.workspace_bytes, "workspace": self.workspace,
+                "planned_bytes": self.total_bytes(), "usable_bytes": self.device.usable_bytes,
+                "arithmetic": self.arithmetic()}
+
+
+def _largest(lo: int, hi: int, ok) -> int:
+    """Largest c in [lo, hi] with ok(c), for ok true up to some point and false after it (ok(lo) holds)."""
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid - 1)
+    return lo
+
+
+def plan(model: str, cfg: ModelConfig, config: RunConfig, device: DeviceProfile, workload: Workload = Workload(),
+         ckpt: Checkpoint | None = None, backend: str | None = None, scratch: int | None = None) -> MemoryPlan:
+    """The plan and maximum context of `config` for model `cfg` (a loaded checkpoint's exact tensors where
+    given) on `device`. `backend`: a torch backend of this runtime ("cpu", "torch") is dry-run on meta
+    tensors; None means the device's own: "gpu-kernels" on a GPU, "cpu" on a CPU; baselines (fp16-ar,
+    w8a8-ar), which this runtime does not run, always use the GPU kernels' formula."""
+    if config.weights != "nested":
+        backend = "gpu-kernels"
+    elif backend is None:
+        backend = "gpu-kernels" if device.compute == "gpu" else "cpu"
+    elif backend not in TRACED_BACKENDS:   # kernels this runtime cannot dry-run here
+        backend = "gpu-kernels"
+    if config.weights == "nested":
+        layout = "cpu" if backend == "cpu" else "canonical"
+        weights = nested_weight_bytes(ckpt if ckpt is not None else synthetic_checkpoint(cfg, "meta"), layout)
+    else:
+        weights = dense_weight_bytes(cfg, config.weights)
+    per_pos = kv_bytes_per_position(cfg, config.kv)
+    slots = (scratch if scratch is not None else workload.gamma) if config.speculative else 0
+    fixed = sum(weights.values()) + slots * per_pos
+    shortest = workload.gamma + 2
+    upper = min((device.usable_bytes - fixed) // per_pos, cfg.max_position_embeddings)
+    dry = DryRun(ckpt, cfg, backend, max(upper, shortest), slots) if backend in TRACED_BACKENDS else None
+
+    def workspace(context: int) -> dict[str, int]:
+        steps = steps_at_end(context, config.speculative, workload.gamma, workload.prefill_chunk,
+                             KVRead(config.draft_kv))
+        if dry is not None:
+            return dry.workspace(steps)
+        act = 2 if device.compute == "gpu" else 4
+        return {s.name: fused_workspace(cfg, s, act, config.weights != "fp16") for s in steps}
+
+    fits = lambda c: fixed + c * per_pos + max(workspace(c).values()) <= device.usable_bytes
+    slope = 0.0
+    if upper < shortest or not fits(shortest):
+        best = 0
+    else:
+        # the workspace grows affinely with the context within a regime: solve the line through the two
+        # ends, check the answer, and search the whole range only if the check fails
+        w0, w1 = max(workspace(shortest).values()), max(workspace(upper).values())
+        slope = (w1 - w0) / max(1, upper - shortest)
+        guess = int((device.usable_bytes - fixed - w0 + slope * shortest) // (per_pos + slope))
+        guess = max(shortest, min(upper, guess))
+        if fits(guess) and (guess == upper or not fits(guess + 1)):
+            best = guess
+        else:
+            best = _largest(shortest, upper, fits)
+    ws = workspace(max(best, shortest))
+    return MemoryPlan(model, config, device, workload, backend, weights, per_pos, slots, best,
+                      "positions" if best == cfg.max_position_embeddings else "memory", ws, draft_read(cfg, config),
+                      slope if dry is not None else 0.0)
+
+
+def plan_all(model: str, cfg: ModelConfig, device: DeviceProfile, workload: Workload = Workload(),
+             ckpt: Checkpoint | None = None, backend: str | None = None) -> dict[str, MemoryPlan]:
+    return {name: plan(model, cfg, c, device, workload, ckpt, backend) for name, c in CONFIGS.items()}
+
+
+def fit_context(p: MemoryPlan, requested: int | None) -> int:
+    """The context to allocate: `requested` if it fits the plan (None = the plan's maximum); a request
+    over the maximum is a one-line error naming the largest context that fits."""
+    if p.max_context < 1:
+        raise BitNestError(f"{p.model} ({p.config.name}) does not fit {p.device.name}: weights alone take "
+                           f"{p.weight_bytes / MiB:,.0f} MiB of {p.device.usable_bytes / MiB:,.0f} MiB usable")
+    if requested is None:
+        return p.max_context
+    if requested > p.max_context:
+        raise BitNestError(f"a context of {requested:,} positions does not fit {p.device.name}: the largest that "
+                           f"fits is {p.max_context:,} ({p.model}, {p.config.name}); lower --max-context")
+    return requested
+
+
+def plan_for_runtime(ckpt: Checkpoint, device: str | DeviceProfile, backend: str, prefill_chunk: int,
+                     scratch: int) -> MemoryPlan:
+    """The plan a Runtime allocates from: the loaded checkpoint run by `backend` with `scratch` draft slots
+    (γ up to scratch - 1, whose verification pass is the largest)."""
+    from edge.memory.devices import get_profile
+    profile = get_profile(device) if isinstance(device, str) else device
+    gamma = max(1, min(16, scratch - 1))
+    return plan(ckpt.path.name, ckpt.config, CONFIGS["bitnest"], profile, Workload(gamma, prefill_chunk),
+                ckpt=ckpt, backend=backend, scratch=scratch)
+
+
+def check_request(p: MemoryPlan, capacity: int, prompt: int, max_new_tokens: int) -> None:
+    """Refuse, before any work, a request whose prompt and new tokens need more positions than were allocated."""
+    need = prompt + max_new_tokens
+    if need > capacity:
+        raise BitNestError(f"the request needs {need:,} positions (prompt {prompt:,} + max new tokens "
+                           f"{max_new_tokens:,}) but {capacity:,} are allocated; the largest context that fits "
+                           f"{p.device.name} is {p.max_context:,}: shorten the prompt or lower --max-new-tokens")

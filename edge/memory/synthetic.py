@@ -1,0 +1,48 @@
+"""Nested checkpoints built in memory from a model config alone: random planes (memory checks at shapes
+no export reaches here) or meta tensors (the planner's dry runs). Never written to disk."""
+
+from pathlib import Path
+
+import torch
+
+from edge.model.arch import BLOCK_NORMS, ModelConfig
+from edge.model.checkpoint import HEAD, Checkpoint, LinearSpec, expected_linears
+from edge.model.decoder import OnlineRotations
+from plugins.contracts import group_size_for
+
+
+def synthetic_checkpoint(cfg: ModelConfig, device: str = "meta", seed: int = 0,
+                         head_nested: bool = False) -> Checkpoint:
+    """A checkpoint of `cfg`'s shapes (DESIGN §3 tensors, canonical dtypes): on "meta", shapes only; on
+    "cpu", random planes and scales (a model that computes garbage at the real byte counts)."""
+    gen = torch.Generator().manual_seed(seed)
+    manifest = {"method": "synthetic", "head": "nested" if head_nested else "float16", "rotation": {}}
+    specs, tensors = {}, {}
+
+    def make(shape, dtype, fill):
+        if device == "meta":
+            return torch.empty(shape, dtype=dtype, device="meta")
+        return fill(shape).to(dtype)
+
+    shapes = cfg.linear_shapes()
+    for name in expected_linears(cfg, manifest):
+        n, k = shapes[name.split(".", 3)[-1]] if name != HEAD else (cfg.vocab_size, cfg.hidden_size)
+        g = group_size_for(k)
+        specs[name] = LinearSpec((n, k), g)
+        for plane in (".base", ".refine"):
+            tensors[name + plane] = make((n, k // 2), torch.uint8,
+                                         lambda s: torch.randint(0, 256, s, dtype=torch.uint8, generator=gen))
+        tensors[name + ".scale"] = make((n, k // g), torch.float16,
+                                        lambda s: torch.rand(s, generator=gen) * 1e-3 + 1e-4)
+        if cfg.attention_bias and name.endswith(("q_proj", "k_proj", "v_proj")):
+            tensors[name + ".bias"] = make((n,), torch.float16, torch.zeros)
+    h = cfg.hidden_size
+    rand = lambda s: torch.randn(s, generator=gen) * 0.02
+    tensors["model.embed_tokens.weight"] = make((cfg.vocab_size, h), torch.float16, rand)
+    if not cfg.tie_word_embeddings and not head_nested:
+        tensors["lm_head.weight"] = make((cfg.vocab_size, h), torch.float16, rand)
+    tensors["model.norm.weight"] = make((h,), torch.float16, torch.ones)
+    for i in range(cfg.num_layers):
+        for norm in BLOCK_NORMS:
+            tensors[f"model.layers.{i}.{norm}.weight"] = make((h,), torch.float16, torch.ones)
+    return Checkpoint(Path(f"<synthetic {device}>"), manifest, cfg, specs, tensors, OnlineRotations())

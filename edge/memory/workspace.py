@@ -1,0 +1,101 @@
+"""Transient memory of one pass (DESIGN §8 workspace): the passes that end at the last position of a
+context, the GPU kernels' buffer formula, and a dry run of this runtime's torch path on meta tensors."""
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from edge.memory.alloc_trace import AllocationTracer
+from edge.model.arch import ModelConfig
+from edge.model.checkpoint import Checkpoint
+from edge.decode.engine import Engine
+from edge.decode.kv_cache import KVRead
+from edge.memory.synthetic import synthetic_checkpoint
+
+# Flash-decoding splits the history of each query row over this many blocks whose partial outputs
+# (D values, running max and sum, float32) are reduced afterwards (nested_kv_attention, DESIGN §6).
+FLASH_SPLITS = 32
+DECODE_ROWS = 32
+
+
+@dataclass(frozen=True)
+class Step:
+    """One pass at the end of the context: `tokens` ids after `committed` positions (or draft slot)."""
+
+    name: str
+    committed: int
+    tokens: int
+    view: str
+    kv: KVRead
+    draft_slot: int | None = None
+    last_only: bool = False
+
+
+def steps_at_end(context: int, speculative: bool, gamma: int, prefill_chunk: int, draft_kv: KVRead) -> list[Step]:
+    """The passes with the largest workspace a run at `context` positions makes, each ending at the last
+    position: the last prefill chunk, and either an AR step or the last draft pass and the γ+1 verification."""
+    kv8 = KVRead("kv8")
+    chunk = max(1, min(prefill_chunk, context - 1))
+    steps = [Step("prefill_chunk", context - chunk, chunk, "target", kv8, last_only=True)]
+    if speculative:
+        base = context - gamma - 1
+        steps.append(Step("draft", base, 1, "draft", draft_kv, draft_slot=gamma - 1))
+        steps.append(Step("verify", base, gamma + 1, "target", kv8))
+    else:
+        steps.append(Step("ar_step", context - 1, 1, "target", kv8))
+    return steps
+
+
+def run_step(eng: Engine, step: Step):
+    """Run one planned pass on an engine whose cache holds at least step.committed positions."""
+    eng.cache.commit(step.committed)
+    return eng.run([1] * step.tokens, step.view, step.kv, draft_slot=step.draft_slot, last_only=step.last_only)
+
+
+def fused_workspace(cfg: ModelConfig, step: Step, act_bytes: int, int8_acts: bool) -> int:
+    """Bytes the GPU kernels need for one pass of T tokens (buffers reused layer after layer): the residual
+    and normed stream, the larger of q/k/v + attention output and the MLP's gate/up/product, the int8 copy of
+    a linear's input (W8A8 / W4A8), attention partials, RoPE tables, float32 logits of the rows kept. The
+    nested KV is read in place by the attention kernel: no dequantized copy of the history."""
+    t, h, i, d = step.tokens, cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    attn = (cfg.num_heads + 2 * cfg.num_kv_heads) * d + cfg.num_heads * d
+    act = t * (2 * h + max(3 * i, attn)) * act_bytes
+    quant = t * max(h, i) if int8_acts else 0
+    # decode-sized passes split the history (flash-decoding partials); a prefill chunk tiles over its
+    # queries instead and keeps only each row's running max and sum
+    partials = t * cfg.num_heads * (FLASH_SPLITS * (d + 2) if t <= DECODE_ROWS else 2) * 4
+    rope = 2 * t * d * 4
+    logits = (1 if step.last_only else t) * cfg.vocab_size * 4
+    return act + quant + partials + rope + logits
+
+
+def one_layer_meta(ckpt: Checkpoint) -> Checkpoint:
+    """`ckpt` cut to its first decoder block, every tensor on the meta device (same specs and rotations)."""
+    cfg = replace(ckpt.config, num_layers=1)
+    keep = lambda n: not n.startswith("model.layers.") or n.startswith("model.layers.0.")
+    meta = lambda t: None if t is None else torch.empty(t.shape, dtype=t.dtype, device="meta")
+    rot = replace(ckpt.rotations, r1=meta(ckpt.rotations.r1))
+    return Checkpoint(ckpt.path, ckpt.manifest, cfg, {n: s for n, s in ckpt.linears.items() if keep(n)},
+                      {n: meta(t) for n, t in ckpt.tensors.items() if keep(n)}, rot)
+
+
+class DryRun:
+    """This runtime's passes (backend `backend`) on meta tensors, to count the bytes each allocates beyond
+    the engine's own buffers. One decoder block is enough: a block's transients are freed before the next
+    one starts and every block sees the same history. The meta engine is built once for `capacity`
+    positions; a pass's workspace depends on the positions it reads, not on the capacity."""
+
+    def __init__(self, ckpt: Checkpoint | None, cfg: ModelConfig, backend: str, capacity: int, scratch: int):
+        from edge.backends import make_weights
+        meta = one_layer_meta(ckpt) if ckpt is not None else synthetic_checkpoint(replace(cfg, num_layers=1), "meta")
+        with torch.device("meta"):
+            self.engine = Engine(meta, make_weights(backend, meta), capacity, scratch=scratch)
+
+    def workspace(self, steps: list[Step]) -> dict[str, int]:
+        """Peak bytes of live storages each step allocates."""
+        out = {}
+        for step in steps:
+            with torch.device("meta"), AllocationTracer() as tr:
+                run_step(self.engine, step)
+            out[step.name] = tr.peak
+        return out

@@ -1,0 +1,188 @@
+"""Nested checkpoint reader (DESIGN §3): validates manifest, file hashes, tensor names, dtypes and shapes."""
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from edge.model.arch import ARCHITECTURES, BLOCK_LINEARS, BLOCK_NORMS, ModelConfig
+from edge.errors import BitNestError, CheckpointError
+from edge.model.decoder import OnlineRotations
+from plugins.contracts import FORMAT_VERSION
+
+FORMAT_NAME = "bitnest-nested"
+MANIFEST = "manifest.json"
+WEIGHTS = "model.safetensors"
+R1_TENSOR = "rotation.r1"
+HEAD = "lm_head"
+
+
+@dataclass(frozen=True)
+class LinearSpec:
+    """One nested linear: shape [N, K], group size, and whether it carries a per-group offset (top4of8)."""
+
+    shape: tuple[int, int]
+    group_size: int
+    offset: bool = False
+
+
+@dataclass
+class Checkpoint:
+    """A validated nested checkpoint, tensors loaded (planes stay packed)."""
+
+    path: Path
+    manifest: dict[str, Any]
+    config: ModelConfig
+    linears: dict[str, LinearSpec]
+    tensors: dict[str, torch.Tensor]
+    rotations: OnlineRotations
+
+    @property
+    def method(self) -> str:
+        return self.manifest["method"]
+
+    @property
+    def head_nested(self) -> bool:
+        return HEAD in self.linears
+
+    def planes(self, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """(base, refine, scale, offset-or-None) of one nested linear."""
+        t = self.tensors
+        return t[name + ".base"], t[name + ".refine"], t[name + ".scale"], t.get(name + ".offset")
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def is_checkpoint_dir(path: Path) -> bool:
+    """True where `path` holds a manifest that says it is a BitNest checkpoint (contents not validated)."""
+    try:
+        return json.loads((Path(path) / MANIFEST).read_text()).get("format") == FORMAT_NAME
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def expected_linears(cfg: ModelConfig, manifest: dict[str, Any]) -> list[str]:
+    names = [f"model.layers.{i}.{s}" for i in range(cfg.num_layers) for s in BLOCK_LINEARS]
+    return names + ([HEAD] if manifest.get("head") == "nested" else [])
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """Parse and check the manifest's top-level fields; CheckpointError with a fix on any problem."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path} does not exist: export one with `python scripts/export.py --out {path}`")
+    mpath = path / MANIFEST
+    if not mpath.is_file():
+        raise CheckpointError(f"{path} is not a BitNest checkpoint (no {MANIFEST}): export one with scripts/export.py")
+    try:
+        m = json.loads(mpath.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{mpath} is not valid JSON ({e.__class__.__name__}): the checkpoint is corrupted, re-export it")
+    if not isinstance(m, dict) or m.get("format") != FORMAT_NAME:
+        raise CheckpointError(f"{mpath} is not a {FORMAT_NAME} manifest: re-export the checkpoint")
+    if m.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path} has format version {m.get('format_version')}, this runtime reads {FORMAT_VERSION}: re-export it"
+        )
+    for key in ("config", "method", "linears", "files", "rotation"):
+        if key not in m:
+            raise CheckpointError(f"{mpath} lacks the field {key!r}: the checkpoint is corrupted, re-export it")
+    return m
+
+
+def verify_files(path: Path, manifest: dict[str, Any]) -> None:
+    """Every file the manifest lists exists and matches its sha256."""
+    for name, digest in manifest["files"].items():
+        f = path / name
+        if not f.is_file():
+            raise CheckpointError(f"checkpoint {path} is missing {name}: re-export it")
+        if sha256_file(f) != digest:
+            raise CheckpointError(f"checkpoint {path}: {name} fails its sha256 check (changed or truncated): re-export it")
+
+
+def _linear_specs(cfg: ModelConfig, m: dict[str, Any]) -> dict[str, LinearSpec]:
+    specs = {}
+    for name in expected_linears(cfg, m):
+        entry = m["linears"].get(name)
+        if entry is None:
+            raise CheckpointError(f"manifest lists no entry for linear {name}: re-export the checkpoint")
+        n, k = entry["shape"]
+        g = entry["group_size"]
+        if g <= 0 or k % g or k % 2:
+            raise CheckpointError(f"{name}: group size {g} does not divide K={k} (or K is odd): re-export the checkpoint")
+        specs[name] = LinearSpec((n, k), g, bool(entry.get("offset", False)))
+    return specs
+
+
+def _check_tensor(tensors, name, dtype, shape):
+    t = tensors.get(name)
+    if t is None:
+        raise CheckpointError(f"{WEIGHTS} lacks tensor {name}: re-export the checkpoint")
+    if t.dtype != dtype or tuple(t.shape) != tuple(shape):
+        raise CheckpointError(
+            f"tensor {name} is {t.dtype} {tuple(t.shape)}, expected {dtype} {tuple(shape)}: re-export the checkpoint"
+        )
+
+
+def validate_tensors(cfg: ModelConfig, specs: dict[str, LinearSpec], tensors: dict[str, torch.Tensor], m) -> None:
+    """Names, dtypes and shapes of every tensor against the config and linear specs."""
+    for name, s in specs.items():
+        n, k = s.shape
+        _check_tensor(tensors, name + ".base", torch.uint8, (n, k // 2))
+        _check_tensor(tensors, name + ".refine", torch.uint8, (n, k // 2))
+        _check_tensor(tensors, name + ".scale", torch.float16, (n, k // s.group_size))
+        if s.offset:
+            _check_tensor(tensors, name + ".offset", torch.float16, (n, k // s.group_size))
+    shapes = cfg.linear_shapes()
+    for name, s in specs.items():
+        short = name.split(".", 3)[-1] if name != HEAD else None
+        want = shapes[short] if short else (cfg.vocab_size, cfg.hidden_size)
+        if s.shape != want:
+            raise CheckpointError(f"{name} has shape {s.shape}, the model config implies {want}: re-export the checkpoint")
+    h = cfg.hidden_size
+    _check_tensor(tensors, "model.embed_tokens.weight", torch.float16, (cfg.vocab_size, h))
+    _check_tensor(tensors, "model.norm.weight", torch.float16, (h,))
+    for i in range(cfg.num_layers):
+        for norm in BLOCK_NORMS:
+            _check_tensor(tensors, f"model.layers.{i}.{norm}.weight", torch.float16, (h,))
+    if m.get("head") == "float16" and not cfg.tie_word_embeddings:
+        _check_tensor(tensors, "lm_head.weight", torch.float16, (cfg.vocab_size, h))
+    if m["rotation"].get("r1"):
+        _check_tensor(tensors, R1_TENSOR, torch.float32, (h, h))
+
+
+def load_checkpoint(path, verify: bool = True) -> Checkpoint:
+    """Read and validate a nested checkpoint folder; raises CheckpointError (one line) on any defect."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    m = read_manifest(path)
+    if verify:
+        verify_files(path, m)
+    elif not (path / WEIGHTS).is_file():
+        raise CheckpointError(f"checkpoint {path} is missing {WEIGHTS}: re-export it")
+    try:
+        cfg = ModelConfig.from_dict(m["config"])
+    except (TypeError, KeyError, BitNestError) as e:
+        raise CheckpointError(f"{path}/{MANIFEST} has an invalid model config ({e}): re-export it")
+    if cfg.architecture not in ARCHITECTURES:
+        raise CheckpointError(f"{path}: unknown architecture {cfg.architecture!r}")
+    specs = _linear_specs(cfg, m)
+    try:
+        tensors = load_file(str(path / WEIGHTS))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{path}/{WEIGHTS} cannot be read ({str(e).splitlines()[0][:120]}): re-export it")
+    validate_tensors(cfg, specs, tensors, m)
+    rot = m["rotation"]
+    rotations = OnlineRotations(r1=tensors.get(R1_TENSOR) if rot.get("r1") else None, r4_size=rot.get("r4_size"))
+    return Checkpoint(path, m, cfg, specs, tensors, rotations)

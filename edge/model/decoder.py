@@ -1,0 +1,111 @@
+"""Llama-family decoder forward over a weight store (nested views or float), with the manifest's
+online rotations applied: R1 at the embedding output and before the final norm, R4 before down_proj."""
+
+from dataclasses import dataclass
+from typing import Optional, Protocol
+
+import torch
+
+from edge.model.arch import ModelConfig
+from plugins.decoder_math import (ROWWISE_MAX, attention, hadamard_rows, rms_norm, rotate_rows,  # noqa: F401
+                                  rowwise, silu_mul)
+
+
+class WeightStore(Protocol):
+    """What the decoder reads: every linear goes through `linear` with the current view."""
+
+    dtype: torch.dtype
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor: ...            # [T] -> [T, H]
+    def norm(self, name: str) -> torch.Tensor: ...                     # [H]
+    def linear(self, name: str, x: torch.Tensor, view: str) -> torch.Tensor: ...  # [M, K] -> [M, N]
+    def head(self, x: torch.Tensor, view: str) -> torch.Tensor: ...    # [M, H] -> [M, V]
+
+
+@dataclass(frozen=True)
+class OnlineRotations:
+    """Rotations a backend applies at run time (recorded in the manifest)."""
+
+    r1: Optional[torch.Tensor] = None     # [H, H]: residual stream is x @ r1; undone before the final norm
+    r4_size: Optional[int] = None         # Hadamard order applied to down_proj inputs
+
+
+def rope_tables(cfg: ModelConfig, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [T, D] for the rotate-half RoPE convention of HF Llama."""
+    d = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))  # [D/2]
+    ang = positions.to(torch.float64).unsqueeze(1) * inv.unsqueeze(0)               # [T, D/2]
+    ang = torch.cat((ang, ang), dim=-1)                                             # [T, D]
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [Hh, T, D] rotated by position."""
+    half = x.shape[-1] // 2
+    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rot * sin
+
+
+class Decoder:
+    """Full-sequence causal forward of a Llama/Qwen2 decoder; each linear reads the store at `view`."""
+
+    def __init__(self, cfg: ModelConfig, weights: WeightStore, rotations: OnlineRotations = OnlineRotations()):
+        self.cfg, self.weights, self.rot = cfg, weights, rotations
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.weights.embed(ids)                                   # [T, H]
+        if self.rot.r1 is not None:
+            x = rotate_rows(x, self.rot.r1)                           # into the rotated residual basis
+        return x
+
+    def block(self, layer: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, view: str,
+              attend: "Attention") -> torch.Tensor:
+        """One decoder block on the residual stream x [T, H]."""
+        cfg, w, p = self.cfg, self.weights, f"model.layers.{layer}."
+        t = x.shape[0]
+        h = rms_norm(x, w.norm(p + "input_layernorm"), cfg.rms_norm_eps)
+        q = w.linear(p + "self_attn.q_proj", h, view).view(t, cfg.num_heads, cfg.head_dim).transpose(0, 1)
+        k = w.linear(p + "self_attn.k_proj", h, view).view(t, cfg.num_kv_heads, cfg.head_dim).transpose(0, 1)
+        v = w.linear(p + "self_attn.v_proj", h, view).view(t, cfg.num_kv_heads, cfg.head_dim).transpose(0, 1)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)      # [Hq, T, D], [Hkv, T, D]
+        a = attend(layer, q, k, v)                                    # [Hq, T, D]
+        a = a.transpose(0, 1).reshape(t, cfg.num_heads * cfg.head_dim)  # [T, Hq*D]
+        x = x + w.linear(p + "self_attn.o_proj", a, view)
+        h = rms_norm(x, w.norm(p + "post_attention_layernorm"), cfg.rms_norm_eps)
+        g = silu_mul(w.linear(p + "mlp.gate_proj", h, view), w.linear(p + "mlp.up_proj", h, view))  # [T, I]
+        if self.rot.r4_size is not None:
+            g = hadamard_rows(g, self.rot.r4_size)
+        return x + w.linear(p + "mlp.down_proj", g, view)
+
+    def final(self, x: torch.Tensor, view: str) -> torch.Tensor:
+        """Residual [T, H] -> logits [T, V]."""
+        if self.rot.r1 is not None:
+            x = rotate_rows(x, self.rot.r1, transpose=True)           # back to the original basis
+        x = rms_norm(x, self.weights.norm("model.norm"), self.cfg.rms_norm_eps)
+        return self.weights.head(x, view)
+
+    def rope(self, t: int, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = rope_tables(self.cfg, torch.arange(start, start + t), self.weights.dtype)
+        device = getattr(self.weights, "device", None)
+        return (cos, sin) if device is None else (cos.to(device), sin.to(device))
+
+    @torch.no_grad()
+    def forward(self, ids: torch.Tensor, view: str, attend: Optional["Attention"] = None, start: int = 0,
+                last_only: bool = False) -> torch.Tensor:
+        """ids [T] at positions [start, start + T) -> logits [T, V] ([1, V] with `last_only`).
+        Without `attend`, plain causal attention over `ids` alone (no cache)."""
+        attend = attend or causal_attention
+        x = self.embed(ids)
+        cos, sin = self.rope(ids.shape[0], start)
+        for layer in range(self.cfg.num_layers):
+            x = self.block(layer, x, cos, sin, view, attend)
+        return self.final(x[-1:] if last_only else x, view)
+
+
+class Attention(Protocol):
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
+
+
+def causal_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Attention of a whole sequence over itself (no cache)."""
+    return attention(q, k, v, 0)
