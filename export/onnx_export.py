@@ -20,9 +20,8 @@ from edge.model.decoder import rope_tables
 from export.onnx_functions import (hadamard_rows_function, rms_norm_function, rotate_rows_function,
                                    silu_mul_function)
 from plugins.onnx_schemas import bitnest_node_counts, register_schemas
-from plugins.step_contract import (DOMAIN, DOMAIN_VERSION, DUAL_PLANE_GEMV, HADAMARD_ROWS, INPUT_IDS, IR_VERSION,
-                                   KV8_FROM, LOGITS, NESTED_KV_ATTENTION, ONNX_FILE, OPSET, RMS_NORM, ROTATE_ROWS,
-                                   SEQ_LEN, SILU_MUL, VIEW, kv_inputs, kv_outputs)
+from plugins.contracts import DOMAIN, DOMAIN_VERSION, DUAL_PLANE_LINEAR, NESTED_KV_ATTENTION
+from plugins.step_contract import HADAMARD_ROWS, INPUT_IDS, IR_VERSION, KV8_FROM, LOGITS, ONNX_FILE, OPSET, RMS_NORM, ROTATE_ROWS, SEQ_LEN, SILU_MUL, VIEW, kv_inputs, kv_outputs
 
 # Above this many initializer bytes the weights go to an external data file (protobuf caps a message at 2 GiB).
 EXTERNAL_DATA_BYTES = 1 << 30
@@ -64,7 +63,7 @@ class _StepGraph:
         ins = [x, b.init(name + ".base", base), b.init(name + ".refine", refine), b.init(name + ".scale", scale), VIEW]
         if offset is not None:
             ins.append(b.init(name + ".offset", offset))
-        y = b.op(DUAL_PLANE_GEMV, ins, domain=DOMAIN)                                   # [M, N]
+        y = b.op(DUAL_PLANE_LINEAR.graph, ins, domain=DOMAIN)                                   # [M, N]
         bias = t.get(name + ".bias")
         return y if bias is None else b.op("Add", [y, b.init(name + ".bias", bias.float())])
 
@@ -103,7 +102,7 @@ class _StepGraph:
         q = self.rope(self.heads(self.linear(p + "self_attn.q_proj", h), cfg.num_heads), cos, sin)
         k = self.rope(self.heads(self.linear(p + "self_attn.k_proj", h), cfg.num_kv_heads), cos, sin)
         v = self.heads(self.linear(p + "self_attn.v_proj", h), cfg.num_kv_heads)
-        att, nb, nr, ns = b.op(NESTED_KV_ATTENTION, [q, k, v, *kv_inputs(layer), SEQ_LEN, KV8_FROM], n_out=4,
+        att, nb, nr, ns = b.op(NESTED_KV_ATTENTION.graph, [q, k, v, *kv_inputs(layer), SEQ_LEN, KV8_FROM], n_out=4,
                                domain=DOMAIN)
         for src, dst in zip((nb, nr, ns), kv_outputs(layer)):
             b.nodes.append(helper.make_node("Identity", [src], [dst], name=f"out_{dst}"))

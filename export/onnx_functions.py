@@ -7,7 +7,8 @@ import numpy as np
 from onnx import FunctionProto, helper, numpy_helper
 
 from plugins.hadamard import hadamard_factor_matrices
-from plugins.step_contract import DOMAIN, HADAMARD_ROWS, OPSET, RMS_NORM, ROTATE_ROWS, SILU_MUL
+from plugins.contracts import DOMAIN
+from plugins.step_contract import HADAMARD_ROWS, OPSET, RMS_NORM, ROTATE_ROWS, SILU_MUL
 
 
 def _function(name: str, inputs: list[str], outputs: list[str], nodes) -> FunctionProto:

@@ -1,4 +1,7 @@
-"""Constants of the nested weight and KV formats (DESIGN §3, §4), defined once for every op and backend."""
+"""The names and constants every op and backend agrees on, defined once: the nested weight and KV formats
+(docs/contracts.md), the weight views and their codes, the KV reads, and the op names."""
+
+from dataclasses import dataclass
 
 FORMAT_VERSION = 1
 
@@ -15,12 +18,30 @@ KV_QMAX = 7
 # Preferred weight group size; the largest power of two dividing K is used where it does not divide.
 DEFAULT_GROUP_SIZE = 128
 
-VIEWS = ("draft", "target")
-KV_VIEWS = ("kv4", "kv8", "recent")
+# Weight views: the draft reads the base plane only, the target both planes. Codes travel in step graphs.
+DRAFT, TARGET = "draft", "target"
+VIEWS = (DRAFT, TARGET)
+VIEW_CODES = {DRAFT: 0, TARGET: 1}
+CODE_VIEWS = {c: v for v, c in VIEW_CODES.items()}
+# KV reads of the nested cache: every position at KV8, every position at KV4, or KV8 for the recent N only.
+KV_READS = ("kv4", "kv8", "recent")
 
-# Op names shared by the reference, the kernels, the ONNX schemas and the TensorRT plugins.
-OP_DUAL_PLANE_LINEAR = "dual_plane_linear"
-OP_NESTED_KV_ATTENTION = "nested_kv_attention"
+
+@dataclass(frozen=True)
+class OpName:
+    """One op's names: `python` names the pure-torch reference (plugins.reference), the Triton launcher
+    (plugins.kernels) and the native op `bitnest::<python>`; `graph` names its ONNX node type in `DOMAIN`
+    and its TensorRT plugin."""
+
+    python: str
+    graph: str
+
+
+DOMAIN = "bitnest"
+DOMAIN_VERSION = 1
+DUAL_PLANE_LINEAR = OpName("dual_plane_linear", "DualPlaneGemv")
+NESTED_KV_ATTENTION = OpName("nested_kv_attention", "NestedKvAttention")
+OPS = (DUAL_PLANE_LINEAR, NESTED_KV_ATTENTION)
 
 
 def check_view(view: str) -> str:
@@ -28,6 +49,11 @@ def check_view(view: str) -> str:
     if view not in VIEWS:
         raise ValueError(f"unknown weight view {view!r}: use one of {', '.join(VIEWS)}")
     return view
+
+
+def view_code(view: str) -> int:
+    """The integer a step graph's `view` input carries for `view`."""
+    return VIEW_CODES[check_view(view)]
 
 
 def group_size_for(k: int, preferred: int = DEFAULT_GROUP_SIZE) -> int:

@@ -6,7 +6,7 @@ import onnx
 from onnx import TensorProto
 from onnx.defs import OpSchema
 
-from plugins.step_contract import DOMAIN, DOMAIN_VERSION, DUAL_PLANE_GEMV, NESTED_KV_ATTENTION
+from plugins.contracts import DOMAIN, DOMAIN_VERSION, DUAL_PLANE_LINEAR, NESTED_KV_ATTENTION
 
 _P = OpSchema.FormalParameter
 _OPTIONAL = OpSchema.FormalParameterOption.Optional
@@ -76,7 +76,7 @@ def _unranked(elem: int) -> onnx.TypeProto:
 
 def _gemv_schema() -> OpSchema:
     s = OpSchema(
-        DUAL_PLANE_GEMV, DOMAIN, DOMAIN_VERSION, _GEMV_DOC,
+        DUAL_PLANE_LINEAR.graph, DOMAIN, DOMAIN_VERSION, _GEMV_DOC,
         inputs=[
             _P("x", "tensor(float)", "activations [M, K]"),
             _P("base", "tensor(uint8)", "base plane [N, K/2], signed nibbles, low nibble = even column"),
@@ -93,7 +93,7 @@ def _gemv_schema() -> OpSchema:
 
 def _attention_schema() -> OpSchema:
     s = OpSchema(
-        NESTED_KV_ATTENTION, DOMAIN, DOMAIN_VERSION, _ATTN_DOC,
+        NESTED_KV_ATTENTION.graph, DOMAIN, DOMAIN_VERSION, _ATTN_DOC,
         inputs=[
             _P("q", "tensor(float)", "queries [Hq, T, D] after RoPE"),
             _P("k", "tensor(float)", "new keys [Hkv, T, D] after RoPE"),

@@ -20,10 +20,10 @@ import torch
 from plugins import reference
 from plugins.decoder_math import attention, hadamard_rows, rms_norm, rotate_rows, silu_mul
 from plugins.kv import dequantize_kv_mixed, quantize_kv
-from plugins.step_contract import (CODE_VIEWS, DOMAIN, DUAL_PLANE_GEMV, HADAMARD_ROWS, NESTED_KV_ATTENTION, RMS_NORM,
-                                   ROTATE_ROWS, SILU_MUL)
+from plugins.contracts import CODE_VIEWS, DOMAIN, DUAL_PLANE_LINEAR, NESTED_KV_ATTENTION
+from plugins.step_contract import HADAMARD_ROWS, RMS_NORM, ROTATE_ROWS, SILU_MUL
 
-GEMV_WITH_OFFSET = DUAL_PLANE_GEMV + "Offset"
+GEMV_WITH_OFFSET = DUAL_PLANE_LINEAR.graph + "Offset"
 
 
 def dual_plane_gemv(x: np.ndarray, base: np.ndarray, refine: np.ndarray, scale: np.ndarray, view: np.ndarray,
@@ -39,8 +39,8 @@ def dual_plane_gemv(x: np.ndarray, base: np.ndarray, refine: np.ndarray, scale: 
 
 
 # Positions of the float16 inputs and outputs of each op (they cross the Python-op boundary as float32).
-_F16_INPUTS = {DUAL_PLANE_GEMV: (3, 5), NESTED_KV_ATTENTION: (5,)}
-_F16_OUTPUTS = {NESTED_KV_ATTENTION: (3,)}
+_F16_INPUTS = {DUAL_PLANE_LINEAR.graph: (3, 5), NESTED_KV_ATTENTION.graph: (5,)}
+_F16_OUTPUTS = {NESTED_KV_ATTENTION.graph: (3,)}
 
 
 def nested_kv_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, kv_base: np.ndarray, kv_refine: np.ndarray,
@@ -89,13 +89,13 @@ def register_ort_ops() -> str:
         raise ImportError(f"onnxruntime-extensions is not installed ({e}): pip install onnxruntime-extensions") from e
     if not _registered:
         gemv_in = [T.dt_float, T.dt_uint8, T.dt_uint8, T.dt_float, T.dt_int64]
-        onnx_op(op_type=DUAL_PLANE_GEMV, inputs=gemv_in, outputs=[T.dt_float])(dual_plane_gemv)
+        onnx_op(op_type=DUAL_PLANE_LINEAR.graph, inputs=gemv_in, outputs=[T.dt_float])(dual_plane_gemv)
         onnx_op(op_type=GEMV_WITH_OFFSET, inputs=gemv_in + [T.dt_float], outputs=[T.dt_float])(dual_plane_gemv)
         onnx_op(op_type=RMS_NORM, inputs=[T.dt_float] * 3, outputs=[T.dt_float])(rms_norm_op)
         onnx_op(op_type=SILU_MUL, inputs=[T.dt_float] * 2, outputs=[T.dt_float])(silu_mul_op)
         onnx_op(op_type=ROTATE_ROWS, inputs=[T.dt_float] * 2, outputs=[T.dt_float])(rotate_rows_op)
         onnx_op(op_type=HADAMARD_ROWS, inputs=[T.dt_float], outputs=[T.dt_float])(hadamard_rows_op)
-        onnx_op(op_type=NESTED_KV_ATTENTION,
+        onnx_op(op_type=NESTED_KV_ATTENTION.graph,
                 inputs=[T.dt_float] * 3 + [T.dt_uint8, T.dt_uint8, T.dt_float, T.dt_int64, T.dt_int64],
                 outputs=[T.dt_float, T.dt_uint8, T.dt_uint8, T.dt_float])(nested_kv_attention)
         _registered = True
@@ -127,7 +127,7 @@ def ort_model(model):
             node.output[i] = f"{node.name}.out{i}.f32"
             after.append(helper.make_node("Cast", [node.output[i]], [name], to=TensorProto.FLOAT16))
         node.domain = contrib
-        if op == DUAL_PLANE_GEMV and len(node.input) == 6 and node.input[5]:
+        if op == DUAL_PLANE_LINEAR.graph and len(node.input) == 6 and node.input[5]:
             node.op_type = GEMV_WITH_OFFSET
         nodes += [node] + after
     del m.graph.node[:]

@@ -1,6 +1,6 @@
 """The decoder-step graph's contract shared by the ONNX exporter, the onnxruntime runner, the TensorRT
-plugins, the engine build and the TensorRT backend: op names, I/O names, view codes, the in-place KV rule
-and the optimization-profile shapes.
+plugins, the engine build and the TensorRT backend: I/O names, the in-place KV rule and the
+optimization-profile shapes (op names and view codes: plugins.contracts).
 
 One graph (and one engine) runs one pass of M tokens (1..γ+1) for either weight view and any KV view:
 
@@ -24,17 +24,9 @@ entries; verification overwrites them and rollback is a smaller committed length
 
 from dataclasses import dataclass
 
-DOMAIN = "bitnest"
-DOMAIN_VERSION = 1
-DUAL_PLANE_GEMV = "DualPlaneGemv"
-NESTED_KV_ATTENTION = "NestedKvAttention"
-OP_TYPES = (DUAL_PLANE_GEMV, NESTED_KV_ATTENTION)
 # Model-local functions (standard-op bodies; export.onnx_functions) for the float ops that feed a quantizer.
 RMS_NORM, SILU_MUL, ROTATE_ROWS, HADAMARD_ROWS = "RmsNorm", "SiluMul", "RotateRows", "HadamardRows"
 FUNCTIONS = (RMS_NORM, SILU_MUL, ROTATE_ROWS, HADAMARD_ROWS)
-
-VIEW_CODES = {"draft": 0, "target": 1}
-CODE_VIEWS = {c: v for v, c in VIEW_CODES.items()}
 
 INPUT_IDS, SEQ_LEN, KV8_FROM, VIEW, LOGITS = "input_ids", "seq_len", "kv8_from", "view", "logits"
 SCALAR_INPUTS = (SEQ_LEN, KV8_FROM, VIEW)
@@ -55,12 +47,6 @@ def kv_inputs(layer: int) -> tuple[str, str, str]:
 def kv_outputs(layer: int) -> tuple[str, str, str]:
     """Names of layer `layer`'s new-entry outputs (base, refine, scale)."""
     return f"new_kv_base.{layer}", f"new_kv_refine.{layer}", f"new_kv_scale.{layer}"
-
-
-def view_code(view: str) -> int:
-    if view not in VIEW_CODES:
-        raise ValueError(f"unknown weight view {view!r}: use one of {', '.join(VIEW_CODES)}")
-    return VIEW_CODES[view]
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ The attention plugin writes the pass's KV entries into its plane inputs in place
 
 import importlib.util
 
-from plugins.step_contract import CODE_VIEWS, DUAL_PLANE_GEMV, NESTED_KV_ATTENTION
+from plugins.contracts import CODE_VIEWS, DUAL_PLANE_LINEAR, NESTED_KV_ATTENTION
 
 PLUGIN_VERSION = "1"
 PLUGIN_NAMESPACE = ""
@@ -126,7 +126,7 @@ def _define(trt):
     class DualPlaneGemvPlugin(_Plugin):
         """y [M, N] float32 = x [M, K] @ W_view^T (plugins.kernels.dual_plane_linear)."""
 
-        name = DUAL_PLANE_GEMV
+        name = DUAL_PLANE_LINEAR.graph
         input_types = (F, U8, U8, H, I64, H)
         output_types = (F,)
 
@@ -143,7 +143,7 @@ def _define(trt):
     class NestedKvAttentionPlugin(_Plugin):
         """out [Hq, T, D] plus the new KV entries; writes them into the plane inputs in place."""
 
-        name = NESTED_KV_ATTENTION
+        name = NESTED_KV_ATTENTION.graph
         input_types = (F, F, F, U8, U8, H, I64, I64)
         output_types = (F, U8, U8, H)
 

@@ -38,7 +38,7 @@ def test_compile_kernels_rejects_a_bad_arch(tmp_path):
 
 def selfcheck(*args: str, interpret: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, TRITON_INTERPRET=interpret)
-    return subprocess.run([sys.executable, "-m", "plugins.kernels.selfcheck", *args, "--json"], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "edge.checks.kernels", *args, "--json"], cwd=ROOT,
                           capture_output=True, text=True, env=env, timeout=900)
 
 

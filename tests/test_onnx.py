@@ -77,7 +77,8 @@ def _single_node_model(op_inputs, shapes, offset: bool):
     from onnx import TensorProto as T, helper as h
 
     from plugins.onnx_schemas import register_schemas
-    from plugins.step_contract import DOMAIN, DOMAIN_VERSION, IR_VERSION, OPSET
+    from plugins.contracts import DOMAIN, DOMAIN_VERSION
+    from plugins.step_contract import IR_VERSION, OPSET
     register_schemas()
     types = [T.FLOAT, T.UINT8, T.UINT8, T.FLOAT16, T.INT64, T.FLOAT16]
     ins = [h.make_tensor_value_info(n, t, s) for n, t, s in zip(op_inputs, types, shapes)]
@@ -96,7 +97,7 @@ def test_gemv_with_offset_matches_reference(view, gen, tmp_path):
     from plugins.ort_ops import ort_session
     from plugins.packing import pack_nibbles
     from plugins.reference import dual_plane_linear
-    from plugins.step_contract import view_code
+    from plugins.contracts import view_code
 
     n, k, g, m = 96, 192, 64, 5
     codes = nest_top4of8(torch.randn(n, k, generator=gen), g)

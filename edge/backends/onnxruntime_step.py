@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 
 from edge.errors import BitNestError
-from plugins.step_contract import (INPUT_IDS, KV8_FROM, LOGITS, SEQ_LEN, VIEW, StepShapes, kv_inputs, kv_outputs,
-                                   view_code)
+from plugins.contracts import view_code
+from plugins.step_contract import INPUT_IDS, KV8_FROM, LOGITS, SEQ_LEN, VIEW, StepShapes, kv_inputs, kv_outputs
 
 
 def open_session(onnx_path, threads: int = 0):

@@ -11,8 +11,8 @@ import numpy as np
 from edge.model.checkpoint import Checkpoint
 from edge.errors import BitNestError
 from edge.decode.step_engine import StepEngine
-from plugins.step_contract import (ENGINE_FILE, INPUT_IDS, KV8_FROM, LOGITS, SEQ_LEN, VIEW, StepShapes, kv_inputs,
-                                   kv_outputs, view_code)
+from plugins.contracts import view_code
+from plugins.step_contract import ENGINE_FILE, INPUT_IDS, KV8_FROM, LOGITS, SEQ_LEN, VIEW, StepShapes, kv_inputs, kv_outputs
 
 
 def tensorrt_backend_unavailable() -> str | None:

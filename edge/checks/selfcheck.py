@@ -104,10 +104,10 @@ def check_triton(c: _Check) -> PathResult:
     env = dict(os.environ)
     if not torch.cuda.is_available():
         env["TRITON_INTERPRET"] = "1"
-    cmd = [sys.executable, "-m", "plugins.kernels.selfcheck", "--checkpoint", str(c.ckpt.path), "--json"]
+    cmd = [sys.executable, "-m", "edge.checks.kernels", "--checkpoint", str(c.ckpt.path), "--json"]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=c.opts.triton_timeout,
-                             cwd=str(Path(__file__).resolve().parents[1]))
+                             cwd=str(Path(__file__).resolve().parents[2]))
     except subprocess.TimeoutExpired:
         return PathResult("triton", "failed", f"kernel self-check timed out after {c.opts.triton_timeout} s")
     lines = out.stdout.strip().splitlines()

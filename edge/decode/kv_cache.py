@@ -1,14 +1,23 @@
 """Nested KV cache (DESIGN §4): preallocated KV4 base and KV4 refinement planes plus float16 scales for a
-fixed capacity, a scratch area for draft-time entries, and commit / rollback by committed length."""
+fixed capacity and a scratch area for draft-time entries; the KV read views; bytes per cached position.
+The committed length (commit / rollback) belongs to the engine that drives the cache (edge.decode.engine)."""
 
 from dataclasses import dataclass
 
 import torch
 
-from edge.model.decoder import attention
+from edge.model.arch import ModelConfig
+from plugins.contracts import KV_READS
+from plugins.decoder_math import attention
 from plugins.kv import dequantize_kv_mixed, quantize_kv
 
-KV_READS = ("kv4", "kv8", "recent")
+
+def kv_bytes_per_position(cfg: ModelConfig, kv: str) -> int:
+    """Bytes per cached position over all layers, K and V. fp16: 2 bytes per value. nested (DESIGN §4): two
+    packed 4-bit planes (D/2 bytes each) and one float16 scale per (layer, K/V, KV head). kv4: what a KV4 read
+    touches of the nested cache (the base plane and the scale)."""
+    per_vector = {"fp16": cfg.head_dim * 2, "nested": cfg.head_dim + 2, "kv4": cfg.head_dim // 2 + 2}[kv]
+    return cfg.num_layers * 2 * cfg.num_kv_heads * per_vector
 
 
 @dataclass(frozen=True)
@@ -27,6 +36,9 @@ class KVRead:
     def kv8_from(self, end: int) -> int:
         """First position (of `end`) read at KV8; positions before it are read at KV4."""
         return {"kv8": 0, "kv4": end}.get(self.view, max(0, end - self.recent))
+
+
+KV8 = KVRead("kv8")   # what verification, prefill and target steps read
 
 
 class _Planes:
@@ -66,11 +78,11 @@ class _Planes:
 
 
 class NestedKVCache:
-    """KV for one sequence of up to `capacity` positions, plus `scratch` draft-time slots.
+    """KV storage for one sequence of up to `capacity` positions, plus `scratch` draft-time slots.
 
-    `length` is the committed length: entries at positions >= length are not part of the sequence.
-    Verification writes real entries past `length` and `commit` moves it forward over the accepted
-    ones; rejected entries are dropped by never committing them (rollback = a smaller length).
+    Positions at or past the engine's committed length are not part of the sequence: verification writes
+    real entries there and the engine commits the accepted ones; rejected entries are dropped by never
+    committing them (rollback = a smaller committed length), and the next pass overwrites them.
     """
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int, scratch: int = 8, device=None,
@@ -82,30 +94,19 @@ class NestedKVCache:
         self.ops = ops   # kernels that attend straight from the planes (triton backend); None: dequantize + SDPA
         self.main = _Planes(layers, kv_heads, capacity, head_dim, device, ops)
         self.draft = _Planes(layers, kv_heads, scratch, head_dim, device, ops)
-        self.length = 0
 
     def nbytes(self) -> int:
         """Bytes allocated for planes and scales (main and scratch)."""
         return self.main.nbytes() + self.draft.nbytes()
 
-    def bytes_per_position(self, kv8: bool) -> int:
-        """Bytes a pass reads per cached position over all layers (K and V, scales included)."""
-        planes = 2 if kv8 else 1
-        return self.layers * 2 * self.kv_heads * (planes * self.head_dim // 2 + 2)
-
-    def check_room(self, end: int) -> None:
-        if end > self.capacity:
-            raise ValueError(f"sequence of {end} positions exceeds the KV cache capacity {self.capacity}")
-
     def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Real entries for positions [start, start + T); start may not lie before the committed length."""
-        if start < self.length:
-            raise ValueError(f"cannot overwrite committed position {start} (committed length {self.length})")
-        self.check_room(start + k.shape[1])
+        """Real entries for positions [start, start + T)."""
+        if start < 0 or start + k.shape[1] > self.capacity:
+            raise ValueError(f"positions [{start}, {start + k.shape[1]}) lie outside the KV cache capacity {self.capacity}")
         self.main.write(layer, start, k, v)
 
     def write_scratch(self, layer: int, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Draft-time entries for scratch slots [slot, slot + T) (positions length + slot, ...)."""
+        """Draft-time entries for scratch slots [slot, slot + T) (positions committed + slot, ...)."""
         if slot + k.shape[1] > self.scratch_slots:
             raise ValueError(f"draft scratch holds {self.scratch_slots} positions: lower gamma")
         self.draft.write(layer, slot, k, v)
@@ -121,12 +122,6 @@ class NestedKVCache:
             kvs = s if kvs is None else torch.cat((kvs, s), dim=2)
         return kvs[0], kvs[1]
 
-    def commit(self, length: int) -> None:
-        """Set the committed length (forward over verified entries, or back to roll rejected ones off)."""
-        if not 0 <= length <= self.capacity:
-            raise ValueError(f"committed length {length} outside [0, {self.capacity}]")
-        self.length = length
-
 
 class CachedAttention:
     """The decoder's attention over a nested cache for one pass of T tokens at positions [start, start+T).
@@ -139,7 +134,6 @@ class CachedAttention:
 
     def __init__(self, cache: NestedKVCache, start: int, kv: KVRead, draft_slot: int | None = None):
         self.cache, self.start, self.kv, self.slot = cache, start, kv, draft_slot
-        self.positions_read = 0  # summed over layers: drives kv_bytes accounting
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         c, t = self.cache, q.shape[1]
@@ -148,8 +142,7 @@ class CachedAttention:
             main_len, scratch_len = self.start + t, 0
         else:
             c.write_scratch(layer, self.slot, k, v)
-            main_len, scratch_len = c.length, self.slot + t
-        self.positions_read += main_len + scratch_len
+            main_len, scratch_len = self.start - self.slot, self.slot + t   # committed history + drafts so far
         if c.ops is not None:   # flash-decoding from the planes: KV4 positions never touch the refinement plane
             kv8_from = self.kv.kv8_from(main_len + scratch_len)
             return c.ops.nested_kv_attention(q, *c.main.layer(layer), main_len, kv8_from,

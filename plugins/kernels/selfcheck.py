@@ -1,19 +1,14 @@
-"""Kernel self-check: every Triton kernel on real planes of a checkpoint against the pure-torch references, on the
-GPU where there is one, else in the Triton interpreter (the caller sets TRITON_INTERPRET=1 before starting Python).
+"""Kernel self-check: every Triton kernel against the pure-torch references on given planes (a checkpoint's, read
+by the caller: `python -m edge.checks.kernels`) or random RTN-nested ones, on the GPU where there is one, else in
+the Triton interpreter (the caller sets TRITON_INTERPRET=1 before starting Python).
 
-    python -m plugins.kernels.selfcheck [--checkpoint DIR] [--json]
-
-GEMV: two real linears of layer 0 (q_proj and down_proj: both group sizes of the default model) at M = 1 and 5,
+GEMV: the given linears (two of layer 0 for a checkpoint: both group sizes of the default model) at M = 1 and 5,
 both views, INT8 and float16 activations. Attention and the KV write: the model's head shapes over fresh random
 K/V quantized into the nested format, at a context that is not a multiple of the kernel's chunk, KV8, KV4 and
-Recent-N. Without --checkpoint, random weights nested by RTN stand in (said in the output).
-Exit 0 when every check passes, 1 when one fails, 2 when the kernels cannot run (the reason is printed).
+Recent-N.
 """
 
-import argparse
-import json
 import os
-import sys
 
 import torch
 
@@ -29,24 +24,23 @@ def _rel(got, want) -> float:
     return ((got.double().cpu() - want.double()).norm() / want.norm()).item()
 
 
-def _linears(checkpoint):
-    """[(name, base, refine, scale, offset)] of two real linears, and the model's (Hq, Hkv, D)."""
-    if checkpoint is None:
-        gen = torch.Generator().manual_seed(0)
-        out = []
-        for name, (n, k) in (("random[576x576]", (576, 576)), ("random[576x1536]", (576, 1536))):
-            c = nest_rtn(torch.randn(n, k, generator=gen) * 0.05, 128 if k % 128 == 0 else 64)
-            out.append((name, pack_nibbles(c.q4), pack_nibbles(c.qr), c.scale, c.offset))
-        return out, (9, 3, 64)
-    from edge.model.checkpoint import load_checkpoint
-    ck = load_checkpoint(checkpoint)
-    names = ["model.layers.0.self_attn.q_proj", "model.layers.0.mlp.down_proj"]
-    cfg = ck.config
-    return [(n, *ck.planes(n)) for n in names], (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+RANDOM_HEADS = (9, 3, 64)   # (Hq, Hkv, D) of the default model, used with the random planes
 
 
-def run_checks(checkpoint=None) -> dict:
-    """All checks; raises ImportError where triton is missing, RuntimeError where no device can run it."""
+def random_linears() -> list[tuple]:
+    """[(name, base, refine, scale, offset)] of two random RTN-nested linears of the default model's shapes."""
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for name, (n, k) in (("random[576x576]", (576, 576)), ("random[576x1536]", (576, 1536))):
+        c = nest_rtn(torch.randn(n, k, generator=gen) * 0.05, 128 if k % 128 == 0 else 64)
+        out.append((name, pack_nibbles(c.q4), pack_nibbles(c.qr), c.scale, c.offset))
+    return out
+
+
+def run_checks(linears: list[tuple] | None = None, heads: tuple[int, int, int] = RANDOM_HEADS,
+               weights: str = "random (RTN-nested)") -> dict:
+    """All checks on `linears` [(name, base, refine, scale, offset)] (default: random ones) and attention heads
+    (Hq, Hkv, D); raises ImportError where triton is missing, RuntimeError where no device can run it."""
     import triton  # noqa: F401
     from plugins import kernels
     interp = os.environ.get("TRITON_INTERPRET") == "1"
@@ -59,8 +53,8 @@ def run_checks(checkpoint=None) -> dict:
     def add(name, err, limit):
         checks.append({"name": name, "max_rel_err": err, "limit": limit, "passed": bool(err < limit)})
 
-    linears, (hq, hkv, d) = _linears(checkpoint)
-    for name, base, refine, scale, offset in linears:
+    hq, hkv, d = heads
+    for name, base, refine, scale, offset in linears or random_linears():
         planes = [t if t is None else t.to(dev) for t in (base, refine, scale, offset)]
         for m in (1, 5):
             x = torch.randn(m, base.shape[1] * 2, generator=gen)
@@ -87,31 +81,5 @@ def run_checks(checkpoint=None) -> dict:
     checks.append({"name": "write_kv bit-exact", "max_rel_err": 0.0 if exact else None, "limit": 0.0,
                    "passed": exact})
     return {"passed": all(c["passed"] for c in checks), "device": "interpreter" if interp else "cuda",
-            "weights": str(checkpoint) if checkpoint else "random (RTN-nested)", "checks": checks, "reason": None}
+            "weights": weights, "checks": checks, "reason": None}
 
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m plugins.kernels.selfcheck", description=__doc__.splitlines()[0])
-    p.add_argument("--checkpoint", help="nested checkpoint folder (default: random RTN-nested weights)")
-    p.add_argument("--json", action="store_true", help="print one JSON object last")
-    a = p.parse_args(argv)
-    from edge.errors import BitNestError
-    try:
-        result = run_checks(a.checkpoint)
-        code = 0 if result["passed"] else 1
-    except (ImportError, RuntimeError) as e:
-        result, code = {"passed": False, "device": None, "checks": [], "reason": f"cannot run the kernels: {e}"}, 2
-    except (BitNestError, ValueError, FileNotFoundError) as e:   # a bad checkpoint: one line, no traceback
-        result, code = {"passed": False, "device": None, "checks": [], "reason": str(e)}, 2
-    if a.json:
-        print(json.dumps(result))
-    else:
-        for c in result["checks"]:
-            print(f"{'ok  ' if c['passed'] else 'FAIL'} {c['name']}: rel err {c['max_rel_err']}")
-        if result["reason"]:
-            print(f"selfcheck: {result['reason']}", file=sys.stderr)
-    return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())
