@@ -1,17 +1,18 @@
-"""The runtime a user drives: a checkpoint, its tokenizer and chat template, a backend and one engine,
-turning prompts into text with streaming and decode statistics."""
+"""The runtime a user drives: a checkpoint, its tokenizer and chat template, and one engine of a backend
+(sized from the memory plan when a device profile is given), turning prompts into text with streaming and
+decode statistics."""
 
 import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
 
-from edge.backends import make_weights
-from edge.model.checkpoint import load_checkpoint
-from edge.decode.engine import Engine
-from edge.decode.generate import GenerateConfig, generate
-from edge.memory.plan import check_request, fit_context, plan_for_runtime
+from edge.backends import check_backend, make_engine
+from edge.decode.config import GenerateConfig
+from edge.decode.generate import generate
 from edge.decode.stats import DecodeStats, fp16_weight_bytes_per_pass
+from edge.memory.plan import check_request, fit_context, plan_for_runtime
+from edge.model.checkpoint import load_checkpoint
 
 
 def load_tokenizer(folder: Path):
@@ -21,23 +22,19 @@ def load_tokenizer(folder: Path):
 
 
 class Runtime:
-    """Loads a checkpoint once; `run` generates for one prompt (or a chat history) at a time."""
+    """Loads a checkpoint once; `generate` runs one prompt (or a chat history) at a time."""
 
     def __init__(self, checkpoint, backend: str = "cpu", max_context: int | None = 2048, prefill_chunk: int = 256,
                  scratch: int = 17, device: Optional[str] = None):
+        check_backend(backend)
         self.ckpt = load_checkpoint(checkpoint)
         self.tokenizer = load_tokenizer(self.ckpt.path)
         self.plan = None
-        if device is not None:  # allocate from the memory plan (DESIGN §8): max_context None = the largest that fits
+        if device is not None:  # allocate from the memory plan (docs/memory.md): max_context None = the largest that fits
             self.plan = plan_for_runtime(self.ckpt, device, backend, prefill_chunk, scratch)
             max_context = fit_context(self.plan, max_context)
         self.backend = backend
-        if backend == "tensorrt":  # the engine beside the checkpoint runs whole steps (edge.backends.tensorrt_step)
-            from edge.backends.tensorrt_step import tensorrt_engine
-            self.weights, self.engine = None, tensorrt_engine(self.ckpt, max_context)
-        else:
-            self.weights = make_weights(backend, self.ckpt)
-            self.engine = Engine(self.ckpt, self.weights, max_context, scratch=scratch, prefill_chunk=prefill_chunk)
+        self.engine = make_engine(backend, self.ckpt, max_context, scratch=scratch, prefill_chunk=prefill_chunk)
         eos = set(self.ckpt.config.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
@@ -52,12 +49,12 @@ class Runtime:
         return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                                        return_dict=False))
 
-    def run(self, prompt_ids: list[int], cfg: GenerateConfig, stop_strings: tuple[str, ...] = (),
-            on_text: Optional[Callable[[str], None]] = None) -> dict:
+    def generate(self, prompt_ids: list[int], cfg: GenerateConfig, stop_strings: tuple[str, ...] = (),
+                 on_text: Optional[Callable[[str], None]] = None) -> dict:
         """Generate after `prompt_ids`; stream decoded text deltas to `on_text`. Returns
         {"text", "tokens", "stats"} with the stop token (EOS) left out of the text."""
         if self.plan is not None:
-            check_request(self.plan, self.engine.cache.capacity, len(prompt_ids), cfg.max_new_tokens)
+            check_request(self.plan, self.engine.capacity, len(prompt_ids), cfg.max_new_tokens)
         tok = self.tokenizer
         collected, shown = [], [""]
 
@@ -81,7 +78,7 @@ class Runtime:
         return {"text": text, "tokens": tokens, "stats": stats}
 
     def describe(self) -> dict:
-        return {"activations": getattr(self.weights, "activations", "int8" if self.backend == "tensorrt" else "float32"),
+        return {"activations": self.engine.activations,
                 "fp16_weight_bytes_per_token": self.fp16_bytes_per_token,
                 "method": self.ckpt.method}
 

@@ -17,11 +17,35 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edge.model.checkpoint import HEAD, Checkpoint, load_checkpoint
 from edge.model.decoder import rope_tables
-from export.onnx_functions import (hadamard_rows_function, rms_norm_function, rotate_rows_function,
-                                   silu_mul_function)
+from export.onnx_functions import (
+    hadamard_rows_function,
+    rms_norm_function,
+    rotate_rows_function,
+    silu_mul_function,
+)
+from plugins.contracts import (
+    DOMAIN,
+    DOMAIN_VERSION,
+    DUAL_PLANE_LINEAR,
+    NESTED_KV_ATTENTION,
+)
 from plugins.onnx_schemas import bitnest_node_counts, register_schemas
-from plugins.contracts import DOMAIN, DOMAIN_VERSION, DUAL_PLANE_LINEAR, NESTED_KV_ATTENTION
-from plugins.step_contract import HADAMARD_ROWS, INPUT_IDS, IR_VERSION, KV8_FROM, LOGITS, ONNX_FILE, OPSET, RMS_NORM, ROTATE_ROWS, SEQ_LEN, SILU_MUL, VIEW, kv_inputs, kv_outputs
+from plugins.step_contract import (
+    HADAMARD_ROWS,
+    INPUT_IDS,
+    IR_VERSION,
+    KV8_FROM,
+    LOGITS,
+    ONNX_FILE,
+    OPSET,
+    RMS_NORM,
+    ROTATE_ROWS,
+    SEQ_LEN,
+    SILU_MUL,
+    VIEW,
+    kv_inputs,
+    kv_outputs,
+)
 
 # Above this many initializer bytes the weights go to an external data file (protobuf caps a message at 2 GiB).
 EXTERNAL_DATA_BYTES = 1 << 30

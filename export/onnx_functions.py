@@ -6,8 +6,8 @@ INT8 activation and KV codes match the torch backend's bit for bit."""
 import numpy as np
 from onnx import FunctionProto, helper, numpy_helper
 
-from plugins.hadamard import hadamard_factor_matrices
 from plugins.contracts import DOMAIN
+from plugins.hadamard import hadamard_factor_matrices
 from plugins.step_contract import HADAMARD_ROWS, OPSET, RMS_NORM, ROTATE_ROWS, SILU_MUL
 
 

@@ -9,7 +9,6 @@ from pathlib import Path
 import torch
 
 from edge.model.checkpoint import HEAD, load_checkpoint
-from edge.errors import BitNestError
 from edge.model.decoder import OnlineRotations
 from export.calibration import calibration_windows
 from export.quantize import QuantOptions, nest_model

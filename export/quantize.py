@@ -13,7 +13,13 @@ from edge.model.decoder import Decoder, OnlineRotations, causal_attention
 from edge.model.float_store import FloatWeights
 from export.gptq import gptq_base, gptq_refine
 from plugins.contracts import group_size_for
-from plugins.nesting import NestedCodes, dequantize, nest_rtn, nest_top4of8, refine_codes
+from plugins.nesting import (
+    NestedCodes,
+    dequantize,
+    nest_rtn,
+    nest_top4of8,
+    refine_codes,
+)
 
 METHODS = ("bitnest", "rtn", "top4of8")
 REFINES = ("closed", "gptq")

@@ -8,7 +8,13 @@ from pathlib import Path
 
 from edge.atomic import write_atomic
 from edge.errors import BitNestError
-from plugins.step_contract import ENGINE_FILE, LOGITS, ProfileSpec, StepShapes, kv_inputs
+from plugins.step_contract import (
+    ENGINE_FILE,
+    LOGITS,
+    ProfileSpec,
+    StepShapes,
+    kv_inputs,
+)
 
 
 def engine_build_unavailable() -> str | None:

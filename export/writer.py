@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from edge.model.checkpoint import MANIFEST, WEIGHTS, is_checkpoint_dir, sha256_file
 from edge.errors import BitNestError
+from edge.model.checkpoint import MANIFEST, WEIGHTS, is_checkpoint_dir, sha256_file
 from plugins.nesting import NestedCodes
 from plugins.packing import pack_nibbles
 

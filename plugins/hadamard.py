@@ -87,7 +87,6 @@ def apply_hadamard(x: torch.Tensor, n: int) -> torch.Tensor:
         raise ValueError(f"cannot apply a Hadamard of order {n} to a last dimension of {x.shape[-1]}")
     lead = x.shape[:-1]
     y = x.reshape(*lead, *factors)
-    nd = len(factors)
     for axis, f in enumerate(factors):
         m = _factor_matrix(f).to(dtype=x.dtype, device=x.device)
         # move this factor's axis last, multiply, move it back

@@ -6,7 +6,14 @@ from typing import Optional
 
 import torch
 
-from plugins.contracts import ACT_QMAX, Q4_MAX, Q4_MIN, QR_MIN_AT_BASE_MIN, REFINE_DIVISOR, check_view
+from plugins.contracts import (
+    ACT_QMAX,
+    Q4_MAX,
+    Q4_MIN,
+    QR_MIN_AT_BASE_MIN,
+    REFINE_DIVISOR,
+    check_view,
+)
 
 _MIN_SCALE = 2.0 ** -24  # smallest positive float16 (subnormal); keeps codes finite for all-zero groups
 

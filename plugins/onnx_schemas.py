@@ -6,7 +6,12 @@ import onnx
 from onnx import TensorProto
 from onnx.defs import OpSchema
 
-from plugins.contracts import DOMAIN, DOMAIN_VERSION, DUAL_PLANE_LINEAR, NESTED_KV_ATTENTION
+from plugins.contracts import (
+    DOMAIN,
+    DOMAIN_VERSION,
+    DUAL_PLANE_LINEAR,
+    NESTED_KV_ATTENTION,
+)
 
 _P = OpSchema.FormalParameter
 _OPTIONAL = OpSchema.FormalParameterOption.Optional

@@ -18,9 +18,15 @@ import numpy as np
 import torch
 
 from plugins import reference
-from plugins.decoder_math import attention, hadamard_rows, rms_norm, rotate_rows, silu_mul
-from plugins.kv import dequantize_kv_mixed, quantize_kv
 from plugins.contracts import CODE_VIEWS, DOMAIN, DUAL_PLANE_LINEAR, NESTED_KV_ATTENTION
+from plugins.decoder_math import (
+    attention,
+    hadamard_rows,
+    rms_norm,
+    rotate_rows,
+    silu_mul,
+)
+from plugins.kv import dequantize_kv_mixed, quantize_kv
 from plugins.step_contract import HADAMARD_ROWS, RMS_NORM, ROTATE_ROWS, SILU_MUL
 
 GEMV_WITH_OFFSET = DUAL_PLANE_LINEAR.graph + "Offset"
@@ -84,7 +90,8 @@ def register_ort_ops() -> str:
     """Register both ops with onnxruntime-extensions (once per process); returns the extensions' library path."""
     global _registered
     try:
-        from onnxruntime_extensions import PyCustomOpDef as T, get_library_path, onnx_op
+        from onnxruntime_extensions import PyCustomOpDef as T
+        from onnxruntime_extensions import get_library_path, onnx_op
     except ImportError as e:
         raise ImportError(f"onnxruntime-extensions is not installed ({e}): pip install onnxruntime-extensions") from e
     if not _registered:

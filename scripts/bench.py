@@ -19,14 +19,14 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import torch  # noqa: E402
 
+from edge.analysis.corpora import sharegpt_prompts  # noqa: E402
 from edge.backends import BACKENDS  # noqa: E402
 from edge.cli.common import run_cli  # noqa: E402
-from edge.analysis.corpora import sharegpt_prompts  # noqa: E402
-from edge.decode.generate import GenerateConfig  # noqa: E402
-from edge.decode.policies import POLICIES  # noqa: E402
 from edge.cli.options import adaptive_config, add_policy_arguments, gate_config  # noqa: E402
-from edge.runtime import Runtime, merged_summary  # noqa: E402
+from edge.decode.generate import GenerateConfig  # noqa: E402
+from edge.decode.registry import POLICIES  # noqa: E402
 from edge.decode.thresholds import resolve_gate  # noqa: E402
+from edge.runtime import Runtime, merged_summary  # noqa: E402
 from export.pipeline import ensure_default_checkpoint  # noqa: E402
 
 
@@ -55,7 +55,7 @@ def profile(rt: Runtime, prompt: list[int], a) -> dict:
     import pstats
     prof = cProfile.Profile()
     prof.enable()
-    rt.run(prompt, GenerateConfig(policy="speculative", gamma=a.gamma, max_new_tokens=a.max_new_tokens))
+    rt.generate(prompt, GenerateConfig(policy="speculative", gamma=a.gamma, max_new_tokens=a.max_new_tokens))
     prof.disable()
     st = pstats.Stats(prof)
     total = sum(v[2] for v in st.stats.values())
@@ -76,7 +76,7 @@ def run(a) -> dict:
         cfg = GenerateConfig(policy=policy, gamma=a.gamma, max_new_tokens=a.max_new_tokens,
                              gate=resolve_gate(rt, policy, gate_config(a)), adaptive=adaptive_config(a))
         for _ in range(a.repeats):
-            run_stats = [rt.run(p, cfg)["stats"] for p in prompts]
+            run_stats = [rt.generate(p, cfg)["stats"] for p in prompts]
             summary = merged_summary(run_stats)
             rates.append(summary["tok_s"])
             stats = summary

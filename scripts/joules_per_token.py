@@ -15,13 +15,13 @@ from pathlib import Path
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from edge.cli.common import run_cli  # noqa: E402
 from edge.analysis.corpora import sharegpt_prompts  # noqa: E402
+from edge.cli.common import run_cli  # noqa: E402
+from edge.decode.generate import GenerateConfig  # noqa: E402
+from edge.decode.registry import POLICIES  # noqa: E402
 from edge.energy import METERS, make_meter  # noqa: E402
 from edge.energy.decode_energy import energy_summary, idle_power, metered_generate  # noqa: E402
 from edge.errors import BitNestError  # noqa: E402
-from edge.decode.generate import GenerateConfig  # noqa: E402
-from edge.decode.policies import POLICIES  # noqa: E402
 from edge.runtime import Runtime, merged_summary  # noqa: E402
 
 

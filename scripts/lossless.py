@@ -17,9 +17,9 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import torch  # noqa: E402
 
+from edge.analysis.corpora import shakespeare_prompts, sharegpt_prompts  # noqa: E402
 from edge.backends import BACKENDS  # noqa: E402
 from edge.cli.common import run_cli  # noqa: E402
-from edge.analysis.corpora import shakespeare_prompts, sharegpt_prompts  # noqa: E402
 from edge.decode.generate import GenerateConfig  # noqa: E402
 from edge.runtime import Runtime, merged_summary  # noqa: E402
 from export.pipeline import ensure_default_checkpoint  # noqa: E402
@@ -42,8 +42,8 @@ def run(a) -> dict:
     stats = {c: {"speculative": [], "target": []} for c in ("sharegpt", "shakespeare")}
     for corpus, text, chat in prompts:
         ids = rt.encode(text, chat)
-        t_run = rt.run(ids, GenerateConfig(policy="target", max_new_tokens=a.max_new_tokens))
-        spec = rt.run(ids, GenerateConfig(policy="speculative", gamma=a.gamma, max_new_tokens=a.max_new_tokens))
+        t_run = rt.generate(ids, GenerateConfig(policy="target", max_new_tokens=a.max_new_tokens))
+        spec = rt.generate(ids, GenerateConfig(policy="speculative", gamma=a.gamma, max_new_tokens=a.max_new_tokens))
         target = t_run["tokens"]
         stats[corpus]["target"].append(t_run["stats"])
         stats[corpus]["speculative"].append(spec["stats"])

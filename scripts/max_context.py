@@ -16,12 +16,12 @@ from pathlib import Path
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from edge.model.checkpoint import load_checkpoint  # noqa: E402
 from edge.cli.common import run_cli  # noqa: E402
-from edge.memory.devices import DEVICES, MiB, get_profile  # noqa: E402
 from edge.errors import BitNestError  # noqa: E402
-from edge.memory.plan import CONFIGS, Workload, plan  # noqa: E402
+from edge.memory.devices import DEVICES, MiB, get_profile  # noqa: E402
 from edge.memory.model_shapes import MODEL_PRESETS  # noqa: E402
+from edge.memory.plan import CONFIGS, Workload, plan  # noqa: E402
+from edge.model.checkpoint import load_checkpoint  # noqa: E402
 
 
 def resolve_model(name: str):

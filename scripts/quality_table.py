@@ -14,9 +14,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[0] = str(ROOT)
 
-from edge.model.checkpoint import is_checkpoint_dir, read_manifest  # noqa: E402
-from edge.cli.common import run_cli  # noqa: E402
 from edge.analysis.evaluate import EvalOptions, evaluate  # noqa: E402
+from edge.cli.common import run_cli  # noqa: E402
+from edge.model.checkpoint import is_checkpoint_dir, read_manifest  # noqa: E402
 from export.pipeline import ExportOptions, run_export  # noqa: E402
 from export.quantize import QuantOptions  # noqa: E402
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repo root, not scripts/
 
-from edge.cli.common import run_cli  # noqa: E402
 from edge.checks.selfcheck import PATHS, SelfCheckOptions, run_selfcheck  # noqa: E402
+from edge.cli.common import run_cli  # noqa: E402
 
 
 def onnx_for(checkpoint: Path, workdir: str) -> str:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repo root, not scripts/
 
-from edge.cli.common import run_cli  # noqa: E402
 from edge.checks.onnx_check import MODES, CheckOptions, verify  # noqa: E402
+from edge.cli.common import run_cli  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -75,6 +75,7 @@ def small_llama_checkpoint(tmp_path_factory, default_model):
     """A 2-layer Llama (hidden 128, head dim 64, GQA 2:1) with random weights, exported RTN with R1/R2/R4: small
     enough for the Triton interpreter to run whole passes, with the kernels' minimum head dim."""
     from transformers import LlamaConfig, LlamaForCausalLM
+
     from export.pipeline import ExportOptions, run_export
     from export.quantize import QuantOptions
     torch.manual_seed(4321)

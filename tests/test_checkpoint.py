@@ -8,8 +8,8 @@ import sys
 import pytest
 import torch
 
-from edge.model.checkpoint import MANIFEST, WEIGHTS, load_checkpoint
 from edge.errors import BitNestError, CheckpointError
+from edge.model.checkpoint import MANIFEST, WEIGHTS, load_checkpoint
 from export.writer import check_output_dir
 from plugins.packing import unpack_nibbles
 from plugins.reference import dequantized_weight

@@ -4,13 +4,12 @@ backends, KV8 and KV4 drafting), byte accounting, sampling, and bit-identical ve
 import pytest
 import torch
 
-from edge.backends import make_weights
-from edge.model.checkpoint import load_checkpoint
-from edge.decode.engine import Engine
-from edge.decode.generate import GenerateConfig
-from edge.decode.policies import DraftKVPolicy
-from edge.runtime import Runtime
+from edge.backends import make_backend
+from edge.decode.config import DraftKVPolicy, GenerateConfig
+from edge.decode.engine import PassEngine
 from edge.decode.sampling import SamplingConfig
+from edge.model.checkpoint import load_checkpoint
+from edge.runtime import Runtime
 
 PROMPTS = ["Write a short poem about the sea.", "What is the capital of France? Explain briefly.",
            "List three uses of a paperclip."]
@@ -22,7 +21,7 @@ def cpu_runtime(rtn_checkpoint):
 
 
 def _run(rt, prompt, **kw):
-    return rt.run(rt.encode(prompt), GenerateConfig(**kw))
+    return rt.generate(rt.encode(prompt), GenerateConfig(**kw))
 
 
 @pytest.mark.parametrize("draft_kv", [DraftKVPolicy(), DraftKVPolicy(kv8_below=0), DraftKVPolicy(0, "recent", 8)])
@@ -55,16 +54,16 @@ def test_speculative_equals_target_on_torch_backend(rtn_checkpoint):
 def test_verification_pass_is_bit_identical_to_ar_steps(rtn_checkpoint):
     for backend in ("cpu", "torch"):
         ck = load_checkpoint(rtn_checkpoint)
-        eng = Engine(ck, make_weights(backend, ck), 32)
+        eng = PassEngine(ck, make_backend(backend, ck), 32)
         ids = [1, 504, 3145, 282, 260, 3622, 30, 5000]
         eng.prefill(ids[:3])
-        batch = eng.run(ids[3:], "target")
+        batch = eng.forward(ids[3:], "target")
         eng.reset()
         eng.prefill(ids[:3])
         steps = []
         for t in ids[3:]:
-            steps.append(eng.run([t], "target")[-1])
-            eng.cache.commit(eng.cache.length + 1)
+            steps.append(eng.forward([t], "target")[-1])
+            eng.commit(eng.length + 1)
         assert torch.equal(batch, torch.stack(steps)), backend
 
 

@@ -75,7 +75,7 @@ def test_tegrastats_meter_on_replayed_lines():
 
 
 def test_meter_dying_mid_run_marks_the_figure_unavailable(rtn_checkpoint):
-    from edge.decode.generate import GenerateConfig
+    from edge.decode.config import GenerateConfig
     from edge.runtime import Runtime
     rt = Runtime(rtn_checkpoint, backend="torch", max_context=256)     # torch: no re-layout at load
     ids = rt.encode("Write a short poem about the sea.")

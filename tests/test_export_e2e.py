@@ -7,10 +7,10 @@ import sys
 import pytest
 import torch
 
-from edge.backends.torch_ref import TorchReferenceWeights
-from edge.model.checkpoint import load_checkpoint
 from edge.analysis.corpora import eval_text
 from edge.analysis.evaluate import EvalOptions, evaluate
+from edge.backends.torch_ref import TorchBackend
+from edge.model.checkpoint import load_checkpoint
 from edge.model.decoder import Decoder
 from edge.runtime import load_tokenizer
 from export.pipeline import ExportOptions, run_export
@@ -45,8 +45,8 @@ def test_int8_activation_views_track_float_views(gptq_checkpoint, gen):
     start = int(torch.randint(0, len(text) - 64, (1,), generator=gen))
     ids = torch.tensor(text[start:start + 64])
     for view in ("draft", "target"):
-        f = Decoder(ck.config, TorchReferenceWeights(ck, act_int8=False), ck.rotations).forward(ids, view)
-        q = Decoder(ck.config, TorchReferenceWeights(ck, act_int8=True), ck.rotations).forward(ids, view)
+        f = Decoder(ck.config, TorchBackend(ck, act_int8=False), ck.rotations).forward(ids, view)
+        q = Decoder(ck.config, TorchBackend(ck, act_int8=True), ck.rotations).forward(ids, view)
         err = ((q - f).norm() / f.norm()).item()
         assert err < 0.1, f"{view}: int8 activations moved logits by {err:.3g}"
 

@@ -8,15 +8,24 @@ import shutil
 import pytest
 import torch
 
-from edge.decode.adaptive import AdaptiveConfig
 from edge.analysis.compare import departures, target_choices
-from edge.decode.gates import GateConfig, is_uncertain, random_schedule
-from edge.decode.generate import GenerateConfig
-from edge.runtime import Runtime
-from edge.decode.sampling import SamplingConfig
-from edge.decode.thresholds import (RATES, THRESHOLDS_FILE, calibration_traces, order_by_uncertainty, rate_key,
-                             read_thresholds, resolve_gate, save_thresholds, thresholds_from_traces)
 from edge.analysis.trace import trace_prompt
+from edge.decode.adaptive import AdaptiveConfig
+from edge.decode.config import GenerateConfig
+from edge.decode.gates import GateConfig, is_uncertain, random_schedule
+from edge.decode.sampling import SamplingConfig
+from edge.decode.thresholds import (
+    RATES,
+    THRESHOLDS_FILE,
+    calibration_traces,
+    order_by_uncertainty,
+    rate_key,
+    read_thresholds,
+    resolve_gate,
+    save_thresholds,
+    thresholds_from_traces,
+)
+from edge.runtime import Runtime
 
 PROMPTS = ["Write a short poem about the sea.", "What is the capital of France? Explain briefly.",
            "List three uses of a paperclip."]
@@ -30,7 +39,7 @@ def rt(rtn_checkpoint):
 
 
 def _run(rt, prompt, chat=True, **kw):
-    return rt.run(rt.encode(prompt, chat), GenerateConfig(**kw))
+    return rt.generate(rt.encode(prompt, chat), GenerateConfig(**kw))
 
 
 def _bytes(rt, draft_passes, target_passes):
@@ -181,7 +190,7 @@ def test_departures_on_a_gates_own_history(rt):
     """The target reproduces its own run on its own history; a gate that always escalates never departs;
     one that never escalates departs exactly where the draft's own run leaves the target's choices."""
     prompts = [rt.encode(p) for p in PROMPTS[:2]]
-    run = lambda policy, **kw: [rt.run(p, GenerateConfig(policy=policy, max_new_tokens=16, **kw)) for p in prompts]
+    run = lambda policy, **kw: [rt.generate(p, GenerateConfig(policy=policy, max_new_tokens=16, **kw)) for p in prompts]
     target = run("target")
     assert all(target_choices(rt, p, r["tokens"]) == r["tokens"] for p, r in zip(prompts, target))
     always = departures(rt, prompts, run("gate-random", gate=GateConfig(rate=1.0)))

@@ -3,8 +3,13 @@
 import pytest
 import torch
 
-from plugins.hadamard import (apply_hadamard, hadamard_factors, hadamard_matrix, random_orthogonal,
-                              randomized_hadamard)
+from plugins.hadamard import (
+    apply_hadamard,
+    hadamard_factors,
+    hadamard_matrix,
+    random_orthogonal,
+    randomized_hadamard,
+)
 
 
 @pytest.mark.parametrize("n,factors", [(64, (64,)), (576, (12, 12, 4)), (1536, (12, 128)), (12, (12,)),

@@ -5,11 +5,11 @@ every run (the seed is printed on failure), outputs poisoned before each launch,
 import pytest
 import torch
 
+from plugins import reference
 from plugins.kernels import dual_plane_linear, nested_kv_attention, write_kv
 from plugins.kv import quantize_kv
 from plugins.nesting import nest_rtn, nest_top4of8
 from plugins.packing import pack_nibbles
-from plugins import reference
 from tests.conftest import KERNEL_DEVICE as DEV
 
 

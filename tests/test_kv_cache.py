@@ -1,7 +1,8 @@
 """Nested KV cache: views, scratch area, and commit / rollback as a property over random operation sequences."""
 
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from edge.decode.kv_cache import KVRead, NestedKVCache
 from plugins.kv import dequantize_kv, quantize_kv

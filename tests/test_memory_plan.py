@@ -7,14 +7,21 @@ from pathlib import Path
 
 import pytest
 
-from edge.memory.alloc_trace import storage_bytes
-from edge.backends import make_weights
-from edge.model.checkpoint import load_checkpoint
-from edge.memory.devices import PRESETS, get_profile, meminfo
-from edge.errors import BitNestError
+from edge.backends import make_backend
 from edge.decode.kv_cache import NestedKVCache
-from edge.memory.plan import CONFIGS, Workload, dense_weight_bytes, kv_bytes_per_position, nested_weight_bytes, plan
+from edge.errors import BitNestError
+from edge.memory.alloc_trace import storage_bytes
+from edge.memory.devices import PRESETS, get_profile, meminfo
 from edge.memory.model_shapes import MODEL_PRESETS
+from edge.memory.plan import (
+    CONFIGS,
+    Workload,
+    dense_weight_bytes,
+    kv_bytes_per_position,
+    nested_weight_bytes,
+    plan,
+)
+from edge.model.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -31,7 +38,7 @@ def test_weight_formulas_match_the_loaded_checkpoint(rtn_checkpoint):
     ckpt = load_checkpoint(rtn_checkpoint, verify=False)
     held = sum(t.numel() * t.element_size() for t in ckpt.tensors.values())
     assert sum(nested_weight_bytes(ckpt, "canonical").values()) == held
-    weights = make_weights("torch", ckpt)
+    weights = make_backend("torch", ckpt)
     assert storage_bytes(weights, ckpt.tensors) == held
 
 
@@ -71,19 +78,19 @@ def _small_local():
 
 
 def test_runtime_allocates_from_the_plan_and_refuses_over_it(rotated_checkpoint):
-    from edge.decode.generate import GenerateConfig
+    from edge.decode.config import GenerateConfig
     from edge.runtime import Runtime
     from plugins.hadamard import _factor_matrix
     _factor_matrix.cache_clear()     # as in a fresh process: the plan's dry run is the first Hadamard user
     dev = _small_local()
     rt = Runtime(rotated_checkpoint, backend="torch", max_context=None, device=dev, prefill_chunk=64, scratch=5)
-    cap = rt.engine.cache.capacity
+    cap = rt.engine.capacity
     assert cap == rt.plan.max_context > 1000
     with pytest.raises(BitNestError, match=f"largest context that fits {dev.name} is {cap:,}"):
-        rt.run([1] * (cap - 10), GenerateConfig(policy="target", max_new_tokens=11))
-    assert rt.engine.stats.prefill_tokens == 0 and rt.engine.cache.length == 0      # refused before any work
+        rt.generate([1] * (cap - 10), GenerateConfig(policy="target", max_new_tokens=11))
+    assert rt.engine.stats.prefill_tokens == 0 and rt.engine.length == 0      # refused before any work
     # the plan's meta-device dry run (R1, online R4) leaves nothing behind that real passes would trip on
-    out = rt.run(rt.encode("Name a colour."), GenerateConfig(policy="speculative", max_new_tokens=3))
+    out = rt.generate(rt.encode("Name a colour."), GenerateConfig(policy="speculative", max_new_tokens=3))
     assert len(out["tokens"]) == 3
     with pytest.raises(BitNestError, match=f"the largest that fits is {cap:,}"):
         Runtime(rotated_checkpoint, backend="torch", max_context=cap + 1, device=dev, prefill_chunk=64, scratch=5)
@@ -113,8 +120,8 @@ def test_max_context_cli_errors(capsys):
 
 
 def test_cuda_device_without_a_gpu_is_a_one_line_error(capsys):
-    import torch
     import max_context
+    import torch
     if torch.cuda.is_available():
         pytest.skip("a CUDA GPU is visible here: test_cuda_profile covers it")
     assert max_context.main(["--device", "cuda", "--model", "llama-3-8b"]) == 2

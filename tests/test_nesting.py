@@ -3,8 +3,15 @@
 import torch
 
 from plugins.contracts import group_size_for
-from plugins.nesting import (NestedCodes, dequantize, nest_rtn, nest_top4of8, quantize_base, refine_codes,
-                             symmetric_scale)
+from plugins.nesting import (
+    NestedCodes,
+    dequantize,
+    nest_rtn,
+    nest_top4of8,
+    quantize_base,
+    refine_codes,
+    symmetric_scale,
+)
 from plugins.packing import pack_nibbles, unpack_nibbles
 from plugins.reference import dequantized_weight
 

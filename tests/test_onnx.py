@@ -60,9 +60,9 @@ def test_round_trip_matches_torch_rotated_both_views(rotated_checkpoint, rotated
 
 
 def test_round_trip_matches_torch_rtn_both_views(rtn_checkpoint, tmp_path):
-    from edge.model.checkpoint import load_checkpoint
-    from edge.checks.onnx_check import CheckOptions, chat_prompts, compare
     from edge.backends.onnxruntime_step import open_session
+    from edge.checks.onnx_check import CheckOptions, chat_prompts, compare
+    from edge.model.checkpoint import load_checkpoint
     from export.onnx_export import export_onnx
 
     path = export_onnx(rtn_checkpoint, tmp_path / "step.onnx")["onnx"]
@@ -74,10 +74,11 @@ def test_round_trip_matches_torch_rtn_both_views(rtn_checkpoint, tmp_path):
 
 
 def _single_node_model(op_inputs, shapes, offset: bool):
-    from onnx import TensorProto as T, helper as h
+    from onnx import TensorProto as T
+    from onnx import helper as h
 
-    from plugins.onnx_schemas import register_schemas
     from plugins.contracts import DOMAIN, DOMAIN_VERSION
+    from plugins.onnx_schemas import register_schemas
     from plugins.step_contract import IR_VERSION, OPSET
     register_schemas()
     types = [T.FLOAT, T.UINT8, T.UINT8, T.FLOAT16, T.INT64, T.FLOAT16]
@@ -93,11 +94,11 @@ def _single_node_model(op_inputs, shapes, offset: bool):
 @pytest.mark.parametrize("view", ["draft", "target"])
 def test_gemv_with_offset_matches_reference(view, gen, tmp_path):
     """The top4of8 form (offset input) through onnxruntime against the float64 reference, fresh inputs."""
+    from plugins.contracts import view_code
     from plugins.nesting import nest_top4of8
     from plugins.ort_ops import ort_session
     from plugins.packing import pack_nibbles
     from plugins.reference import dual_plane_linear
-    from plugins.contracts import view_code
 
     n, k, g, m = 96, 192, 64, 5
     codes = nest_top4of8(torch.randn(n, k, generator=gen), g)

@@ -2,7 +2,8 @@
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from plugins.packing import pack_nibbles, unpack_nibbles
 

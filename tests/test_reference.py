@@ -52,7 +52,7 @@ def test_draft_reads_no_refinement(gen):
 def test_nested_kv_attention_reference_matches_dequantized_attention(gen):
     """The attention oracle equals plain causal attention over the dequantized KV view, for every view
     (kv8_from = 0, S, S - N) and with part of the sequence held in scratch planes."""
-    from edge.model.decoder import attention
+    from plugins.decoder_math import attention
     from plugins.kv import dequantize_kv, quantize_kv
     from plugins.reference import nested_kv_attention
 

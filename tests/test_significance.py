@@ -7,8 +7,19 @@ import math
 import numpy as np
 import pytest
 
-from edge.analysis.replay import _escalate_top, _gate_effect, gate_bytes, lagged_bytes, speculation_replay
-from edge.analysis.significance import bootstrap_ci, mcnemar_exact, paired_bootstrap_diff, roc_auc
+from edge.analysis.replay import (
+    _escalate_top,
+    _gate_effect,
+    gate_bytes,
+    lagged_bytes,
+    speculation_replay,
+)
+from edge.analysis.significance import (
+    bootstrap_ci,
+    mcnemar_exact,
+    paired_bootstrap_diff,
+    roc_auc,
+)
 from edge.analysis.trace import StepTrace
 
 

@@ -58,8 +58,9 @@ def test_engine_build_and_decode_match_reference(rtn_checkpoint, tmp_path):
     """On a TensorRT machine: build the engine and decode a few tokens losslessly."""
     _trt_or_skip()
     from edge.backends.tensorrt_step import tensorrt_engine
+    from edge.decode.config import GenerateConfig
+    from edge.decode.generate import generate
     from edge.model.checkpoint import load_checkpoint
-    from edge.decode.generate import GenerateConfig, generate
     from export.onnx_export import export_onnx
     from export.trt_build import build_engine
     onnx_path = export_onnx(rtn_checkpoint, tmp_path / "decoder_step.onnx")["onnx"]
@@ -72,9 +73,12 @@ def test_engine_build_and_decode_match_reference(rtn_checkpoint, tmp_path):
 
 
 def test_tensorrt_engine_refuses_here(rtn_checkpoint):
-    from edge.backends.tensorrt_step import tensorrt_backend_unavailable, tensorrt_engine
-    from edge.model.checkpoint import load_checkpoint
+    from edge.backends.tensorrt_step import (
+        tensorrt_backend_unavailable,
+        tensorrt_engine,
+    )
     from edge.errors import BitNestError
+    from edge.model.checkpoint import load_checkpoint
     if tensorrt_backend_unavailable() is None:
         pytest.skip("TensorRT, pycuda and a GPU are present here")
     with pytest.raises(BitNestError, match="tensorrt backend: ") as e:

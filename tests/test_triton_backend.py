@@ -7,12 +7,13 @@ import os
 import pytest
 import torch
 
-from edge.backends import make_weights
-from edge.model.checkpoint import load_checkpoint
-from edge.decode.engine import Engine
-from edge.errors import BitNestError
-from edge.decode.generate import GenerateConfig, generate
+from edge.backends import make_backend
+from edge.decode.config import GenerateConfig
+from edge.decode.engine import PassEngine
+from edge.decode.generate import generate
 from edge.decode.kv_cache import KVRead
+from edge.errors import BitNestError
+from edge.model.checkpoint import load_checkpoint
 
 PROMPT = [1, 504, 3458, 314, 253, 1789, 282, 260, 4150, 30, 378, 1096]
 
@@ -21,7 +22,7 @@ def engines(ckpt_dir, capacity=64):
     out = {}
     for name in ("torch", "triton"):
         ck = load_checkpoint(ckpt_dir)
-        out[name] = Engine(ck, make_weights(name, ck), capacity, scratch=8, prefill_chunk=8)
+        out[name] = PassEngine(ck, make_backend(name, ck), capacity, scratch=8, prefill_chunk=8)
     return out
 
 
@@ -34,18 +35,18 @@ def test_triton_passes_match_the_torch_backend(small_llama_checkpoint):
     last = {n: eng.prefill(PROMPT) for n, eng in e.items()}              # two chunks of 8: KV written by kernels
     assert rel(last["triton"], last["torch"]) < 1e-3
     for view, kv in (("target", KVRead("kv8")), ("draft", KVRead("kv4")), ("draft", KVRead("recent", 4))):
-        got = {n: eng.run([42, 7, 99], view, kv) for n, eng in e.items()}   # a 3-token verification-sized pass
+        got = {n: eng.forward([42, 7, 99], view, kv) for n, eng in e.items()}   # a 3-token verification-sized pass
         # Per row: the float16 head costs ~3e-4; a float32 difference that moves an INT8 activation across a
         # rounding boundary (both backends quantize activations) costs up to a few 1e-3 on a random model.
         for i in range(3):
             assert rel(got["triton"][i], got["torch"][i]) < 1e-2, (view, kv, i)
             assert got["torch"][i].argmax() in got["triton"][i].topk(5).indices
-    assert e["triton"].cache.main.base.device == e["triton"].weights.device
+    assert e["triton"].cache.main.base.device == e["triton"].backend.device
 
 
 def test_triton_speculative_equals_target_greedy(small_llama_checkpoint):
     ck = load_checkpoint(small_llama_checkpoint)
-    eng = Engine(ck, make_weights("triton", ck), 64, scratch=8, prefill_chunk=16)
+    eng = PassEngine(ck, make_backend("triton", ck), 64, scratch=8, prefill_chunk=16)
     runs = {}
     for policy in ("target", "speculative"):
         eng.reset()
@@ -59,7 +60,7 @@ def test_triton_backend_without_gpu_or_interpreter_says_how_to_fix(small_llama_c
         pytest.skip("a GPU is present: the backend runs")
     monkeypatch.setitem(os.environ, "TRITON_INTERPRET", "0")
     with pytest.raises(BitNestError, match="needs a CUDA GPU.*--backend cpu"):
-        make_weights("triton", load_checkpoint(small_llama_checkpoint))
+        make_backend("triton", load_checkpoint(small_llama_checkpoint))
 
 
 @pytest.mark.gpu
@@ -67,11 +68,11 @@ def test_triton_backend_without_gpu_or_interpreter_says_how_to_fix(small_llama_c
                     reason="needs a CUDA GPU with TRITON_INTERPRET unset (the interpreter is too slow for the 135M model)")
 def test_triton_lossless_on_the_default_model_gpu(rtn_checkpoint):
     """On a CUDA GPU: greedy speculative output equals greedy target output on the real model, four prompts."""
-    from edge.runtime import Runtime
     from edge.analysis.corpora import sharegpt_prompts
+    from edge.runtime import Runtime
     rt = Runtime(rtn_checkpoint, backend="triton", max_context=1024)
     for prompt in sharegpt_prompts(4):
         ids = rt.encode(prompt)
-        runs = [rt.run(ids, GenerateConfig(policy=p, gamma=4, max_new_tokens=64))["tokens"]
+        runs = [rt.generate(ids, GenerateConfig(policy=p, gamma=4, max_new_tokens=64))["tokens"]
                 for p in ("target", "speculative")]
         assert runs[0] == runs[1]

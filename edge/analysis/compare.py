@@ -11,17 +11,15 @@ from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
-from edge.decode.adaptive import AdaptiveConfig
+from edge.analysis.calibrate import calibrated_gate
 from edge.analysis.corpora import sharegpt_prompts
-from edge.decode.engine import KV8
-from edge.errors import BitNestError
-from edge.decode.gates import GateConfig
-from edge.decode.generate import GenerateConfig
 from edge.analysis.phase_prompts import phase_prompts
-from edge.runtime import Runtime, merged_summary
 from edge.analysis.significance import mcnemar_exact, paired_bootstrap_diff
-from edge.decode.stats import DecodeStats
-from edge.decode.thresholds import resolve_gate
+from edge.decode.adaptive import AdaptiveConfig
+from edge.decode.config import GateConfig, GenerateConfig
+from edge.decode.kv_cache import KV8
+from edge.errors import BitNestError
+from edge.runtime import Runtime, merged_summary
 
 STAT_KEYS = ("acceptance", "tokens_per_round", "escalation_rate", "weight_bytes_per_token", "kv_bytes_per_token",
              "tok_s", "draft_passes", "target_passes")
@@ -65,7 +63,7 @@ def _outcomes(ref: list[list[int]], runs: list[dict], k: int) -> tuple[list[bool
 
 
 def _run_all(rt: Runtime, prompts: list[list[int]], configs: dict[str, GenerateConfig]) -> dict[str, list[dict]]:
-    return {name: [rt.run(p, cfg) for p in prompts] for name, cfg in configs.items()}
+    return {name: [rt.generate(p, cfg) for p in prompts] for name, cfg in configs.items()}
 
 
 def _escalation(runs: list[dict]) -> float:
@@ -77,10 +75,9 @@ def target_choices(rt: Runtime, prompt: list[int], tokens: list[int]) -> list[in
     """The target's greedy choice at every position of a generation, on that generation's own token history
     with target-view KV throughout: element i is what the target would have chosen for token i."""
     eng = rt.engine
-    eng.reset()
-    eng.stats = DecodeStats(policy="target-on-history", backend=eng.stats.backend)   # not any run's counters
+    eng.reset("target-on-history")      # fresh counters: not any run's
     first = int(torch.argmax(eng.prefill(prompt)))
-    rest = eng.run(tokens[:-1], "target", KV8).argmax(-1).tolist() if len(tokens) > 1 else []   # [n-1]
+    rest = eng.forward(tokens[:-1], "target", KV8).argmax(-1).tolist() if len(tokens) > 1 else []   # [n-1]
     return [first] + rest
 
 
@@ -133,11 +130,11 @@ def _add_departures(rt: Runtime, prompts: list[list[int]], runs: dict[str, list[
 def main_configs(rt: Runtime, o: CompareOptions) -> dict[str, GenerateConfig]:
     base = GenerateConfig(max_new_tokens=o.max_new_tokens, gamma=o.gamma, adaptive=o.adaptive)
     gate = GateConfig(rate=o.rate)
-    entropy = resolve_gate(rt, "gate-entropy", gate)
+    entropy = calibrated_gate(rt, "gate-entropy", gate)
     return {"target": replace(base, policy="target"), "draft": replace(base, policy="draft"),
             "speculative": replace(base, policy="speculative"), "adaptive": replace(base, policy="adaptive"),
             "gate-entropy": replace(base, policy="gate-entropy", gate=entropy),
-            "gate-margin": replace(base, policy="gate-margin", gate=resolve_gate(rt, "gate-margin", gate)),
+            "gate-margin": replace(base, policy="gate-margin", gate=calibrated_gate(rt, "gate-margin", gate)),
             "gate-lagged": replace(base, policy="gate-lagged", gate=entropy)}
 
 
@@ -145,7 +142,7 @@ def matched_random(rt: Runtime, prompts: list[list[int]], rate: float, base: Gen
                    seed: int) -> dict[str, list[dict]]:
     """gate-random at the escalation rate another gate realised in this run: prompt i escalates a random
     subset of its steps drawn with seed + i (one seed for all would escalate the same steps of every prompt)."""
-    return {"gate-random": [rt.run(p, replace(base, policy="gate-random", gate=GateConfig(rate=rate, seed=seed + i)))
+    return {"gate-random": [rt.generate(p, replace(base, policy="gate-random", gate=GateConfig(rate=rate, seed=seed + i)))
                             for i, p in enumerate(prompts)]}
 
 
@@ -162,7 +159,7 @@ def speculation_sweep(rt: Runtime, prompts: list[list[int]], o: CompareOptions) 
     out = {}
     ref = None
     for name, cfg in configs.items():
-        rs = [rt.run(p, cfg) for p in prompts]
+        rs = [rt.generate(p, cfg) for p in prompts]
         ref = ref or [r["tokens"] for r in rs]
         s = merged_summary([r["stats"] for r in rs])
         out[name] = {**{k: s.get(k) for k in STAT_KEYS}, "drafted": sum(r["stats"].drafted for r in rs),
@@ -207,7 +204,7 @@ def phase_comparison(rt: Runtime, o: CompareOptions) -> dict:
     configs = {"draft": replace(base, policy="draft"), "gate-phase": replace(base, policy="gate-phase"),
                "gate-phase-reverse": replace(base, policy="gate-phase", gate=GateConfig(order="high-low")),
                "gate-entropy": replace(base, policy="gate-entropy",
-                                       gate=resolve_gate(rt, "gate-entropy", GateConfig(rate=o.rate)))}
+                                       gate=calibrated_gate(rt, "gate-entropy", GateConfig(rate=o.rate)))}
     runs = {"target": target_runs, **_run_all(rt, prompts, configs)}
     rate = _escalation(runs["gate-phase"])
     runs.update(matched_random(rt, prompts, rate, base, o.seed))
@@ -220,7 +217,12 @@ def phase_comparison(rt: Runtime, o: CompareOptions) -> dict:
 
 def main(argv=None, default_checkpoint=None) -> int:
     from edge.cli.common import run_cli
-    from edge.cli.options import adaptive_config, add_policy_arguments, checkpoint_arg, tool_parser
+    from edge.cli.options import (
+        adaptive_config,
+        add_policy_arguments,
+        checkpoint_arg,
+        tool_parser,
+    )
     p = tool_parser("compare_policies.py", __doc__)
     p.add_argument("--prompts", type=int, default=24, help="held-out ShareGPT requests")
     p.add_argument("--max-new-tokens", type=int, default=24)

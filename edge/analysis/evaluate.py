@@ -10,16 +10,16 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from edge.backends import BACKENDS, make_weights
-from edge.backends.torch_ref import TorchReferenceWeights
-from edge.model.checkpoint import Checkpoint, load_checkpoint
-from edge.cli.common import run_cli
 from edge.analysis.corpora import CORPORA, eval_text
+from edge.backends import BACKENDS, make_backend
+from edge.backends.torch_ref import TorchBackend
+from edge.cli.common import run_cli
 from edge.errors import BitNestError
-from edge.model.hf_folder import load_hf_folder
+from edge.model.checkpoint import Checkpoint, load_checkpoint
 from edge.model.decoder import Decoder
-from edge.runtime import load_tokenizer
 from edge.model.float_store import FloatWeights
+from edge.model.hf_folder import load_hf_folder
+from edge.runtime import load_tokenizer
 
 
 @dataclass(frozen=True)
@@ -60,8 +60,8 @@ def evaluate(opts: EvalOptions) -> dict:
     t0 = time.time()
     ckpt = load_checkpoint(opts.checkpoint)
     tok = load_tokenizer(ckpt.path)
-    weights = TorchReferenceWeights(ckpt, act_int8=opts.act_int8) if opts.backend == "torch" \
-        else make_weights(opts.backend, ckpt)
+    weights = TorchBackend(ckpt, act_int8=opts.act_int8) if opts.backend == "torch" \
+        else make_backend(opts.backend, ckpt)
     nested = Decoder(ckpt.config, weights, ckpt.rotations)
     ref = reference_decoder(ckpt, opts.reference) if opts.with_reference else None
     ppl = {"reference": {}, "draft": {}, "target": {}} if ref else {"draft": {}, "target": {}}

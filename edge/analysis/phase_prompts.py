@@ -8,7 +8,7 @@ closes the span."""
 import re
 
 from edge.analysis.corpora import SHAREGPT_EVAL_START, sharegpt_conversations
-from edge.decode.generate import GenerateConfig
+from edge.decode.config import GenerateConfig
 
 TAG = "</think>"
 SHOTS = 3
@@ -45,7 +45,7 @@ def phase_prompts(rt, n: int, max_new_tokens: int) -> tuple[list[list[int]], lis
             continue
         tried += 1
         ids = rt.encode(f"{header}Question: {q}\n<think>\n", chat=False)
-        r = rt.run(ids, cfg)
+        r = rt.generate(ids, cfg)
         if TAG in rt.tokenizer.decode(r["tokens"]):
             kept.append(ids)
             runs.append(r)

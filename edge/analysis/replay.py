@@ -12,13 +12,13 @@ from typing import Optional
 
 import numpy as np
 
-from edge.model.checkpoint import HEAD, Checkpoint
 from edge.analysis.corpora import sharegpt_prompts
-from edge.errors import BitNestError
 from edge.analysis.significance import bootstrap_ci, roc_auc
+from edge.analysis.trace import StepTrace, trace_prompt
 from edge.decode.stats import linear_bytes_per_pass, weight_bytes_per_pass
 from edge.decode.thresholds import RATES, rate_key, read_thresholds
-from edge.analysis.trace import StepTrace, trace_prompt
+from edge.errors import BitNestError
+from edge.model.checkpoint import HEAD, Checkpoint
 
 SPEC_K = (2, 4, 6, 8)
 HEAD_BITS = (16, 8, 4)
@@ -226,7 +226,7 @@ class ReplayOptions:
 
 def replay(opts: ReplayOptions) -> dict:
     """Trace the target's greedy trajectories on the prompts, analyse them, optionally draw the figures."""
-    from edge.cli.chat import read_prompts
+    from edge.cli.prompts import read_prompts
     from edge.runtime import Runtime
     t0 = time.time()
     prompts = read_prompts(opts.prompts_file) if opts.prompts_file else \

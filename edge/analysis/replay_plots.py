@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.errors import BitNestError
 from edge.analysis.trace import StepTrace
+from edge.errors import BitNestError
 
 ORDERS = {"entropy": "entropy", "margin": "margin (small first)", "oracle": "oracle (true KL)"}
 

@@ -6,9 +6,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from edge.decode.engine import KV8, Engine
-from edge.decode.gates import entropy_and_margin
-from edge.decode.policies import DraftKVPolicy
+from edge.decode.config import DraftKVPolicy
+from edge.decode.engine import Engine
+from edge.decode.kv_cache import KV8
+from edge.decode.signals import entropy_and_margin
 
 
 @dataclass
@@ -43,11 +44,11 @@ def trace_prompt(eng: Engine, prompt: list[int], max_new_tokens: int, eos: set[i
     eng.reset()
     tr = StepTrace()
     tr.tokens.append(int(torch.argmax(eng.prefill(prompt))))
-    while len(tr.tokens) < max_new_tokens and tr.tokens[-1] not in eos and eng.cache.length + 2 < eng.cache.capacity:
-        length, pending = eng.cache.length, tr.tokens[-1]
-        low = eng.run([pending], "draft", draft_kv.read(length), draft_slot=0)[-1]     # [V]
-        high = eng.run([pending], "target", KV8)[-1]                                   # [V]
-        eng.cache.commit(length + 1)
+    while len(tr.tokens) < max_new_tokens and tr.tokens[-1] not in eos and eng.room() > 2:
+        length, pending = eng.length, tr.tokens[-1]
+        low = eng.forward([pending], "draft", draft_kv.read(length), draft_slot=0)[-1]     # [V]
+        high = eng.forward([pending], "target", KV8)[-1]                                   # [V]
+        eng.commit(length + 1)
         h, m, kl, flip = compare_passes(low, high)
         tr.entropy.append(h)
         tr.margin.append(m)

@@ -1,22 +1,43 @@
-"""Backends: weight stores that run `dual_plane_linear` for the decoder, chosen by name."""
+"""Backends, chosen by name. Per-op backends (`torch`, `cpu`, `triton`) give the PyTorch-pass engine its linear
+and attention ops; whole-step backends (`onnxruntime`, `tensorrt`) run a decoder step in one call behind the step
+engine. `make_engine` is the one factory: every engine implements edge.decode.engine.Engine."""
 
-from edge.model.checkpoint import Checkpoint
+from edge.decode.engine import Engine, PassBackend, PassEngine
 from edge.errors import BitNestError
+from edge.model.checkpoint import Checkpoint
 
-BACKENDS = ("torch", "cpu", "triton", "tensorrt")
+PASS_BACKENDS = ("cpu", "torch", "triton")
+STEP_BACKENDS = ("onnxruntime", "tensorrt")
+BACKENDS = PASS_BACKENDS + STEP_BACKENDS
 
 
-def make_weights(name: str, ckpt: Checkpoint):
-    """The weight store of backend `name` over a loaded checkpoint (may re-lay its planes in place)."""
-    if name == "torch":
-        from edge.backends.torch_ref import TorchReferenceWeights
-        return TorchReferenceWeights(ckpt, act_int8=True)
+def check_backend(name: str) -> str:
+    """`name` if it names a backend, else the one-line error listing them."""
+    if name not in BACKENDS:
+        raise BitNestError(f"unknown backend {name!r}: use one of {', '.join(BACKENDS)}")
+    return name
+
+
+def make_backend(name: str, ckpt: Checkpoint) -> PassBackend:
+    """The per-op backend `name` over a loaded checkpoint (it may re-lay or move the planes in place)."""
+    if check_backend(name) == "torch":
+        from edge.backends.torch_ref import TorchBackend
+        return TorchBackend(ckpt, act_int8=True)
     if name == "cpu":
-        from edge.backends.cpu import CpuInt4Weights
-        return CpuInt4Weights(ckpt)
+        from edge.backends.cpu import CpuInt4Backend
+        return CpuInt4Backend(ckpt)
     if name == "triton":
-        from edge.backends.triton_gpu import TritonWeights
-        return TritonWeights(ckpt)
-    if name == "tensorrt":  # runs whole decoder steps from an engine: edge.runtime builds its StepEngine
-        raise BitNestError("the tensorrt backend has no weight store: use it through edge.runtime.Runtime")
-    raise BitNestError(f"unknown backend {name!r}: use one of {', '.join(BACKENDS)}")
+        from edge.backends.triton_gpu import TritonBackend
+        return TritonBackend(ckpt)
+    raise BitNestError(f"the {name} backend runs whole decoder steps and has no per-op form: use make_engine")
+
+
+def make_engine(name: str, ckpt: Checkpoint, capacity: int, scratch: int = 8, prefill_chunk: int = 256) -> Engine:
+    """An engine of backend `name` for one sequence of up to `capacity` positions, with `scratch` draft slots."""
+    if check_backend(name) == "onnxruntime":
+        from edge.backends.onnxruntime_step import onnxruntime_engine
+        return onnxruntime_engine(ckpt, capacity)
+    if name == "tensorrt":
+        from edge.backends.tensorrt_step import tensorrt_engine
+        return tensorrt_engine(ckpt, capacity)
+    return PassEngine(ckpt, make_backend(name, ckpt), capacity, scratch=scratch, prefill_chunk=prefill_chunk)

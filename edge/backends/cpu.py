@@ -10,8 +10,8 @@ bit for bit what γ+1 AR steps give, in one call per plane.
 
 import torch
 
-from edge.model.checkpoint import HEAD, Checkpoint
 from edge.errors import BitNestError
+from edge.model.checkpoint import HEAD, Checkpoint
 from plugins.contracts import REFINE_DIVISOR
 from plugins.packing import unpack_nibbles
 
@@ -35,11 +35,13 @@ def _scales_and_zeros(scale: torch.Tensor, offset: torch.Tensor | None) -> torch
     return torch.stack((scale.T, zero.T), dim=-1).to(torch.bfloat16).contiguous()
 
 
-class CpuInt4Weights:
-    """Weight store running both views from the re-laid planes (the canonical planes are replaced)."""
+class CpuInt4Backend:
+    """Both views from the re-laid planes (the canonical planes are replaced); attention by dequantize + SDPA."""
 
     name = "cpu"
     activations = "bfloat16"
+    device = None
+    attention_ops = None
 
     def __init__(self, ckpt: Checkpoint):
         if not cpu_int4_available():

@@ -1,14 +1,28 @@
-"""Runs the exported decoder-step graph with onnxruntime on the CPU: host-side nested KV planes for one
-sequence, one pass of M tokens at a time, new KV entries written back after each pass
-(the contract in plugins.step_contract)."""
+"""`onnxruntime` backend: the exported decoder-step graph (CHECKPOINT/decoder_step.onnx) run by onnxruntime on
+the CPU, with host-side nested KV planes for one sequence, one pass of M tokens at a time, new KV entries written
+back after each pass (the contract in plugins.step_contract)."""
 
 from pathlib import Path
 
 import numpy as np
 
+from edge.decode.step_engine import StepEngine
 from edge.errors import BitNestError
+from edge.model.checkpoint import Checkpoint
 from plugins.contracts import view_code
-from plugins.step_contract import INPUT_IDS, KV8_FROM, LOGITS, SEQ_LEN, VIEW, StepShapes, kv_inputs, kv_outputs
+from plugins.step_contract import (
+    INPUT_IDS,
+    KV8_FROM,
+    LOGITS,
+    ONNX_FILE,
+    SEQ_LEN,
+    VIEW,
+    StepShapes,
+    kv_inputs,
+    kv_outputs,
+)
+
+MAX_PASS_TOKENS = 64   # the graph takes any M; passes are bounded to keep prefill chunks' workspace small
 
 
 def open_session(onnx_path, threads: int = 0):
@@ -27,13 +41,13 @@ def open_session(onnx_path, threads: int = 0):
 class OnnxStepRunner:
     """One sequence's KV planes (numpy, [2, Hkv, C, D/2] per layer) and passes through an ORT session."""
 
-    def __init__(self, session, shapes: StepShapes, capacity: int):
-        self.session, self.shapes, self.capacity = session, shapes, capacity
+    def __init__(self, session, shapes: StepShapes, capacity: int, max_tokens: int = MAX_PASS_TOKENS):
+        self.session, self.shapes, self.capacity, self.max_tokens = session, shapes, capacity, max_tokens
         self.planes = [(np.zeros(shapes.plane_shape(capacity), np.uint8), np.zeros(shapes.plane_shape(capacity), np.uint8),
                         np.zeros(shapes.scale_shape(capacity), np.float16)) for _ in range(shapes.layers)]
         self.out_names = [LOGITS] + [n for layer in range(shapes.layers) for n in kv_outputs(layer)]
 
-    def run(self, ids: list[int], view: str, seq_len: int, kv8_from: int) -> np.ndarray:
+    def execute(self, ids: list[int], view: str, seq_len: int, kv8_from: int) -> np.ndarray:
         """Pass over `ids` at positions [seq_len - M, seq_len): logits float32 [M, V]; the new KV entries
         are written into those positions of the planes."""
         m = len(ids)
@@ -48,3 +62,11 @@ class OnnxStepRunner:
             for plane, new in zip(planes, outs[1 + 3 * layer: 4 + 3 * layer]):
                 plane[:, :, seq_len - m:seq_len] = new                        # [2, Hkv, M, ...]
         return outs[0]
+
+
+def onnxruntime_engine(ckpt: Checkpoint, capacity: int, onnx_path=None, max_tokens: int = MAX_PASS_TOKENS,
+                       session=None) -> StepEngine:
+    """A StepEngine over CHECKPOINT/decoder_step.onnx (or `onnx_path`, or an open `session`)."""
+    session = session or open_session(onnx_path or ckpt.path / ONNX_FILE)
+    runner = OnnxStepRunner(session, StepShapes.of(ckpt.config), capacity, max_tokens)
+    return StepEngine(ckpt, runner, "onnxruntime")

@@ -8,11 +8,21 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.model.checkpoint import Checkpoint
-from edge.errors import BitNestError
 from edge.decode.step_engine import StepEngine
+from edge.errors import BitNestError
+from edge.model.checkpoint import Checkpoint
 from plugins.contracts import view_code
-from plugins.step_contract import ENGINE_FILE, INPUT_IDS, KV8_FROM, LOGITS, SEQ_LEN, VIEW, StepShapes, kv_inputs, kv_outputs
+from plugins.step_contract import (
+    ENGINE_FILE,
+    INPUT_IDS,
+    KV8_FROM,
+    LOGITS,
+    SEQ_LEN,
+    VIEW,
+    StepShapes,
+    kv_inputs,
+    kv_outputs,
+)
 
 
 def tensorrt_backend_unavailable() -> str | None:
@@ -83,7 +93,7 @@ class TensorRTStepRunner:
             self.cuda.memset_d8(buf, 0, nbytes)
         self.buffers[name] = buf
 
-    def run(self, ids: list[int], view: str, seq_len: int, kv8_from: int) -> np.ndarray:
+    def execute(self, ids: list[int], view: str, seq_len: int, kv8_from: int) -> np.ndarray:
         """Pass over `ids` at positions [seq_len - M, seq_len): logits float32 [M, V] (a host copy)."""
         m, cuda, ctx = len(ids), self.cuda, self.context
         if not 1 <= m <= min(self.max_tokens, seq_len) or seq_len > self.capacity:
@@ -112,4 +122,4 @@ def tensorrt_engine(ckpt: Checkpoint, capacity: int, engine_path=None, max_token
     """A StepEngine over CHECKPOINT/decoder_step.engine (or `engine_path`) for `generate` and the policies;
     passes of up to `max_tokens` (default: the engine profile's largest M)."""
     runner = TensorRTStepRunner(engine_path or ckpt.path / ENGINE_FILE, StepShapes.of(ckpt.config), capacity, max_tokens)
-    return StepEngine(ckpt, runner, capacity, "tensorrt", runner.max_tokens)
+    return StepEngine(ckpt, runner, "tensorrt")

@@ -6,12 +6,15 @@ so results do not depend on how many tokens a pass holds. With float activations
 import torch
 
 from edge.model.checkpoint import HEAD, Checkpoint
-from edge.model.decoder import rowwise
+from plugins.decoder_math import rowwise
 from plugins.reference import dequantized_weight, dual_plane_linear_int8
 
 
-class TorchReferenceWeights:
-    """Weight store over a loaded checkpoint; `act_int8` selects W4A8/W8A8 (True) or float activations."""
+class TorchBackend:
+    """The reference ops over a loaded checkpoint; `act_int8` selects W4A8/W8A8 (True) or float activations."""
+
+    device = None
+    attention_ops = None   # dequantize + SDPA (plugins.reference semantics)
 
     def __init__(self, ckpt: Checkpoint, act_int8: bool = True):
         self.ckpt, self.act_int8, self.dtype = ckpt, act_int8, torch.float32

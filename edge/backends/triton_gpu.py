@@ -1,8 +1,8 @@
 """`triton` backend: the nested checkpoint on a CUDA GPU, every linear through the Triton dual-plane GEMV/GEMM
 (W4A8 draft / W8A8 target, per-token INT8 activations) and attention through the nested-KV flash-decoding kernel
-over a KV cache that lives on the GPU (`kernel_ops` below, handed to the engine's cache).
+over a KV cache that lives on the GPU (the kernels are its declared `attention_ops`).
 
-The planes move to the GPU in place of the checkpoint's CPU copies (no second copy, DESIGN §3). With
+The planes move to the GPU in place of the checkpoint's CPU copies (no second copy, docs/contracts.md). With
 TRITON_INTERPRET=1 and no GPU, the same kernels run on CPU tensors in the Triton interpreter: slow, for tests.
 """
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from edge.model.checkpoint import HEAD, Checkpoint
 from edge.errors import BitNestError
+from edge.model.checkpoint import HEAD, Checkpoint
 
 JETPACK_PTXAS = Path("/usr/local/cuda/bin/ptxas")
 
@@ -31,15 +31,16 @@ def kernel_device() -> torch.device:
 
 def _kernels():
     try:
-        import plugins.kernels as k
         import triton  # noqa: F401  (fail here, with the fix, rather than at the first pass)
+
+        import plugins.kernels as k
     except ImportError as e:
         raise BitNestError(f"the triton backend needs triton ({e}): pip install triton") from e
     return k
 
 
-class TritonWeights:
-    """Weight store on the kernel device; `kernel_ops` is the KV cache's attention implementation."""
+class TritonBackend:
+    """Linears and attention through the Triton kernels on the kernel device."""
 
     name = "triton"
     activations = "int8"
@@ -51,7 +52,7 @@ class TritonWeights:
         self.ckpt = ckpt
         for key, t in ckpt.tensors.items():            # move, don't copy: the CPU tensors are released
             ckpt.tensors[key] = t.to(self.device)
-        self.kernel_ops = self.k
+        self.attention_ops = self.k
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.ckpt.tensors["model.embed_tokens.weight"][ids.to(self.device)].float()

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 import torch
 
-from edge.backends.torch_ref import TorchReferenceWeights
-from edge.model.checkpoint import Checkpoint
-from edge.decode.engine import Engine
-from edge.decode.kv_cache import KVRead
 from edge.backends.onnxruntime_step import OnnxStepRunner
+from edge.backends.torch_ref import TorchBackend
+from edge.decode.engine import PassEngine
+from edge.decode.kv_cache import KVRead
+from edge.model.checkpoint import Checkpoint
 from plugins.step_contract import StepShapes
 
 # (weight view, KV view): verification (target, KV8), drafting at short context (draft, KV8) and at long
@@ -42,16 +42,16 @@ def compare_prompt(ckpt: Checkpoint, session, ids: list[int], mode: str, opts: C
     """One prompt in one mode: chunked prompt passes, then greedy passes (torch's token fed to both)."""
     view, kv = MODES[mode]
     capacity = len(ids) + opts.new_tokens + 1
-    eng = Engine(ckpt, TorchReferenceWeights(ckpt, act_int8=True), capacity)
+    eng = PassEngine(ckpt, TorchBackend(ckpt, act_int8=True), capacity)
     runner = OnnxStepRunner(session, StepShapes.of(ckpt.config), capacity)
     errs, agree, total = [], 0, 0
 
     def one_pass(tokens: list[int]) -> torch.Tensor:
         nonlocal agree, total
-        end = eng.cache.length + len(tokens)
-        ref = eng.run(tokens, view, kv)                                               # [T, V]
-        out = torch.from_numpy(runner.run(tokens, view, end, kv.kv8_from(end)))     # [T, V]
-        eng.cache.commit(end)
+        end = eng.length + len(tokens)
+        ref = eng.forward(tokens, view, kv)                                               # [T, V]
+        out = torch.from_numpy(runner.execute(tokens, view, end, kv.kv8_from(end)))     # [T, V]
+        eng.commit(end)
         errs.append(rel_err(out, ref))
         agree += int((out.argmax(-1) == ref.argmax(-1)).sum())
         total += len(tokens)
@@ -105,8 +105,8 @@ def verify(checkpoint, onnx_path, prompts: int = 2, max_prompt_tokens: int = 24,
     {"max_rel_err", "argmax_agreement", "nodes", "modes", "prompts", "seconds"}."""
     import time
 
-    from edge.model.checkpoint import load_checkpoint
     from edge.backends.onnxruntime_step import open_session
+    from edge.model.checkpoint import load_checkpoint
 
     if prompts < 1 or max_prompt_tokens < 1:
         raise ValueError("--prompts and --max-prompt-tokens must be at least 1")

@@ -12,9 +12,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from edge.decode.config import GenerateConfig
+from edge.decode.engine import PassEngine
+from edge.decode.generate import generate
 from edge.model.checkpoint import load_checkpoint
-from edge.decode.engine import Engine
-from edge.decode.generate import GenerateConfig, generate
 
 PATHS = ("torch", "cpu", "triton", "onnxruntime", "tensorrt", "energy")
 # The ONNX graph reproduces the torch backend's quantizer inputs bit for bit (see tests/test_onnx.py).
@@ -50,7 +51,7 @@ class _Check:
     """Shared state of one run: the prompt, the reference tokens, configs."""
 
     def __init__(self, opts: SelfCheckOptions):
-        from edge.backends.torch_ref import TorchReferenceWeights
+        from edge.backends.torch_ref import TorchBackend
         from edge.runtime import load_tokenizer
 
         self.opts = opts
@@ -61,7 +62,7 @@ class _Check:
         self.capacity = len(self.prompt) + opts.tokens + 8
         self.target = GenerateConfig(policy="target", max_new_tokens=opts.tokens)
         self.spec = GenerateConfig(policy="speculative", gamma=4, max_new_tokens=opts.tokens)
-        self.reference, _ = generate(Engine(self.ckpt, TorchReferenceWeights(self.ckpt), self.capacity),
+        self.reference, _ = generate(PassEngine(self.ckpt, TorchBackend(self.ckpt), self.capacity),
                                      self.prompt, self.target, set())
 
     def agreement(self, tokens: list[int]) -> float:
@@ -79,20 +80,20 @@ class _Check:
 
 
 def check_torch(c: _Check) -> PathResult:
-    from edge.backends.torch_ref import TorchReferenceWeights
-    r = c.lossless(lambda: Engine(c.ckpt, TorchReferenceWeights(c.ckpt), c.capacity), "torch")
+    from edge.backends.torch_ref import TorchBackend
+    r = c.lossless(lambda: PassEngine(c.ckpt, TorchBackend(c.ckpt), c.capacity), "torch")
     if r.status == "passed" and r.details["tokens"] != c.reference:
         return PathResult("torch", "failed", "tokens differ from the reference", r.details)
     return r
 
 
 def check_cpu(c: _Check) -> PathResult:
-    from edge.backends.cpu import CpuInt4Weights, cpu_int4_available
+    from edge.backends.cpu import CpuInt4Backend, cpu_int4_available
     if not cpu_int4_available():
         return PathResult("cpu", "skipped", "this torch build lacks _weight_int4pack_mm_for_cpu")
     ckpt = load_checkpoint(c.opts.checkpoint)   # the cpu backend re-lays its planes in place
-    weights = CpuInt4Weights(ckpt)
-    r = c.lossless(lambda: Engine(ckpt, weights, c.capacity), "cpu")
+    backend = CpuInt4Backend(ckpt)
+    r = c.lossless(lambda: PassEngine(ckpt, backend, c.capacity), "cpu")
     r.details["note"] = "bfloat16 activations: agreement with the INT8-activation reference is reported, not required"
     return r
 
@@ -124,16 +125,13 @@ def check_triton(c: _Check) -> PathResult:
 def check_onnxruntime(c: _Check) -> PathResult:
     if not c.opts.onnx:
         return PathResult("onnxruntime", "skipped", "no ONNX step graph given (scripts/export.py --onnx writes one)")
+    from edge.backends.onnxruntime_step import onnxruntime_engine, open_session
     from edge.checks.onnx_check import CheckOptions, compare
-    from edge.backends.onnxruntime_step import OnnxStepRunner, open_session
-    from edge.decode.step_engine import StepEngine
-    from plugins.step_contract import StepShapes
 
     session = open_session(c.opts.onnx)
-    shapes = StepShapes.of(c.ckpt.config)
     # M is unbounded in onnxruntime: the prompt goes in one pass, as the reference engine's prefill does
-    r = c.lossless(lambda: StepEngine(c.ckpt, OnnxStepRunner(session, shapes, c.capacity), c.capacity, "onnxruntime",
-                                      max_tokens=len(c.prompt)), "onnxruntime")
+    r = c.lossless(lambda: onnxruntime_engine(c.ckpt, c.capacity, max_tokens=len(c.prompt), session=session),
+                   "onnxruntime")
     logits = compare(c.ckpt, session, [c.prompt[:5]], CheckOptions(new_tokens=1, modes=("target-kv8", "draft-kv4")))
     r.details["max_rel_err"] = logits["max_rel_err"]
     if r.status == "passed" and (r.details["tokens"] != c.reference or logits["max_rel_err"] >= ONNX_MAX_REL_ERR):
@@ -143,7 +141,10 @@ def check_onnxruntime(c: _Check) -> PathResult:
 
 
 def check_tensorrt(c: _Check) -> PathResult:
-    from edge.backends.tensorrt_step import tensorrt_backend_unavailable, tensorrt_engine
+    from edge.backends.tensorrt_step import (
+        tensorrt_backend_unavailable,
+        tensorrt_engine,
+    )
     from plugins.step_contract import ENGINE_FILE
 
     reason = tensorrt_backend_unavailable()
@@ -163,7 +164,7 @@ def check_energy(c: _Check) -> list[PathResult]:
         import edge.energy as energy
     except ImportError as e:
         return [PathResult("energy", "skipped", f"edge.energy is not in this install ({e})")]
-    from edge.backends.torch_ref import TorchReferenceWeights
+    from edge.backends.torch_ref import TorchBackend
     from edge.errors import BitNestError
 
     out = []
@@ -175,7 +176,7 @@ def check_energy(c: _Check) -> list[PathResult]:
             continue
         try:
             t0 = meter.mark()
-            generate(Engine(c.ckpt, TorchReferenceWeights(c.ckpt), c.capacity), c.prompt, c.target, set())
+            generate(PassEngine(c.ckpt, TorchBackend(c.ckpt), c.capacity), c.prompt, c.target, set())
             reading = meter.energy(t0, meter.mark())
         finally:
             meter.stop()

@@ -1,22 +1,25 @@
-"""`python scripts/chat.py`: chat with a nested checkpoint (interactive, one prompt, or a JSONL file of
+"""`bitnest chat` (scripts/chat.py): chat with a nested checkpoint (interactive, one prompt, or a JSONL file of
 prompts), streaming tokens and reporting acceptance, tokens per round, bytes per token and tok/s."""
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
-from edge.backends import BACKENDS
+from edge.backends import BACKENDS, check_backend
 from edge.cli.common import run_cli
-from edge.errors import BitNestError
-from edge.decode.generate import GenerateConfig
-from edge.decode.policies import POLICIES, DraftKVPolicy
-from edge.cli.options import adaptive_config, add_policy_arguments, gate_config
-from edge.runtime import Runtime, merged_summary
+from edge.cli.options import (
+    adaptive_config,
+    add_policy_arguments,
+    checkpoint_arg,
+    gate_config,
+)
+from edge.cli.prompts import read_prompts
+from edge.decode.config import DraftKVPolicy, GenerateConfig
+from edge.decode.registry import POLICIES
 from edge.decode.sampling import SamplingConfig
 from edge.decode.thresholds import resolve_gate
+from edge.runtime import Runtime, merged_summary
 
 
 def parser(prog: str = "chat.py") -> argparse.ArgumentParser:
@@ -52,25 +55,6 @@ def generate_config(a) -> GenerateConfig:
                           gate=gate_config(a), adaptive=adaptive_config(a))
 
 
-def read_prompts(path: str) -> list[tuple[str, bool]]:
-    """[(prompt, chat)] from a JSONL file; a malformed line is a one-line error naming it."""
-    f = Path(path)
-    if not f.is_file():
-        raise BitNestError(f"prompts file {path} does not exist")
-    out = []
-    for i, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-            out.append((str(rec["prompt"]), bool(rec.get("chat", True))))
-        except (ValueError, KeyError, TypeError):
-            raise BitNestError(f"{path}:{i}: expected a JSON object with a \"prompt\" string") from None
-    if not out:
-        raise BitNestError(f"prompts file {path} holds no prompts")
-    return out
-
-
 def _result(r: dict) -> dict:
     return {"text": r["text"], "tokens": r["tokens"], "stats": r["stats"].summary()}
 
@@ -90,7 +74,7 @@ def interactive(rt: Runtime, cfg: GenerateConfig, stops) -> dict:
                 continue
             history.append({"role": "user", "content": user})
             print("bot> ", end="", flush=True)
-            r = rt.run(rt.encode(history), cfg, stops, on_text=lambda s: print(s, end="", flush=True))
+            r = rt.generate(rt.encode(history), cfg, stops, on_text=lambda s: print(s, end="", flush=True))
             history.append({"role": "assistant", "content": r["text"]})
             s = r["stats"].summary()
             acc = f", acceptance {s['acceptance']:.0%}, {s['tokens_per_round']} tok/round" if s["acceptance"] is not None else ""
@@ -102,22 +86,22 @@ def interactive(rt: Runtime, cfg: GenerateConfig, stops) -> dict:
     return {"turns": len(all_stats), "stats": merged_summary(all_stats) if all_stats else {}}
 
 
-def run(a) -> dict:
-    cfg = generate_config(a)
+def converse(a, cfg: GenerateConfig) -> dict:
+    """The chat command's body: one prompt, a prompts file, or the interactive loop."""
     rt = Runtime(a.checkpoint, backend=a.backend, max_context=a.max_context or (None if a.device else 2048),
                  scratch=max(8, cfg.most_proposals + 1), device=a.device)
-    cfg = replace(cfg, gate=resolve_gate(rt, cfg.policy, cfg.gate))
+    cfg = replace(cfg, gate=resolve_gate(rt.ckpt, rt.backend, cfg.policy, cfg.gate))
     stops = tuple(a.stop)
     if a.prompts_file:
         results = []
         for prompt, chat in read_prompts(a.prompts_file):
-            results.append(rt.run(rt.encode(prompt, chat), cfg, stops))
+            results.append(rt.generate(rt.encode(prompt, chat), cfg, stops))
             if not a.json:
                 print(results[-1]["text"], flush=True)
         return {"results": [_result(r) for r in results], "stats": merged_summary([r["stats"] for r in results])}
     if a.prompt is not None:
         stream = None if a.json else (lambda s: print(s, end="", flush=True))
-        r = rt.run(rt.encode(a.prompt), cfg, stops, on_text=stream)
+        r = rt.generate(rt.encode(a.prompt), cfg, stops, on_text=stream)
         if not a.json:
             print()
         return _result(r)
@@ -129,16 +113,11 @@ def main(argv=None, default_checkpoint=None) -> int:
     a = parser().parse_args(argv)
 
     def body():
-        if a.policy not in POLICIES:
-            raise BitNestError(f"unknown policy {a.policy!r}: use one of {', '.join(POLICIES)}")
-        if a.backend not in BACKENDS:
-            raise BitNestError(f"unknown backend {a.backend!r}: use one of {', '.join(BACKENDS)}")
-        if a.checkpoint is None:
-            if default_checkpoint is None:
-                raise BitNestError("pass --checkpoint DIR")
-            a.checkpoint = str(default_checkpoint())
         t0 = time.time()
-        out = run(a)
+        cfg = generate_config(a)                        # bad options fail before a checkpoint is made or read
+        check_backend(a.backend)
+        a.checkpoint = checkpoint_arg(a, default_checkpoint)
+        out = converse(a, cfg)
         out.setdefault("seconds", round(time.time() - t0, 1))
         return out
 

@@ -4,10 +4,11 @@ calibrate_gates, replay and compare_policies share."""
 
 import argparse
 
-from edge.decode.adaptive import AdaptiveConfig
 from edge.backends import BACKENDS
+from edge.decode.adaptive import AdaptiveConfig
+from edge.decode.config import PHASE_ORDERS, GateConfig
+from edge.decode.signals import SIGNALS
 from edge.errors import BitNestError
-from edge.decode.gates import PHASE_ORDERS, SIGNALS, GateConfig
 
 
 def tool_parser(prog: str, description: str) -> argparse.ArgumentParser:

@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from edge.decode.gates import SIGNALS, entropy_and_margin, is_uncertain
+from edge.decode.signals import SIGNALS, entropy_and_margin, is_uncertain
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class AdaptiveConfig:
             raise ValueError(f"adaptive gamma max must be in [1, 16], got {self.gamma_max}")
 
     def rule(self, gamma: int):
-        """keep_drafting(n, logits [V] of proposal n) for speculative_round, with γ the usual length."""
+        """keep_drafting(n, logits [V] of proposal n) for the adaptive policy, with γ the usual length."""
         def keep_drafting(n: int, logits: torch.Tensor) -> bool:
             h, m = entropy_and_margin(logits)
             value = h if self.signal == "entropy" else m

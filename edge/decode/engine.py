@@ -1,74 +1,144 @@
-"""One sequence's decoding state: the decoder over a backend's weights, its preallocated nested KV cache,
-chunked prefill, and single passes (real or draft-time) with their weight and KV bytes counted."""
+"""The one engine interface every backend implements: one sequence's committed length over its nested KV
+cache, chunked prefill, commit / rollback, and the bytes each pass reads (docs/runtime.md, metrics), with the
+PyTorch-pass engine that runs the decoder op by op over a backend's linear and attention ops."""
 
 import time
+from abc import ABC, abstractmethod
+from typing import Optional, Protocol
 
 import torch
 
-from edge.model.checkpoint import Checkpoint
-from edge.errors import BitNestError
-from edge.decode.kv_cache import CachedAttention, KVRead, NestedKVCache
-from edge.model.decoder import Decoder
+from edge.decode.kv_cache import (
+    KV8,
+    AttentionOps,
+    CachedAttention,
+    KVRead,
+    NestedKVCache,
+    kv_bytes_per_position,
+)
 from edge.decode.stats import DecodeStats, weight_bytes_per_pass
+from edge.errors import BitNestError
+from edge.model.checkpoint import Checkpoint
+from edge.model.decoder import Decoder, WeightStore
+from plugins.contracts import DRAFT, TARGET, check_view
 
-KV8 = KVRead("kv8")
 
+class Engine(ABC):
+    """Runs passes of the nested model for one sequence. `length` is the committed length: a real pass writes
+    its entries at [length, length + T), a draft-time pass (`draft_slot`) at draft slots past it; `commit`
+    moves the length forward over accepted entries or back over rejected ones. `stats` counts what passes read.
 
-class Engine:
-    """Runs passes of the nested model for one sequence; `stats` accumulates what they read."""
+    Subclasses implement `_forward`; everything else (room checks, prefill, accounting) lives here once."""
 
-    def __init__(self, ckpt: Checkpoint, weights, capacity: int, scratch: int = 8, prefill_chunk: int = 256):
-        cfg = ckpt.config
+    def __init__(self, ckpt: Checkpoint, capacity: int, backend: str, activations: str,
+                 max_pass_tokens: int | None = None, prefill_chunk: int = 256, embed_row_bytes: int | None = None):
+        if capacity < 1:
+            raise ValueError("KV cache capacity must be at least one position")
         if prefill_chunk < 1:
             raise ValueError("prefill chunk must be at least 1 token")
-        self.ckpt, self.weights, self.prefill_chunk = ckpt, weights, prefill_chunk
-        self.decoder = Decoder(cfg, weights, ckpt.rotations)
-        self.cache = NestedKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, capacity, scratch,
-                                   device=getattr(weights, "device", None), ops=getattr(weights, "kernel_ops", None))
-        self.pass_weight_bytes = {v: weight_bytes_per_pass(ckpt, v) for v in ("draft", "target")}
-        self.embed_row_bytes = cfg.hidden_size * 2
-        self.stats = DecodeStats(policy="", backend=getattr(weights, "name", type(weights).__name__))
+        cfg = ckpt.config
+        self.ckpt, self.capacity, self.name, self.activations = ckpt, capacity, backend, activations
+        self.max_pass_tokens = max_pass_tokens
+        self.prefill_chunk = min(prefill_chunk, max_pass_tokens or prefill_chunk)
+        self.length = 0
+        self.pass_weight_bytes = {v: weight_bytes_per_pass(ckpt, v) for v in (DRAFT, TARGET)}
+        self.embed_row_bytes = cfg.hidden_size * 2 if embed_row_bytes is None else embed_row_bytes
+        self.kv_position_bytes = {True: kv_bytes_per_position(cfg, "nested"), False: kv_bytes_per_position(cfg, "kv4")}
+        self.stats = DecodeStats(policy="", backend=backend)
 
-    def reset(self) -> None:
-        self.cache.commit(0)
+    # -- the committed length -------------------------------------------------------------------------------
+    def check_room(self, end: int) -> None:
+        if end > self.capacity:
+            raise ValueError(f"sequence of {end} positions exceeds the KV cache capacity {self.capacity}")
 
-    def _kv_bytes(self, positions: int, kv: KVRead) -> int:
+    def commit(self, length: int) -> None:
+        """Set the committed length (forward over verified entries, or back to roll rejected ones off)."""
+        if not 0 <= length <= self.capacity:
+            raise ValueError(f"committed length {length} outside [0, {self.capacity}]")
+        self.length = length
+
+    def room(self) -> int:
+        """Positions left past the committed length."""
+        return self.capacity - self.length
+
+    def reset(self, policy: str = "") -> DecodeStats:
+        """Start a new sequence: empty history and fresh statistics (returned)."""
+        self.commit(0)
+        self.stats = DecodeStats(policy=policy, backend=self.name)
+        return self.stats
+
+    # -- passes -----------------------------------------------------------------------------------------------
+    def kv_bytes(self, positions: int, kv: KVRead) -> int:
+        """Bytes a pass reads from a history of `positions` through the read view `kv`."""
         kv8 = positions - min(kv.kv8_from(positions), positions)
-        c = self.cache
-        return kv8 * c.bytes_per_position(True) + (positions - kv8) * c.bytes_per_position(False)
+        return kv8 * self.kv_position_bytes[True] + (positions - kv8) * self.kv_position_bytes[False]
 
-    def run(self, ids: list[int], view: str, kv: KVRead = KV8, draft_slot: int | None = None,
-            last_only: bool = False) -> torch.Tensor:
-        """One pass over `ids` at the next positions: real entries (committed length + i) or, with
-        `draft_slot`, draft-time scratch slots. Returns logits [T, V] (or [1, V]). Counts bytes read."""
-        c = self.cache
-        start = c.length + (draft_slot or 0)
-        c.check_room(start + len(ids))
-        att = CachedAttention(c, start, kv, draft_slot)
-        logits = self.decoder.forward(torch.tensor(ids, dtype=torch.long), view, att, start, last_only)
-        s = self.stats
-        s.weight_bytes += self.pass_weight_bytes[view] + len(ids) * self.embed_row_bytes
-        s.kv_bytes += self._kv_bytes(start + len(ids), kv)
-        if view == "draft":
-            s.draft_passes += 1
-        else:
-            s.target_passes += 1
+    def forward(self, ids: list[int], view: str, kv: KVRead = KV8, draft_slot: int | None = None,
+                last_only: bool = False) -> torch.Tensor:
+        """One counted pass over `ids` at positions length + (draft_slot or 0) + i: real entries or, with
+        `draft_slot`, draft-time ones. Returns logits [T, V] ([1, V] with `last_only`) on the CPU."""
+        start = self._check_pass(ids, view, draft_slot)
+        logits = self._forward(ids, view, start, kv, draft_slot, last_only)
+        self.stats.record_pass(view, self.pass_weight_bytes[view] + len(ids) * self.embed_row_bytes,
+                               self.kv_bytes(start + len(ids), kv))
         return logits
 
+    def _check_pass(self, ids: list[int], view: str, draft_slot: int | None) -> int:
+        check_view(view)
+        if not ids:
+            raise ValueError("a pass needs at least one token")
+        if self.max_pass_tokens is not None and len(ids) > self.max_pass_tokens:
+            raise BitNestError(f"a pass of {len(ids)} tokens exceeds this engine's {self.max_pass_tokens}: "
+                               "lower gamma")
+        start = self.length + (draft_slot or 0)
+        self.check_room(start + len(ids))
+        return start
+
     def prefill(self, ids: list[int]) -> torch.Tensor:
-        """Commit the prompt in chunks of `prefill_chunk` (bounded workspace); logits [V] of its last token.
-        Prefill traffic is not counted in the decode-phase bytes."""
-        if len(ids) + 1 > self.cache.capacity:
-            raise BitNestError(f"prompt of {len(ids)} tokens does not fit the KV cache of {self.cache.capacity} "
+        """Commit the prompt in chunks of at most `prefill_chunk` tokens (bounded workspace); logits [V] of its
+        last token. Prefill traffic is not part of the decode-phase bytes: it is recorded apart."""
+        if len(ids) + 1 > self.capacity:
+            raise BitNestError(f"prompt of {len(ids)} tokens does not fit the KV cache of {self.capacity} "
                                "positions: raise --max-context or shorten the prompt")
+        if not ids:
+            raise BitNestError("the prompt is empty: give at least one token")
         t0 = time.perf_counter()
-        saved = (self.stats.weight_bytes, self.stats.kv_bytes, self.stats.target_passes)
         logits = None
         for i in range(0, len(ids), self.prefill_chunk):
             chunk = ids[i:i + self.prefill_chunk]
-            logits = self.run(chunk, "target", KV8, last_only=True)
-            self.cache.commit(self.cache.length + len(chunk))
-        self.stats.weight_bytes, self.stats.kv_bytes, self.stats.target_passes = saved
-        self.stats.prefill_tokens += len(ids)
-        self.stats.prefill_seconds += time.perf_counter() - t0
+            logits = self._forward(chunk, TARGET, self._check_pass(chunk, TARGET, None), KV8, None, True)
+            self.commit(self.length + len(chunk))
+        self.stats.record_prefill(len(ids), time.perf_counter() - t0)
         return logits[-1]
+
+    @abstractmethod
+    def _forward(self, ids: list[int], view: str, start: int, kv: KVRead, draft_slot: int | None,
+                 last_only: bool) -> torch.Tensor:
+        """The pass itself (room already checked): write its KV entries, return logits [T, V] or [1, V]."""
+
+
+class PassBackend(WeightStore, Protocol):
+    """What a per-op backend declares beside the decoder's weight reads (embed, norm, linear, head)."""
+
+    name: str                                  # in stats and reports
+    activations: str                           # int8 (the reference semantics), bfloat16, float32 ...
+    device: Optional[torch.device]             # where its tensors and the KV cache live (None: the CPU)
+    attention_ops: Optional[AttentionOps]      # kernels over the nested planes, or None for dequantize + SDPA
+
+
+class PassEngine(Engine):
+    """The decoder run op by op in PyTorch over a backend (`torch`, `cpu`, `triton`): the backend's linears
+    read the nested planes, its declared attention ops (or dequantize + SDPA) read the nested KV cache."""
+
+    def __init__(self, ckpt: Checkpoint, backend: PassBackend, capacity: int, scratch: int = 8,
+                 prefill_chunk: int = 256):
+        super().__init__(ckpt, capacity, backend.name, backend.activations, prefill_chunk=prefill_chunk)
+        cfg = ckpt.config
+        self.backend = backend
+        self.decoder = Decoder(cfg, backend, ckpt.rotations)
+        self.cache = NestedKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, capacity, scratch,
+                                   device=backend.device, ops=backend.attention_ops)
+
+    def _forward(self, ids, view, start, kv, draft_slot, last_only):
+        att = CachedAttention(self.cache, start, kv, draft_slot)
+        return self.decoder.forward(torch.tensor(ids, dtype=torch.long), view, att, start, last_only)

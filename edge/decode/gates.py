@@ -1,63 +1,24 @@
-"""Precision on Demand (paper 2611.14418, DESIGN §7): gated escalation policies. Every step decodes with
+"""Precision on Demand (paper 2611.14418): gated escalation policies. Every step decodes with
 the draft (low) view unless a rule sends it to the target (high) view: the low pass's entropy or top-two
 margin (`gate-entropy`, `gate-margin`), the previous step's signal (`gate-lagged`, no wasted low pass),
 a closing tag such as `</think>` (`gate-phase`), or a seeded random subset of the steps at a matched
 rate (`gate-random`)."""
 
 import math
-from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, ClassVar, Optional
 
 import torch
 
-from edge.decode.engine import KV8, Engine
-from edge.decode.kv_cache import KVRead
-from edge.decode.sampling import SamplingConfig, choose
+from edge.decode.engine import Engine
+from edge.decode.kv_cache import KV8
+from edge.decode.policies import Policy, Step
+from edge.decode.signals import entropy_and_margin, is_uncertain
+from plugins.contracts import DRAFT, TARGET
 
-GATE_POLICIES = ("gate-entropy", "gate-margin", "gate-lagged", "gate-phase", "gate-random")
-SIGNALS = ("entropy", "margin")
-PHASE_ORDERS = ("low-high", "high-low")
-THRESHOLD_GATES = ("gate-entropy", "gate-margin", "gate-lagged")
+if TYPE_CHECKING:
+    from edge.decode.config import GateConfig
+
 TAIL_TOKENS = 16   # the phase rule looks for its tag in the text of the last this many tokens
-
-
-def entropy_and_margin(logits: torch.Tensor) -> tuple[float, float]:
-    """Entropy (nats) of softmax(logits) and the gap between the two largest logits; logits [V]."""
-    z = logits.double()
-    logp = torch.log_softmax(z, dim=-1)
-    top = torch.topk(z, 2).values
-    return float(-(logp.exp() * logp).sum()), float(top[0] - top[1])
-
-
-def is_uncertain(signal: str, value: float, threshold: float) -> bool:
-    """The gate's rule: entropy above the threshold, or margin below it."""
-    return value > threshold if signal == "entropy" else value < threshold
-
-
-@dataclass(frozen=True)
-class GateConfig:
-    """Settings of the gate policies. `threshold` (nats for entropy, logits for margin) drives the
-    entropy, margin and lagged gates; when it is None the runtime resolves it from the thresholds
-    calibrated for `rate` (edge/decode/thresholds.py). `rate` is also the share of steps gate-random escalates."""
-
-    threshold: Optional[float] = None
-    rate: float = 0.15
-    signal: str = "entropy"        # the lagged gate's signal (entropy and margin gates fix their own)
-    seed: int = 0                  # gate-random's choice of steps
-    tag: str = "</think>"          # gate-phase: the closing tag that ends the first phase
-    order: str = "low-high"        # gate-phase: low view until the tag, high after (or the reverse)
-
-    def __post_init__(self):
-        if self.signal not in SIGNALS:
-            raise ValueError(f"unknown gate signal {self.signal!r}: use one of {', '.join(SIGNALS)}")
-        if self.order not in PHASE_ORDERS:
-            raise ValueError(f"unknown phase order {self.order!r}: use one of {', '.join(PHASE_ORDERS)}")
-        if not 0 <= self.rate <= 1:
-            raise ValueError(f"gate rate must be in [0, 1], got {self.rate}")
-        if self.threshold is not None and not math.isfinite(self.threshold):
-            raise ValueError("gate threshold must be a finite number")
-        if not self.tag:
-            raise ValueError("the phase tag must not be empty")
 
 
 def random_schedule(rate: float, steps: int, seed: int) -> set[int]:
@@ -71,62 +32,134 @@ def random_schedule(rate: float, steps: int, seed: int) -> set[int]:
     return set(torch.randperm(steps, generator=coin)[:k].tolist()) if steps > 0 else set()
 
 
-def gate_signal(policy: str, cfg: GateConfig) -> str:
-    """Which signal a threshold gate reads."""
-    return {"gate-entropy": "entropy", "gate-margin": "margin"}.get(policy, cfg.signal)
+class GatePolicy(Policy):
+    """A gated step (Precision on Demand): one token per step from the low (draft) or the high (target) view.
+    Subclasses say which view a step runs; `_run` runs it, commits the entry and chooses the token."""
 
+    gated = True
 
-class Gate:
-    """The per-generation state of one gate policy; `step` decodes one token and counts escalation."""
+    def __init__(self, cfg, sampler, decode=None):
+        super().__init__(cfg, sampler, decode)
+        self.gate = cfg.gate
+        self.index = 0        # this step's index among the generation's decode steps
 
-    def __init__(self, policy: str, cfg: GateConfig, decode: Optional[Callable[[list[int]], str]] = None,
-                 planned_steps: int = 0):
-        if policy in THRESHOLD_GATES and cfg.threshold is None:
-            raise ValueError(f"{policy} needs a threshold: pass --gate-threshold, or --gate-rate with thresholds "
-                             "calibrated by scripts/calibrate_gates.py")
-        if policy == "gate-phase" and decode is None:
-            raise ValueError("gate-phase needs the tokenizer's decode to find its closing tag")
-        self.policy, self.cfg, self.decode = policy, cfg, decode
-        self.signal = gate_signal(policy, cfg)
-        self.lagged_high = False      # gate-lagged: the previous step's signal said "uncertain"
-        self.closed = False           # gate-phase: the tag has been generated
-        # gate-random: which of the planned decode steps (step index -> escalate) go to the target view
-        self.random_steps = random_schedule(cfg.rate, planned_steps, cfg.seed) if policy == "gate-random" else set()
-
-    def _uncertain(self, logits: torch.Tensor) -> bool:
-        h, m = entropy_and_margin(logits)
-        return is_uncertain(self.signal, h if self.signal == "entropy" else m, self.cfg.threshold)
-
-    def _high_by_phase(self, eng: Engine, out: list[int]) -> bool:
-        if not self.closed and self.cfg.tag in self.decode(out[-TAIL_TOKENS:]):
-            self.closed = True
-            eng.stats.extra["phase_switch_at"] = len(out)   # tokens generated when the tag was seen
-        return self.closed == (self.cfg.order == "low-high")
-
-    def step(self, eng: Engine, pending: int, out: list[int], sampling: SamplingConfig, gen: torch.Generator,
-             draft_kv: KVRead) -> list[int]:
-        """One token. Rule: entropy / margin gates run the low pass and, when it looks uncertain, redo the
-        step with the target view (its KV entry overwrites the low pass's; both passes are counted);
-        the others pick one view before the step and run only that pass."""
-        p, length = self.policy, eng.cache.length
-        if p in ("gate-entropy", "gate-margin"):
-            logits = eng.run([pending], "draft", draft_kv)[-1]
-            high = self._uncertain(logits)
-            if high:
-                logits = eng.run([pending], "target", KV8)[-1]
-        else:
-            if p == "gate-lagged":
-                high = self.lagged_high
-            elif p == "gate-random":
-                high = eng.stats.steps in self.random_steps   # steps so far = this step's index
-            else:
-                high = self._high_by_phase(eng, out)
-            logits = eng.run([pending], "target", KV8)[-1] if high else eng.run([pending], "draft", draft_kv)[-1]
-            if p == "gate-lagged":   # the signal of whichever pass ran decides the next step
-                self.lagged_high = self._uncertain(logits)
-        eng.cache.commit(length + 1)
+    def _pass(self, eng: Engine, pending: int, high: bool) -> torch.Tensor:
+        """Logits [V] of one pass over the pending token at the chosen view (its KV entry lands at `length`)."""
         if high:
-            eng.stats.escalated_at.append(eng.stats.steps)
-        eng.stats.steps += 1
-        eng.stats.escalated += int(high)
-        return [choose(logits, sampling, gen)]
+            return eng.forward([pending], TARGET, KV8)[-1]
+        return eng.forward([pending], DRAFT, self.cfg.draft_kv.read(eng.length))[-1]
+
+    def _emit(self, eng: Engine, logits: torch.Tensor, high: bool) -> Step:
+        eng.commit(eng.length + 1)
+        self.index += 1
+        return Step([self.sampler.choose(logits)], escalated=high)
+
+    def high(self, eng: Engine, history: list[int]) -> bool:
+        """Before the step: run it with the target view?"""
+        raise NotImplementedError
+
+    def step(self, eng, pending, history):
+        """Rule: pick the view before the step and run only that pass."""
+        high = self.high(eng, history)
+        return self._emit(eng, self._pass(eng, pending, high), high)
+
+
+class ThresholdGate(GatePolicy):
+    """A gate that reads a calibrated entropy or margin threshold (edge.decode.thresholds)."""
+
+    needs_threshold = True
+    fixed_signal: ClassVar[Optional[str]] = None
+
+    def __init__(self, cfg, sampler, decode=None):
+        super().__init__(cfg, sampler, decode)
+        if self.gate.threshold is None:
+            raise ValueError(f"{self.name} needs a threshold: pass --gate-threshold, or --gate-rate with thresholds "
+                             "calibrated by `bitnest calibrate` (scripts/calibrate_gates.py)")
+        self.signal = self.signal_of(self.gate)
+
+    @classmethod
+    def signal_of(cls, gate: "GateConfig") -> str:
+        """Which signal this gate reads."""
+        return cls.fixed_signal or gate.signal
+
+    def uncertain(self, logits: torch.Tensor) -> bool:
+        h, m = entropy_and_margin(logits)
+        return is_uncertain(self.signal, h if self.signal == "entropy" else m, self.gate.threshold)
+
+
+class EntropyGate(ThresholdGate):
+    """Escalate a step whose low pass has entropy above the threshold."""
+
+    name = "gate-entropy"
+    fixed_signal = "entropy"
+
+    def step(self, eng, pending, history):
+        """Rule: run the low pass; when it looks uncertain, redo the step with the target view (its KV entry
+        overwrites the low pass's; both passes are counted)."""
+        logits = self._pass(eng, pending, False)
+        high = self.uncertain(logits)
+        if high:
+            logits = self._pass(eng, pending, True)
+        return self._emit(eng, logits, high)
+
+
+class MarginGate(EntropyGate):
+    """Escalate a step whose low pass has a top-two logit margin below the threshold."""
+
+    name = "gate-margin"
+    fixed_signal = "margin"
+
+
+class LaggedGate(ThresholdGate):
+    """Decide from the previous step's signal: no wasted low pass."""
+
+    name = "gate-lagged"
+
+    def __init__(self, cfg, sampler, decode=None):
+        super().__init__(cfg, sampler, decode)
+        self.lagged_high = False      # the previous step's signal said "uncertain"
+
+    def step(self, eng, pending, history):
+        """Rule: this step's view is what the previous step's signal said; the signal of whichever pass ran
+        decides the next step."""
+        high = self.lagged_high
+        logits = self._pass(eng, pending, high)
+        self.lagged_high = self.uncertain(logits)
+        return self._emit(eng, logits, high)
+
+
+class PhaseGate(GatePolicy):
+    """One view until a closing tag (such as `</think>`) appears in the output, the other view after it."""
+
+    name = "gate-phase"
+
+    def __init__(self, cfg, sampler, decode=None):
+        super().__init__(cfg, sampler, decode)
+        if decode is None:
+            raise ValueError("gate-phase needs the tokenizer's decode to find its closing tag")
+        self.closed_at: Optional[int] = None    # tokens generated when the tag was seen
+
+    def high(self, eng, history):
+        if self.closed_at is None and self.gate.tag in self.decode(history[-TAIL_TOKENS:]):
+            self.closed_at = len(history)
+        return (self.closed_at is not None) == (self.gate.order == "low-high")
+
+    def summary(self):
+        return {} if self.closed_at is None else {"phase_switch_at": self.closed_at}
+
+
+class RandomGate(GatePolicy):
+    """The control: a seeded random subset of the decode steps at a matched rate."""
+
+    name = "gate-random"
+
+    def __init__(self, cfg, sampler, decode=None):
+        super().__init__(cfg, sampler, decode)
+        # the prefill yields the first token, so a generation plans max_new_tokens - 1 decode steps
+        self.steps = random_schedule(self.gate.rate, cfg.max_new_tokens - 1, self.gate.seed)
+
+    def high(self, eng, history):
+        return self.index in self.steps
+
+
+GATES = (EntropyGate, MarginGate, LaggedGate, PhaseGate, RandomGate)

@@ -3,6 +3,7 @@ fixed capacity and a scratch area for draft-time entries; the KV read views; byt
 The committed length (commit / rollback) belongs to the engine that drives the cache (edge.decode.engine)."""
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -18,6 +19,15 @@ def kv_bytes_per_position(cfg: ModelConfig, kv: str) -> int:
     touches of the nested cache (the base plane and the scale)."""
     per_vector = {"fp16": cfg.head_dim * 2, "nested": cfg.head_dim + 2, "kv4": cfg.head_dim // 2 + 2}[kv]
     return cfg.num_layers * 2 * cfg.num_kv_heads * per_vector
+
+
+class AttentionOps(Protocol):
+    """Kernels that write and attend straight from the planes (a backend's `attention_ops`, e.g. the Triton
+    kernels of plugins.kernels); without them the cache dequantizes and attends with SDPA."""
+
+    def write_kv(self, k, v, base, refine, scale, start: int) -> None: ...
+    def nested_kv_attention(self, q, base, refine, scale, seq_len: int, kv8_from: int, scratch=None,
+                            scratch_len: int = 0) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -43,7 +53,7 @@ KV8 = KVRead("kv8")   # what verification, prefill and target steps read
 
 class _Planes:
     """Planes for `slots` positions: base / refine uint8 [L, 2, Hkv, slots, D/2], scale float16 [L, 2, Hkv, slots].
-    With kernel `ops` (a GPU backend's `write_kv` / `nested_kv_attention`) writes go through its write kernel."""
+    With kernel `ops` (AttentionOps) writes go through its write kernel."""
 
     def __init__(self, layers: int, heads: int, slots: int, head_dim: int, device=None, ops=None):
         self.base = torch.zeros(layers, 2, heads, slots, head_dim // 2, dtype=torch.uint8, device=device)

@@ -1,73 +1,130 @@
-"""Decoding policies as short step functions over an Engine: autoregressive (`target`, `draft`) and
-BitNest's speculative round (draft view proposes γ tokens, target view verifies them in one pass)."""
+"""Decoding policies as objects, each a short `step(engine, pending, history)` with its rule in a comment:
+autoregressive (`target`, `draft`), BitNest's speculative round (the draft view proposes γ tokens, the target
+view verifies them in one pass) and its confidence-adaptive variant. The gates are in edge.decode.gates; the
+registry that maps names to classes is edge.decode.registry."""
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, ClassVar, Optional
 
 import torch
 
-from edge.decode.engine import KV8, Engine
-from edge.decode.gates import GATE_POLICIES
-from edge.decode.kv_cache import KVRead
-from edge.decode.sampling import SamplingConfig, accept_greedy, accept_sampled, choose, probs
+from edge.decode.engine import Engine
+from edge.decode.kv_cache import KV8
+from edge.decode.sampling import Sampler
+from plugins.contracts import DRAFT, TARGET
 
-POLICIES = ("speculative", "adaptive", "target", "draft") + GATE_POLICIES
+if TYPE_CHECKING:
+    from edge.decode.config import GenerateConfig
 
 
 @dataclass(frozen=True)
-class DraftKVPolicy:
-    """Context-aware draft KV (paper §3.4): KV8 below `kv8_below` committed positions, else `long_view`
-    (kv4, or recent with KV8 for the last `recent` positions). Verification always reads KV8."""
+class Step:
+    """What one policy step produced: tokens to emit, and what the generation loop records of it."""
 
-    kv8_below: int = 2048
-    long_view: str = "kv4"
-    recent: int = 256
-
-    def read(self, length: int) -> KVRead:
-        if length < self.kv8_below:
-            return KV8
-        return KVRead(self.long_view, self.recent if self.long_view == "recent" else 0)
+    tokens: list[int]
+    drafted: Optional[int] = None     # a speculative round: proposals drafted (None: not a round)
+    accepted: int = 0                 # of them, accepted by verification
+    escalated: Optional[bool] = None  # a gated step: ran with the target view (None: not a gated step)
 
 
-def ar_step(eng: Engine, pending: int, view: str, sampling: SamplingConfig, gen: torch.Generator,
-            kv: KVRead = KV8) -> list[int]:
-    """One autoregressive step: run the pending token with `view`, commit its entry, choose the next token."""
-    logits = eng.run([pending], view, kv)
-    eng.cache.commit(eng.cache.length + 1)
-    return [choose(logits[-1], sampling, gen)]
+class Policy(ABC):
+    """One generation's decoding policy. Built per generation by edge.decode.registry.make_policy."""
+
+    name: ClassVar[str]
+    gated: ClassVar[bool] = False             # a Precision on Demand gate (escalation counted per step)
+    needs_threshold: ClassVar[bool] = False   # reads a calibrated entropy / margin threshold
+
+    def __init__(self, cfg: "GenerateConfig", sampler: Sampler, decode: Optional[Callable[[list[int]], str]] = None):
+        self.cfg, self.sampler, self.decode = cfg, sampler, decode
+
+    @classmethod
+    def most_proposals(cls, cfg: "GenerateConfig") -> int:
+        """Draft proposals one step may hold (draft scratch slots it needs)."""
+        return 0
+
+    @abstractmethod
+    def step(self, eng: Engine, pending: int, history: list[int]) -> Step:
+        """Decode from the pending token (the last emitted one, not yet in the cache); `history` is every token
+        emitted so far. Commits what it keeps and returns the new tokens."""
+
+    def summary(self) -> dict:
+        """Policy-specific figures for the run's statistics."""
+        return {}
 
 
-def speculative_round(eng: Engine, pending: int, gamma: int, sampling: SamplingConfig, gen: torch.Generator,
-                      draft_kv: KVRead,
-                      keep_drafting: Optional[Callable[[int, torch.Tensor], bool]] = None) -> list[int]:
-    """One round. Rule: the draft view proposes d_1..d_γ from the pending token (its entries go to the
-    scratch area); one target pass over [pending, d_1..d_γ] writes the real entries and yields γ+1
-    distributions; accept the longest agreeing prefix (greedy) or apply rejection sampling; emit the
-    accepted drafts plus one target token; commit the pending token and the accepted drafts, so the
-    rejected entries fall off the committed length. With `keep_drafting(n, logits of proposal n)`
-    (adaptive speculation, edge/decode/adaptive.py) γ is the most proposals and the rule ends drafting early;
-    it reads only the draft's own distributions, so verification keeps the output lossless."""
-    base = eng.cache.length
-    draft, draft_p, token = [], [], pending
-    for slot in range(gamma):
-        logits = eng.run([token], "draft", draft_kv, draft_slot=slot)[-1]
-        if sampling.greedy:
-            token = int(torch.argmax(logits))
-        else:
-            q = probs(logits, sampling)
-            token = int(torch.multinomial(q, 1, generator=gen))
-            draft_p.append(q)
-        draft.append(token)
-        if keep_drafting is not None and not keep_drafting(len(draft), logits):
-            break
-    target_logits = eng.run([pending] + draft, "target", KV8)             # [γ+1, V]
-    if sampling.greedy:
-        a, nxt = accept_greedy(draft, target_logits)
-    else:
-        a, nxt = accept_sampled(draft, torch.stack(draft_p), target_logits, sampling, gen)
-    eng.cache.commit(base + 1 + a)
-    s = eng.stats
-    s.rounds += 1
-    s.drafted += len(draft)
-    s.accepted += a
-    return draft[:a] + [nxt]
+def ar_step(eng: Engine, pending: int, view: str, sampler: Sampler, kv=KV8) -> torch.Tensor:
+    """One autoregressive pass: run the pending token with `view`, commit its entry; logits [V]."""
+    logits = eng.forward([pending], view, kv)[-1]
+    eng.commit(eng.length + 1)
+    return logits
+
+
+class TargetAR(Policy):
+    """Target view only, one token per pass: the reference output every lossless policy must match."""
+
+    name = "target"
+
+    def step(self, eng, pending, history):
+        return Step([self.sampler.choose(ar_step(eng, pending, TARGET, self.sampler))])
+
+
+class DraftAR(Policy):
+    """Draft view only, one token per pass (reads base planes and the draft KV view)."""
+
+    name = "draft"
+
+    def step(self, eng, pending, history):
+        logits = ar_step(eng, pending, DRAFT, self.sampler, self.cfg.draft_kv.read(eng.length))
+        return Step([self.sampler.choose(logits)])
+
+
+class Speculative(Policy):
+    """BitNest's speculative round with γ proposals (fewer where the context has no room for γ + 1)."""
+
+    name = "speculative"
+
+    @classmethod
+    def most_proposals(cls, cfg):
+        return cfg.gamma
+
+    def keep_drafting(self, n: int, logits: torch.Tensor) -> bool:
+        """After proposal n (its draft logits [V]): draft another? Fixed γ: always, up to the limit."""
+        return True
+
+    def step(self, eng, pending, history):
+        """Rule: the draft view proposes d_1..d_γ from the pending token (entries in draft slots); one target pass
+        over [pending, d_1..d_γ] writes the real entries and yields γ+1 distributions; accept the longest agreeing
+        prefix (greedy) or apply rejection sampling; emit the accepted drafts plus one target token; commit the
+        pending token and the accepted drafts, so rejected entries fall off the committed length. Near a full
+        context γ shrinks to what fits (the loop guarantees room for at least one proposal)."""
+        base = eng.length
+        limit = min(self.most_proposals(self.cfg), eng.room() - 1)
+        draft_kv = self.cfg.draft_kv.read(base)
+        draft, draft_q, token = [], [], pending
+        for slot in range(limit):
+            logits = eng.forward([token], DRAFT, draft_kv, draft_slot=slot)[-1]
+            token, q = self.sampler.propose(logits)
+            draft.append(token)
+            draft_q.append(q)
+            if not self.keep_drafting(len(draft), logits):
+                break
+        target_logits = eng.forward([pending] + draft, TARGET, KV8)             # [γ+1, V]
+        a, nxt = self.sampler.accept(draft, draft_q, target_logits)
+        eng.commit(base + 1 + a)
+        return Step(draft[:a] + [nxt], drafted=len(draft), accepted=a)
+
+
+class Adaptive(Speculative):
+    """Confidence-adaptive speculation (edge.decode.adaptive): the draft's own signal ends a round early or
+    extends it past γ. The rule reads only the draft's distributions, so verification keeps it lossless."""
+
+    name = "adaptive"
+
+    def __init__(self, cfg, sampler, decode=None):
+        super().__init__(cfg, sampler, decode)
+        self.keep_drafting = cfg.adaptive.rule(cfg.gamma)
+
+    @classmethod
+    def most_proposals(cls, cfg):
+        return cfg.adaptive.most_proposals(cfg.gamma)

@@ -72,3 +72,28 @@ def accept_sampled(draft: list[int], draft_probs: torch.Tensor, target_logits: t
         dist = residual / total if total > 0 else p[i]
         return i, int(torch.multinomial(dist, 1, generator=gen))
     return len(draft), int(torch.multinomial(p[len(draft)], 1, generator=gen))
+
+
+class Sampler:
+    """One generation's token choice: its sampling settings and seeded generator, shared by every step."""
+
+    def __init__(self, cfg: SamplingConfig):
+        self.cfg = cfg
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+
+    def choose(self, logits: torch.Tensor) -> int:
+        """The next token from logits [V]."""
+        return choose(logits, self.cfg, self.gen)
+
+    def propose(self, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
+        """A draft proposal from the draft's logits [V], with the distribution it was drawn from (None if greedy)."""
+        if self.cfg.greedy:
+            return int(torch.argmax(logits)), None
+        q = probs(logits, self.cfg)
+        return int(torch.multinomial(q, 1, generator=self.gen)), q
+
+    def accept(self, draft: list[int], draft_q: list[torch.Tensor], target_logits: torch.Tensor) -> tuple[int, int]:
+        """Accepted count and the target's next token for proposals `draft` under target_logits [γ+1, V]."""
+        if self.cfg.greedy:
+            return accept_greedy(draft, target_logits)
+        return accept_sampled(draft, torch.stack(draft_q), target_logits, self.cfg, self.gen)

@@ -1,5 +1,7 @@
-"""Decode statistics (DESIGN §7 names): acceptance, tokens per round, weight and KV bytes per token
-counted from the passes actually run, and tok/s over the decode phase only."""
+"""Decode statistics (the metric names of docs/runtime.md): acceptance, tokens per round, escalation rate,
+weight and KV bytes per token counted from the passes actually run, and tok/s over the decode phase only.
+Counters change only through the `record_*` methods: passes and prefill from the engine, rounds and gated
+steps from the generation loop."""
 
 from dataclasses import dataclass, field
 
@@ -14,7 +16,7 @@ def linear_bytes_per_pass(spec: LinearSpec, view: str) -> int:
 
 
 def weight_bytes_per_pass(ckpt: Checkpoint, view: str) -> int:
-    """Bytes of weights one pass of `view` reads by the nested format (DESIGN §3): the base plane and
+    """Bytes of weights one pass of `view` reads by the nested format (docs/contracts.md): the base plane and
     scales (and offsets) of every nested linear, the refinement plane too for the target, biases, norms
     and a float16 head, which every pass reads in full. Embedding rows are counted per token apart."""
     total = sum(linear_bytes_per_pass(spec, view) for spec in ckpt.linears.values())
@@ -56,6 +58,36 @@ class DecodeStats:
     prefill_seconds: float = 0.0
     escalated_at: list = field(default_factory=list)   # gated steps run with the target view (step i chose token i + 1)
     extra: dict = field(default_factory=dict)
+
+    def record_pass(self, view: str, weight_bytes: int, kv_bytes: int) -> None:
+        """One decode-phase pass and the bytes it read."""
+        self.weight_bytes += weight_bytes
+        self.kv_bytes += kv_bytes
+        if view == "draft":
+            self.draft_passes += 1
+        else:
+            self.target_passes += 1
+
+    def record_prefill(self, tokens: int, seconds: float) -> None:
+        self.prefill_tokens += tokens
+        self.prefill_seconds += seconds
+
+    def record_round(self, drafted: int, accepted: int) -> None:
+        """One speculative round: proposals drafted, of them accepted."""
+        self.rounds += 1
+        self.drafted += drafted
+        self.accepted += accepted
+
+    def record_gated_step(self, escalated: bool) -> None:
+        """One gated step, run with the target view when `escalated`."""
+        if escalated:
+            self.escalated_at.append(self.steps)
+        self.steps += 1
+        self.escalated += int(escalated)
+
+    def record_decode(self, tokens: int, seconds: float) -> None:
+        """The decode phase: tokens emitted after the prefill's, and its wall time."""
+        self.tokens, self.decode_seconds = tokens, seconds
 
     def add(self, other: "DecodeStats") -> None:
         for f in ("tokens", "rounds", "drafted", "accepted", "steps", "escalated", "draft_passes", "target_passes",

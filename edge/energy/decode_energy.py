@@ -3,10 +3,11 @@ decode window (from the first token, which the prefill yields, to the last) mete
 
 import time
 
-from edge.energy.power_log import EnergyReading
+from edge.decode.config import GenerateConfig
 from edge.decode.engine import Engine
-from edge.decode.generate import GenerateConfig, generate
+from edge.decode.generate import generate
 from edge.decode.stats import DecodeStats
+from edge.energy.power_log import EnergyReading
 
 
 def idle_power(meter, seconds: float) -> dict:

@@ -4,14 +4,13 @@ arithmetic behind it."""
 
 from dataclasses import dataclass, field
 
-from edge.model.arch import ModelConfig
-from edge.model.checkpoint import HEAD, Checkpoint
-from edge.memory.devices import MiB, DeviceProfile
-from edge.errors import BitNestError
 from edge.decode.kv_cache import KVRead
+from edge.errors import BitNestError
+from edge.memory.devices import DeviceProfile, MiB
 from edge.memory.synthetic import synthetic_checkpoint
 from edge.memory.workspace import DryRun, fused_workspace, steps_at_end
-
+from edge.model.arch import ModelConfig
+from edge.model.checkpoint import HEAD, Checkpoint
 
 # Backends whose passes run as torch ops, so a dry run on meta tensors counts their workspace exactly.
 TRACED_BACKENDS = ("cpu", "torch")

@@ -11,14 +11,14 @@ and freed-but-kept heap, so it is not the figure compared.
 import time
 from typing import Callable
 
-from edge.memory.alloc_trace import AllocationTracer, storage_bytes
-from edge.backends import make_weights
-from edge.model.checkpoint import Checkpoint
-from edge.memory.devices import process_rss_bytes
-from edge.decode.engine import Engine
+from edge.backends import make_backend
+from edge.decode.engine import PassEngine
 from edge.decode.kv_cache import KVRead
+from edge.memory.alloc_trace import AllocationTracer, storage_bytes
+from edge.memory.devices import process_rss_bytes
 from edge.memory.plan import MemoryPlan
 from edge.memory.workspace import run_step, steps_at_end
+from edge.model.checkpoint import Checkpoint
 
 TOLERANCE = 0.02
 
@@ -60,9 +60,9 @@ def verify_plan(p: MemoryPlan, load: Callable[[], Checkpoint]) -> dict:
     rss0 = process_rss_bytes()
     t0 = time.perf_counter()
     ckpt = load()
-    eng = Engine(ckpt, make_weights(p.backend, ckpt), p.max_context, scratch=p.scratch_slots,
-                 prefill_chunk=p.workload.prefill_chunk)
-    held = storage_bytes(eng.weights, eng.ckpt.tensors, eng.cache, eng.decoder)
+    eng = PassEngine(ckpt, make_backend(p.backend, ckpt), p.max_context, scratch=p.scratch_slots,
+                     prefill_chunk=p.workload.prefill_chunk)
+    held = storage_bytes(eng.backend, eng.ckpt.tensors, eng.cache, eng.decoder)
     built_s = time.perf_counter() - t0
     hwm_reset = _reset_peak_rss()    # after loading: the loader's own transients are not the run's
     peaks, times = {}, {}

@@ -5,12 +5,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from edge.decode.engine import Engine, PassEngine
+from edge.decode.kv_cache import KVRead
 from edge.memory.alloc_trace import AllocationTracer
+from edge.memory.synthetic import synthetic_checkpoint
 from edge.model.arch import ModelConfig
 from edge.model.checkpoint import Checkpoint
-from edge.decode.engine import Engine
-from edge.decode.kv_cache import KVRead
-from edge.memory.synthetic import synthetic_checkpoint
 
 # Flash-decoding splits the history of each query row over this many blocks whose partial outputs
 # (D values, running max and sum, float32) are reduced afterwards (nested_kv_attention, DESIGN §6).
@@ -48,8 +48,8 @@ def steps_at_end(context: int, speculative: bool, gamma: int, prefill_chunk: int
 
 def run_step(eng: Engine, step: Step):
     """Run one planned pass on an engine whose cache holds at least step.committed positions."""
-    eng.cache.commit(step.committed)
-    return eng.run([1] * step.tokens, step.view, step.kv, draft_slot=step.draft_slot, last_only=step.last_only)
+    eng.commit(step.committed)
+    return eng.forward([1] * step.tokens, step.view, step.kv, draft_slot=step.draft_slot, last_only=step.last_only)
 
 
 def fused_workspace(cfg: ModelConfig, step: Step, act_bytes: int, int8_acts: bool) -> int:
@@ -86,10 +86,10 @@ class DryRun:
     positions; a pass's workspace depends on the positions it reads, not on the capacity."""
 
     def __init__(self, ckpt: Checkpoint | None, cfg: ModelConfig, backend: str, capacity: int, scratch: int):
-        from edge.backends import make_weights
+        from edge.backends import make_backend
         meta = one_layer_meta(ckpt) if ckpt is not None else synthetic_checkpoint(replace(cfg, num_layers=1), "meta")
         with torch.device("meta"):
-            self.engine = Engine(meta, make_weights(backend, meta), capacity, scratch=scratch)
+            self.engine = PassEngine(meta, make_backend(backend, meta), capacity, scratch=scratch)
 
     def workspace(self, steps: list[Step]) -> dict[str, int]:
         """Peak bytes of live storages each step allocates."""

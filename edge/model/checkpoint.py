@@ -8,8 +8,8 @@ from typing import Any, Optional
 
 import torch
 
-from edge.model.arch import ARCHITECTURES, BLOCK_LINEARS, BLOCK_NORMS, ModelConfig
 from edge.errors import BitNestError, CheckpointError
+from edge.model.arch import ARCHITECTURES, BLOCK_LINEARS, BLOCK_NORMS, ModelConfig
 from edge.model.decoder import OnlineRotations
 from plugins.contracts import FORMAT_VERSION
 

@@ -7,14 +7,20 @@ from typing import Optional, Protocol
 import torch
 
 from edge.model.arch import ModelConfig
-from plugins.decoder_math import (ROWWISE_MAX, attention, hadamard_rows, rms_norm, rotate_rows,  # noqa: F401
-                                  rowwise, silu_mul)
+from plugins.decoder_math import (
+    attention,
+    hadamard_rows,
+    rms_norm,
+    rotate_rows,
+    silu_mul,
+)
 
 
 class WeightStore(Protocol):
     """What the decoder reads: every linear goes through `linear` with the current view."""
 
     dtype: torch.dtype
+    device: Optional[torch.device]                                     # None: the CPU
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor: ...            # [T] -> [T, H]
     def norm(self, name: str) -> torch.Tensor: ...                     # [H]
@@ -86,7 +92,7 @@ class Decoder:
 
     def rope(self, t: int, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = rope_tables(self.cfg, torch.arange(start, start + t), self.weights.dtype)
-        device = getattr(self.weights, "device", None)
+        device = self.weights.device
         return (cos, sin) if device is None else (cos.to(device), sin.to(device))
 
     @torch.no_grad()

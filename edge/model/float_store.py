@@ -9,6 +9,8 @@ import torch
 class FloatWeights:
     """Weights as a dict of float tensors keyed by HF parameter names ("...q_proj.weight")."""
 
+    device = None   # CPU tensors
+
     def __init__(self, tensors: dict[str, torch.Tensor], tied: bool, dtype: torch.dtype = torch.float32,
                  on_linear: Optional[Callable[[str, torch.Tensor], None]] = None):
         self.t, self.tied, self.dtype = tensors, tied, dtype

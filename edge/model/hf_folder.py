@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from edge.model.arch import ModelConfig, config_from_hf
 from edge.errors import BitNestError
+from edge.model.arch import ModelConfig, config_from_hf
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "generation_config.json", "tokenizer.model", "vocab.json", "merges.txt")

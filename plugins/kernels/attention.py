@@ -20,6 +20,7 @@ depend on how many later queries share the pass.
 """
 
 import math
+
 import torch
 import triton
 import triton.language as tl

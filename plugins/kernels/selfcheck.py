@@ -42,6 +42,7 @@ def run_checks(linears: list[tuple] | None = None, heads: tuple[int, int, int] =
     """All checks on `linears` [(name, base, refine, scale, offset)] (default: random ones) and attention heads
     (Hq, Hkv, D); raises ImportError where triton is missing, RuntimeError where no device can run it."""
     import triton  # noqa: F401
+
     from plugins import kernels
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     if not interp and not torch.cuda.is_available():
