@@ -78,8 +78,9 @@ def test_bytes_per_token_follow_the_passes(cpu_runtime):
     planes = sum(s.shape[0] * s.shape[1] // 2 for s in cpu_runtime.ckpt.linears.values())
     assert eng.pass_weight_bytes["target"] - eng.pass_weight_bytes["draft"] == planes
     # KV bytes: every AR step reads the whole committed history once at KV8
-    c = eng.cache
-    assert t.kv_bytes == sum(c.bytes_per_position(True) * (t.prefill_tokens + 1 + i) for i in range(t.target_passes))
+    kv8 = eng.kv_position_bytes[True]
+    assert kv8 == eng.cache.main.nbytes() // eng.capacity        # what the cache stores per position
+    assert t.kv_bytes == sum(kv8 * (t.prefill_tokens + 1 + i) for i in range(t.target_passes))
 
 
 def test_sampled_speculation_is_seeded_and_runs(cpu_runtime):
@@ -93,3 +94,28 @@ def test_prompt_longer_than_cache(rtn_checkpoint):
     rt = Runtime(rtn_checkpoint, backend="cpu", max_context=16)
     with pytest.raises(BitNestError, match="does not fit the KV cache of 16"):
         _run(rt, PROMPTS[0] * 4, policy="target", max_new_tokens=4)
+
+
+def test_engine_refuses_passes_past_its_capacity(rtn_checkpoint):
+    ck = load_checkpoint(rtn_checkpoint)
+    eng = PassEngine(ck, make_backend("torch", ck), 8)
+    eng.prefill([1, 504, 3145])
+    for bad in (lambda: eng.forward([1] * 6, "target"), lambda: eng.forward([1, 2], "draft", draft_slot=4),
+                lambda: eng.commit(9), lambda: eng.forward([1], "half")):
+        with pytest.raises(ValueError):
+            bad()
+    assert eng.length == 3 and eng.stats.target_passes == 0 and eng.stats.prefill_tokens == 3
+
+
+@pytest.mark.parametrize("policy", ["speculative", "adaptive"])
+def test_speculation_near_a_full_context_shrinks_gamma_and_stays_lossless(cpu_runtime, policy):
+    """With room for fewer than γ + 1 positions, a round drafts what fits (it used to switch to target AR)."""
+    ids = cpu_runtime.encode(PROMPTS[0])
+    rt = Runtime(cpu_runtime.ckpt.path, backend="cpu", max_context=len(ids) + 11)
+    target = _run(rt, PROMPTS[0], policy="target", max_new_tokens=64)
+    spec = _run(rt, PROMPTS[0], policy=policy, gamma=4, max_new_tokens=64)
+    s = spec["stats"]
+    assert s.extra["stopped"] == "context full" and target["stats"].extra["stopped"] == "context full"
+    assert spec["tokens"] == target["tokens"]
+    assert s.target_passes == s.rounds and s.draft_passes == s.drafted          # every step was a round
+    assert s.drafted < s.rounds * 4                                             # some round drafted fewer than γ

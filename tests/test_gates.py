@@ -12,19 +12,13 @@ from edge.analysis.compare import departures, target_choices
 from edge.analysis.trace import trace_prompt
 from edge.decode.adaptive import AdaptiveConfig
 from edge.decode.config import GenerateConfig
-from edge.decode.gates import GateConfig, is_uncertain, random_schedule
+from edge.analysis.calibrate import calibration_traces, order_by_uncertainty, thresholds_from_traces
+from edge.decode.config import GateConfig
+from edge.decode.gates import random_schedule
 from edge.decode.sampling import SamplingConfig
-from edge.decode.thresholds import (
-    RATES,
-    THRESHOLDS_FILE,
-    calibration_traces,
-    order_by_uncertainty,
-    rate_key,
-    read_thresholds,
-    resolve_gate,
-    save_thresholds,
-    thresholds_from_traces,
-)
+from edge.decode.signals import is_uncertain
+from edge.decode.thresholds import RATES, THRESHOLDS_FILE, rate_key, read_thresholds, resolve_gate, save_thresholds
+from edge.errors import BitNestError
 from edge.runtime import Runtime
 
 PROMPTS = ["Write a short poem about the sea.", "What is the capital of France? Explain briefly.",
@@ -149,8 +143,10 @@ def test_calibration_hits_its_target_rates_and_is_saved_beside_the_checkpoint(rt
     try:
         path = save_thresholds(rt.ckpt, entry)
         assert path == ck / THRESHOLDS_FILE and read_thresholds(rt.ckpt)["cpu"] == json.loads(path.read_text())["backends"]["cpu"]
-        gate = resolve_gate(rt, "gate-margin", GateConfig(rate=0.07))
+        gate = resolve_gate(rt.ckpt, "cpu", "gate-margin", GateConfig(rate=0.07))
         assert gate.threshold == entry["margin"]["0.07"]
+        with pytest.raises(BitNestError, match="bitnest calibrate --checkpoint"):   # the runtime never calibrates
+            resolve_gate(rt.ckpt, "torch", "gate-margin", GateConfig(rate=0.07))
         data = json.loads(path.read_text())
         data["weights_sha256"] = "0" * 64                 # thresholds of another export are not used
         path.write_text(json.dumps(data))

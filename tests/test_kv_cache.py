@@ -1,4 +1,5 @@
-"""Nested KV cache: views, scratch area, and commit / rollback as a property over random operation sequences."""
+"""Nested KV cache: views, scratch area, and commit / rollback (writes past the committed length, then a shorter
+committed length) as a property over random operation sequences."""
 
 import torch
 from hypothesis import given, settings
@@ -18,7 +19,6 @@ def test_views_read_the_planes(gen):
     c = NestedKVCache(L, H, D, capacity=32, scratch=4)
     k, v = _kv(gen, 10)
     c.write(1, 0, k, v)
-    c.commit(10)
     b, r, s = quantize_kv(k)
     k8, _ = c.read(1, 10, KVRead("kv8"))
     k4, _ = c.read(1, 10, KVRead("kv4"))
@@ -41,7 +41,6 @@ def test_scratch_follows_committed_history(gen):
     c = NestedKVCache(L, H, D, capacity=16, scratch=4)
     k, v = _kv(gen, 5)
     c.write(0, 0, k, v)
-    c.commit(5)
     dk, dv = _kv(gen, 2)
     c.write_scratch(0, 0, dk, dv)
     keys, _ = c.read(0, 5, KVRead("kv8"), scratch_len=2)
@@ -56,30 +55,26 @@ def test_commit_and_rollback_keep_exactly_the_accepted_prefix(ops, seed):
     the cache must then read back exactly the entries of the kept prefix, whatever was rolled off."""
     g = torch.Generator().manual_seed(seed)
     c = NestedKVCache(1, H, D, capacity=64)
-    kept = []                                       # reference: the committed K vectors
+    kept, length = [], 0                            # reference: the committed K vectors; the committed length
     for t, a in ops:
-        if c.length + t > c.capacity:
+        if length + t > c.capacity:
             break
         k, v = _kv(g, t)
-        c.write(0, c.length, k, v)
+        c.write(0, length, k, v)
         a = min(a, t)
         kept.extend(k[:, i] for i in range(a))
-        c.commit(c.length + a)                     # rejected entries fall off
-        assert c.length == len(kept)
+        length += a                                 # rejected entries fall off
     if kept:
         want = torch.stack(kept, dim=1)
         b, r, s = quantize_kv(want)
-        got, _ = c.read(0, c.length, KVRead("kv8"))
+        got, _ = c.read(0, length, KVRead("kv8"))
         assert torch.equal(got, dequantize_kv(b, r, s, "kv8"))
 
 
-def test_cache_refuses_overflow_and_committed_overwrite(gen):
+def test_cache_refuses_overflow(gen):
     c = NestedKVCache(1, H, D, capacity=4, scratch=2)
-    k, v = _kv(gen, 3)
-    c.write(0, 0, k, v)
-    c.commit(3)
-    for bad in (lambda: c.write(0, 2, *_kv(gen, 1)), lambda: c.write(0, 3, *_kv(gen, 2)),
-                lambda: c.write_scratch(0, 1, *_kv(gen, 2)), lambda: c.commit(5)):
+    for bad in (lambda: c.write(0, 3, *_kv(gen, 2)), lambda: c.write(0, -1, *_kv(gen, 1)),
+                lambda: c.write_scratch(0, 1, *_kv(gen, 2))):
         try:
             bad()
         except ValueError:

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from edge import compare, replay, thresholds
+from edge.analysis import calibrate, compare, replay
+from edge.decode import thresholds
 from tests.conftest import ROOT
 
 
@@ -18,7 +19,7 @@ def calibrated(rtn_checkpoint, tmp_path_factory):
     """A copy of the RTN export with thresholds calibrated on a few short trajectories."""
     ck = tmp_path_factory.mktemp("pod") / "ckpt"
     shutil.copytree(rtn_checkpoint, ck)
-    assert thresholds.main(["--checkpoint", str(ck), "--prompts", "2", "--max-new-tokens", "12", "--json"]) == 0
+    assert calibrate.main(["--checkpoint", str(ck), "--prompts", "2", "--max-new-tokens", "12", "--json"]) == 0
     return ck
 
 

@@ -29,7 +29,7 @@ def generate(eng: Engine, prompt: list[int], cfg: GenerateConfig, eos: set[int],
     done = lambda: len(out) >= cfg.max_new_tokens or out[-1] in eos or (stop is not None and stop(out))
     t0 = time.perf_counter()
     while not done():
-        if eng.room() < 2:   # the pending token's entry and one more position
+        if eng.room() < 1:   # no position left for the pending token's entry
             stats.extra["stopped"] = CONTEXT_FULL
             break
         step = policy.step(eng, out[-1], out)

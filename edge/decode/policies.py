@@ -97,7 +97,7 @@ class Speculative(Policy):
         over [pending, d_1..d_γ] writes the real entries and yields γ+1 distributions; accept the longest agreeing
         prefix (greedy) or apply rejection sampling; emit the accepted drafts plus one target token; commit the
         pending token and the accepted drafts, so rejected entries fall off the committed length. Near a full
-        context γ shrinks to what fits (the loop guarantees room for at least one proposal)."""
+        context γ shrinks to what fits, down to none (a target step over the pending token alone)."""
         base = eng.length
         limit = min(self.most_proposals(self.cfg), eng.room() - 1)
         draft_kv = self.cfg.draft_kv.read(base)
