@@ -107,7 +107,7 @@ def run_export(opts: ExportOptions) -> dict:
         "calibration": None if calib is None else {"corpus": "sharegpt", "samples": opts.calib_samples,
                                                     "seq_len": opts.calib_seq_len},
         "source": {"model": opts.model, "folder": str(src.folder)},
-        "activations": "per-token symmetric int8 on quantized-activation backends (DESIGN §5)",
+        "activations": "per-token symmetric int8 on quantized-activation backends (docs/contracts.md, activations)",
         "export": {"seconds": round(time.time() - t0, 1), "threads": torch.get_num_threads()},
     }
     write_checkpoint(out, tensors, manifest, src.tokenizer_files())

@@ -13,7 +13,7 @@ QR_MIN_AT_BASE_MIN = 0
 REFINE_DIVISOR = 16
 # Per-token symmetric INT8 activations: s_x = max|x| / ACT_QMAX.
 ACT_QMAX = 127
-# KV quantization (DESIGN §4): s = max|x| / KV_QMAX.
+# KV quantization (docs/contracts.md, KV cache): s = max|x| / KV_QMAX.
 KV_QMAX = 7
 # Preferred weight group size; the largest power of two dividing K is used where it does not divide.
 DEFAULT_GROUP_SIZE = 128
@@ -58,7 +58,7 @@ def view_code(view: str) -> int:
 
 def group_size_for(k: int, preferred: int = DEFAULT_GROUP_SIZE) -> int:
     """Group size for a row of length `k`: `preferred` where it divides k, else the largest power
-    of two below it that does (DESIGN §3)."""
+    of two below it that does (docs/contracts.md, weights)."""
     if k <= 0 or preferred <= 0:
         raise ValueError(f"group size needs positive K and preferred size, got K={k}, G={preferred}")
     if k % preferred == 0:

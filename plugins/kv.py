@@ -1,4 +1,4 @@
-"""Nested KV quantization (DESIGN §4, paper A.2): per-vector KV4 base and KV4 refinement planes."""
+"""Nested KV quantization (docs/contracts.md, KV cache, paper A.2): per-vector KV4 base and KV4 refinement planes."""
 
 import torch
 

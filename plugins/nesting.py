@@ -1,4 +1,4 @@
-"""Weight nesting rules (DESIGN §3): group scales, RTN base, fixed-base refinement (paper eq. 9),
+"""Weight nesting rules (docs/contracts.md, weights): group scales, RTN base, fixed-base refinement (paper eq. 9),
 the top-4-of-8 decomposition, and dequantization of the draft and target views."""
 
 from dataclasses import dataclass
@@ -113,7 +113,7 @@ def dequantize(codes: NestedCodes, view: str) -> torch.Tensor:
 
 
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token symmetric INT8 (DESIGN §5): x [M, K] -> codes int8 [M, K], scales float32 [M, 1]."""
+    """Per-token symmetric INT8 (docs/contracts.md, activations): x [M, K] -> codes int8 [M, K], scales float32 [M, 1]."""
     s = (x.float().abs().amax(dim=-1, keepdim=True) / ACT_QMAX).clamp_min(1e-12)  # [M, 1]
     q = torch.clamp(torch.round(x.float() / s), -ACT_QMAX, ACT_QMAX).to(torch.int8)
     return q, s

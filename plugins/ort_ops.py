@@ -1,6 +1,6 @@
 """onnxruntime CPU implementations of the `bitnest` ops and functions, as onnxruntime-extensions Python
 custom ops: the linear by the reference semantics (plugins.reference.dual_plane_linear_int8: exact INT8
-activations, DESIGN §5), attention and the float functions (RmsNorm, SiluMul, RotateRows, HadamardRows)
+activations, docs/contracts.md, activations), attention and the float functions (RmsNorm, SiluMul, RotateRows, HadamardRows)
 by the torch backend's own float math (plugins.decoder_math), so the CPU graph reproduces the torch
 backend's quantizer inputs bit for bit; and the session factory that maps the graph onto the extensions.
 

@@ -1,4 +1,4 @@
-"""Signed-nibble plane packing (DESIGN §3): two 4-bit two's-complement codes per byte, low nibble first."""
+"""Signed-nibble plane packing (docs/contracts.md, weights): two 4-bit two's-complement codes per byte, low nibble first."""
 
 import torch
 

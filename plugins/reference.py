@@ -18,7 +18,7 @@ def dual_plane_linear(
     offset: Optional[torch.Tensor] = None,
     act_int8: bool = False,
 ) -> torch.Tensor:
-    """y[M, N] = x[M, K] @ W_view^T from the packed planes (DESIGN §6).
+    """y[M, N] = x[M, K] @ W_view^T from the packed planes (docs/contracts.md, ops).
 
     base, refine: uint8 [N, K/2]; scale (and optional offset): float16 [N, K/G].
     The draft view reads `base` and `scale` only (and never touches `refine`, which may be None);
@@ -71,7 +71,7 @@ def nested_kv_attention(
     scratch: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
     scratch_len: int = 0,
 ) -> torch.Tensor:
-    """out[Hq, T, D] = causal GQA attention of q over one layer's nested KV cache (DESIGN §4, §6).
+    """out[Hq, T, D] = causal GQA attention of q over one layer's nested KV cache (docs/contracts.md, KV cache, §6).
 
     q: float [Hq, T, D]. base, refine: uint8 [2, Hkv, C, D/2] (K then V), scale: float16 [2, Hkv, C].
     The sequence is main positions [0, main_len) followed by `scratch_len` slots of the optional

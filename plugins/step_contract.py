@@ -19,17 +19,15 @@ Graph semantics are pure: a runtime that keeps its planes on the host (onnxrunti
 entries into positions [S - M, S) of its planes after the pass. The TensorRT plugin also writes them into
 the plane inputs in place (the same bytes, so the result is identical); the TensorRT runtime binds its
 persistent plane buffers as inputs and needs no copy. Entries past the committed length are draft-time
-entries; verification overwrites them and rollback is a smaller committed length (DESIGN §4).
+entries; verification overwrites them and rollback is a smaller committed length (docs/contracts.md, KV cache).
 """
 
 from dataclasses import dataclass
 
 # Model-local functions (standard-op bodies; export.onnx_functions) for the float ops that feed a quantizer.
 RMS_NORM, SILU_MUL, ROTATE_ROWS, HADAMARD_ROWS = "RmsNorm", "SiluMul", "RotateRows", "HadamardRows"
-FUNCTIONS = (RMS_NORM, SILU_MUL, ROTATE_ROWS, HADAMARD_ROWS)
 
 INPUT_IDS, SEQ_LEN, KV8_FROM, VIEW, LOGITS = "input_ids", "seq_len", "kv8_from", "view", "logits"
-SCALAR_INPUTS = (SEQ_LEN, KV8_FROM, VIEW)
 
 # ONNX opset of the standard ops and IR version: within what TensorRT 10.3's parser and onnxruntime read.
 OPSET = 17

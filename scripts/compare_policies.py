@@ -1,13 +1,16 @@
-"""Live comparison of every decoding policy (target, draft, speculative, adaptive, every gate) with
-bytes per token, escalation rates, paired bootstrap differences and McNemar tests; see edge/analysis/compare.py."""
+"""`bitnest compare` (export.commands): run `python scripts/compare_policies.py --help` for its options."""
 
 import sys
 from pathlib import Path
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repo root, not scripts/
 
-from edge.analysis.compare import main  # noqa: E402
-from export.pipeline import ensure_default_checkpoint  # noqa: E402
+from export.commands import run_command  # noqa: E402
+
+
+def main(argv=None) -> int:
+    return run_command("compare", argv)
+
 
 if __name__ == "__main__":
-    sys.exit(main(default_checkpoint=ensure_default_checkpoint))
+    sys.exit(main())

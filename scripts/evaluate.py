@@ -1,11 +1,16 @@
-"""Perplexity and draft/target agreement of a nested checkpoint (see `edge.analysis.evaluate`)."""
+"""`bitnest evaluate` (export.commands): run `python scripts/evaluate.py --help` for its options."""
 
 import sys
 from pathlib import Path
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repo root, not scripts/
 
-from edge.analysis.evaluate import main  # noqa: E402
+from export.commands import run_command  # noqa: E402
+
+
+def main(argv=None) -> int:
+    return run_command("evaluate", argv)
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,11 +1,16 @@
-"""Export a nested W4/W8 checkpoint from a model (see `export.cli`)."""
+"""`bitnest export` (export.commands): run `python scripts/export.py --help` for its options."""
 
 import sys
 from pathlib import Path
 
-sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repo root, not scripts/ (this file shadows `export`)
+sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repo root, not scripts/
 
-from export.cli import main  # noqa: E402
+from export.commands import run_command  # noqa: E402
+
+
+def main(argv=None) -> int:
+    return run_command("export", argv)
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,61 +1,15 @@
-"""Device self-check: run every decode path this machine supports (torch, cpu, triton, onnxruntime, tensorrt,
-energy meters) for a few tokens of the default model and compare each with the reference (see edge.checks.selfcheck).
-Exit 0 when no path failed, 1 when one did, 2 on bad input."""
+"""`bitnest selfcheck` (export.commands): run `python scripts/selfcheck.py --help` for its options."""
 
-import argparse
 import sys
-import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repo root, not scripts/
 
-from edge.checks.selfcheck import PATHS, SelfCheckOptions, run_selfcheck  # noqa: E402
-from edge.cli.common import run_cli  # noqa: E402
-
-
-def onnx_for(checkpoint: Path, workdir: str) -> str:
-    """CHECKPOINT/decoder_step.onnx when it was exported from these weights, else a fresh export in `workdir`."""
-    import onnx
-
-    from edge.model.checkpoint import read_manifest
-    from export.onnx_export import export_onnx
-    from plugins.step_contract import ONNX_FILE
-
-    beside = checkpoint / ONNX_FILE
-    if beside.is_file():
-        meta = {p.key: p.value for p in onnx.load(str(beside), load_external_data=False).metadata_props}
-        if meta.get("bitnest.weights_sha256") == read_manifest(checkpoint)["files"]["model.safetensors"]:
-            return str(beside)
-    return export_onnx(checkpoint, Path(workdir) / ONNX_FILE)["onnx"]
+from export.commands import run_command  # noqa: E402
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="selfcheck.py", description=__doc__)
-    p.add_argument("--checkpoint", help="nested checkpoint (default: the embedded SmolLM2 export, made once if absent)")
-    p.add_argument("--engine", help="TensorRT engine (default: CHECKPOINT/decoder_step.engine)")
-    p.add_argument("--tokens", type=int, default=4, help="new tokens per path")
-    p.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated subset of {','.join(PATHS)}")
-    p.add_argument("--triton-timeout", type=int, default=600, help="seconds for the Triton kernel self-check")
-    p.add_argument("--json", action="store_true", help="print one JSON object last")
-    a = p.parse_args(argv)
-    failed = []
-
-    def body():
-        from export.pipeline import ensure_default_checkpoint
-        opts = SelfCheckOptions(a.checkpoint or "", None, a.engine, a.tokens, tuple(x for x in a.paths.split(",") if x),
-                                a.triton_timeout)                      # bad options fail before any work
-        ckpt = Path(a.checkpoint) if a.checkpoint else ensure_default_checkpoint()
-        with tempfile.TemporaryDirectory(prefix="bitnest-selfcheck-") as work:
-            onnx_path = onnx_for(ckpt, work) if "onnxruntime" in opts.paths else None
-            result = run_selfcheck(replace(opts, checkpoint=str(ckpt), onnx=onnx_path))
-        for r in result["paths"]:
-            print(f"{r['path']:>16}: {r['status']}" + (f" ({r['reason']})" if r["reason"] else ""), file=sys.stderr)
-        failed.append(not result["passed"])
-        return result
-
-    rc = run_cli(body, a.json, "selfcheck.py", echo=False)
-    return 1 if rc == 0 and failed and failed[0] else rc
+    return run_command("selfcheck", argv)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from edge.energy.tegrastats import TegrastatsMeter, parse_line
 from edge.errors import BitNestError
 
 ROOT = Path(__file__).resolve().parents[1]
-RECORDED = ROOT / "tests" / "data" / "tegrastats_orin_8gb.log"    # the DESIGN §9 line (Orin Nano/NX 8 GB)
+RECORDED = ROOT / "tests" / "data" / "tegrastats_orin_8gb.log"    # the docs/energy.md line (Orin Nano/NX 8 GB)
 REPLAY = [sys.executable, str(ROOT / "scripts" / "replay_tegrastats.py"), str(RECORDED)]
 # A real tegrastats line from a Jetson TX1 (L4T 28), which reports no power rails: hordiales/jetson-tx1-dev, SCRIPTS.md
 TX1_LINE = ("RAM 3468/3983MB (lfb 48x4MB) SWAP 873/8192MB (cached 295MB) cpu [17%,13%,29%,5%]@408 EMC 1%@408 "
@@ -36,7 +36,7 @@ def test_parse_recorded_orin_line():
 
 
 def test_jtop_power_dict_uses_instant_not_avg():
-    # jetson.power of an Orin NX/Nano (jetson-stats 4.2 shape, DESIGN §9): mV, mA, mW; tot is VDD_IN
+    # jetson.power of an Orin NX/Nano (jetson-stats 4.2 shape, docs/energy.md): mV, mA, mW; tot is VDD_IN
     rail = lambda volt, curr, power, avg: {"online": True, "type": "INA3221", "status": "ok", "volt": volt,
                                            "curr": curr, "power": power, "avg": avg, "warn": 32760, "crit": 32760}
     power = {"rail": {"VDD_CPU_GPU_CV": rail(4984, 105, 527, 611), "VDD_SOC": rail(4984, 268, 1339, 1402)},

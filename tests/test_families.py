@@ -59,7 +59,7 @@ def test_qwen2_exports_and_loads(qwen2_folder, tmp_path):
     ck = load_checkpoint(out)
     assert ck.config.family == "qwen2" and ck.rotations.r1 is not None and ck.rotations.r4_size == 192
     assert "model.layers.0.self_attn.q_proj.bias" in ck.tensors and "lm_head.weight" in ck.tensors
-    # K = 96 has no group of 128 or 64: the largest power of two dividing it (32) is used (DESIGN §3)
+    # K = 96 has no group of 128 or 64: the largest power of two dividing it (32) is used (docs/contracts.md, weights)
     assert ck.linears["model.layers.0.self_attn.q_proj"].group_size == 32
     n = {k: v.shape[0] * v.shape[1] for k, v in ck.linears.items()}
     expected = sum((8 + 16 / ck.linears[k].group_size) * c for k, c in n.items()) / sum(n.values())

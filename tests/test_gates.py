@@ -8,16 +8,26 @@ import shutil
 import pytest
 import torch
 
+from edge.analysis.calibrate import (
+    calibration_traces,
+    order_by_uncertainty,
+    thresholds_from_traces,
+)
 from edge.analysis.compare import departures, target_choices
 from edge.analysis.trace import trace_prompt
 from edge.decode.adaptive import AdaptiveConfig
-from edge.decode.config import GenerateConfig
-from edge.analysis.calibrate import calibration_traces, order_by_uncertainty, thresholds_from_traces
-from edge.decode.config import GateConfig
+from edge.decode.config import GateConfig, GenerateConfig
 from edge.decode.gates import random_schedule
 from edge.decode.sampling import SamplingConfig
 from edge.decode.signals import is_uncertain
-from edge.decode.thresholds import RATES, THRESHOLDS_FILE, rate_key, read_thresholds, resolve_gate, save_thresholds
+from edge.decode.thresholds import (
+    RATES,
+    THRESHOLDS_FILE,
+    rate_key,
+    read_thresholds,
+    resolve_gate,
+    save_thresholds,
+)
 from edge.errors import BitNestError
 from edge.runtime import Runtime
 

@@ -1,4 +1,4 @@
-"""Bit-exact tests of nested KV quantization (DESIGN §4)."""
+"""Bit-exact tests of nested KV quantization (docs/contracts.md, KV cache)."""
 
 import torch
 

@@ -1,4 +1,4 @@
-"""Bit-exact tests of signed-nibble plane packing (DESIGN §3)."""
+"""Bit-exact tests of signed-nibble plane packing (docs/contracts.md, weights)."""
 
 import pytest
 import torch

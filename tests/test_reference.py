@@ -68,3 +68,19 @@ def test_nested_kv_attention_reference_matches_dequantized_attention(gen):
         assert torch.allclose(got.float(), want, atol=1e-5), kv8_from
     split = nested_kv_attention(q, b, r, s, 10, 0, scratch=(b[..., 10:, :], r[..., 10:, :], s[..., 10:]), scratch_len=3)
     assert torch.equal(split, nested_kv_attention(q, b, r, s, 13, 0))
+
+
+def test_every_op_is_found_from_its_one_name():
+    """Each op of plugins.contracts names its reference and its Triton launcher (python name) and its ONNX schema
+    (graph name): renaming one side without the other fails here."""
+    import onnx
+
+    from plugins import kernels, reference
+    from plugins.contracts import DOMAIN, DOMAIN_VERSION, OPS
+    from plugins.onnx_schemas import register_schemas
+
+    register_schemas()
+    for op in OPS:
+        assert callable(getattr(reference, op.python)), op
+        assert callable(getattr(kernels, op.python)), op
+        assert onnx.defs.get_schema(op.graph, DOMAIN_VERSION, DOMAIN).name == op.graph

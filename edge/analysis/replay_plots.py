@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from edge.analysis.trace import StepTrace
-from edge.errors import BitNestError
+from edge.cli.common import pyplot
 
 ORDERS = {"entropy": "entropy", "margin": "margin (small first)", "oracle": "oracle (true KL)"}
 
@@ -30,13 +30,7 @@ def _curves(traces: list[StepTrace]) -> tuple[np.ndarray, dict, dict]:
 
 def save_plots(result: dict, traces: list[StepTrace], folder: Path, prefix: str) -> list[str]:
     """Write the four figures into `folder`; returns their paths."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise BitNestError("--plots needs matplotlib: pip install matplotlib (or the project's [analysis] extra)") \
-            from None
+    plt = pyplot("--plots")
     folder.mkdir(parents=True, exist_ok=True)
     grid, recall, kl_share = _curves([t for t in traces if len(t)])
     title = f"{result['method']} ({result['rotation']}), {result['steps']} steps, {result['prompts']} prompts"

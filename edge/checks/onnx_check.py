@@ -3,6 +3,7 @@ torch backend, pass for pass, for each weight/KV view; reports the worst relativ
 argmax agreement (used by scripts/verify_onnx.py and the self-check)."""
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -85,33 +86,15 @@ def compare(ckpt: Checkpoint, session, prompts: list[list[int]], opts: CheckOpti
             "argmax_agreement": min(m["argmax_agreement"] for m in modes.values()), "modes": modes}
 
 
-def chat_prompts(ckpt: Checkpoint, n: int, max_tokens: int) -> list[list[int]]:
-    """Token ids of `n` held-out ShareGPT requests in the model's chat template, cut to `max_tokens`."""
-    from edge.analysis.corpora import sharegpt_prompts
-    from edge.runtime import load_tokenizer
+def matching_onnx(checkpoint) -> str | None:
+    """CHECKPOINT/decoder_step.onnx where it exists and was exported from these weights, else None."""
+    import onnx
 
-    tok = load_tokenizer(ckpt.path)
-    out = []
-    for text in sharegpt_prompts(n, max_chars=400):
-        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                      tokenize=True, return_dict=False)
-        out.append(list(ids)[:max_tokens])
-    return out
+    from edge.model.checkpoint import WEIGHTS, read_manifest
+    from plugins.step_contract import ONNX_FILE
 
-
-def verify(checkpoint, onnx_path, prompts: int = 2, max_prompt_tokens: int = 24,
-           opts: CheckOptions = CheckOptions()) -> dict:
-    """scripts/verify_onnx.py: real prompts through the ONNX graph and the torch backend, every mode.
-    {"max_rel_err", "argmax_agreement", "nodes", "modes", "prompts", "seconds"}."""
-    import time
-
-    from edge.backends.onnxruntime_step import open_session
-    from edge.model.checkpoint import load_checkpoint
-
-    if prompts < 1 or max_prompt_tokens < 1:
-        raise ValueError("--prompts and --max-prompt-tokens must be at least 1")
-    t0 = time.time()
-    ckpt = load_checkpoint(checkpoint)
-    session = open_session(onnx_path)
-    result = compare(ckpt, session, chat_prompts(ckpt, prompts, max_prompt_tokens), opts)
-    return {**result, "nodes": onnx_node_counts(onnx_path), "prompts": prompts, "seconds": round(time.time() - t0, 1)}
+    beside = Path(checkpoint) / ONNX_FILE
+    if not beside.is_file():
+        return None
+    meta = {p.key: p.value for p in onnx.load(str(beside), load_external_data=False).metadata_props}
+    return str(beside) if meta.get("bitnest.weights_sha256") == read_manifest(checkpoint)["files"][WEIGHTS] else None

@@ -1,4 +1,5 @@
-"""Shared command-line plumbing: one-line errors with exit code 2 (no traceback) and the final --json object."""
+"""Shared command-line plumbing: one-line errors with exit code 2 (no traceback), the final --json object, and
+optional plotting."""
 
 import json
 import sys
@@ -24,3 +25,14 @@ def run_cli(body: Callable[[], dict], as_json: bool, prog: str, echo: bool = Tru
         for k, v in result.items():
             print(f"{k}: {v}")
     return 0
+
+
+def pyplot(option: str):
+    """matplotlib.pyplot on the Agg backend, or a one-line error naming `option` and the extra that brings it."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise BitNestError(f"{option} needs matplotlib: pip install -e .[analysis]") from None
+    return plt

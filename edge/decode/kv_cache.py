@@ -1,4 +1,4 @@
-"""Nested KV cache (DESIGN §4): preallocated KV4 base and KV4 refinement planes plus float16 scales for a
+"""Nested KV cache (docs/contracts.md, KV cache): preallocated KV4 base and KV4 refinement planes plus float16 scales for a
 fixed capacity and a scratch area for draft-time entries; the KV read views; bytes per cached position.
 The committed length (commit / rollback) belongs to the engine that drives the cache (edge.decode.engine)."""
 
@@ -14,7 +14,7 @@ from plugins.kv import dequantize_kv_mixed, quantize_kv
 
 
 def kv_bytes_per_position(cfg: ModelConfig, kv: str) -> int:
-    """Bytes per cached position over all layers, K and V. fp16: 2 bytes per value. nested (DESIGN §4): two
+    """Bytes per cached position over all layers, K and V. fp16: 2 bytes per value. nested (docs/contracts.md, KV cache): two
     packed 4-bit planes (D/2 bytes each) and one float16 scale per (layer, K/V, KV head). kv4: what a KV4 read
     touches of the nested cache (the base plane and the scale)."""
     per_vector = {"fp16": cfg.head_dim * 2, "nested": cfg.head_dim + 2, "kv4": cfg.head_dim // 2 + 2}[kv]

@@ -9,8 +9,6 @@ from edge.decode.sampling import Sampler
 
 POLICY_CLASSES: dict[str, type[Policy]] = {c.name: c for c in (Speculative, Adaptive, TargetAR, DraftAR) + GATES}
 POLICIES = tuple(POLICY_CLASSES)
-GATE_POLICIES = tuple(n for n, c in POLICY_CLASSES.items() if c.gated)
-THRESHOLD_GATES = tuple(n for n, c in POLICY_CLASSES.items() if c.needs_threshold)
 
 
 def policy_class(name: str) -> type[Policy]:

@@ -1,4 +1,4 @@
-"""Energy meters (DESIGN §9): `tegrastats` and `jtop` on a Jetson, `nvml` on a desktop GPU, `none`; `auto`
+"""Energy meters (docs/energy.md): `tegrastats` and `jtop` on a Jetson, `nvml` on a desktop GPU, `none`; `auto`
 takes the first that works here. Each meter's hardware package is imported only when it is used.
 
 A meter has start(), mark() -> t (monotonic), energy(t0, t1) -> EnergyReading, stop()."""

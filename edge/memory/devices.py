@@ -1,4 +1,4 @@
-"""Device profiles for memory planning (DESIGN §8): total memory, what the OS and the CUDA context keep,
+"""Device profiles for memory planning (docs/memory.md): total memory, what the OS and the CUDA context keep,
 bandwidth; Jetson presets, the local machine and a CUDA GPU queried at run time, with overrides."""
 
 import os
@@ -10,7 +10,7 @@ MiB = 1 << 20
 GiB = 1 << 30
 
 # JetPack 6 figures. Totals are the RAM Linux reports (tegrastats `RAM used/TOTAL`, = MemTotal) after the
-# firmware carve-outs, read off real tegrastats lines: 7620 MB on an Orin Nano/NX 8 GB (DESIGN §9),
+# firmware carve-outs, read off real tegrastats lines: 7620 MB on an Orin Nano/NX 8 GB (docs/energy.md),
 # 15656 MB on an Orin NX 16 GB, 30697 MB on an AGX Orin 32 GB and 62841 MB on an AGX Orin 64 GB
 # (JetPack 6 tegrastats output published in public repositories). Idle "RAM used" on those lines is
 # 0.8-1.3 GB headless and 2.3-3.4 GB with the desktop; OS_RESERVE takes 1.5 GiB (headless, plus sshd,

@@ -1,4 +1,4 @@
-"""Memory planner (DESIGN §8): the bytes a run allocates (weights by format, KV per position, draft
+"""Memory planner (docs/memory.md): the bytes a run allocates (weights by format, KV per position, draft
 scratch, the largest pass's workspace) on a device profile, the maximum context that fits, and the
 arithmetic behind it."""
 
@@ -92,7 +92,7 @@ def dense_weight_bytes(cfg: ModelConfig, fmt: str) -> dict[str, int]:
 
 
 def kv_bytes_per_position(cfg: ModelConfig, kv: str) -> int:
-    """fp16: K and V vectors at 2 bytes per value. nested (DESIGN §4): two packed 4-bit planes (D/2 bytes
+    """fp16: K and V vectors at 2 bytes per value. nested (docs/contracts.md, KV cache): two packed 4-bit planes (D/2 bytes
     each) and one float16 scale per (layer, K/V, KV head). kv4: what a KV4 read touches of the nested
     cache (the base plane and the scale)."""
     per_vector = {"fp16": cfg.head_dim * 2, "nested": cfg.head_dim + 2, "kv4": cfg.head_dim // 2 + 2}[kv]
@@ -236,11 +236,6 @@ def plan(model: str, cfg: ModelConfig, config: RunConfig, device: DeviceProfile,
     return MemoryPlan(model, config, device, workload, backend, weights, per_pos, slots, best,
                       "positions" if best == cfg.max_position_embeddings else "memory", ws, draft_read(cfg, config),
                       slope if dry is not None else 0.0)
-
-
-def plan_all(model: str, cfg: ModelConfig, device: DeviceProfile, workload: Workload = Workload(),
-             ckpt: Checkpoint | None = None, backend: str | None = None) -> dict[str, MemoryPlan]:
-    return {name: plan(model, cfg, c, device, workload, ckpt, backend) for name, c in CONFIGS.items()}
 
 
 def fit_context(p: MemoryPlan, requested: int | None) -> int:

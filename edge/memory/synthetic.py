@@ -13,7 +13,7 @@ from plugins.contracts import group_size_for
 
 def synthetic_checkpoint(cfg: ModelConfig, device: str = "meta", seed: int = 0,
                          head_nested: bool = False) -> Checkpoint:
-    """A checkpoint of `cfg`'s shapes (DESIGN §3 tensors, canonical dtypes): on "meta", shapes only; on
+    """A checkpoint of `cfg`'s shapes (docs/contracts.md, weights tensors, canonical dtypes): on "meta", shapes only; on
     "cpu", random planes and scales (a model that computes garbage at the real byte counts)."""
     gen = torch.Generator().manual_seed(seed)
     manifest = {"method": "synthetic", "head": "nested" if head_nested else "float16", "rotation": {}}

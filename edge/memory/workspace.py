@@ -1,4 +1,4 @@
-"""Transient memory of one pass (DESIGN §8 workspace): the passes that end at the last position of a
+"""Transient memory of one pass (docs/memory.md workspace): the passes that end at the last position of a
 context, the GPU kernels' buffer formula, and a dry run of this runtime's torch path on meta tensors."""
 
 from dataclasses import dataclass, replace
@@ -13,7 +13,7 @@ from edge.model.arch import ModelConfig
 from edge.model.checkpoint import Checkpoint
 
 # Flash-decoding splits the history of each query row over this many blocks whose partial outputs
-# (D values, running max and sum, float32) are reduced afterwards (nested_kv_attention, DESIGN §6).
+# (D values, running max and sum, float32) are reduced afterwards (nested_kv_attention, docs/contracts.md, ops).
 FLASH_SPLITS = 32
 DECODE_ROWS = 32
 

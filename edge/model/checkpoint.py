@@ -1,4 +1,4 @@
-"""Nested checkpoint reader (DESIGN §3): validates manifest, file hashes, tensor names, dtypes and shapes."""
+"""Nested checkpoint reader (docs/contracts.md, weights): validates manifest, file hashes, tensor names, dtypes and shapes."""
 
 import hashlib
 import json

@@ -1,4 +1,4 @@
-"""Triton kernels of the BitNest ops (DESIGN §6): the dual-plane GEMV/GEMM (`gemv`), nested-KV flash-decoding and
+"""Triton kernels of the BitNest ops (docs/contracts.md, ops): the dual-plane GEMV/GEMM (`gemv`), nested-KV flash-decoding and
 its KV write path (`attention`), ahead-of-time compilation for Orin (`aot`) and a self-check (`selfcheck`).
 
 Importing this package does not import triton: the launchers below load their module on first call, so CPU-only

@@ -1,4 +1,4 @@
-"""Triton dual-plane GEMV/GEMM (DESIGN §3, §5, §6): y[M, N] = x[M, K] @ W_view^T straight from the packed planes,
+"""Triton dual-plane GEMV/GEMM (docs/contracts.md, weights, §5, §6): y[M, N] = x[M, K] @ W_view^T straight from the packed planes,
 for the small M of drafting (1) and verification (γ+1 <= 16) where decoding is bandwidth-bound.
 
 Bytes read, and why no more than the format requires: each program owns BLOCK_N rows and a contiguous range of
@@ -51,7 +51,7 @@ def quantize_rows_kernel(x_ptr, xq_ptr, sx_ptr, K, stride_x, BLOCK_K: tl.constex
 
 @triton.jit
 def _nibbles(p):
-    """uint8 [R, C] -> (low, high) int8 nibbles sign-extended (two's complement, DESIGN §3)."""
+    """uint8 [R, C] -> (low, high) int8 nibbles sign-extended (two's complement, docs/contracts.md, weights)."""
     lo = (p << 4).to(tl.int8, bitcast=True) >> 4
     hi = p.to(tl.int8, bitcast=True) >> 4
     return lo, hi

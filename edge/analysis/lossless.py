@@ -1,0 +1,71 @@
+"""Check that greedy speculative output equals greedy target output, token for token, on real prompts.
+
+    python scripts/lossless.py [--checkpoint DIR] [--backend cpu|torch|triton] [--prompts N] [--max-new-tokens N]
+                               [--gamma G] [--json]
+
+Prompts: N/2 held-out ShareGPT requests (chat template) and N/2 Shakespeare passages (raw continuation).
+A divergence is reported with the target's top-two logit gap at that step (a float near-tie when < 1e-4).
+Also reports, per corpus, the speculative and target decode statistics (acceptance, tokens per round,
+weight and KV bytes per token, tok/s).
+"""
+
+import argparse
+import sys
+
+import torch
+
+from edge.analysis.corpora import shakespeare_prompts, sharegpt_prompts
+from edge.backends import BACKENDS
+from edge.cli.common import run_cli
+from edge.cli.options import checkpoint_arg
+from edge.decode.generate import GenerateConfig
+from edge.runtime import Runtime, merged_summary
+
+
+def top2_gap(rt: Runtime, ids: list[int]) -> float:
+    """Target logit gap between the best and second-best token after `ids`."""
+    rt.engine.reset()
+    top = torch.topk(rt.engine.prefill(ids), 2).values
+    return float(top[0] - top[1])
+
+
+def lossless(a, ckpt: str) -> dict:
+    """Speculative against target greedy output on every prompt, divergences with their logit gaps, and stats."""
+    rt = Runtime(ckpt, backend=a.backend, max_context=a.max_new_tokens + 1024)
+    half = a.prompts // 2
+    prompts = [("sharegpt", p, True) for p in sharegpt_prompts(a.prompts - half)] + \
+              [("shakespeare", p, False) for p in shakespeare_prompts(half)]
+    same, divergences = 0, []
+    stats = {c: {"speculative": [], "target": []} for c in ("sharegpt", "shakespeare")}
+    for corpus, text, chat in prompts:
+        ids = rt.encode(text, chat)
+        t_run = rt.generate(ids, GenerateConfig(policy="target", max_new_tokens=a.max_new_tokens))
+        spec = rt.generate(ids, GenerateConfig(policy="speculative", gamma=a.gamma, max_new_tokens=a.max_new_tokens))
+        target = t_run["tokens"]
+        stats[corpus]["target"].append(t_run["stats"])
+        stats[corpus]["speculative"].append(spec["stats"])
+        if spec["tokens"] == target:
+            same += 1
+            print(f"prompt {len(stats['sharegpt']['target']) + len(stats['shakespeare']['target'])}/{len(prompts)}: "
+                  f"identical ({len(target)} tokens)", file=sys.stderr, flush=True)
+            continue
+        i = next((j for j, (x, y) in enumerate(zip(spec["tokens"], target)) if x != y), min(len(target), len(spec["tokens"])))
+        gap = top2_gap(rt, ids + target[:i])
+        divergences.append({"prompt": text[:60], "position": i, "target_top2_gap": gap, "near_tie": gap < 1e-4})
+        print(f"divergence at token {i} of {text[:40]!r}: top-2 gap {gap:.3g}", file=sys.stderr)
+    return {"checkpoint": ckpt, "backend": a.backend, "prompts": len(prompts), "max_new_tokens": a.max_new_tokens,
+            "identical": same, "divergences": divergences,
+            "lossless": all(d["near_tie"] for d in divergences),
+            "stats": {c: {p: merged_summary(v) for p, v in d.items() if v} for c, d in stats.items()}}
+
+
+def main(argv=None, default_checkpoint=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint")
+    p.add_argument("--backend", default="cpu", choices=BACKENDS)
+    p.add_argument("--prompts", type=int, default=20)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    return run_cli(lambda: lossless(a, checkpoint_arg(a, default_checkpoint)), a.json, "lossless.py")

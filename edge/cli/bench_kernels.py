@@ -1,0 +1,138 @@
+"""Kernel bandwidth on a CUDA GPU: effective bandwidth of each Triton kernel at decode shapes, as a fraction of the
+device's measured copy bandwidth (both taken in the same run).
+
+    python scripts/bench_kernels.py [--repeats 7] [--contexts 4096,8192,16384,32768] [--out FILE] [--json]
+
+GEMV: K x N = 4096 x 4096, 4096 x 11008 and 11008 x 4096 (Llama-7B q/o, gate/up and down), M = 1 and 5, draft
+(W4A8: base + scales) and target (W8A8: both planes), and the float16-activation variant; cuBLAS float16 x @ W^T
+of the same shape is timed beside it. Attention: Llama-2-7B heads (32 x 128, MHA) and a GQA 32/8 layout, T = 1 and
+5, KV8 and KV4, over each context. "bytes" are the bytes the format requires (planes, scales, activations in,
+result out); each time is the median over repeats of a CUDA-graph replay of 20 launches (launch overhead excluded),
+and the copy bandwidth is a device-to-device copy of 512 MiB counted as read + write.
+"""
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+from edge.cli.common import run_cli
+from edge.errors import BitNestError
+
+GEMV_SHAPES = [(4096, 4096), (4096, 11008), (11008, 4096)]   # (K, N)
+LAUNCHES = 20
+
+
+def time_graph(fn, repeats: int) -> float:
+    """Median seconds per call of `fn` over `repeats` replays of a CUDA graph holding LAUNCHES calls."""
+    fn()
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()                                              # warm-up on the capture stream (compiles, allocates)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(LAUNCHES):
+            fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / LAUNCHES)
+    return statistics.median(times)
+
+
+def copy_bandwidth(repeats: int) -> float:
+    src = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * src.numel() / time_graph(lambda: dst.copy_(src), repeats)
+
+
+def gemv_rows(repeats: int, copy_bw: float) -> list[dict]:
+    from plugins.kernels import dual_plane_linear
+    rows = []
+    for k, n in GEMV_SHAPES:
+        g = 128
+        base = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda")
+        refine = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda")
+        scale = (torch.rand(n, k // g, device="cuda") * 1e-2).half()
+        w16 = torch.randn(n, k, device="cuda").half()
+        for m in (1, 5):
+            x = torch.randn(m, k, device="cuda").half()
+            out = torch.empty(m, n, dtype=torch.float32, device="cuda")
+            for view, planes in (("draft", 1), ("target", 2)):
+                for act in ("int8", "float16"):
+                    sec = time_graph(lambda: dual_plane_linear(x, base, refine, scale, view, out=out, act=act), repeats)
+                    need = planes * n * k // 2 + n * (k // g) * 2 + m * k * 2 + m * n * 4
+                    rows.append({"kernel": "dual_plane_linear", "K": k, "N": n, "M": m, "view": view, "act": act,
+                                 "bytes": need, "us": sec * 1e6, "GBps": need / sec / 1e9,
+                                 "fraction_of_copy": need / sec / copy_bw})
+            sec = time_graph(lambda: x @ w16.T, repeats)
+            need = n * k * 2 + m * k * 2 + m * n * 2
+            rows.append({"kernel": "cublas_fp16", "K": k, "N": n, "M": m, "view": "fp16", "act": "float16",
+                         "bytes": need, "us": sec * 1e6, "GBps": need / sec / 1e9,
+                         "fraction_of_copy": need / sec / copy_bw})
+    return rows
+
+
+def attention_rows(repeats: int, copy_bw: float, contexts: list[int]) -> list[dict]:
+    from plugins.kernels import nested_kv_attention
+    rows = []
+    for layout, hq, hkv in (("llama2-7b mha", 32, 32), ("gqa 32/8", 32, 8)):
+        d = 128
+        for s in contexts:
+            base = torch.randint(0, 256, (2, hkv, s, d // 2), dtype=torch.uint8, device="cuda")
+            refine = torch.randint(0, 256, base.shape, dtype=torch.uint8, device="cuda")
+            scale = (torch.rand(2, hkv, s, device="cuda") * 0.1).half()
+            for t in (1, 5):
+                q = torch.randn(hq, t, d, device="cuda")
+                out = torch.empty(hq, t, d, device="cuda")
+                for view, kv8_from, planes in (("kv8", 0, 2), ("kv4", s, 1)):
+                    sec = time_graph(lambda: nested_kv_attention(q, base, refine, scale, s, kv8_from, out=out), repeats)
+                    need = s * hkv * 2 * (planes * d // 2 + 2) + 2 * hq * t * d * 4
+                    rows.append({"kernel": "nested_kv_attention", "layout": layout, "context": s, "T": t,
+                                 "view": view, "bytes": need, "us": sec * 1e6, "GBps": need / sec / 1e9,
+                                 "fraction_of_copy": need / sec / copy_bw})
+            del base, refine, scale
+    return rows
+
+
+def run(a) -> dict:
+    if not torch.cuda.is_available():
+        raise BitNestError("bench_kernels.py needs a CUDA GPU (none found): run it on the device; "
+                           "the kernels' correctness is checked without one by the interpreter tests")
+    contexts = [int(c) for c in a.contexts.split(",")]
+    copy_bw = copy_bandwidth(a.repeats)
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "triton": __import__("triton").__version__, "repeats": a.repeats, "copy_GBps": copy_bw / 1e9,
+              "gemv": gemv_rows(a.repeats, copy_bw), "attention": attention_rows(a.repeats, copy_bw, contexts)}
+    if a.out:
+        tmp = Path(a.out + ".tmp")
+        tmp.write_text(json.dumps(result, indent=1))
+        tmp.replace(a.out)
+    if not a.json:
+        print(f"device: {result['device']}, copy bandwidth {copy_bw / 1e9:.1f} GB/s")
+        for r in result["gemv"]:
+            print(f"{r['kernel']:18} K={r['K']:5} N={r['N']:5} M={r['M']} {r['view']:6} {r['act']:7} "
+                  f"{r['us']:8.1f} us {r['GBps']:7.1f} GB/s {100 * r['fraction_of_copy']:5.1f}%")
+        for r in result["attention"]:
+            print(f"attention {r['layout']:13} S={r['context']:5} T={r['T']} {r['view']} {r['us']:8.1f} us "
+                  f"{r['GBps']:7.1f} GB/s {100 * r['fraction_of_copy']:5.1f}%")
+    return result
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="bench_kernels.py", description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=7, help="timed graph replays per case (median taken)")
+    p.add_argument("--contexts", default="4096,8192,16384,32768", help="attention context lengths")
+    p.add_argument("--out", help="also write the JSON result to this file")
+    p.add_argument("--json", action="store_true", help="print one JSON object last")
+    a = p.parse_args(argv)
+    return run_cli(lambda: run(a), a.json, p.prog, echo=False)

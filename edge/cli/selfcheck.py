@@ -1,0 +1,51 @@
+"""Device self-check: run every decode path this machine supports (torch, cpu, triton, onnxruntime, tensorrt,
+energy meters) for a few tokens of the default model and compare each with the reference (see edge.checks.selfcheck).
+Exit 0 when no path failed, 1 when one did, 2 on bad input."""
+
+import argparse
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from edge.checks.selfcheck import PATHS, SelfCheckOptions, run_selfcheck
+from edge.cli.common import run_cli
+from edge.cli.options import checkpoint_arg
+
+
+def onnx_for(checkpoint: Path, workdir: str, onnx_exporter=None) -> str | None:
+    """CHECKPOINT/decoder_step.onnx when it was exported from these weights, else one exported into `workdir` by
+    `onnx_exporter(checkpoint, path)` (the host's exporter, handed in by `bitnest selfcheck`), else None."""
+    from edge.checks.onnx_check import matching_onnx
+    from plugins.step_contract import ONNX_FILE
+    beside = matching_onnx(checkpoint)
+    if beside is not None or onnx_exporter is None:
+        return beside
+    return onnx_exporter(checkpoint, Path(workdir) / ONNX_FILE)
+
+
+def main(argv=None, default_checkpoint=None, onnx_exporter=None) -> int:
+    p = argparse.ArgumentParser(prog="selfcheck.py", description=__doc__)
+    p.add_argument("--checkpoint", help="nested checkpoint (default: the embedded SmolLM2 export, made once if absent)")
+    p.add_argument("--engine", help="TensorRT engine (default: CHECKPOINT/decoder_step.engine)")
+    p.add_argument("--tokens", type=int, default=4, help="new tokens per path")
+    p.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated subset of {','.join(PATHS)}")
+    p.add_argument("--triton-timeout", type=int, default=600, help="seconds for the Triton kernel self-check")
+    p.add_argument("--json", action="store_true", help="print one JSON object last")
+    a = p.parse_args(argv)
+    failed = []
+
+    def body():
+        opts = SelfCheckOptions(a.checkpoint or "", None, a.engine, a.tokens, tuple(x for x in a.paths.split(",") if x),
+                                a.triton_timeout)                      # bad options fail before any work
+        ckpt = Path(checkpoint_arg(a, default_checkpoint))
+        with tempfile.TemporaryDirectory(prefix="bitnest-selfcheck-") as work:
+            onnx_path = onnx_for(ckpt, work, onnx_exporter) if "onnxruntime" in opts.paths else None
+            result = run_selfcheck(replace(opts, checkpoint=str(ckpt), onnx=onnx_path))
+        for r in result["paths"]:
+            print(f"{r['path']:>16}: {r['status']}" + (f" ({r['reason']})" if r["reason"] else ""), file=sys.stderr)
+        failed.append(not result["passed"])
+        return result
+
+    rc = run_cli(body, a.json, "selfcheck.py", echo=False)
+    return 1 if rc == 0 and failed and failed[0] else rc

@@ -1,0 +1,59 @@
+"""Run real prompts through an exported ONNX step graph (onnxruntime, CPU) and through the torch backend,
+pass for pass, for the target and draft views; report the worst relative error on logits (see edge.checks.onnx_check)."""
+
+import argparse
+
+from edge.checks.onnx_check import MODES, CheckOptions, compare, onnx_node_counts
+from edge.cli.common import run_cli
+from edge.model.checkpoint import Checkpoint
+
+
+def chat_prompts(ckpt: Checkpoint, n: int, max_tokens: int) -> list[list[int]]:
+    """Token ids of `n` held-out ShareGPT requests in the model's chat template, cut to `max_tokens`."""
+    from edge.analysis.corpora import sharegpt_prompts
+    from edge.runtime import load_tokenizer
+
+    tok = load_tokenizer(ckpt.path)
+    out = []
+    for text in sharegpt_prompts(n, max_chars=400):
+        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                      tokenize=True, return_dict=False)
+        out.append(list(ids)[:max_tokens])
+    return out
+
+
+def verify(checkpoint, onnx_path, prompts: int = 2, max_prompt_tokens: int = 24,
+           opts: CheckOptions = CheckOptions()) -> dict:
+    """Real prompts through the ONNX graph and the torch backend, every mode.
+    {"max_rel_err", "argmax_agreement", "nodes", "modes", "prompts", "seconds"}."""
+    import time
+
+    from edge.backends.onnxruntime_step import open_session
+    from edge.model.checkpoint import load_checkpoint
+
+    if prompts < 1 or max_prompt_tokens < 1:
+        raise ValueError("--prompts and --max-prompt-tokens must be at least 1")
+    t0 = time.time()
+    ckpt = load_checkpoint(checkpoint)
+    session = open_session(onnx_path)
+    result = compare(ckpt, session, chat_prompts(ckpt, prompts, max_prompt_tokens), opts)
+    return {**result, "nodes": onnx_node_counts(onnx_path), "prompts": prompts, "seconds": round(time.time() - t0, 1)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="verify_onnx.py", description=__doc__)
+    p.add_argument("--checkpoint", required=True, help="nested checkpoint folder the graph was exported from")
+    p.add_argument("--onnx", required=True, help="ONNX step graph (scripts/export.py --onnx writes CKPT/decoder_step.onnx)")
+    p.add_argument("--prompts", type=int, default=2, help="held-out ShareGPT prompts")
+    p.add_argument("--max-prompt-tokens", type=int, default=24, help="prompt tokens kept (chat template included)")
+    p.add_argument("--new-tokens", type=int, default=4, help="greedy single-token passes after each prompt")
+    p.add_argument("--chunk", type=int, default=5, help="tokens per prompt pass (γ+1)")
+    p.add_argument("--modes", default=",".join(MODES), help="comma-separated (weight view)-(KV view) modes")
+    p.add_argument("--json", action="store_true", help="print one JSON object last")
+    a = p.parse_args(argv)
+
+    def body():
+        opts = CheckOptions(chunk=a.chunk, new_tokens=a.new_tokens, modes=tuple(m for m in a.modes.split(",") if m))
+        return verify(a.checkpoint, a.onnx, a.prompts, a.max_prompt_tokens, opts)
+
+    return run_cli(body, a.json, "verify_onnx.py")

@@ -1,0 +1,69 @@
+"""The house rules, checked on the source: imports only run downward (plugins know no edge or export; edge knows
+no export; the runtime's rooms know no analysis or command-line code), a chat never loads the research code or its
+packages, and no module grows past the size a reader can hold."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("plugins", "edge", "export")
+# The device runtime: everything a chat or an engine needs. Research (edge.analysis) and commands (edge.cli) sit above.
+RUNTIME = ("edge.model", "edge.decode", "edge.backends", "edge.memory", "edge.energy", "edge.checks", "edge.runtime",
+           "edge.errors", "edge.atomic")
+MAX_LINES = 500
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for f in sorted((ROOT / pkg).rglob("*.py")):
+            name = ".".join(f.relative_to(ROOT).with_suffix("").parts)
+            out[name.removesuffix(".__init__")] = f
+    return out
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module an `import` or `from ... import` names, at any depth (lazy imports included)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+    return found
+
+
+def _under(name: str, roots) -> bool:
+    return any(name == r or name.startswith(r + ".") for r in roots)
+
+
+RULES = [  # (modules the rule covers, modules they must not import, why)
+    (("plugins",), ("edge", "export"), "plugins know no edge or export"),
+    (("edge",), ("export",), "edge knows no export"),
+    (RUNTIME, ("edge.analysis", "edge.cli"), "the runtime knows no analysis or command-line code"),
+]
+
+
+@pytest.mark.parametrize("covered, banned, why", RULES, ids=[r[2] for r in RULES])
+def test_imports_run_downward(covered, banned, why):
+    bad = [f"{m} imports {i}" for m, f in _modules().items() if _under(m, covered)
+           for i in sorted(_imports(f)) if _under(i, banned)]
+    assert not bad, f"{why}: " + "; ".join(bad)
+
+
+def test_a_chat_loads_no_research_code():
+    probe = ("import sys, edge.cli.chat, edge.runtime, edge.backends.cpu; "
+             "bad = sorted(m for m in sys.modules if m.startswith('edge.analysis') or m.split('.')[0] in "
+             "('matplotlib', 'scipy', 'export')); print(bad); sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"a chat imports research or host code: {r.stdout.strip()} {r.stderr[-400:]}"
+
+
+def test_modules_stay_readable():
+    long = {m: n for m, f in _modules().items() if (n := len(f.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules past {MAX_LINES} lines (split them): {long}"
