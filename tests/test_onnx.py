@@ -61,7 +61,8 @@ def test_round_trip_matches_torch_rotated_both_views(rotated_checkpoint, rotated
 
 def test_round_trip_matches_torch_rtn_both_views(rtn_checkpoint, tmp_path):
     from edge.backends.onnxruntime_step import open_session
-    from edge.checks.onnx_check import CheckOptions, chat_prompts, compare
+    from edge.checks.onnx_check import CheckOptions, compare
+    from edge.cli.verify_onnx import chat_prompts
     from edge.model.checkpoint import load_checkpoint
     from export.onnx_export import export_onnx
 
