@@ -129,10 +129,20 @@ def test_the_layout_map_names_every_room():
     assert not rooms - set(rows), f"the README's layout map leaves out {sorted(rooms - set(rows))}"
 
 
-def test_the_readme_names_every_command():
+def test_the_readme_names_every_command_and_its_script():
     text = _section(README.read_text(), "Commands")
     missing = [n for n in COMMANDS if f"`bitnest {n}" not in text]
     assert not missing, f"commands missing from the README's command table: {missing}"
+    wrong = []
+    for commands, scripts in re.findall(r"^\| (`bitnest .*?) \| (`.*?\.py`) \|", text, re.M):
+        names = re.findall(r"`bitnest ([\w-]+)", commands)
+        files = re.findall(r"`([\w]+\.py)`", scripts)
+        assert len(names) == len(files), f"commands and scripts do not pair up: {commands} | {scripts}"
+        for name, file in zip(names, files):
+            path = ROOT / "scripts" / file
+            if not path.is_file() or f'run_command("{name}"' not in path.read_text():
+                wrong.append(f"{name} -> scripts/{file}")
+    assert not wrong, f"the README pairs commands with scripts that do not run them: {wrong}"
 
 
 # -- citations ----------------------------------------------------------------------------------------------------
