@@ -11,7 +11,7 @@ def test_profile_shapes_cover_every_dynamic_input():
     shapes = ProfileSpec(max_tokens=5, max_context=512, min_context=16, opt_tokens=1, opt_context=256).shapes(s)
     assert shapes[INPUT_IDS] == ((1,), (1,), (5,))
     base, refine, scale = kv_inputs(2)
-    assert shapes[base] == shapes[refine] == ((2, 2, 16, 32), (2, 2, 256, 32), (2, 2, 512, 32))
+    assert shapes[base] == shapes[refine] == ((2, 2, 16, 8), (2, 2, 256, 8), (2, 2, 512, 8))   # int32 words
     assert shapes[scale] == ((2, 2, 16), (2, 2, 256), (2, 2, 512))
     assert len(shapes) == 1 + 3 * 3
 
@@ -80,7 +80,7 @@ def test_tensorrt_engine_refuses_here(rtn_checkpoint):
     from edge.errors import BitNestError
     from edge.model.checkpoint import load_checkpoint
     if tensorrt_backend_unavailable() is None:
-        pytest.skip("TensorRT, pycuda and a GPU are present here")
+        pytest.skip("TensorRT and a GPU are present here")
     with pytest.raises(BitNestError, match="tensorrt backend: ") as e:
         tensorrt_engine(load_checkpoint(rtn_checkpoint, verify=False), 64)
     assert "\n" not in str(e.value)
@@ -91,7 +91,7 @@ def test_runtime_tensorrt_backend_refuses_here(rtn_checkpoint):
     from edge.errors import BitNestError
     from edge.runtime import Runtime
     if tensorrt_backend_unavailable() is None:
-        pytest.skip("TensorRT, pycuda and a GPU are present here")
+        pytest.skip("TensorRT and a GPU are present here")
     with pytest.raises(BitNestError, match="tensorrt backend: ") as e:
         Runtime(rtn_checkpoint, backend="tensorrt", max_context=64)
     assert "\n" not in str(e.value)
