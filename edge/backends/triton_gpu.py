@@ -61,9 +61,9 @@ class TritonBackend:
         return y if bias is None else y + bias.float()
 
     def head(self, x: torch.Tensor, view: str) -> torch.Tensor:
-        """Logits [M, V], returned on the CPU where the sampler runs."""
+        """Logits [M, V] on the kernel device (the engine copies them to the CPU, where the sampler runs)."""
         if self.ckpt.head_nested:
-            return self.linear(HEAD, x, view).cpu()
+            return self.linear(HEAD, x, view)
         t = self.ckpt.tensors
         w = t["model.embed_tokens.weight"] if self.ckpt.config.tie_word_embeddings else t["lm_head.weight"]
-        return torch.cat([(r.half() @ w.T).float() for r in x.split(1)]).cpu()   # row by row: batch invariant
+        return torch.cat([(r.half() @ w.T).float() for r in x.split(1)])   # row by row: batch invariant
