@@ -34,6 +34,8 @@ COMMANDS = {
     "verify-onnx": Command("edge.cli.verify_onnx", "the exported step graph through onnxruntime against torch", False),
     "compile-kernels": Command("edge.cli.compile_kernels", "compile every Triton kernel for sm_87 without a GPU", False),
     "bench-kernels": Command("edge.cli.bench_kernels", "GB/s of every Triton kernel on a CUDA GPU", False),
+    "device-check": Command("edge.cli.device_check", "every GPU check in one run (scripts/device_check.sh): JSON "
+                            "and its docs table", False),
     "replay-tegrastats": Command("edge.energy.tegrastats_replay", "print recorded tegrastats lines at an interval",
                                  False),
 }

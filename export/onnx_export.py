@@ -244,7 +244,10 @@ def export_onnx(checkpoint, out=None, external=None) -> dict:
     if external is None:
         external = init_bytes > EXTERNAL_DATA_BYTES
     out = Path(out) if out else ckpt.path / ONNX_FILE
+    from export.trt_readiness import check_graph
+    rules = [str(v) for v in check_graph(model)]     # what TensorRT 10.3 would refuse (none expected)
     save_model_atomic(model, out, external)
     return {"onnx": str(out), "external_data": bool(external), "initializer_bytes": init_bytes,
+            "tensorrt_rule_violations": rules,
             "file_bytes": out.stat().st_size, "nodes": bitnest_node_counts(model), "seconds": round(time.time() - t0, 1),
             "sha256": hashlib.sha256(out.read_bytes()).hexdigest()}
