@@ -1,7 +1,8 @@
-"""`pip install .[jetson]` on a JetPack 6 Jetson (Python 3.10, aarch64, glibc 2.35) resolves to binary wheels:
-pyproject.toml's requirements, markers evaluated for that platform, resolved by pip against the package index for
-that interpreter and platform (a dry run into a target folder: pip takes --platform only with --target). Skipped,
-with the reason, where the index cannot be reached."""
+"""`pip install .[jetson]` on a JetPack 6 Jetson (Python 3.10, aarch64, glibc 2.35) resolves to binary wheels,
+and so do the extras scripts/setup.sh adds there (test, analysis): pyproject.toml's requirements, markers evaluated
+for that platform, resolved by pip against the package index for that interpreter and platform (a dry run into a
+target folder: pip takes --platform only with --target). Skipped, with the reason, where the index cannot be
+reached."""
 
 import re
 import subprocess
@@ -28,11 +29,15 @@ OFFLINE = re.compile(r"NewConnectionError|Max retries exceeded|Temporary failure
                      r"Network is unreachable|Could not fetch URL|ConnectionError|ReadTimeoutError", re.I)
 
 
+EXTRAS = ("jetson", "test", "analysis")      # what scripts/setup.sh installs on a Jetson
+
+
 def jetson_requirements() -> list[Requirement]:
-    """Core requirements plus the `jetson` extra whose markers hold on JetPack 6."""
+    """Core requirements plus the extras of a Jetson install whose markers hold on JetPack 6."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    reqs = [Requirement(r) for r in project["dependencies"] + project["optional-dependencies"]["jetson"]]
-    return [r for r in reqs if r.marker is None or r.marker.evaluate({**JETPACK6, "extra": "jetson"})]
+    reqs = [Requirement(r) for r in project["dependencies"]]
+    reqs += [Requirement(r) for extra in EXTRAS for r in project["optional-dependencies"][extra]]
+    return [r for r in reqs if r.marker is None or r.marker.evaluate({**JETPACK6, "extra": ""})]
 
 
 def _pip(reqs: list[str], target, deps: bool) -> subprocess.CompletedProcess:
