@@ -8,6 +8,7 @@ reason."""
 import os
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from edge.atomic import write_atomic
@@ -40,15 +41,22 @@ def step_shapes_of(model) -> StepShapes:
                       vocab=int(outs[LOGITS][1]))
 
 
-def inlined_copy(onnx_path: Path, folder: Path) -> Path:
-    """The step graph with its local functions inlined (standard ops + plugin nodes), written into `folder` (beside
-    the original, so external weights resolve by their relative location) without loading external weights."""
+@contextmanager
+def inlined_copy(onnx_path):
+    """The step graph with its local functions inlined (standard ops + plugin nodes: what the parser is handed),
+    as a temporary file beside the original (removed on exit): its external-data locations are relative, so they
+    resolve to the original weights file; external weights are never loaded here nor copied."""
     import onnx
     import onnx.inliner
+    onnx_path = Path(onnx_path)
     model = onnx.inliner.inline_local_functions(onnx.load(str(onnx_path), load_external_data=False))
-    out = folder / onnx_path.name
-    onnx.save_model(model, str(out))
-    return out
+    fd, tmp = tempfile.mkstemp(prefix=f".{onnx_path.stem}.inlined-", suffix=".onnx", dir=onnx_path.parent)
+    os.close(fd)
+    try:
+        onnx.save_model(model, tmp)
+        yield Path(tmp)
+    finally:
+        os.unlink(tmp)
 
 
 def build_engine(onnx_path, profile: ProfileSpec = ProfileSpec(), out=None, workspace_mib: int = 1024) -> dict:
@@ -77,11 +85,7 @@ def build_engine(onnx_path, profile: ProfileSpec = ProfileSpec(), out=None, work
     parser = trt.OnnxParser(network, logger)
     # parse_from_file: the parser reads the file and its external weights itself; parse(bytes) would hold a second
     # serialized copy of the model in memory and stops at protobuf's 2 GiB message limit (a 7B model's weights).
-    with tempfile.TemporaryDirectory(prefix=".bitnest-inline-", dir=onnx_path.parent) as tmp:
-        inlined = inlined_copy(onnx_path, Path(tmp))
-        data = onnx_path.parent / (onnx_path.name + ".data")
-        if data.exists():      # the inlined copy names its weights by relative location: make them resolve
-            os.symlink(data, Path(tmp) / data.name)
+    with inlined_copy(onnx_path) as inlined:
         ok = parser.parse_from_file(str(inlined))
     if not ok:
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))

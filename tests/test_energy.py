@@ -164,7 +164,7 @@ def test_phase_clock_tags_each_instant():
 def test_engine_reports_each_pass_phase(rtn_checkpoint):
     from edge.decode.config import GenerateConfig
     from edge.runtime import Runtime
-    rt = Runtime(rtn_checkpoint, backend="torch", max_context=256)
+    rt = Runtime(rtn_checkpoint, backend="cpu", max_context=256)
     seen = []
     rt.engine.on_phase = seen.append
     rt.generate(rt.encode("Name a color."), GenerateConfig(policy="speculative", gamma=2, max_new_tokens=5))
@@ -189,7 +189,7 @@ def test_chat_meters_each_answer_and_logs_every_sample_with_its_phase(rtn_checkp
     import shlex
     log = tmp_path / "energy.jsonl"
     r = _chat("--checkpoint", rtn_checkpoint, "--prompts-file", _prompts(tmp_path), "--max-new-tokens", "8",
-              "--backend", "torch", "--meter", "tegrastats", "--interval-ms", "20", "--idle-seconds", "0.2",
+              "--meter", "tegrastats", "--interval-ms", "20", "--idle-seconds", "0.2",
               "--meter-command", shlex.join(REPLAY + ["--interval-ms", "20"]), "--energy-log", log, "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
@@ -209,7 +209,7 @@ def test_chat_meters_each_answer_and_logs_every_sample_with_its_phase(rtn_checkp
 def test_chat_goes_on_when_the_meter_dies(rtn_checkpoint, tmp_path):
     import shlex
     r = _chat("--checkpoint", rtn_checkpoint, "--prompts-file", _prompts(tmp_path), "--max-new-tokens", "6",
-              "--backend", "torch", "--meter", "tegrastats", "--interval-ms", "20",
+              "--meter", "tegrastats", "--interval-ms", "20",
               "--meter-command", shlex.join(REPLAY + ["--interval-ms", "20", "--exit-after", "3", "--exit-code", "3"]),
               "--json")
     assert r.returncode == 0, r.stderr
@@ -222,8 +222,8 @@ def test_chat_goes_on_when_the_meter_dies(rtn_checkpoint, tmp_path):
 
 
 def test_chat_without_a_meter_says_why(rtn_checkpoint):
-    r = _chat("--checkpoint", rtn_checkpoint, "--prompt", "Say hello.", "--max-new-tokens", "4", "--backend", "torch",
-              "--meter", "none", "--json")
+    r = _chat("--checkpoint", rtn_checkpoint, "--prompt", "Say hello.", "--max-new-tokens", "4", "--meter", "none",
+              "--json")
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout.strip().splitlines()[-1])["stats"]
     assert s["meter"] == "none" and s["joules_per_token"] is None

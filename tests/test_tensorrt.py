@@ -95,3 +95,20 @@ def test_runtime_tensorrt_backend_refuses_here(rtn_checkpoint):
     with pytest.raises(BitNestError, match="tensorrt backend: ") as e:
         Runtime(rtn_checkpoint, backend="tensorrt", max_context=64)
     assert "\n" not in str(e.value)
+
+
+def test_the_parser_gets_an_inlined_copy_that_reads_the_original_weights(small_llama_checkpoint, tmp_path):
+    """What build_engine hands parse_from_file, checked here: standard ops and plugin nodes only, its external
+    weights the original file's (never a second copy, never a 2 GiB protobuf message), removed afterwards."""
+    import onnx
+
+    from export.onnx_export import export_onnx
+    from export.trt_build import inlined_copy
+    path = export_onnx(small_llama_checkpoint, tmp_path / "decoder_step.onnx", external=True)["onnx"]
+    with inlined_copy(path) as copy:
+        assert copy.parent == tmp_path and copy.stat().st_size < 1 << 20
+        model = onnx.load(str(copy))                              # external data resolved beside the original
+        assert not model.functions and {n.domain for n in model.graph.node} <= {"", "bitnest"}
+        assert {n.op_type for n in model.graph.node if n.domain == "bitnest"} == {"DualPlaneGemv", "NestedKvAttention"}
+        onnx.checker.check_model(str(copy), full_check=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["decoder_step.onnx", "decoder_step.onnx.data"]
