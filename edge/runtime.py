@@ -50,9 +50,11 @@ class Runtime:
                                                        return_dict=False))
 
     def generate(self, prompt_ids: list[int], cfg: GenerateConfig, stop_strings: tuple[str, ...] = (),
-                 on_text: Optional[Callable[[str], None]] = None) -> dict:
-        """Generate after `prompt_ids`; stream decoded text deltas to `on_text`. Returns
-        {"text", "tokens", "stats"} with the stop token (EOS) left out of the text."""
+                 on_text: Optional[Callable[[str], None]] = None,
+                 on_tokens: Optional[Callable[[list[int]], None]] = None) -> dict:
+        """Generate after `prompt_ids`; stream decoded text deltas to `on_text` and new token ids to `on_tokens`
+        (first called with the prefill's token). Returns {"text", "tokens", "stats"} with the stop token (EOS) left
+        out of the text."""
         if self.plan is not None:
             check_request(self.plan, self.engine.capacity, len(prompt_ids), cfg.max_new_tokens)
         tok = self.tokenizer
@@ -62,6 +64,8 @@ class Runtime:
             return any(s in tok.decode(out[-16:]) for s in stop_strings)
 
         def stream(new: list[int]) -> None:
+            if on_tokens is not None:
+                on_tokens(new)
             collected.extend(t for t in new if t not in self.eos)
             if on_text is not None:
                 text = tok.decode(collected, skip_special_tokens=True)

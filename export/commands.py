@@ -36,6 +36,8 @@ COMMANDS = {
     "bench-kernels": Command("edge.cli.bench_kernels", "GB/s of every Triton kernel on a CUDA GPU", False),
     "tables": Command("edge.analysis.report", "rewrite the docs' result tables from scripts/results/*.json (--check)",
                       False),
+    "device-check": Command("edge.cli.device_check", "every GPU check in one run (scripts/device_check.sh): JSON "
+                            "and its docs table", False),
     "replay-tegrastats": Command("edge.energy.tegrastats_replay", "print recorded tegrastats lines at an interval",
                                  False),
 }

@@ -1,8 +1,9 @@
 """ONNX export of the decoder step from a nested checkpoint: every linear a `bitnest::DualPlaneGemv` node
-over the checkpoint's planes (initializers, stored once), attention a `bitnest::NestedKvAttention` node
-over the KV planes (graph inputs), the manifest's online rotations (R1, R4) as MatMuls, written atomically.
-The float ops that feed a quantizer are model-local functions (export.onnx_functions). The graph's I/O
-contract is plugins.step_contract; the math mirrors edge.model.decoder.Decoder op for op."""
+over the checkpoint's planes (int32-word initializers, stored once), attention a `bitnest::NestedKvAttention`
+node over the KV planes (graph inputs, its plane outputs the graph's KV outputs), the manifest's online rotations
+(R1, R4) as MatMuls, written atomically. The float ops that feed a quantizer are model-local functions
+(export.onnx_functions). The graph's I/O contract is plugins.step_contract; the math mirrors
+edge.model.decoder.Decoder op for op. Written for TensorRT 10.3's rules (export.trt_readiness checks them)."""
 
 import hashlib
 import os
@@ -43,6 +44,8 @@ from plugins.step_contract import (
     SEQ_LEN,
     SILU_MUL,
     VIEW,
+    StepShapes,
+    as_words,
     kv_inputs,
     kv_outputs,
 )
@@ -63,9 +66,12 @@ class _Builder:
             self.inits[name] = numpy_helper.from_array(np.ascontiguousarray(a), name)
         return name
 
-    def op(self, op_type: str, inputs, n_out: int = 1, domain: str = "", **attrs):
+    def op(self, op_type: str, inputs, n_out: int = 1, domain: str = "", outputs=(), **attrs):
+        """Add a node; returns its first output's name, or all of them with n_out > 1. `outputs` names the
+        outputs after the first (graph outputs the node writes directly)."""
         self._n += 1
         outs = [f"{op_type.lower()}_{self._n}" + (f"_{i}" if n_out > 1 else "") for i in range(n_out)]
+        outs += list(outputs)
         self.nodes.append(helper.make_node(op_type, list(inputs), outs, name=f"{op_type}_{self._n}",
                                            domain=domain, **attrs))
         return outs if n_out > 1 else outs[0]
@@ -83,8 +89,9 @@ class _StepGraph:
     # -- pieces -------------------------------------------------------------------------------------
     def linear(self, name: str, x: str) -> str:
         b, t = self.b, self.ckpt.tensors
-        base, refine, scale, offset = self.ckpt.planes(name)
-        ins = [x, b.init(name + ".base", base), b.init(name + ".refine", refine), b.init(name + ".scale", scale), VIEW]
+        base, refine, scale, offset = self.ckpt.planes(name)                    # uint8 [N, K/2] -> int32 [N, K/8]
+        ins = [x, b.init(name + ".base", as_words(base)), b.init(name + ".refine", as_words(refine)),
+               b.init(name + ".scale", scale), VIEW]
         if offset is not None:
             ins.append(b.init(name + ".offset", offset))
         y = b.op(DUAL_PLANE_LINEAR.graph, ins, domain=DOMAIN)                                   # [M, N]
@@ -126,10 +133,9 @@ class _StepGraph:
         q = self.rope(self.heads(self.linear(p + "self_attn.q_proj", h), cfg.num_heads), cos, sin)
         k = self.rope(self.heads(self.linear(p + "self_attn.k_proj", h), cfg.num_kv_heads), cos, sin)
         v = self.heads(self.linear(p + "self_attn.v_proj", h), cfg.num_kv_heads)
-        att, nb, nr, ns = b.op(NESTED_KV_ATTENTION.graph, [q, k, v, *kv_inputs(layer), SEQ_LEN, KV8_FROM], n_out=4,
-                               domain=DOMAIN)
-        for src, dst in zip((nb, nr, ns), kv_outputs(layer)):
-            b.nodes.append(helper.make_node("Identity", [src], [dst], name=f"out_{dst}"))
+        # the node's plane outputs are the graph's KV outputs themselves: an Identity would be a copy of the planes
+        att = b.op(NESTED_KV_ATTENTION.graph, [q, k, v, *kv_inputs(layer), SEQ_LEN, KV8_FROM], domain=DOMAIN,
+                   outputs=kv_outputs(layer))
         flat = b.const_i64("shape_attn", [-1, cfg.num_heads * cfg.head_dim])
         a = b.op("Reshape", [b.op("Transpose", [att], perm=[1, 0, 2]), flat])             # [M, Hq*D]
         x = b.op("Add", [x, self.linear(p + "self_attn.o_proj", a)])
@@ -141,10 +147,15 @@ class _StepGraph:
 
     def build(self) -> onnx.ModelProto:
         b, cfg, t = self.b, self.cfg, self.ckpt.tensors
-        # positions [S - M, S) and their RoPE rows, gathered from tables computed as edge.model.decoder does
+        # positions [S - M, S) and their RoPE rows, gathered from tables computed as edge.model.decoder does.
+        # Range(0, M) + (S - M), never Range(S - M, S): TensorRT imports Range's operands as shape tensors
+        # (onnx-tensorrt onnxOpImporters.cpp, Range: "using only operations allowed on shape tensors"), which would
+        # make seq_len a shape tensor (host memory, values bound by the profile) instead of a device input.
         s = b.op("Squeeze", [SEQ_LEN, b.const_i64("axis0", [0])])
-        m = b.op("Squeeze", [b.op("Shape", [INPUT_IDS]), b.const_i64("axis0", [0])])
-        pos = b.op("Range", [b.op("Sub", [s, m]), s, b.init("one_i64", np.asarray(1, dtype=np.int64))])  # [M]
+        m = b.op("Squeeze", [b.op("Shape", [INPUT_IDS]), b.const_i64("axis0", [0])])              # from a shape only
+        steps = b.op("Range", [b.init("zero_i64", np.asarray(0, dtype=np.int64)), m,
+                               b.init("one_i64", np.asarray(1, dtype=np.int64))])               # [M]: 0..M-1
+        pos = b.op("Add", [steps, b.op("Sub", [s, m])])                                         # [M]
         cos_t, sin_t = rope_tables(cfg, torch.arange(cfg.max_position_embeddings), torch.float32)
         cos = b.op("Gather", [b.init("rope.cos", cos_t), pos], axis=0)                     # [M, D]
         sin = b.op("Gather", [b.init("rope.sin", sin_t), pos], axis=0)
@@ -168,25 +179,26 @@ class _StepGraph:
             functions=functions, ir_version=IR_VERSION, producer_name="bitnest-export")
 
     def inputs(self):
-        cfg, half = self.cfg, self.cfg.head_dim // 2
         ins = [helper.make_tensor_value_info(INPUT_IDS, TensorProto.INT64, ["M"])]
         ins += [helper.make_tensor_value_info(n, TensorProto.INT64, [1]) for n in (SEQ_LEN, KV8_FROM, VIEW)]
-        for layer in range(cfg.num_layers):
-            base, refine, scale = kv_inputs(layer)
-            ins += [helper.make_tensor_value_info(base, TensorProto.UINT8, [2, cfg.num_kv_heads, "C", half]),
-                    helper.make_tensor_value_info(refine, TensorProto.UINT8, [2, cfg.num_kv_heads, "C", half]),
-                    helper.make_tensor_value_info(scale, TensorProto.FLOAT16, [2, cfg.num_kv_heads, "C"])]
+        for layer in range(self.cfg.num_layers):
+            ins += self._planes(kv_inputs(layer))
         return ins
 
     def outputs(self):
-        cfg, half = self.cfg, self.cfg.head_dim // 2
-        outs = [helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT, ["M", cfg.vocab_size])]
-        for layer in range(cfg.num_layers):
-            base, refine, scale = kv_outputs(layer)
-            outs += [helper.make_tensor_value_info(base, TensorProto.UINT8, [2, cfg.num_kv_heads, "M", half]),
-                     helper.make_tensor_value_info(refine, TensorProto.UINT8, [2, cfg.num_kv_heads, "M", half]),
-                     helper.make_tensor_value_info(scale, TensorProto.FLOAT16, [2, cfg.num_kv_heads, "M"])]
+        outs = [helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT, ["M", self.cfg.vocab_size])]
+        for layer in range(self.cfg.num_layers):
+            outs += self._planes(kv_outputs(layer))
         return outs
+
+    def _planes(self, names):
+        """Value infos of one layer's planes (int32 words [2, Hkv, C, D/8]) and scales (float16 [2, Hkv, C])."""
+        words = StepShapes.of(self.cfg).plane_shape(1)[3]
+        base, refine, scale = names
+        hkv = self.cfg.num_kv_heads
+        return [helper.make_tensor_value_info(base, TensorProto.INT32, [2, hkv, "C", words]),
+                helper.make_tensor_value_info(refine, TensorProto.INT32, [2, hkv, "C", words]),
+                helper.make_tensor_value_info(scale, TensorProto.FLOAT16, [2, hkv, "C"])]
 
 
 def build_step_model(ckpt: Checkpoint) -> onnx.ModelProto:
@@ -232,7 +244,10 @@ def export_onnx(checkpoint, out=None, external=None) -> dict:
     if external is None:
         external = init_bytes > EXTERNAL_DATA_BYTES
     out = Path(out) if out else ckpt.path / ONNX_FILE
+    from export.trt_readiness import check_graph
+    rules = [str(v) for v in check_graph(model)]     # what TensorRT 10.3 would refuse (none expected)
     save_model_atomic(model, out, external)
     return {"onnx": str(out), "external_data": bool(external), "initializer_bytes": init_bytes,
+            "tensorrt_rule_violations": rules,
             "file_bytes": out.stat().st_size, "nodes": bitnest_node_counts(model), "seconds": round(time.time() - t0, 1),
             "sha256": hashlib.sha256(out.read_bytes()).hexdigest()}

@@ -61,6 +61,13 @@ def _factor_matrix(order: int) -> torch.Tensor:
         return h / order ** 0.5                               # orthonormal
 
 
+@lru_cache(maxsize=None)
+def _factor_on(order: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The factor matrix in `dtype` on `device`, made once: no host-to-device copy per call (a CUDA graph capture
+    refuses one)."""
+    return _factor_matrix(order).to(dtype=dtype, device=device)
+
+
 def hadamard_factor_matrices(n: int) -> list[torch.Tensor]:
     """The orthonormal factor matrices (float64) whose Kronecker product is H_n, in `hadamard_factors` order."""
     factors = hadamard_factors(n)
@@ -88,7 +95,7 @@ def apply_hadamard(x: torch.Tensor, n: int) -> torch.Tensor:
     lead = x.shape[:-1]
     y = x.reshape(*lead, *factors)
     for axis, f in enumerate(factors):
-        m = _factor_matrix(f).to(dtype=x.dtype, device=x.device)
+        m = _factor_on(f, x.dtype, x.device)
         # move this factor's axis last, multiply, move it back
         y = torch.movedim(torch.movedim(y, len(lead) + axis, -1) @ m, -1, len(lead) + axis)
     return y.reshape(*lead, n)

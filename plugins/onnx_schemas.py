@@ -16,7 +16,7 @@ from plugins.contracts import (
 _P = OpSchema.FormalParameter
 _OPTIONAL = OpSchema.FormalParameterOption.Optional
 
-_GEMV_DOC = """y[M, N] = x[M, K] @ W_view^T from packed nested planes (docs/contracts.md, weights and ops; reference:
+_GEMV_DOC = """y[M, N] = x[M, K] @ W_view^T from packed nested planes (int32 words of 4 bytes, plugins.step_contract) (docs/contracts.md, weights and ops; reference:
 plugins.reference.dual_plane_linear with act_int8=True). x is quantized per token to symmetric INT8
 (docs/contracts.md, activations); each group's integer dot product is exact before its float16 group scale is applied.
 `view` = 0 (draft) reads base + scale only and never touches `refine`; 1 (target) reads both planes as
@@ -26,8 +26,9 @@ _ATTN_DOC = """Causal GQA attention of q over one layer's nested KV cache (docs/
 plugins.reference.nested_kv_attention). k, v [Hkv, T, D] (after RoPE) are quantized into new KV4+KV4
 entries (plugins.kv.quantize_kv) for positions [seq_len - T, seq_len); the op attends over positions
 [0, seq_len) of the planes with those T positions taken from the new entries, reading positions before
-`kv8_from` at KV4 and the rest at KV8, and returns the output and the new entries. See
-plugins.step_contract for the in-place contract (TensorRT writes the entries into the plane inputs)."""
+`kv8_from` at KV4 and the rest at KV8, and returns the output and the planes with the entries written. Planes
+are int32 words of 4 packed bytes. See plugins.step_contract for the in-place contract (TensorRT aliases each
+plane output to its plane input and writes in place)."""
 
 
 def _tensor_type(elem: int, dims) -> onnx.TypeProto:
@@ -61,16 +62,10 @@ def _infer_gemv(ctx) -> None:
 
 
 def _infer_attention(ctx) -> None:
-    q, k, planes = _dims(ctx, 0), _dims(ctx, 1), _dims(ctx, 3)
-    if q is None or k is None or planes is None:
-        for i, elem in enumerate((TensorProto.FLOAT, TensorProto.UINT8, TensorProto.UINT8, TensorProto.FLOAT16)):
-            ctx.set_output_type(i, _unranked(elem))
-        return
-    two, hkv, t, half = planes[0], k[0], k[1], planes[3]
-    ctx.set_output_type(0, _tensor_type(TensorProto.FLOAT, q))
-    ctx.set_output_type(1, _tensor_type(TensorProto.UINT8, [two, hkv, t, half]))
-    ctx.set_output_type(2, _tensor_type(TensorProto.UINT8, [two, hkv, t, half]))
-    ctx.set_output_type(3, _tensor_type(TensorProto.FLOAT16, [two, hkv, t]))
+    q = _dims(ctx, 0)
+    elems = (TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT32, TensorProto.FLOAT16)
+    for i, (elem, dims) in enumerate(zip(elems, (q, _dims(ctx, 3), _dims(ctx, 4), _dims(ctx, 5)))):
+        ctx.set_output_type(i, _unranked(elem) if dims is None else _tensor_type(elem, dims))   # planes: as input
 
 
 def _unranked(elem: int) -> onnx.TypeProto:
@@ -84,8 +79,8 @@ def _gemv_schema() -> OpSchema:
         DUAL_PLANE_LINEAR.graph, DOMAIN, DOMAIN_VERSION, _GEMV_DOC,
         inputs=[
             _P("x", "tensor(float)", "activations [M, K]"),
-            _P("base", "tensor(uint8)", "base plane [N, K/2], signed nibbles, low nibble = even column"),
-            _P("refine", "tensor(uint8)", "refinement plane [N, K/2] (not read by the draft view)"),
+            _P("base", "tensor(int32)", "base plane [N, K/8] words ([N, K/2] bytes), signed nibbles, low = even column"),
+            _P("refine", "tensor(int32)", "refinement plane [N, K/8] words (not read by the draft view)"),
             _P("scale", "tensor(float16)", "group scales [N, K/G]"),
             _P("view", "tensor(int64)", "[1]: 0 = draft, 1 = target"),
             _P("offset", "tensor(float16)", "optional group offsets [N, K/G] (top4of8)", param_option=_OPTIONAL),
@@ -103,17 +98,17 @@ def _attention_schema() -> OpSchema:
             _P("q", "tensor(float)", "queries [Hq, T, D] after RoPE"),
             _P("k", "tensor(float)", "new keys [Hkv, T, D] after RoPE"),
             _P("v", "tensor(float)", "new values [Hkv, T, D]"),
-            _P("kv_base", "tensor(uint8)", "KV4 base plane [2, Hkv, C, D/2] (K then V); TensorRT writes in place"),
-            _P("kv_refine", "tensor(uint8)", "KV4 refinement plane [2, Hkv, C, D/2]; TensorRT writes in place"),
-            _P("kv_scale", "tensor(float16)", "per-vector scales [2, Hkv, C]; TensorRT writes in place"),
+            _P("kv_base", "tensor(int32)", "KV4 base plane [2, Hkv, C, D/8] words (K then V)"),
+            _P("kv_refine", "tensor(int32)", "KV4 refinement plane [2, Hkv, C, D/8] words"),
+            _P("kv_scale", "tensor(float16)", "per-vector scales [2, Hkv, C]"),
             _P("seq_len", "tensor(int64)", "[1]: S, sequence length including this pass"),
             _P("kv8_from", "tensor(int64)", "[1]: first position read at KV8"),
         ],
         outputs=[
             _P("out", "tensor(float)", "[Hq, T, D]"),
-            _P("new_base", "tensor(uint8)", "[2, Hkv, T, D/2] entries for positions [S - T, S)"),
-            _P("new_refine", "tensor(uint8)", "[2, Hkv, T, D/2]"),
-            _P("new_scale", "tensor(float16)", "[2, Hkv, T]"),
+            _P("kv_base_out", "tensor(int32)", "kv_base with the entries of positions [S - T, S) written"),
+            _P("kv_refine_out", "tensor(int32)", "kv_refine with the entries written"),
+            _P("kv_scale_out", "tensor(float16)", "kv_scale with the entries written"),
         ],
         node_determinism=OpSchema.NodeDeterminism.Deterministic,
     )

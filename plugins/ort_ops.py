@@ -27,19 +27,20 @@ from plugins.decoder_math import (
     silu_mul,
 )
 from plugins.kv import dequantize_kv_mixed, quantize_kv
-from plugins.step_contract import HADAMARD_ROWS, RMS_NORM, ROTATE_ROWS, SILU_MUL
+from plugins.step_contract import HADAMARD_ROWS, RMS_NORM, ROTATE_ROWS, SILU_MUL, as_bytes, as_words
 
 GEMV_WITH_OFFSET = DUAL_PLANE_LINEAR.graph + "Offset"
 
 
 def dual_plane_gemv(x: np.ndarray, base: np.ndarray, refine: np.ndarray, scale: np.ndarray, view: np.ndarray,
                     offset: np.ndarray | None = None) -> np.ndarray:
-    """float32 y [M, N] of DualPlaneGemv (the draft view never reads `refine`)."""
+    """float32 y [M, N] of DualPlaneGemv over int32-word planes [N, K/8] (the draft view never reads `refine`)."""
     v = CODE_VIEWS.get(int(view.reshape(-1)[0]))
     if v is None:
         raise ValueError(f"DualPlaneGemv: view code {int(view.reshape(-1)[0])} is not 0 (draft) or 1 (target)")
     y = reference.dual_plane_linear_int8(
-        torch.from_numpy(x), torch.from_numpy(base), torch.from_numpy(refine) if v == "target" else None,
+        torch.from_numpy(x), torch.from_numpy(as_bytes(base)),
+        torch.from_numpy(as_bytes(refine)) if v == "target" else None,
         torch.from_numpy(scale), None if offset is None else torch.from_numpy(offset))
     return y.numpy()                                                             # [M, N]
 
@@ -51,7 +52,8 @@ _F16_OUTPUTS = {NESTED_KV_ATTENTION.graph: (3,)}
 
 def nested_kv_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, kv_base: np.ndarray, kv_refine: np.ndarray,
                         kv_scale: np.ndarray, seq_len: np.ndarray, kv8_from: np.ndarray):
-    """(out [Hq, T, D] float32, new base, new refine [2, Hkv, T, D/2] uint8, new scale [2, Hkv, T]).
+    """(out [Hq, T, D] float32, the planes after the pass: base, refine int32 words [2, Hkv, C, D/8], scale
+    [2, Hkv, C]) — new arrays: the inputs are not modified (ONNX semantics).
 
     The reference's semantics (plugins.reference.nested_kv_attention) computed in the torch backend's
     float32 arithmetic (dequantize, then plugins.decoder_math.attention), so its output rounds as the
@@ -60,11 +62,12 @@ def nested_kv_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, kv_base: np
     if not t <= s <= cap:
         raise ValueError(f"NestedKvAttention: seq_len {s} must lie in [{t} tokens of the pass, capacity {cap}]")
     nb, nr, ns = quantize_kv(torch.stack((torch.from_numpy(k), torch.from_numpy(v))))  # [2, Hkv, T, D/2], [2, Hkv, T]
-    base, refine, scale = (torch.from_numpy(a[:, :, :s].copy()) for a in (kv_base, kv_refine, kv_scale))
-    base[:, :, s - t:], refine[:, :, s - t:], scale[:, :, s - t:] = nb, nr, ns
-    kv = dequantize_kv_mixed(base, refine, scale, int(kv8_from.reshape(-1)[0]))         # [2, Hkv, S, D]
+    base, refine = (torch.from_numpy(as_bytes(a).copy()) for a in (kv_base, kv_refine))  # [2, Hkv, C, D/2] bytes
+    scale = torch.from_numpy(kv_scale.copy())                                            # [2, Hkv, C]
+    base[:, :, s - t:s], refine[:, :, s - t:s], scale[:, :, s - t:s] = nb, nr, ns
+    kv = dequantize_kv_mixed(base[:, :, :s], refine[:, :, :s], scale[:, :, :s], int(kv8_from.reshape(-1)[0]))
     out = attention(torch.from_numpy(q), kv[0], kv[1], s - t)                          # [Hq, T, D]
-    return out.numpy(), nb.numpy(), nr.numpy(), ns.float().numpy()
+    return out.numpy(), as_words(base.numpy()), as_words(refine.numpy()), scale.float().numpy()
 
 
 def rms_norm_op(x: np.ndarray, w: np.ndarray, eps: np.ndarray) -> np.ndarray:
@@ -95,7 +98,7 @@ def register_ort_ops() -> str:
     except ImportError as e:
         raise ImportError(f"onnxruntime-extensions is not installed ({e}): pip install onnxruntime-extensions") from e
     if not _registered:
-        gemv_in = [T.dt_float, T.dt_uint8, T.dt_uint8, T.dt_float, T.dt_int64]
+        gemv_in = [T.dt_float, T.dt_int32, T.dt_int32, T.dt_float, T.dt_int64]
         onnx_op(op_type=DUAL_PLANE_LINEAR.graph, inputs=gemv_in, outputs=[T.dt_float])(dual_plane_gemv)
         onnx_op(op_type=GEMV_WITH_OFFSET, inputs=gemv_in + [T.dt_float], outputs=[T.dt_float])(dual_plane_gemv)
         onnx_op(op_type=RMS_NORM, inputs=[T.dt_float] * 3, outputs=[T.dt_float])(rms_norm_op)
@@ -103,8 +106,8 @@ def register_ort_ops() -> str:
         onnx_op(op_type=ROTATE_ROWS, inputs=[T.dt_float] * 2, outputs=[T.dt_float])(rotate_rows_op)
         onnx_op(op_type=HADAMARD_ROWS, inputs=[T.dt_float], outputs=[T.dt_float])(hadamard_rows_op)
         onnx_op(op_type=NESTED_KV_ATTENTION.graph,
-                inputs=[T.dt_float] * 3 + [T.dt_uint8, T.dt_uint8, T.dt_float, T.dt_int64, T.dt_int64],
-                outputs=[T.dt_float, T.dt_uint8, T.dt_uint8, T.dt_float])(nested_kv_attention)
+                inputs=[T.dt_float] * 3 + [T.dt_int32, T.dt_int32, T.dt_float, T.dt_int64, T.dt_int64],
+                outputs=[T.dt_float, T.dt_int32, T.dt_int32, T.dt_float])(nested_kv_attention)
         _registered = True
     return get_library_path()
 

@@ -1,6 +1,6 @@
 """The decoder-step graph's contract shared by the ONNX exporter, the onnxruntime runner, the TensorRT
-plugins, the engine build and the TensorRT backend: I/O names, the in-place KV rule and the
-optimization-profile shapes (op names and view codes: plugins.contracts).
+plugins, the engine build and the TensorRT backend: I/O names, the 32-bit word layout of the planes, the
+in-place KV rule and the optimization-profile shapes (op names and view codes: plugins.contracts).
 
 One graph (and one engine) runs one pass of M tokens (1..γ+1) for either weight view and any KV view:
 
@@ -8,18 +8,28 @@ inputs   input_ids  int64 [M]                    the pass's tokens, at positions
          seq_len    int64 [1]                    S: sequence length after this pass (committed + drafted + M)
          kv8_from   int64 [1]                    first position read at KV8 (kv8 -> 0, kv4 -> S, recent-N -> S - N)
          view       int64 [1]                    weight view: 0 = draft (base plane only), 1 = target
-         kv_base.L, kv_refine.L   uint8 [2, Hkv, C, D/2]   layer L's KV planes (K then V), C = capacity
+         kv_base.L, kv_refine.L   int32 [2, Hkv, C, D/8]   layer L's KV planes (K then V) as words, C = capacity
          kv_scale.L               float16 [2, Hkv, C]
 outputs  logits     float32 [M, V]
-         new_kv_base.L, new_kv_refine.L  uint8 [2, Hkv, M, D/2],  new_kv_scale.L  float16 [2, Hkv, M]
+         kv_base_out.L, kv_refine_out.L  int32 [2, Hkv, C, D/8],  kv_scale_out.L  float16 [2, Hkv, C]
 
-KV contract (ONNX has no aliasing): `NestedKvAttention` quantizes the pass's K/V into new entries,
-attends over the planes with positions [S - M, S) taken from those entries, and returns the entries.
-Graph semantics are pure: a runtime that keeps its planes on the host (onnxruntime) writes the returned
-entries into positions [S - M, S) of its planes after the pass. The TensorRT plugin also writes them into
-the plane inputs in place (the same bytes, so the result is identical); the TensorRT runtime binds its
-persistent plane buffers as inputs and needs no copy. Entries past the committed length are draft-time
-entries; verification overwrites them and rollback is a smaller committed length (docs/contracts.md, KV cache).
+Words: every packed plane (the weights' base / refine [N, K/2] bytes and the KV planes [.., D/2] bytes) travels
+as int32 words of four consecutive bytes, little-endian (`as_words`, `as_bytes`: a reinterpretation, no copy).
+TensorRT 10.3 takes no uint8 plugin tensor (NvInferRuntime.h, IPluginV3OneBuild::getOutputDataTypes: "DataType:kBOOL
+and DataType::kUINT8 are not supported"); its ONNX parser widens uint8 initializers to one int32 per byte
+(WeightsContext.cpp, convertUINT8) and refuses uint8 intermediate tensors (ModelImporter.cpp: "TensorRT does not
+support UINT8 types for intermediate tensors!"); int8 is a quantized type there (onnx-tensorrt operators.md). int32 words
+keep the bytes exact and the size unchanged.
+
+KV contract: `NestedKvAttention` quantizes the pass's K/V into entries for positions [S - M, S), attends over the
+planes with those positions taken from the entries, and outputs the planes with the entries written (positions
+outside [S - M, S) unchanged). The graph's KV outputs are the attention nodes' plane outputs themselves, never a
+copy. onnxruntime (pure semantics) returns new arrays and the runner keeps them as the next pass's inputs; the
+TensorRT plugin declares each plane output aliased to its plane input (IPluginV3OneBuildV2.get_aliased_input,
+PreviewFeature.ALIASED_PLUGIN_IO_10_03) and writes the entries in place, and the TensorRT runtime binds one
+persistent buffer per plane to both the input and its output, so the engine's buffers are the KV cache. Entries
+past the committed length are draft-time entries; verification overwrites them and rollback is a smaller
+committed length (docs/contracts.md, KV cache).
 """
 
 from dataclasses import dataclass
@@ -43,8 +53,33 @@ def kv_inputs(layer: int) -> tuple[str, str, str]:
 
 
 def kv_outputs(layer: int) -> tuple[str, str, str]:
-    """Names of layer `layer`'s new-entry outputs (base, refine, scale)."""
-    return f"new_kv_base.{layer}", f"new_kv_refine.{layer}", f"new_kv_scale.{layer}"
+    """Names of layer `layer`'s plane outputs (base, refine, scale): its planes after the pass."""
+    return f"kv_base_out.{layer}", f"kv_refine_out.{layer}", f"kv_scale_out.{layer}"
+
+
+# Run-time scalar inputs: device tensors whose values change every pass; none may reach a shape computation.
+RUNTIME_SCALARS = (SEQ_LEN, KV8_FROM, VIEW)
+WORD_BYTES = 4
+
+
+def as_words(planes):
+    """uint8 [..., B] packed bytes (B a multiple of 4; numpy or torch) seen as int32 words [..., B/4], no copy."""
+    if planes.shape[-1] % WORD_BYTES:
+        raise ValueError(f"a plane row of {planes.shape[-1]} bytes is not whole 32-bit words")
+    if hasattr(planes, "numpy"):
+        import torch
+        return planes.contiguous().view(torch.int32)
+    import numpy as np
+    return np.ascontiguousarray(planes).view(np.int32)
+
+
+def as_bytes(words):
+    """int32 [..., W] words (numpy or torch) seen as their uint8 bytes [..., 4W], no copy."""
+    if hasattr(words, "numpy"):
+        import torch
+        return words.contiguous().view(torch.uint8)
+    import numpy as np
+    return np.ascontiguousarray(words).view(np.uint8)
 
 
 @dataclass(frozen=True)
@@ -61,7 +96,8 @@ class StepShapes:
         return cls(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size)
 
     def plane_shape(self, capacity: int) -> tuple[int, int, int, int]:
-        return (2, self.kv_heads, capacity, self.head_dim // 2)
+        """A KV plane as int32 words: [2, Hkv, C, D/8] (D/2 bytes per position)."""
+        return (2, self.kv_heads, capacity, self.head_dim // 2 // WORD_BYTES)
 
     def scale_shape(self, capacity: int) -> tuple[int, int, int]:
         return (2, self.kv_heads, capacity)

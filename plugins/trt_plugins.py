@@ -1,22 +1,55 @@
 """TensorRT plugins for the `bitnest` ops (DualPlaneGemv, NestedKvAttention) as Python IPluginV3 classes,
-the plugin interface TensorRT 10.3 (JetPack 6.1/6.2) runs from Python. `enqueue` wraps TensorRT's device
-pointers as torch tensors (__cuda_array_interface__) and launches the Triton launchers of plugins.kernels
-on TensorRT's stream (torch.cuda.ExternalStream). tensorrt, torch.cuda and the kernels import lazily:
-nothing here runs without TensorRT and a CUDA GPU (`tensorrt_unavailable` says why).
+the plugin interface TensorRT 10.3 (JetPack 6.1/6.2) runs from Python: their declared I/O (`PLUGIN_IO`, read
+by export.trt_readiness without TensorRT), their enqueue logic on torch tensors (`enqueue_op`, testable without
+TensorRT) and the IPluginV3 glue over an imported tensorrt module. `enqueue` wraps TensorRT's device pointers as
+torch tensors (__cuda_array_interface__) and launches the Triton launchers of plugins.kernels on TensorRT's
+stream (torch.cuda.ExternalStream). tensorrt, torch.cuda and the kernels import lazily.
 
-Scalar inputs (view, seq_len, kv8_from) are int64 device tensors; each plugin reads them to the host once
-per enqueue (a stream synchronization per node; see docs/tensorrt.md, "TensorRT on Jetson", for the cost).
-The attention plugin writes the pass's KV entries into its plane inputs in place and also returns them
-(plugins.step_contract), so the runtime's persistent plane buffers are the engine's KV cache.
+Facts of TensorRT 10.3 this follows (NVIDIA/TensorRT v10.3.0 headers and python/src/infer/pyPlugin.cpp):
+- no kBOOL or kUINT8 plugin tensor (NvInferRuntime.h, IPluginV3OneBuild::getOutputDataTypes): packed planes travel
+  as int32 words (plugins.step_contract) and are viewed as bytes here;
+- the builder may call `enqueue` on fake data while it times tactics (getValidTactics: "the plugin will be timed");
+  in the build phase `enqueue` returns at once, and at run time the kernels clamp garbage lengths themselves;
+- scalar inputs (view, seq_len, kv8_from) stay on the device: the kernels read them (no host read, no sync);
+- a plugin may write into an input only when the output is declared aliased to it (IPluginV3OneBuildV2::
+  getAliasedInput, effective with PreviewFeature::kALIASED_PLUGIN_IO_10_03; "TensorRT may insert copies"): the
+  attention plugin's plane outputs alias its plane inputs, and where TensorRT hands distinct buffers the plane is
+  copied to the output before the in-place write, so the output is right either way;
+- Python's enqueue return value is not read: an exception becomes -1 (pyPlugin.cpp, enqueue).
 """
 
 import importlib.util
+from dataclasses import dataclass, field
 
-from plugins.contracts import CODE_VIEWS, DUAL_PLANE_LINEAR, NESTED_KV_ATTENTION
+from plugins.contracts import DUAL_PLANE_LINEAR, NESTED_KV_ATTENTION
+from plugins.step_contract import as_bytes
 
 PLUGIN_VERSION = "1"
 PLUGIN_NAMESPACE = ""
 MIN_TENSORRT = (10, 3)
+
+# Element types a TensorRT 10.3 plugin tensor may have (every DataType but kBOOL and kUINT8; FP8 and INT4 left out).
+TRT_PLUGIN_TYPES = ("float32", "float16", "bfloat16", "int8", "int32", "int64")
+
+
+@dataclass(frozen=True)
+class PluginIO:
+    """A plugin's I/O as TensorRT sees it: element type names per input and output (numpy names), how many
+    trailing inputs are optional, and which output aliases which input (output index -> input index)."""
+
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    optional_inputs: int = 0
+    aliases: dict = field(default_factory=dict)
+
+
+PLUGIN_IO = {
+    # x, base words, refine words, scale, view [, offset] -> y
+    DUAL_PLANE_LINEAR.graph: PluginIO(("float32", "int32", "int32", "float16", "int64", "float16"), ("float32",), 1),
+    # q, k, v, kv_base words, kv_refine words, kv_scale, seq_len, kv8_from -> out, and the planes (aliased)
+    NESTED_KV_ATTENTION.graph: PluginIO(("float32", "float32", "float32", "int32", "int32", "float16", "int64", "int64"),
+                                        ("float32", "int32", "int32", "float16"), 0, {1: 3, 2: 4, 3: 5}),
+}
 
 
 def tensorrt_unavailable() -> str | None:
@@ -29,13 +62,54 @@ def tensorrt_unavailable() -> str | None:
     version = tuple(int(p) for p in trt.__version__.split(".")[:2])
     if version < MIN_TENSORRT or not hasattr(trt, "IPluginV3"):
         return f"TensorRT {trt.__version__} lacks Python IPluginV3 plugins: use TensorRT >= 10.3 (JetPack 6.1/6.2)"
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed (the plugins launch Triton kernels): pip install -e .[jetson]"
     import torch
     if not torch.cuda.is_available():
         return "no CUDA GPU visible to torch: TensorRT plugins launch Triton kernels through torch.cuda"
-    if importlib.util.find_spec("plugins.kernels") is None:
-        return "plugins.kernels (the Triton launchers) is missing from this install"
     return None
 
+
+# -- the enqueue logic, on torch tensors (no TensorRT needed) --------------------------------------------------------
+
+def _gemv(ins, outs) -> None:
+    from plugins.kernels import dual_plane_linear_coded
+    x, base, refine, scale, view = ins[:5]
+    offset = ins[5] if len(ins) > 5 else None
+    if x.dim() != 2 or base.shape != refine.shape or base.shape[1] * 8 != x.shape[1]:
+        raise ValueError(f"DualPlaneGemv: x {tuple(x.shape)} does not fit planes {tuple(base.shape)} (int32 words)")
+    dual_plane_linear_coded(x, as_bytes(base), as_bytes(refine), scale, view, offset, out=outs[0])
+
+
+def _attention(ins, outs) -> None:
+    from plugins.kernels import nested_kv_attention_at, write_kv_at
+    q, k, v, base, refine, scale, seq_len, kv8_from = ins
+    out, base_out, refine_out, scale_out = outs
+    t, cap = q.shape[1], base.shape[2]
+    if not 1 <= t <= cap or k.shape != v.shape or k.shape[1] != t:
+        raise ValueError(f"NestedKvAttention: {t} queries do not fit a KV capacity of {cap}")
+    for dst, src in ((base_out, base), (refine_out, refine), (scale_out, scale)):
+        if dst.data_ptr() != src.data_ptr():     # TensorRT gave the aliased output its own buffer: start from the input
+            dst.copy_(src)
+    pb, pr = as_bytes(base_out), as_bytes(refine_out)                 # [2, Hkv, C, D/2] bytes
+    write_kv_at(k, v, pb, pr, scale_out, seq_len)                      # entries of positions [S - T, S), in place
+    nested_kv_attention_at(q, pb, pr, scale_out, seq_len, seq_len, kv8_from, out=out)
+
+
+_RUN = {DUAL_PLANE_LINEAR.graph: _gemv, NESTED_KV_ATTENTION.graph: _attention}
+
+
+def enqueue_op(op: str, ins, outs, building: bool) -> int:
+    """One plugin execution on torch tensors over TensorRT's buffers: 0, or an exception for shapes that cannot
+    run. In the build phase nothing is launched: TensorRT may time the plugin on fake data (garbage view and
+    lengths), and a timing of one tactic chooses nothing."""
+    if building:
+        return 0
+    _RUN[op](ins, outs)
+    return 0
+
+
+# -- the IPluginV3 glue ----------------------------------------------------------------------------------------------
 
 class _CudaArray:
     """A device pointer seen as an array (CUDA array interface v3), for torch.as_tensor."""
@@ -45,43 +119,42 @@ class _CudaArray:
                                          "data": (int(ptr), False), "version": 3, "strides": None}
 
 
-def _typestr(trt, dtype) -> str:
-    return {trt.DataType.FLOAT: "<f4", trt.DataType.HALF: "<f2", trt.DataType.UINT8: "|u1",
-            trt.DataType.INT64: "<i8", trt.DataType.INT32: "<i4"}[dtype]
-
-
-def _tensor(trt, ptr, desc):
-    """torch view of a TensorRT I/O tensor (no copy)."""
-    import torch
-    return torch.as_tensor(_CudaArray(ptr, tuple(desc.dims), _typestr(trt, desc.type)), device="cuda")
-
-
-def _dims(trt, exprs):
-    d = trt.DimsExprs(len(exprs))
-    for i, e in enumerate(exprs):
-        d[i] = e
-    return d
+_TYPESTR = {"float32": "<f4", "float16": "<f2", "int32": "<i4", "int64": "<i8"}
 
 
 def _define(trt):
     """The plugin and creator classes over an imported tensorrt module (built once, lazily)."""
-    F, H, U8, I64 = trt.DataType.FLOAT, trt.DataType.HALF, trt.DataType.UINT8, trt.DataType.INT64
+    import torch
 
-    class _Plugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt.IPluginV3OneRuntime):
-        """Shared IPluginV3 plumbing; subclasses give the name, I/O types, output shapes and `run`."""
+    dtype = {"float32": trt.DataType.FLOAT, "float16": trt.DataType.HALF, "int32": trt.DataType.INT32,
+             "int64": trt.DataType.INT64}
+    names = {v: k for k, v in dtype.items()}
+    # IPluginV3OneBuildV2 (TensorRT >= 10.3) adds get_aliased_input; the bindings accept either build interface
+    build_base = getattr(trt, "IPluginV3OneBuildV2", trt.IPluginV3OneBuild)
+
+    def tensor(ptr, desc):
+        """torch view of a TensorRT I/O tensor (no copy)."""
+        return torch.as_tensor(_CudaArray(ptr, tuple(desc.dims), _TYPESTR[names[desc.type]]), device="cuda")
+
+    def dims(exprs):
+        d = trt.DimsExprs(len(exprs))
+        for i, e in enumerate(exprs):
+            d[i] = e
+        return d
+
+    class _Plugin(trt.IPluginV3, trt.IPluginV3OneCore, build_base, trt.IPluginV3OneRuntime):
+        """Shared IPluginV3 plumbing; subclasses give the name and output shapes, PLUGIN_IO the types."""
 
         name = ""
-        input_types: tuple = ()
-        output_types: tuple = ()
-        optional_inputs: int = 0
 
         def __init__(self, phase=None):
             trt.IPluginV3.__init__(self)
             trt.IPluginV3OneCore.__init__(self)
-            trt.IPluginV3OneBuild.__init__(self)
+            build_base.__init__(self)
             trt.IPluginV3OneRuntime.__init__(self)
+            self.io = PLUGIN_IO[self.name]
             self.plugin_name, self.plugin_namespace, self.plugin_version = self.name, PLUGIN_NAMESPACE, PLUGIN_VERSION
-            self.num_outputs = len(self.output_types)
+            self.num_outputs = len(self.io.outputs)
             self.timing_cache_id = ""
             self.phase = phase
 
@@ -89,14 +162,17 @@ def _define(trt):
             return self
 
         def get_output_data_types(self, input_types):
-            return list(self.output_types)
+            return [dtype[t] for t in self.io.outputs]
+
+        def get_aliased_input(self, output_index):
+            return self.io.aliases.get(output_index, -1)
 
         def supports_format_combination(self, pos, in_out, num_inputs):
             desc = in_out[pos].desc
             if desc.format != trt.TensorFormat.LINEAR:
                 return False
-            want = self.input_types[pos] if pos < num_inputs else self.output_types[pos - num_inputs]
-            return desc.type == want
+            want = self.io.inputs[pos] if pos < num_inputs else self.io.outputs[pos - num_inputs]
+            return desc.type == dtype[want]
 
         def configure_plugin(self, inp, out):
             pass
@@ -116,53 +192,30 @@ def _define(trt):
             return c
 
         def enqueue(self, input_desc, output_desc, inputs, outputs, workspace, stream):
-            import torch
-            ins = [_tensor(trt, p, d) for p, d in zip(inputs, input_desc)]
-            outs = [_tensor(trt, p, d) for p, d in zip(outputs, output_desc)]
+            building = self.phase == trt.TensorRTPhase.BUILD
+            if building:
+                return enqueue_op(self.name, [], [], True)
+            ins = [tensor(p, d) for p, d in zip(inputs, input_desc)]
+            outs = [tensor(p, d) for p, d in zip(outputs, output_desc)]
             with torch.cuda.stream(torch.cuda.ExternalStream(int(stream))):
-                self.run(ins, outs)
-            return 0
+                return enqueue_op(self.name, ins, outs, False)
 
     class DualPlaneGemvPlugin(_Plugin):
-        """y [M, N] float32 = x [M, K] @ W_view^T (plugins.kernels.dual_plane_linear)."""
+        """y [M, N] float32 = x [M, K] @ W_view^T (plugins.kernels.dual_plane_linear_coded)."""
 
         name = DUAL_PLANE_LINEAR.graph
-        input_types = (F, U8, U8, H, I64, H)
-        output_types = (F,)
 
         def get_output_shapes(self, inputs, shape_inputs, expr_builder):
-            return [_dims(trt, [inputs[0][0], inputs[1][0]])]
-
-        def run(self, ins, outs):
-            from plugins.kernels import dual_plane_linear
-            x, base, refine, scale, view = ins[:5]
-            offset = ins[5] if len(ins) > 5 else None
-            v = CODE_VIEWS[int(view.cpu()[0])]                       # host read: syncs the stream
-            dual_plane_linear(x, base, refine if v == "target" else None, scale, v, offset, out=outs[0])
+            return [dims([inputs[0][0], inputs[1][0]])]
 
     class NestedKvAttentionPlugin(_Plugin):
-        """out [Hq, T, D] plus the new KV entries; writes them into the plane inputs in place."""
+        """out [Hq, T, D] and the three planes (aliased to the plane inputs, entries written in place)."""
 
         name = NESTED_KV_ATTENTION.graph
-        input_types = (F, F, F, U8, U8, H, I64, I64)
-        output_types = (F, U8, U8, H)
 
         def get_output_shapes(self, inputs, shape_inputs, expr_builder):
-            q, k, planes = inputs[0], inputs[1], inputs[3]
-            entries = _dims(trt, [planes[0], k[0], k[1], planes[3]])              # [2, Hkv, T, D/2]
-            return [_dims(trt, [q[0], q[1], q[2]]), entries, _dims(trt, [planes[0], k[0], k[1], planes[3]]),
-                    _dims(trt, [planes[0], k[0], k[1]])]
-
-        def run(self, ins, outs):
-            from plugins.kernels import nested_kv_attention, write_kv
-            q, k, v, base, refine, scale, seq_len, kv8_from = ins
-            out, new_base, new_refine, new_scale = outs
-            s, t = int(seq_len.cpu()[0]), q.shape[1]                  # host reads: sync the stream
-            write_kv(k, v, base, refine, scale, s - t)                # the in-place contract
-            new_base.copy_(base[:, :, s - t:s])
-            new_refine.copy_(refine[:, :, s - t:s])
-            new_scale.copy_(scale[:, :, s - t:s])
-            nested_kv_attention(q, base, refine, scale, s, int(kv8_from.cpu()[0]), out=out)
+            return [trt.DimsExprs(inputs[0]), trt.DimsExprs(inputs[3]), trt.DimsExprs(inputs[4]),
+                    trt.DimsExprs(inputs[5])]
 
     class _Creator(trt.IPluginCreatorV3One):
         def __init__(self, plugin_cls):

@@ -148,3 +148,83 @@ def test_nvml_energy_counter():
     finally:
         meter.stop()
     assert r.joules is not None and r.watts > 1.0, r
+
+
+def test_phase_clock_tags_each_instant():
+    from edge.energy.session import PhaseClock
+    c = PhaseClock("idle")
+    for t, phase in ((1.0, "prefill"), (2.0, "draft"), (3.0, "verify"), (3.5, "verify"), (4.0, "idle")):
+        c.enter(phase, t)
+    assert [c.phase_at(t) for t in (0.5, 1.0, 1.5, 2.5, 3.2, 3.9, 4.5)] == \
+        ["idle", "prefill", "prefill", "draft", "verify", "verify", "idle"]
+    with pytest.raises(ValueError, match="unknown phase 'decode'"):
+        c.enter("decode")
+
+
+def test_engine_reports_each_pass_phase(rtn_checkpoint):
+    from edge.decode.config import GenerateConfig
+    from edge.runtime import Runtime
+    rt = Runtime(rtn_checkpoint, backend="cpu", max_context=256)
+    seen = []
+    rt.engine.on_phase = seen.append
+    rt.generate(rt.encode("Name a color."), GenerateConfig(policy="speculative", gamma=2, max_new_tokens=5))
+    assert seen[0] == "prefill" and set(seen[1:]) == {"draft", "verify"}, seen
+
+
+def _chat(*args):
+    import subprocess
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "chat.py"), *map(str, args)], capture_output=True,
+                          text=True, timeout=600)
+
+
+def _prompts(tmp_path) -> Path:
+    f = tmp_path / "prompts.jsonl"
+    f.write_text(json.dumps({"prompt": "Name a color."}) + "\n" + json.dumps({"prompt": "Say hello."}) + "\n")
+    return f
+
+
+def test_chat_meters_each_answer_and_logs_every_sample_with_its_phase(rtn_checkpoint, tmp_path):
+    """Real recorded tegrastats lines replayed at 20 ms: J/token per answer from the constant VDD_IN (4673 mW),
+    idle measured first, every sample appended to the energy log with its phase."""
+    import shlex
+    log = tmp_path / "energy.jsonl"
+    r = _chat("--checkpoint", rtn_checkpoint, "--prompts-file", _prompts(tmp_path), "--max-new-tokens", "8",
+              "--meter", "tegrastats", "--interval-ms", "20", "--idle-seconds", "0.2",
+              "--meter-command", shlex.join(REPLAY + ["--interval-ms", "20"]), "--energy-log", log, "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    for res in out["results"] + [{"stats": out["stats"]}]:
+        s = res["stats"]
+        assert s["meter"] == "tegrastats" and s["energy_reason"] is None, s
+        assert s["mean_power_w"] == pytest.approx(4.673, rel=1e-6)
+        assert s["joules_per_token"] == pytest.approx(s["joules"] / s["tokens"], rel=1e-3)
+        assert s["joules_per_token_above_idle"] == pytest.approx(0.0, abs=1e-4)      # constant power: none above idle
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    phases = {x["phase"] for x in lines}
+    assert phases <= {"prefill", "draft", "verify", "idle"} and {"draft", "verify", "idle"} <= phases, phases
+    assert all(x["mw"] == 4673.0 and x["rails"]["VDD_SOC"] == 1339 and x["meter"] == "tegrastats" for x in lines)
+    assert [x["t"] for x in lines] == sorted(x["t"] for x in lines) and {x["answer"] for x in lines} == {0, 1, 2}
+
+
+def test_chat_goes_on_when_the_meter_dies(rtn_checkpoint, tmp_path):
+    import shlex
+    r = _chat("--checkpoint", rtn_checkpoint, "--prompts-file", _prompts(tmp_path), "--max-new-tokens", "6",
+              "--meter", "tegrastats", "--interval-ms", "20",
+              "--meter-command", shlex.join(REPLAY + ["--interval-ms", "20", "--exit-after", "3", "--exit-code", "3"]),
+              "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(out["results"]) == 2 and all(res["tokens"] for res in out["results"])
+    for res in out["results"]:
+        assert res["stats"]["joules_per_token"] is None
+        assert "stopped after 3 readings (exit code 3)" in res["stats"]["energy_reason"]
+    assert r.stderr.count("the power meter stopped") == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_chat_without_a_meter_says_why(rtn_checkpoint):
+    r = _chat("--checkpoint", rtn_checkpoint, "--prompt", "Say hello.", "--max-new-tokens", "4", "--meter", "none",
+              "--json")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout.strip().splitlines()[-1])["stats"]
+    assert s["meter"] == "none" and s["joules_per_token"] is None
+    assert s["energy_reason"] == "no meter requested (--meter none)" and s["tok_s"] > 0

@@ -33,3 +33,23 @@ def test_selfcheck_bad_path_is_one_line(rtn_checkpoint):
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "selfcheck.py"), "--checkpoint", str(rtn_checkpoint),
                           "--paths", "torch,warp"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "'warp'" in out.stderr
+
+
+def test_on_a_jetson_a_missing_path_fails(rtn_checkpoint):
+    """--expect jetson: what JetPack 6 and .[jetson] must provide (TensorRT with a CUDA torch and an engine, the
+    tegrastats meter) is `failed` where it cannot run, not `skipped`, and the exit code says so."""
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "selfcheck.py"), "--checkpoint", str(rtn_checkpoint),
+                          "--tokens", "2", "--paths", "torch,tensorrt,energy", "--expect", "jetson", "--json"],
+                         capture_output=True, text=True, timeout=600)
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    by = {p["path"]: p for p in r["paths"]}
+    assert by["torch"]["status"] == "passed"
+    if by["tensorrt"]["status"] != "passed":
+        assert by["tensorrt"]["status"] == "failed" and "expected on a Jetson" in by["tensorrt"]["reason"]
+    if by["energy:tegrastats"]["status"] != "passed":
+        assert by["energy:tegrastats"]["status"] == "failed" and "tegrastats" in by["energy:tegrastats"]["reason"]
+    assert by["energy:jtop"]["status"] in ("passed", "skipped")            # optional even on a Jetson
+    assert (out.returncode == 0) == r["passed"] and (r["passed"] or out.returncode == 1)
+    assert r["expected"] == ["onnxruntime", "triton", "tensorrt", "energy:tegrastats"]
+    if by["tensorrt"]["status"] == "failed":
+        assert out.returncode == 1 and "tensorrt: failed" in out.stderr

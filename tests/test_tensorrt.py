@@ -11,7 +11,7 @@ def test_profile_shapes_cover_every_dynamic_input():
     shapes = ProfileSpec(max_tokens=5, max_context=512, min_context=16, opt_tokens=1, opt_context=256).shapes(s)
     assert shapes[INPUT_IDS] == ((1,), (1,), (5,))
     base, refine, scale = kv_inputs(2)
-    assert shapes[base] == shapes[refine] == ((2, 2, 16, 32), (2, 2, 256, 32), (2, 2, 512, 32))
+    assert shapes[base] == shapes[refine] == ((2, 2, 16, 8), (2, 2, 256, 8), (2, 2, 512, 8))   # int32 words
     assert shapes[scale] == ((2, 2, 16), (2, 2, 256), (2, 2, 512))
     assert len(shapes) == 1 + 3 * 3
 
@@ -80,7 +80,7 @@ def test_tensorrt_engine_refuses_here(rtn_checkpoint):
     from edge.errors import BitNestError
     from edge.model.checkpoint import load_checkpoint
     if tensorrt_backend_unavailable() is None:
-        pytest.skip("TensorRT, pycuda and a GPU are present here")
+        pytest.skip("TensorRT and a GPU are present here")
     with pytest.raises(BitNestError, match="tensorrt backend: ") as e:
         tensorrt_engine(load_checkpoint(rtn_checkpoint, verify=False), 64)
     assert "\n" not in str(e.value)
@@ -91,7 +91,24 @@ def test_runtime_tensorrt_backend_refuses_here(rtn_checkpoint):
     from edge.errors import BitNestError
     from edge.runtime import Runtime
     if tensorrt_backend_unavailable() is None:
-        pytest.skip("TensorRT, pycuda and a GPU are present here")
+        pytest.skip("TensorRT and a GPU are present here")
     with pytest.raises(BitNestError, match="tensorrt backend: ") as e:
         Runtime(rtn_checkpoint, backend="tensorrt", max_context=64)
     assert "\n" not in str(e.value)
+
+
+def test_the_parser_gets_an_inlined_copy_that_reads_the_original_weights(small_llama_checkpoint, tmp_path):
+    """What build_engine hands parse_from_file, checked here: standard ops and plugin nodes only, its external
+    weights the original file's (never a second copy, never a 2 GiB protobuf message), removed afterwards."""
+    import onnx
+
+    from export.onnx_export import export_onnx
+    from export.trt_build import inlined_copy
+    path = export_onnx(small_llama_checkpoint, tmp_path / "decoder_step.onnx", external=True)["onnx"]
+    with inlined_copy(path) as copy:
+        assert copy.parent == tmp_path and copy.stat().st_size < 1 << 20
+        model = onnx.load(str(copy))                              # external data resolved beside the original
+        assert not model.functions and {n.domain for n in model.graph.node} <= {"", "bitnest"}
+        assert {n.op_type for n in model.graph.node if n.domain == "bitnest"} == {"DualPlaneGemv", "NestedKvAttention"}
+        onnx.checker.check_model(str(copy), full_check=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["decoder_step.onnx", "decoder_step.onnx.data"]

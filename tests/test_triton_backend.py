@@ -44,9 +44,33 @@ def test_triton_passes_match_the_torch_backend(small_llama_checkpoint):
     assert e["triton"].cache.main.base.device == e["triton"].backend.device
 
 
-def test_triton_speculative_equals_target_greedy(small_llama_checkpoint):
+def test_static_passes_compute_what_eager_passes_compute(small_llama_checkpoint):
+    """The static form a CUDA graph captures (lengths, ids and positions read from device buffers; the grid over
+    the whole capacity) against the eager launchers, pass for pass: prefill chunks, verification-sized passes in
+    each KV view, and draft passes into scratch slots."""
+    from edge.backends import make_engine
+    from edge.backends.triton_graphs import GraphedEngine
     ck = load_checkpoint(small_llama_checkpoint)
-    eng = PassEngine(ck, make_backend("triton", ck), 64, scratch=8, prefill_chunk=16)
+    eager = PassEngine(ck, make_backend("triton", ck), 64, scratch=8, prefill_chunk=8)
+    ck2 = load_checkpoint(small_llama_checkpoint)
+    static = make_engine("triton", ck2, 64, scratch=8, prefill_chunk=8)
+    assert isinstance(static, GraphedEngine) and static.use_graphs == torch.cuda.is_available()
+    pairs = [(eager.prefill(PROMPT), static.prefill(PROMPT))]
+    for view, kv in (("target", KVRead("kv8")), ("draft", KVRead("kv4")), ("draft", KVRead("recent", 4))):
+        pairs.append((eager.forward([42, 7, 99], view, kv), static.forward([42, 7, 99], view, kv)))
+    for slot in range(3):
+        pairs += [(e.forward([5 + slot], "draft", KVRead("kv8"), draft_slot=slot) for e in (eager, static))]
+    for i, (a, b) in enumerate(pairs):
+        assert a.device.type == b.device.type == "cpu"
+        assert rel(b, a) < 1e-6, (i, rel(b, a))
+    assert torch.equal(eager.cache.main.base.cpu(), static.cache.main.base.cpu())
+    assert torch.equal(eager.cache.draft.scale.cpu(), static.cache.draft.scale.cpu())
+
+
+def test_triton_speculative_equals_target_greedy(small_llama_checkpoint):
+    from edge.backends import make_engine
+    ck = load_checkpoint(small_llama_checkpoint)
+    eng = make_engine("triton", ck, 64, scratch=8, prefill_chunk=16)
     runs = {}
     for policy in ("target", "speculative"):
         eng.reset()
@@ -63,9 +87,31 @@ def test_triton_backend_without_gpu_or_interpreter_says_how_to_fix(small_llama_c
         make_backend("triton", load_checkpoint(small_llama_checkpoint))
 
 
+GPU_ONLY = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+                              reason="needs a CUDA GPU with TRITON_INTERPRET unset")
+
+
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
-                    reason="needs a CUDA GPU with TRITON_INTERPRET unset (the interpreter is too slow for the 135M model)")
+@GPU_ONLY
+def test_cuda_graph_replays_equal_eager_passes_gpu(small_llama_checkpoint):
+    """On a CUDA GPU: each decode shape is captured once and its replays give the eager launchers' logits."""
+    from edge.backends import make_engine
+    ck = load_checkpoint(small_llama_checkpoint)
+    eager = PassEngine(ck, make_backend("triton", ck), 64, scratch=8, prefill_chunk=8)
+    graphed = make_engine("triton", load_checkpoint(small_llama_checkpoint), 64, scratch=8, prefill_chunk=8)
+    eager.prefill(PROMPT)
+    graphed.prefill(PROMPT)
+    for i, token in enumerate((42, 7, 99, 5, 1096)):            # first pass captures, the rest replay
+        a = eager.forward([token], "target", KVRead("kv8"))
+        b = graphed.forward([token], "target", KVRead("kv8"))
+        eager.commit(eager.length + 1)
+        graphed.commit(graphed.length + 1)
+        assert rel(b, a) < 1e-6, (i, rel(b, a))
+    assert graphed.graph_count == 1
+
+
+@pytest.mark.gpu
+@GPU_ONLY
 def test_triton_lossless_on_the_default_model_gpu(rtn_checkpoint):
     """On a CUDA GPU: greedy speculative output equals greedy target output on the real model, four prompts."""
     from edge.analysis.corpora import sharegpt_prompts

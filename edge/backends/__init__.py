@@ -40,4 +40,7 @@ def make_engine(name: str, ckpt: Checkpoint, capacity: int, scratch: int = 8, pr
     if name == "tensorrt":
         from edge.backends.tensorrt_step import tensorrt_engine
         return tensorrt_engine(ckpt, capacity)
+    if name == "triton":     # static passes, replayed as CUDA graphs on a GPU (edge.backends.triton_graphs)
+        from edge.backends.triton_graphs import GraphedEngine
+        return GraphedEngine(ckpt, make_backend(name, ckpt), capacity, scratch=scratch, prefill_chunk=prefill_chunk)
     return PassEngine(ckpt, make_backend(name, ckpt), capacity, scratch=scratch, prefill_chunk=prefill_chunk)

@@ -1,6 +1,6 @@
 """`onnxruntime` backend: the exported decoder-step graph (CHECKPOINT/decoder_step.onnx) run by onnxruntime on
-the CPU, with host-side nested KV planes for one sequence, one pass of M tokens at a time, new KV entries written
-back after each pass (the contract in plugins.step_contract)."""
+the CPU, with host-side nested KV planes for one sequence, one pass of M tokens at a time; the planes a pass
+returns are the next pass's inputs (the contract in plugins.step_contract)."""
 
 from pathlib import Path
 
@@ -39,17 +39,18 @@ def open_session(onnx_path, threads: int = 0):
 
 
 class OnnxStepRunner:
-    """One sequence's KV planes (numpy, [2, Hkv, C, D/2] per layer) and passes through an ORT session."""
+    """One sequence's KV planes (numpy int32 words [2, Hkv, C, D/8] and float16 scales per layer) and passes
+    through an ORT session."""
 
     def __init__(self, session, shapes: StepShapes, capacity: int, max_tokens: int = MAX_PASS_TOKENS):
         self.session, self.shapes, self.capacity, self.max_tokens = session, shapes, capacity, max_tokens
-        self.planes = [(np.zeros(shapes.plane_shape(capacity), np.uint8), np.zeros(shapes.plane_shape(capacity), np.uint8),
+        self.planes = [(np.zeros(shapes.plane_shape(capacity), np.int32), np.zeros(shapes.plane_shape(capacity), np.int32),
                         np.zeros(shapes.scale_shape(capacity), np.float16)) for _ in range(shapes.layers)]
         self.out_names = [LOGITS] + [n for layer in range(shapes.layers) for n in kv_outputs(layer)]
 
     def execute(self, ids: list[int], view: str, seq_len: int, kv8_from: int) -> np.ndarray:
-        """Pass over `ids` at positions [seq_len - M, seq_len): logits float32 [M, V]; the new KV entries
-        are written into those positions of the planes."""
+        """Pass over `ids` at positions [seq_len - M, seq_len): logits float32 [M, V]; the planes it returns (the
+        entries of those positions written) replace the runner's."""
         m = len(ids)
         if not 1 <= m <= seq_len <= self.capacity:
             raise ValueError(f"a pass of {m} tokens ending at {seq_len} does not fit the capacity {self.capacity}")
@@ -58,9 +59,7 @@ class OnnxStepRunner:
         for layer, planes in enumerate(self.planes):
             feeds.update(zip(kv_inputs(layer), planes))
         outs = self.session.run(self.out_names, feeds)
-        for layer, planes in enumerate(self.planes):
-            for plane, new in zip(planes, outs[1 + 3 * layer: 4 + 3 * layer]):
-                plane[:, :, seq_len - m:seq_len] = new                        # [2, Hkv, M, ...]
+        self.planes = [tuple(outs[1 + 3 * layer: 4 + 3 * layer]) for layer in range(self.shapes.layers)]
         return outs[0]
 
 

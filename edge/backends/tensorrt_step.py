@@ -1,8 +1,14 @@
-"""`tensorrt` backend: deserializes the decoder-step engine (scripts/export.py --engine), keeps the nested
-KV planes in device memory with pycuda (one persistent buffer per plane per layer, bound as the engine's
-plane inputs, which the attention plugin updates in place: plugins.step_contract), and runs passes on one
-stream; edge.decode.step_engine.StepEngine turns it into speculative rounds. Imports tensorrt and pycuda lazily:
-it runs on a Jetson (JetPack 6.1/6.2, TensorRT 10.3) or a CUDA machine with TensorRT, nowhere else."""
+"""`tensorrt` backend: deserializes the decoder-step engine (scripts/export.py --engine), keeps the nested KV
+planes in persistent device buffers (torch tensors: one per plane per layer, bound to both the engine's plane
+input and its aliased plane output, so the attention plugin's in-place writes are the KV cache:
+plugins.step_contract), binds every address once, and runs passes on one stream;
+edge.decode.step_engine.StepEngine turns it into speculative rounds. Imports tensorrt lazily: it runs on a Jetson
+(JetPack 6.1/6.2, TensorRT 10.3) or a CUDA machine with TensorRT, nowhere else.
+
+Device memory and the stream come from torch.cuda (the plugins launch their kernels through torch in the same
+primary context), so no other CUDA binding is needed (pycuda has no wheel and builds from source only with CUDA on
+PATH). Per pass the host writes the token ids and three scalars into one pinned buffer and copies it in one
+transfer; only the token count M changes an input shape (set when it changes); logits come back in one copy."""
 
 from pathlib import Path
 
@@ -25,17 +31,14 @@ from plugins.step_contract import (
 )
 
 
+_SLOT = 32              # int64 elements per 256 bytes: the staging row's scalars start 256-byte aligned
+_IDS = 3 * _SLOT
+
+
 def tensorrt_backend_unavailable() -> str | None:
     """None where this backend can run here, else the one-line reason."""
     from plugins.trt_plugins import tensorrt_unavailable
-    reason = tensorrt_unavailable()
-    if reason:
-        return reason
-    try:
-        import pycuda.driver  # noqa: F401
-    except ImportError as e:
-        return f"pycuda is not installed ({e}): pip install -e .[jetson]"
-    return None
+    return tensorrt_unavailable()
 
 
 class TensorRTStepRunner:
@@ -45,9 +48,8 @@ class TensorRTStepRunner:
         reason = tensorrt_backend_unavailable()
         if reason:
             raise BitNestError(f"tensorrt backend: {reason}")
-        import pycuda.autoprimaryctx  # noqa: F401  (torch and pycuda share the primary context)
-        import pycuda.driver as cuda
         import tensorrt as trt
+        import torch
 
         from plugins.trt_plugins import register_plugins
 
@@ -65,57 +67,61 @@ class TensorRTStepRunner:
                                f"rebuild it with --max-context {capacity} or lower --max-context")
         lo, _, hi = self.engine.get_tensor_profile_shape(INPUT_IDS, 0)
         max_tokens = max_tokens or hi[0]                       # default: the largest pass the engine was built for
-        if max_tokens > hi[0]:
-            raise BitNestError(f"passes of {max_tokens} tokens exceed the engine's profile ({hi[0]}): lower gamma "
-                               f"or rebuild with --max-tokens {max_tokens}")
-        self.cuda, self.shapes, self.capacity, self.max_tokens = cuda, shapes, capacity, max_tokens
+        if max_tokens > hi[0] or max_tokens > capacity:
+            raise BitNestError(f"passes of {max_tokens} tokens exceed the engine's profile ({hi[0]}) or the capacity "
+                               f"({capacity}): lower gamma or rebuild with --max-tokens {max_tokens}")
+        self.torch, self.shapes, self.capacity, self.max_tokens = torch, shapes, capacity, max_tokens
         self.context = self.engine.create_execution_context()
-        self.stream = cuda.Stream()
-        plane, scale = shapes.plane_shape(capacity), shapes.scale_shape(capacity)
-        entries = shapes.plane_shape(max_tokens)
-        self.buffers, self.shapes_in = {}, {}
+        self.stream = torch.cuda.Stream()
+        dev = torch.device("cuda")
+        self.planes = []      # per layer: (base, refine, scale), the KV cache itself
         for layer in range(shapes.layers):
-            for name, shp, item in zip(kv_inputs(layer), (plane, plane, scale), (1, 1, 2)):
-                self._alloc(name, int(np.prod(shp)) * item, zero=True)
-                self.shapes_in[name] = shp
-            for name, item in zip(kv_outputs(layer), (1, 1, 2)):   # entries also land in the planes: unread here
-                self._alloc(name, int(np.prod(entries)) * item)
-        for name in (SEQ_LEN, KV8_FROM, VIEW):
-            self._alloc(name, 8)
-        self._alloc(INPUT_IDS, 8 * max_tokens)
-        self.logits = cuda.pagelocked_empty((max_tokens, shapes.vocab), np.float32)
-        self._alloc(LOGITS, self.logits.nbytes)
-        self.host_scalars = cuda.pagelocked_empty(3 + max_tokens, np.int64)
+            planes = (torch.zeros(shapes.plane_shape(capacity), dtype=torch.int32, device=dev),
+                      torch.zeros(shapes.plane_shape(capacity), dtype=torch.int32, device=dev),
+                      torch.zeros(shapes.scale_shape(capacity), dtype=torch.float16, device=dev))
+            self.planes.append(planes)
+            for i, o, t in zip(kv_inputs(layer), kv_outputs(layer), planes):
+                self._bind(i, t, shape=tuple(t.shape))
+                self._bind(o, t)                               # aliased output: the same buffer (in place)
+        # one pinned host staging row: seq_len, kv8_from, view, then the ids, each at a multiple of 256 bytes (the
+        # alignment set_tensor_address requires, NvInferRuntime.h); one device copy of its used prefix per pass
+        self.host = torch.zeros(_IDS + max_tokens, dtype=torch.int64).pin_memory()
+        self.staged = torch.zeros(_IDS + max_tokens, dtype=torch.int64, device=dev)
+        for i, name in enumerate((SEQ_LEN, KV8_FROM, VIEW)):
+            self._bind(name, self.staged[i * _SLOT:i * _SLOT + 1], shape=(1,))
+        self._bind(INPUT_IDS, self.staged[_IDS:])
+        self.logits = torch.empty(max_tokens, shapes.vocab, dtype=torch.float32, device=dev)
+        self.logits_host = torch.empty(max_tokens, shapes.vocab, dtype=torch.float32).pin_memory()
+        self._bind(LOGITS, self.logits)
+        self.width = None
 
-    def _alloc(self, name: str, nbytes: int, zero: bool = False) -> None:
-        buf = self.cuda.mem_alloc(max(nbytes, 1))
-        if zero:
-            self.cuda.memset_d8(buf, 0, nbytes)
-        self.buffers[name] = buf
+    def _bind(self, name: str, t, shape=None) -> None:
+        """Bind `t` as the address of I/O tensor `name` (once: the addresses never change), and its shape."""
+        if shape is not None and not self.context.set_input_shape(name, shape):
+            raise BitNestError(f"TensorRT refused shape {shape} for {name}")
+        if not self.context.set_tensor_address(name, t.data_ptr()):
+            raise BitNestError(f"TensorRT refused the address of {name}")
 
     def execute(self, ids: list[int], view: str, seq_len: int, kv8_from: int) -> np.ndarray:
         """Pass over `ids` at positions [seq_len - M, seq_len): logits float32 [M, V] (a host copy)."""
-        m, cuda, ctx = len(ids), self.cuda, self.context
+        m = len(ids)
         if not 1 <= m <= min(self.max_tokens, seq_len) or seq_len > self.capacity:
             raise ValueError(f"a pass of {m} tokens ending at {seq_len} does not fit (max {self.max_tokens} tokens, "
                              f"capacity {self.capacity})")
-        h = self.host_scalars
-        h[0], h[1], h[2], h[3:3 + m] = seq_len, kv8_from, view_code(view), ids
-        for i, name in enumerate((SEQ_LEN, KV8_FROM, VIEW)):
-            cuda.memcpy_htod_async(self.buffers[name], h[i:i + 1], self.stream)
-        cuda.memcpy_htod_async(self.buffers[INPUT_IDS], h[3:3 + m], self.stream)
-        ctx.set_input_shape(INPUT_IDS, (m,))
-        for name in (SEQ_LEN, KV8_FROM, VIEW):
-            ctx.set_input_shape(name, (1,))
-        for name, shp in self.shapes_in.items():
-            ctx.set_input_shape(name, shp)
-        for name, buf in self.buffers.items():
-            ctx.set_tensor_address(name, int(buf))
-        if not ctx.execute_async_v3(self.stream.handle):
-            raise RuntimeError("TensorRT execute_async_v3 failed (see its log)")
-        cuda.memcpy_dtoh_async(self.logits[:m], self.buffers[LOGITS], self.stream)
+        h = self.host
+        h[0], h[_SLOT], h[2 * _SLOT] = seq_len, kv8_from, view_code(view)
+        h[_IDS:_IDS + m] = self.torch.tensor(ids, dtype=self.torch.int64)
+        if m != self.width:                                   # the only shape that changes between passes
+            if not self.context.set_input_shape(INPUT_IDS, (m,)):
+                raise BitNestError(f"TensorRT refused a pass of {m} tokens")
+            self.width = m
+        with self.torch.cuda.stream(self.stream):
+            self.staged[:_IDS + m].copy_(h[:_IDS + m], non_blocking=True)
+            if not self.context.execute_async_v3(self.stream.cuda_stream):
+                raise RuntimeError("TensorRT execute_async_v3 failed (see its log)")
+            self.logits_host[:m].copy_(self.logits[:m], non_blocking=True)
         self.stream.synchronize()
-        return self.logits[:m].copy()
+        return self.logits_host[:m].numpy().copy()
 
 
 def tensorrt_engine(ckpt: Checkpoint, capacity: int, engine_path=None, max_tokens: int | None = None) -> StepEngine:

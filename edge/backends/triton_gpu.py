@@ -7,15 +7,11 @@ TRITON_INTERPRET=1 and no GPU, the same kernels run on CPU tensors in the Triton
 """
 
 import os
-from pathlib import Path
 
 import torch
 
 from edge.errors import BitNestError
 from edge.model.checkpoint import HEAD, Checkpoint
-
-JETPACK_PTXAS = Path("/usr/local/cuda/bin/ptxas")
-
 
 def kernel_device() -> torch.device:
     """The device the kernels run on: the GPU, or the CPU under the Triton interpreter; else a one-line error."""
@@ -24,9 +20,7 @@ def kernel_device() -> torch.device:
     if not torch.cuda.is_available():
         raise BitNestError("the triton backend needs a CUDA GPU (none found): use --backend cpu, or set "
                            "TRITON_INTERPRET=1 to run its kernels in the (slow) Triton interpreter")
-    if "TRITON_PTXAS_PATH" not in os.environ and JETPACK_PTXAS.exists():
-        os.environ["TRITON_PTXAS_PATH"] = str(JETPACK_PTXAS)   # PTX that the installed driver's CUDA loads
-    return torch.device("cuda")
+    return torch.device("cuda")   # the kernel modules point Triton at the system ptxas (plugins.kernels.common)
 
 
 def _kernels():
@@ -67,9 +61,9 @@ class TritonBackend:
         return y if bias is None else y + bias.float()
 
     def head(self, x: torch.Tensor, view: str) -> torch.Tensor:
-        """Logits [M, V], returned on the CPU where the sampler runs."""
+        """Logits [M, V] on the kernel device (the engine copies them to the CPU, where the sampler runs)."""
         if self.ckpt.head_nested:
-            return self.linear(HEAD, x, view).cpu()
+            return self.linear(HEAD, x, view)
         t = self.ckpt.tensors
         w = t["model.embed_tokens.weight"] if self.ckpt.config.tie_word_embeddings else t["lm_head.weight"]
-        return torch.cat([(r.half() @ w.T).float() for r in x.split(1)]).cpu()   # row by row: batch invariant
+        return torch.cat([(r.half() @ w.T).float() for r in x.split(1)])   # row by row: batch invariant

@@ -1,7 +1,12 @@
 """The device self-check: every decode path this machine supports (torch, cpu, triton or the Triton
 interpreter, onnxruntime, tensorrt, each energy meter) run on a real prompt for a few tokens and compared
 with the reference (the torch backend's target-only greedy tokens); each path is reported passed, failed
-or skipped with the reason. The first thing a Jetson owner runs (scripts/selfcheck.py)."""
+or skipped with the reason. The first thing a Jetson owner runs (scripts/selfcheck.py).
+
+A path this machine should have is never skipped: onnxruntime everywhere (a core dependency), and on a Jetson
+the triton kernels, the tensorrt backend (TensorRT, a CUDA torch, an engine beside the checkpoint) and the
+tegrastats meter; where one cannot run it is `failed`, with why it was expected. So the exit code is 0 only if
+every path present passed and every expected path was present."""
 
 import importlib.util
 import json
@@ -18,6 +23,25 @@ from edge.decode.generate import generate
 from edge.model.checkpoint import load_checkpoint
 
 PATHS = ("torch", "cpu", "triton", "onnxruntime", "tensorrt", "energy")
+EXPECT = ("auto", "jetson", "none")
+ALWAYS_EXPECTED = ("onnxruntime",)                                       # core dependencies
+JETSON_EXPECTED = ("triton", "tensorrt", "energy:tegrastats")          # what JetPack 6 + .[jetson] provide
+
+
+def is_jetson() -> bool:
+    """A Jetson (L4T): its release file, or a Tegra device tree."""
+    if Path("/etc/nv_tegra_release").exists():
+        return True
+    try:
+        return b"nvidia,tegra" in Path("/proc/device-tree/compatible").read_bytes()
+    except OSError:
+        return False
+
+
+def expected_paths(expect: str) -> tuple[str, ...]:
+    """Paths that must run here: `jetson` as on a Jetson, `auto` by what this machine is, `none` only the core."""
+    jetson = expect == "jetson" or (expect == "auto" and is_jetson())
+    return ALWAYS_EXPECTED + (JETSON_EXPECTED if jetson else ())
 # The ONNX graph reproduces the torch backend's quantizer inputs bit for bit (see tests/test_onnx.py).
 ONNX_MAX_REL_ERR = 1e-3
 
@@ -38,11 +62,14 @@ class SelfCheckOptions:
     tokens: int = 4
     paths: tuple[str, ...] = PATHS
     triton_timeout: int = 600
+    expect: str = "auto"             # which paths must run here (EXPECT)
 
     def __post_init__(self):
         bad = [p for p in self.paths if p not in PATHS]
         if bad:
             raise ValueError(f"unknown path {bad[0]!r}: use {', '.join(PATHS)}")
+        if self.expect not in EXPECT:
+            raise ValueError(f"unknown --expect {self.expect!r}: use {', '.join(EXPECT)}")
         if self.tokens < 1:
             raise ValueError("--tokens must be at least 1")
 
@@ -191,11 +218,20 @@ _CHECKS = {"torch": check_torch, "cpu": check_cpu, "triton": check_triton, "onnx
            "tensorrt": check_tensorrt, "energy": check_energy}
 
 
+def expected_or_skipped(r: PathResult, expected: tuple[str, ...], why: str) -> PathResult:
+    """A skipped path that this machine should run is a failed one (the reason says both)."""
+    if r.status == "skipped" and r.path in expected:
+        return PathResult(r.path, "failed", f"expected {why} but could not run: {r.reason}", r.details)
+    return r
+
+
 def run_selfcheck(opts: SelfCheckOptions) -> dict:
-    """{"passed": bool (no path failed), "paths": [PathResult...], "reference_tokens", "seconds"}."""
+    """{"passed": bool (no path failed), "paths": [PathResult...], "expected", "reference_tokens", "seconds"}."""
     t0 = time.time()
     c = _Check(opts)
     setup = round(time.time() - t0, 1)
+    expected = expected_paths(opts.expect)
+    why = "on a Jetson" if "tensorrt" in expected else "everywhere (a core dependency)"
     results: list[PathResult] = []
     for name in opts.paths:
         t = time.time()
@@ -204,8 +240,13 @@ def run_selfcheck(opts: SelfCheckOptions) -> dict:
         except Exception as e:                      # a path that crashes is a failed path, not a crashed check
             r = PathResult(name, "failed", f"{e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         for one in r if isinstance(r, list) else [r]:
+            one = expected_or_skipped(one, expected, why)
             one.details["seconds"] = round(time.time() - t, 1)
             results.append(one)
+    ran = {r.path for r in results}
+    for name in expected:                            # an expected meter the energy path did not even list
+        if name.startswith("energy:") and "energy" in opts.paths and name not in ran:
+            results.append(PathResult(name, "failed", f"expected {why}: edge.energy offers no {name[7:]} meter"))
     return {"passed": all(r.status != "failed" for r in results), "paths": [asdict(r) for r in results],
-            "reference_tokens": c.reference, "checkpoint": str(c.ckpt.path), "reference_seconds": setup,
-            "seconds": round(time.time() - t0, 1)}
+            "expected": list(expected), "reference_tokens": c.reference, "checkpoint": str(c.ckpt.path),
+            "reference_seconds": setup, "seconds": round(time.time() - t0, 1)}

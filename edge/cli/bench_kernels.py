@@ -14,6 +14,7 @@ and the copy bandwidth is a device-to-device copy of 512 MiB counted as read + w
 import argparse
 import json
 import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -22,6 +23,7 @@ from edge.cli.common import run_cli
 from edge.errors import BitNestError
 
 GEMV_SHAPES = [(4096, 4096), (4096, 11008), (11008, 4096)]   # (K, N)
+ATTENTION_LAYOUTS = [("llama2-7b mha", 32, 32, 128), ("gqa 32/8", 32, 8, 128)]   # (name, Hq, Hkv, D)
 LAUNCHES = 20
 
 
@@ -49,32 +51,43 @@ def time_graph(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def copy_bandwidth(repeats: int) -> float:
-    src = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
+def time_host(fn, repeats: int) -> float:
+    """Median seconds per call of `fn` timed on the host (the CPU / the Triton interpreter: the dry run's timer)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def copy_bandwidth(repeats: int, nbytes: int = 512 << 20, device: str = "cuda", timer=time_graph) -> float:
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    return 2 * src.numel() / time_graph(lambda: dst.copy_(src), repeats)
+    return 2 * src.numel() / timer(lambda: dst.copy_(src), repeats)
 
 
-def gemv_rows(repeats: int, copy_bw: float) -> list[dict]:
+def gemv_rows(repeats: int, copy_bw: float, shapes=GEMV_SHAPES, device: str = "cuda", timer=time_graph) -> list[dict]:
     from plugins.kernels import dual_plane_linear
     rows = []
-    for k, n in GEMV_SHAPES:
-        g = 128
-        base = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda")
-        refine = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda")
-        scale = (torch.rand(n, k // g, device="cuda") * 1e-2).half()
-        w16 = torch.randn(n, k, device="cuda").half()
+    for k, n in shapes:
+        g = 128 if k % 128 == 0 else 64
+        base = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=device)
+        refine = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=device)
+        scale = (torch.rand(n, k // g, device=device) * 1e-2).half()
+        w16 = torch.randn(n, k, device=device).half()
         for m in (1, 5):
-            x = torch.randn(m, k, device="cuda").half()
-            out = torch.empty(m, n, dtype=torch.float32, device="cuda")
+            x = torch.randn(m, k, device=device).half()
+            out = torch.empty(m, n, dtype=torch.float32, device=device)
             for view, planes in (("draft", 1), ("target", 2)):
                 for act in ("int8", "float16"):
-                    sec = time_graph(lambda: dual_plane_linear(x, base, refine, scale, view, out=out, act=act), repeats)
+                    sec = timer(lambda: dual_plane_linear(x, base, refine, scale, view, out=out, act=act), repeats)
                     need = planes * n * k // 2 + n * (k // g) * 2 + m * k * 2 + m * n * 4
                     rows.append({"kernel": "dual_plane_linear", "K": k, "N": n, "M": m, "view": view, "act": act,
                                  "bytes": need, "us": sec * 1e6, "GBps": need / sec / 1e9,
                                  "fraction_of_copy": need / sec / copy_bw})
-            sec = time_graph(lambda: x @ w16.T, repeats)
+            sec = timer(lambda: x @ w16.T, repeats)
             need = n * k * 2 + m * k * 2 + m * n * 2
             rows.append({"kernel": "cublas_fp16", "K": k, "N": n, "M": m, "view": "fp16", "act": "float16",
                          "bytes": need, "us": sec * 1e6, "GBps": need / sec / 1e9,
@@ -82,20 +95,20 @@ def gemv_rows(repeats: int, copy_bw: float) -> list[dict]:
     return rows
 
 
-def attention_rows(repeats: int, copy_bw: float, contexts: list[int]) -> list[dict]:
+def attention_rows(repeats: int, copy_bw: float, contexts: list[int], layouts=ATTENTION_LAYOUTS, device: str = "cuda",
+                   timer=time_graph) -> list[dict]:
     from plugins.kernels import nested_kv_attention
     rows = []
-    for layout, hq, hkv in (("llama2-7b mha", 32, 32), ("gqa 32/8", 32, 8)):
-        d = 128
+    for layout, hq, hkv, d in layouts:
         for s in contexts:
-            base = torch.randint(0, 256, (2, hkv, s, d // 2), dtype=torch.uint8, device="cuda")
-            refine = torch.randint(0, 256, base.shape, dtype=torch.uint8, device="cuda")
-            scale = (torch.rand(2, hkv, s, device="cuda") * 0.1).half()
+            base = torch.randint(0, 256, (2, hkv, s, d // 2), dtype=torch.uint8, device=device)
+            refine = torch.randint(0, 256, base.shape, dtype=torch.uint8, device=device)
+            scale = (torch.rand(2, hkv, s, device=device) * 0.1).half()
             for t in (1, 5):
-                q = torch.randn(hq, t, d, device="cuda")
-                out = torch.empty(hq, t, d, device="cuda")
+                q = torch.randn(hq, t, d, device=device)
+                out = torch.empty(hq, t, d, device=device)
                 for view, kv8_from, planes in (("kv8", 0, 2), ("kv4", s, 1)):
-                    sec = time_graph(lambda: nested_kv_attention(q, base, refine, scale, s, kv8_from, out=out), repeats)
+                    sec = timer(lambda: nested_kv_attention(q, base, refine, scale, s, kv8_from, out=out), repeats)
                     need = s * hkv * 2 * (planes * d // 2 + 2) + 2 * hq * t * d * 4
                     rows.append({"kernel": "nested_kv_attention", "layout": layout, "context": s, "T": t,
                                  "view": view, "bytes": need, "us": sec * 1e6, "GBps": need / sec / 1e9,

@@ -1,5 +1,6 @@
 """`bitnest chat` (scripts/chat.py): chat with a nested checkpoint (interactive, one prompt, or a JSONL file of
-prompts), streaming tokens and reporting acceptance, tokens per round, bytes per token and tok/s."""
+prompts), streaming tokens and reporting acceptance, tokens per round, bytes per token, tok/s and, from a power
+meter, J/token of each answer's decode phase (with `--energy-log FILE`, every power sample and its phase)."""
 
 import argparse
 import sys
@@ -10,15 +11,18 @@ from edge.backends import BACKENDS, check_backend
 from edge.cli.common import run_cli
 from edge.cli.options import (
     adaptive_config,
+    add_meter_arguments,
     add_policy_arguments,
     checkpoint_arg,
     gate_config,
+    make_meter_from,
 )
 from edge.cli.prompts import read_prompts
 from edge.decode.config import DraftKVPolicy, GenerateConfig
 from edge.decode.registry import POLICIES
 from edge.decode.sampling import SamplingConfig
 from edge.decode.thresholds import resolve_gate
+from edge.energy.session import EnergySession
 from edge.runtime import Runtime, merged_summary
 
 
@@ -45,6 +49,11 @@ def parser(prog: str = "chat.py") -> argparse.ArgumentParser:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
     add_policy_arguments(p)
+    add_meter_arguments(p)
+    p.add_argument("--energy-log", help="append every power sample with its phase (prefill, draft, verify, idle) "
+                                        "to this file as JSON lines")
+    p.add_argument("--idle-seconds", type=float, default=0.0, help="measure idle power this long before the first "
+                   "answer (idle samples between answers count too)")
     return p
 
 
@@ -59,7 +68,31 @@ def _result(r: dict) -> dict:
     return {"text": r["text"], "tokens": r["tokens"], "stats": r["stats"].summary()}
 
 
-def interactive(rt: Runtime, cfg: GenerateConfig, stops) -> dict:
+def ask(rt: Runtime, energy: EnergySession, ids: list[int], cfg: GenerateConfig, stops, on_text=None) -> dict:
+    """One answer, metered: its stats carry J/token (or null and the reason); a meter that stopped is reported
+    once on stderr and the chat goes on."""
+    r, figures = energy.answer(lambda on_tokens: rt.generate(ids, cfg, stops, on_text=on_text, on_tokens=on_tokens))
+    r["stats"].extra.update(figures)
+    stopped = energy.failure()
+    if stopped:
+        print(f"\nenergy: the power meter stopped ({stopped}); the chat goes on without J/token", file=sys.stderr)
+    return r
+
+
+def answer_line(s: dict) -> str:
+    """The line printed after an interactive answer."""
+    acc = f", acceptance {s['acceptance']:.0%}, {s['tokens_per_round']} tok/round" if s["acceptance"] is not None else ""
+    acc += f", escalated {s['escalation_rate']:.0%}" if s["escalation_rate"] is not None else ""
+    jpt = s.get("joules_per_token")
+    if jpt is None:
+        joules = ", J/token n/a" if s.get("meter") in (None, "none") else ", J/token n/a (meter gave no figure)"
+    else:
+        above = s.get("joules_per_token_above_idle")
+        joules = f", {jpt:.4g} J/token" + (f" ({above:.4g} above idle)" if above is not None else "")
+    return f"[{s['tokens']} tokens, {s['tok_s']} tok/s{joules}{acc}]"
+
+
+def interactive(rt: Runtime, energy: EnergySession, cfg: GenerateConfig, stops) -> dict:
     """Read-eval loop with a chat history; Ctrl-C or Ctrl-D ends it cleanly."""
     history, all_stats = [], []
     print(f"BitNest Edge chat ({rt.ckpt.method}, {rt.backend} backend, {cfg.policy}). Ctrl-D or Ctrl-C to quit.",
@@ -74,16 +107,18 @@ def interactive(rt: Runtime, cfg: GenerateConfig, stops) -> dict:
                 continue
             history.append({"role": "user", "content": user})
             print("bot> ", end="", flush=True)
-            r = rt.generate(rt.encode(history), cfg, stops, on_text=lambda s: print(s, end="", flush=True))
+            r = ask(rt, energy, rt.encode(history), cfg, stops, on_text=lambda s: print(s, end="", flush=True))
             history.append({"role": "assistant", "content": r["text"]})
-            s = r["stats"].summary()
-            acc = f", acceptance {s['acceptance']:.0%}, {s['tokens_per_round']} tok/round" if s["acceptance"] is not None else ""
-            acc += f", escalated {s['escalation_rate']:.0%}" if s["escalation_rate"] is not None else ""
-            print(f"\n[{s['tokens']} tokens, {s['tok_s']} tok/s{acc}]", file=sys.stderr)
+            print("\n" + answer_line(r["stats"].summary()), file=sys.stderr)
             all_stats.append(r["stats"])
     except KeyboardInterrupt:
         print("\n(interrupted)", file=sys.stderr)
-    return {"turns": len(all_stats), "stats": merged_summary(all_stats) if all_stats else {}}
+    return {"turns": len(all_stats), "stats": merged(all_stats, energy) if all_stats else {}}
+
+
+def merged(stats: list, energy: EnergySession) -> dict:
+    """One summary over several answers, with J/token over all their decode phases."""
+    return {**merged_summary(stats), **energy.summary()}
 
 
 def converse(a, cfg: GenerateConfig) -> dict:
@@ -92,20 +127,26 @@ def converse(a, cfg: GenerateConfig) -> dict:
                  scratch=max(8, cfg.most_proposals + 1), device=a.device)
     cfg = replace(cfg, gate=resolve_gate(rt.ckpt, rt.backend, cfg.policy, cfg.gate))
     stops = tuple(a.stop)
-    if a.prompts_file:
-        results = []
-        for prompt, chat in read_prompts(a.prompts_file):
-            results.append(rt.generate(rt.encode(prompt, chat), cfg, stops))
+    prompts = read_prompts(a.prompts_file) if a.prompts_file else None    # a bad file fails before the meter starts
+    energy = EnergySession(make_meter_from(a), a.energy_log, a.idle_seconds)
+    energy.attach(rt.engine)
+    try:
+        if prompts is not None:
+            results = []
+            for prompt, chat in prompts:
+                results.append(ask(rt, energy, rt.encode(prompt, chat), cfg, stops))
+                if not a.json:
+                    print(results[-1]["text"], flush=True)
+            return {"results": [_result(r) for r in results], "stats": merged([r["stats"] for r in results], energy)}
+        if a.prompt is not None:
+            stream = None if a.json else (lambda s: print(s, end="", flush=True))
+            r = ask(rt, energy, rt.encode(a.prompt), cfg, stops, on_text=stream)
             if not a.json:
-                print(results[-1]["text"], flush=True)
-        return {"results": [_result(r) for r in results], "stats": merged_summary([r["stats"] for r in results])}
-    if a.prompt is not None:
-        stream = None if a.json else (lambda s: print(s, end="", flush=True))
-        r = rt.generate(rt.encode(a.prompt), cfg, stops, on_text=stream)
-        if not a.json:
-            print()
-        return _result(r)
-    return interactive(rt, cfg, stops)
+                print()
+            return _result(r)
+        return interactive(rt, energy, cfg, stops)
+    finally:
+        energy.close()
 
 
 def main(argv=None, default_checkpoint=None) -> int:

@@ -9,15 +9,13 @@ where no meter works, the J/token fields are null and `reason` says why: nothing
 """
 
 import argparse
-import shlex
 from pathlib import Path
 
 from edge.analysis.corpora import sharegpt_prompts
 from edge.cli.common import pyplot, run_cli
-from edge.cli.options import checkpoint_arg
+from edge.cli.options import add_meter_arguments, checkpoint_arg, make_meter_from
 from edge.decode.generate import GenerateConfig
 from edge.decode.registry import POLICIES
-from edge.energy import METERS, make_meter
 from edge.energy.decode_energy import energy_summary, idle_power, metered_generate
 from edge.errors import BitNestError
 from edge.runtime import Runtime, merged_summary
@@ -50,7 +48,7 @@ def joules(a, default_checkpoint=None) -> dict:
     a.checkpoint = checkpoint_arg(a, default_checkpoint)
     rt = Runtime(a.checkpoint, backend=a.backend, max_context=a.max_new_tokens + 1024)
     prompts = [rt.encode(p) for p in sharegpt_prompts(a.prompts)]
-    meter = make_meter(a.meter, a.interval_ms, shlex.split(a.meter_command) if a.meter_command else None, a.rail)
+    meter = make_meter_from(a)
     out = {"checkpoint": a.checkpoint, "checkpoint_name": Path(a.checkpoint).name, "backend": a.backend,
            "meter": meter.name, "prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "gamma": a.gamma}
     try:
@@ -74,17 +72,14 @@ def main(argv=None, default_checkpoint=None) -> int:
     p = argparse.ArgumentParser(prog="joules_per_token.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", help="nested checkpoint folder (default: the embedded SmolLM2 export)")
-    p.add_argument("--meter", default="auto", choices=METERS)
     p.add_argument("--policy", default="speculative,target,draft", help=f"comma list of {', '.join(POLICIES)}")
     p.add_argument("--prompts", type=int, default=4, help="ShareGPT prompts per policy")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--idle-seconds", type=float, default=3.0, help="idle power is measured this long first")
-    p.add_argument("--interval-ms", type=int, default=100, help="tegrastats / jtop sampling interval")
-    p.add_argument("--meter-command", help="command whose stdout is tegrastats lines (default: tegrastats)")
-    p.add_argument("--rail", help="tegrastats rail to integrate (default VDD_IN, else the sum of all rails)")
     p.add_argument("--backend", default="cpu")
     p.add_argument("--plot", help="write a PNG of tok/s and J/token per policy")
     p.add_argument("--json", action="store_true")
+    add_meter_arguments(p)
     a = p.parse_args(argv)
     return run_cli(lambda: joules(a, default_checkpoint), a.json, "joules_per_token.py")

@@ -1,8 +1,9 @@
-"""Command-line pieces of the Precision on Demand tools: the gate and adaptive-speculation options (chat,
-bench, compare_policies) and their typed configs, and the checkpoint/backend/--json options that
-calibrate_gates, replay and compare_policies share."""
+"""Command-line pieces shared by the commands: the gate and adaptive-speculation options (chat, bench,
+compare_policies) and their typed configs, the power-meter options (chat, joules_per_token), and the
+checkpoint/backend/--json options that calibrate_gates, replay and compare_policies share."""
 
 import argparse
+import shlex
 
 from edge.backends import BACKENDS
 from edge.decode.adaptive import AdaptiveConfig
@@ -58,3 +59,21 @@ def gate_config(a) -> GateConfig:
 
 def adaptive_config(a) -> AdaptiveConfig:
     return AdaptiveConfig(a.adaptive_signal, a.adaptive_stop, a.adaptive_extend, a.gamma_max)
+
+
+def add_meter_arguments(p: argparse.ArgumentParser, default: str = "auto") -> None:
+    from edge.energy import METERS
+    g = p.add_argument_group("energy")
+    g.add_argument("--meter", default=default, choices=METERS, help="power meter (auto: the first of tegrastats, "
+                   "jtop, nvml that gives a reading here)")
+    g.add_argument("--interval-ms", type=int, default=100, help="tegrastats / jtop sampling interval")
+    g.add_argument("--meter-command", help="command whose stdout is tegrastats lines (default: tegrastats)")
+    g.add_argument("--rail", help="tegrastats rail to integrate (default VDD_IN, else the sum of all rails)")
+
+
+def make_meter_from(a):
+    """The started meter the meter options name (one-line BitNestError where a named meter is unavailable)."""
+    from edge.energy import make_meter
+    if a.interval_ms < 1:
+        raise BitNestError("--interval-ms must be at least 1")
+    return make_meter(a.meter, a.interval_ms, shlex.split(a.meter_command) if a.meter_command else None, a.rail)

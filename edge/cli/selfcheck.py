@@ -1,6 +1,7 @@
 """Device self-check: run every decode path this machine supports (torch, cpu, triton, onnxruntime, tensorrt,
 energy meters) for a few tokens of the default model and compare each with the reference (see edge.checks.selfcheck).
-Exit 0 when no path failed, 1 when one did, 2 on bad input."""
+A path this machine should have (onnxruntime; on a Jetson also triton, tensorrt, tegrastats) fails rather than skips.
+Exit 0 when every path present passed and none expected was missing, 1 otherwise, 2 on bad input."""
 
 import argparse
 import sys
@@ -8,7 +9,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from edge.checks.selfcheck import PATHS, SelfCheckOptions, run_selfcheck
+from edge.checks.selfcheck import EXPECT, PATHS, SelfCheckOptions, run_selfcheck
 from edge.cli.common import run_cli
 from edge.cli.options import checkpoint_arg
 
@@ -31,13 +32,15 @@ def main(argv=None, default_checkpoint=None, onnx_exporter=None) -> int:
     p.add_argument("--tokens", type=int, default=4, help="new tokens per path")
     p.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated subset of {','.join(PATHS)}")
     p.add_argument("--triton-timeout", type=int, default=600, help="seconds for the Triton kernel self-check")
+    p.add_argument("--expect", default="auto", help=f"{' | '.join(EXPECT)}: which paths must run here (auto: by "
+                   "this machine; jetson: triton, tensorrt and tegrastats as on a Jetson; none: onnxruntime only)")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
     a = p.parse_args(argv)
     failed = []
 
     def body():
         opts = SelfCheckOptions(a.checkpoint or "", None, a.engine, a.tokens, tuple(x for x in a.paths.split(",") if x),
-                                a.triton_timeout)                      # bad options fail before any work
+                                a.triton_timeout, a.expect)            # bad options fail before any work
         ckpt = Path(checkpoint_arg(a, default_checkpoint))
         with tempfile.TemporaryDirectory(prefix="bitnest-selfcheck-") as work:
             onnx_path = onnx_for(ckpt, work, onnx_exporter) if "onnxruntime" in opts.paths else None

@@ -4,7 +4,7 @@ PyTorch-pass engine that runs the decoder op by op over a backend's linear and a
 
 import time
 from abc import ABC, abstractmethod
-from typing import Optional, Protocol
+from typing import Callable, Optional, Protocol
 
 import torch
 
@@ -45,6 +45,9 @@ class Engine(ABC):
         self.embed_row_bytes = cfg.hidden_size * 2 if embed_row_bytes is None else embed_row_bytes
         self.kv_position_bytes = {True: kv_bytes_per_position(cfg, "nested"), False: kv_bytes_per_position(cfg, "kv4")}
         self.stats = DecodeStats(policy="", backend=backend)
+        # called with the phase each pass belongs to ("prefill", "draft", "verify": a pass of the target view in
+        # the decode phase) before it runs: an energy log tags power samples with it (edge.energy.session)
+        self.on_phase: Optional[Callable[[str], None]] = None
 
     # -- the committed length -------------------------------------------------------------------------------
     def check_room(self, end: int) -> None:
@@ -78,6 +81,8 @@ class Engine(ABC):
         """One counted pass over `ids` at positions length + (draft_slot or 0) + i: real entries or, with
         `draft_slot`, draft-time ones. Returns logits [T, V] ([1, V] with `last_only`) on the CPU."""
         start = self._check_pass(ids, view, draft_slot)
+        if self.on_phase is not None:
+            self.on_phase("draft" if view == DRAFT else "verify")
         logits = self._forward(ids, view, start, kv, draft_slot, last_only)
         self.stats.record_pass(view, self.pass_weight_bytes[view] + len(ids) * self.embed_row_bytes,
                                self.kv_bytes(start + len(ids), kv))
@@ -103,6 +108,8 @@ class Engine(ABC):
         if not ids:
             raise BitNestError("the prompt is empty: give at least one token")
         t0 = time.perf_counter()
+        if self.on_phase is not None:
+            self.on_phase("prefill")
         logits = None
         for i in range(0, len(ids), self.prefill_chunk):
             chunk = ids[i:i + self.prefill_chunk]
@@ -141,4 +148,4 @@ class PassEngine(Engine):
 
     def _forward(self, ids, view, start, kv, draft_slot, last_only):
         att = CachedAttention(self.cache, start, kv, draft_slot)
-        return self.decoder.forward(torch.tensor(ids, dtype=torch.long), view, att, start, last_only)
+        return self.decoder.forward(torch.tensor(ids, dtype=torch.long), view, att, start, last_only).cpu()

@@ -28,6 +28,7 @@ class PowerLog:
         self._lock = threading.Lock()
         self._t: list[float] = []
         self._mw: list[float] = []
+        self._rails: list[dict] = []
         self.rails: dict[str, float] = {}
         self.error: str | None = None
 
@@ -35,8 +36,14 @@ class PowerLog:
         with self._lock:
             self._t.append(t)
             self._mw.append(mw)
+            self._rails.append(dict(rails or {}))
             if rails:
                 self.rails = dict(rails)
+
+    def since(self, index: int) -> list[tuple[float, float, dict]]:
+        """Samples (monotonic t, mW, {rail: mW}) from the index-th on, in order."""
+        with self._lock:
+            return list(zip(self._t[index:], self._mw[index:], self._rails[index:]))
 
     def fail(self, reason: str) -> None:
         with self._lock:
@@ -98,3 +105,7 @@ class SampledMeter:
         """Energy over [t0, t1] (monotonic); waits a few intervals for the sample that closes the window."""
         self.log.wait_past(t1, timeout=3 * self.interval_s + 1.0)
         return self.log.energy(t0, t1)
+
+    def samples_since(self, index: int) -> list[tuple[float, float, dict]]:
+        """Every sample logged from the index-th on (monotonic t, mW, {rail: mW})."""
+        return self.log.since(index)

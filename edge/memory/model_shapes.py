@@ -13,6 +13,8 @@ def _llama(arch, hidden, inter, layers, heads, kv, vocab, max_pos, theta, bias=F
 
 
 MODEL_PRESETS = {
+    # HuggingFaceTB/SmolLM2-135M-Instruct (the embedded default model; docs/model-and-data.md)
+    "smollm2-135m": _llama("LlamaForCausalLM", 576, 1536, 30, 9, 3, 49152, 8192, 1e5, tied=True),
     # togethercomputer/LLaMA-2-7B-32K (linear RoPE scaling x8 over Llama-2-7B's 4096 positions)
     "llama-2-7b-32k": _llama("LlamaForCausalLM", 4096, 11008, 32, 32, 32, 32000, 32768, 10000.0),
     # meta-llama/Meta-Llama-3-8B

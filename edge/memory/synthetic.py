@@ -14,8 +14,10 @@ from plugins.contracts import group_size_for
 def synthetic_checkpoint(cfg: ModelConfig, device: str = "meta", seed: int = 0,
                          head_nested: bool = False) -> Checkpoint:
     """A checkpoint of `cfg`'s shapes (docs/contracts.md, weights tensors, canonical dtypes): on "meta", shapes only; on
-    "cpu", random planes and scales (a model that computes garbage at the real byte counts)."""
-    gen = torch.Generator().manual_seed(seed)
+    "cpu" (or "cuda", made there: no host copy of a 7B model), random planes and scales (a model that computes
+    garbage at the real byte counts)."""
+    gen = torch.Generator(device=device if device != "meta" else "cpu").manual_seed(seed)
+    on = {} if device == "meta" else {"device": device}
     manifest = {"method": "synthetic", "head": "nested" if head_nested else "float16", "rotation": {}}
     specs, tensors = {}, {}
 
@@ -31,18 +33,19 @@ def synthetic_checkpoint(cfg: ModelConfig, device: str = "meta", seed: int = 0,
         specs[name] = LinearSpec((n, k), g)
         for plane in (".base", ".refine"):
             tensors[name + plane] = make((n, k // 2), torch.uint8,
-                                         lambda s: torch.randint(0, 256, s, dtype=torch.uint8, generator=gen))
+                                         lambda s: torch.randint(0, 256, s, dtype=torch.uint8, generator=gen, **on))
         tensors[name + ".scale"] = make((n, k // g), torch.float16,
-                                        lambda s: torch.rand(s, generator=gen) * 1e-3 + 1e-4)
+                                        lambda s: torch.rand(s, generator=gen, **on) * 1e-3 + 1e-4)
         if cfg.attention_bias and name.endswith(("q_proj", "k_proj", "v_proj")):
-            tensors[name + ".bias"] = make((n,), torch.float16, torch.zeros)
+            tensors[name + ".bias"] = make((n,), torch.float16, lambda s: torch.zeros(s, **on))
     h = cfg.hidden_size
-    rand = lambda s: torch.randn(s, generator=gen) * 0.02
+    rand = lambda s: torch.randn(s, generator=gen, **on) * 0.02
     tensors["model.embed_tokens.weight"] = make((cfg.vocab_size, h), torch.float16, rand)
     if not cfg.tie_word_embeddings and not head_nested:
         tensors["lm_head.weight"] = make((cfg.vocab_size, h), torch.float16, rand)
-    tensors["model.norm.weight"] = make((h,), torch.float16, torch.ones)
+    ones = lambda s: torch.ones(s, **on)
+    tensors["model.norm.weight"] = make((h,), torch.float16, ones)
     for i in range(cfg.num_layers):
         for norm in BLOCK_NORMS:
-            tensors[f"model.layers.{i}.{norm}.weight"] = make((h,), torch.float16, torch.ones)
+            tensors[f"model.layers.{i}.{norm}.weight"] = make((h,), torch.float16, ones)
     return Checkpoint(Path(f"<synthetic {device}>"), manifest, cfg, specs, tensors, OnlineRotations())

@@ -3,6 +3,7 @@ its KV write path (`attention`), ahead-of-time compilation for Orin (`aot`) and 
 
 Importing this package does not import triton: the launchers below load their module on first call, so CPU-only
 code paths never need it. Set TRITON_INTERPRET=1 before the first call to run the kernels on CPU tensors.
+The `*_at` / `*_coded` launchers read their lengths or view from device scalars (CUDA graphs, TensorRT plugins).
 """
 
 
@@ -12,13 +13,31 @@ def dual_plane_linear(x, base, refine, scale, view, offset=None, out=None, act="
     return launch(x, base, refine, scale, view, offset, out, act)
 
 
+def dual_plane_linear_coded(x, base, refine, scale, view_code, offset=None, out=None, act="int8"):
+    """`dual_plane_linear` with the view in a device scalar (1 = target, else draft)."""
+    from plugins.kernels.gemv import dual_plane_linear_coded as launch
+    return launch(x, base, refine, scale, view_code, offset, out, act)
+
+
 def nested_kv_attention(q, base, refine, scale, main_len, kv8_from, scratch=None, scratch_len=0, out=None):
     """out float32 [Hq, T, D] over one layer's nested KV planes (see `plugins.kernels.attention`)."""
     from plugins.kernels.attention import nested_kv_attention as launch
     return launch(q, base, refine, scale, main_len, kv8_from, scratch, scratch_len, out)
 
 
+def nested_kv_attention_at(q, base, refine, scale, main_len, seq_len, kv8_from, scratch=None, out=None):
+    """`nested_kv_attention` with main_len, seq_len and kv8_from in device scalars."""
+    from plugins.kernels.attention import nested_kv_attention_at as launch
+    return launch(q, base, refine, scale, main_len, seq_len, kv8_from, scratch, out)
+
+
 def write_kv(k, v, base, refine, scale, pos):
     """Quantize k, v [Hkv, T, D] into positions [pos, pos + T) of one layer's KV planes in place."""
     from plugins.kernels.attention import write_kv as launch
     return launch(k, v, base, refine, scale, pos)
+
+
+def write_kv_at(k, v, base, refine, scale, end):
+    """`write_kv` into positions [end - T, end), `end` a device scalar."""
+    from plugins.kernels.attention import write_kv_at as launch
+    return launch(k, v, base, refine, scale, end)

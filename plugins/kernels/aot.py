@@ -2,10 +2,13 @@
 target), and the resource summary of each: registers and spills (from the bundled ptxas), shared memory (Triton's
 metadata), and which matrix instructions the SASS holds (int8 IMMA, float16 HMMA, dp4a).
 
+Argument types are the ones the launchers pass at run time (activations, queries and new K/V are float32; the
+float16-activation GEMV variants take float16), so the registers reported are those of the kernels that run.
+
 PTX ISA version: Triton 3.9 bundles ptxas 12.9 and by default emits PTX ISA 8.8, which the CUDA 12.6 driver of
 JetPack 6.1/6.2 cannot JIT (12.6 reads PTX up to ISA 8.5). We pin `ptx_version=85` for sm_87, so the PTX loads on
 JetPack 6's driver; the cubins are sm_87 SASS. On the device Triton compiles at run time with the ptxas that
-TRITON_PTXAS_PATH names (the triton backend points it at JetPack's /usr/local/cuda/bin/ptxas when present, so the
+TRITON_PTXAS_PATH names (plugins.kernels.common points it at JetPack's /usr/local/cuda/bin/ptxas when present, so the
 PTX version follows the installed CUDA).
 """
 
@@ -34,21 +37,20 @@ class KernelSpec:
     num_warps: int = 4
 
 
-def _gemv(name, target, float_act, split, g=128):
+def _gemv(name, target, float_act, split, g=128, runtime_view=False):
     sig = {"x_ptr": "*fp16" if float_act else "*i8", "sx_ptr": "*fp32", "base_ptr": "*u8", "refine_ptr": "*u8",
-           "scale_ptr": "*fp16", "offset_ptr": "*fp16", "out_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32",
-           "GROUPS_PER_SPLIT": "i32"}
+           "scale_ptr": "*fp16", "offset_ptr": "*fp16", "out_ptr": "*fp32", "view_ptr": "*i64", "M": "i32",
+           "N": "i32", "K": "i32", "GROUPS_PER_SPLIT": "i32"}
     const = {"TARGET": target, "HAS_OFFSET": False, "FLOAT_ACT": float_act, "SPLIT": split, "G": g, "BLOCK_N": 64,
-             "BLOCK_M": gemv.BLOCK_M, "INTERP": False}
+             "BLOCK_M": gemv.BLOCK_M, "INTERP": False, "RUNTIME_VIEW": runtime_view}
     return KernelSpec(name, gemv.dual_plane_kernel, sig | {k: "constexpr" for k in const}, const)
 
 
 def _attention(name, d, r, block_m, num_warps=4):
     ptrs = ["q_ptr", "base_ptr", "refine_ptr", "scale_ptr", "sbase_ptr", "srefine_ptr", "sscale_ptr",
-            "m_ws", "l_ws", "acc_ws"]
-    types = ["*fp16", "*u8", "*u8", "*fp16", "*u8", "*u8", "*fp16", "*fp32", "*fp32", "*fp32"]
-    sig = dict(zip(ptrs, types)) | {k: "i32" for k in ("T", "main_len", "seq_len", "kv8_from", "cap", "scap",
-                                                       "n_chunks")} | {"sm_scale": "fp32"}
+            "m_ws", "l_ws", "acc_ws", "main_ptr", "seq_ptr", "kv8_ptr"]
+    types = ["*fp32", "*u8", "*u8", "*fp16", "*u8", "*u8", "*fp16", "*fp32", "*fp32", "*fp32", "*i32", "*i32", "*i32"]
+    sig = dict(zip(ptrs, types)) | {k: "i32" for k in ("T", "cap", "scap", "n_chunks")} | {"sm_scale": "fp32"}
     const = {"HKV": 8, "R": r, "D": d, "CHUNK": attention.CHUNK, "BLOCK_S": attention.BLOCK_S, "BLOCK_M": block_m,
              "INTERP": False}
     return KernelSpec(name, attention.flash_decode_kernel, sig | {k: "constexpr" for k in const}, const, num_warps)
@@ -58,11 +60,12 @@ def kernel_specs() -> list[KernelSpec]:
     """Every kernel at the decode shapes the runtime launches (group 128 and 64; head dims 64 and 128)."""
     return [
         KernelSpec("quantize_rows", gemv.quantize_rows_kernel,
-                   {"x_ptr": "*fp16", "xq_ptr": "*i8", "sx_ptr": "*fp32", "K": "i32", "stride_x": "i32",
+                   {"x_ptr": "*fp32", "xq_ptr": "*i8", "sx_ptr": "*fp32", "K": "i32", "stride_x": "i32",
                     "BLOCK_K": "constexpr"}, {"BLOCK_K": 1024}),
         _gemv("gemv_draft_w4a8", False, False, 4),
         _gemv("gemv_target_w8a8", True, False, 4),
         _gemv("gemv_target_w8a8_g64_nosplit", True, False, 1, g=64),
+        _gemv("gemv_runtime_view_w8a8", False, False, 4, runtime_view=True),    # the TensorRT plugin's form
         _gemv("gemv_draft_w4a16", False, True, 4),
         _gemv("gemv_target_w8a16", True, True, 4),
         KernelSpec("gemv_split_reduce", gemv.split_reduce_kernel,
@@ -76,8 +79,8 @@ def kernel_specs() -> list[KernelSpec]:
                    {"m_ws": "*fp32", "l_ws": "*fp32", "acc_ws": "*fp32", "out_ptr": "*fp32", "T": "i32",
                     "n_chunks": "i32", "R": "constexpr", "D": "constexpr"}, {"R": 4, "D": 128}),
         KernelSpec("write_kv_d128", attention.write_kv_kernel,
-                   {"x_ptr": "*fp16", "base_ptr": "*u8", "refine_ptr": "*u8", "scale_ptr": "*fp16", "T": "i32",
-                    "pos0": "i32", "cap": "i32", "HKV": "constexpr", "D": "constexpr"}, {"HKV": 8, "D": 128}),
+                   {"x_ptr": "*fp32", "base_ptr": "*u8", "refine_ptr": "*u8", "scale_ptr": "*fp16", "end_ptr": "*i32",
+                    "T": "i32", "cap": "i32", "HKV": "constexpr", "D": "constexpr"}, {"HKV": 8, "D": 128}),
     ]
 
 

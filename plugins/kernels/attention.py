@@ -17,6 +17,13 @@ which INT8 activation rounding downstream amplifies); the KV scale (s/16) is app
 probabilities (V) in float32. Chunk boundaries are absolute positions
 (multiples of CHUNK), and a chunk a query cannot see contributes an exact zero, so a query's result does not
 depend on how many later queries share the pass.
+
+Lengths on the device: the kernels read main_len, seq_len, kv8_from (attention) and the write's end position
+(write_kv) from device scalars, so a pass can be captured once in a CUDA graph and replayed with new lengths
+(`nested_kv_attention_at`, `write_kv_at`: the grid then covers the planes' whole capacity, and a chunk past seq_len
+runs no iteration), and a TensorRT plugin never reads them to the host. Garbage lengths are clamped inside the
+kernels (0 <= main_len <= C, main_len <= seq_len <= main_len + scratch capacity, T <= write end <= C), so no value of
+them makes a kernel touch memory outside its planes.
 """
 
 import math
@@ -88,20 +95,31 @@ def _dot(a_hi, a_lo, b, INTERP: tl.constexpr):
 
 
 @triton.jit
+def _lengths(main_ptr, seq_ptr, kv8_ptr, cap, scap):
+    """(main_len, seq_len, kv8_from) read from device scalars (int32 or int64) and clamped into the planes."""
+    main_len = tl.minimum(tl.maximum(tl.load(main_ptr).to(tl.int64), 0), cap)
+    seq_len = tl.minimum(tl.maximum(tl.load(seq_ptr).to(tl.int64), main_len), main_len + scap)
+    kv8_from = tl.minimum(tl.maximum(tl.load(kv8_ptr).to(tl.int64), 0), seq_len)
+    return main_len.to(tl.int32), seq_len.to(tl.int32), kv8_from.to(tl.int32)
+
+
+@triton.jit
 def flash_decode_kernel(
     q_ptr, base_ptr, refine_ptr, scale_ptr, sbase_ptr, srefine_ptr, sscale_ptr,
-    m_ws, l_ws, acc_ws,
-    T, main_len, seq_len, kv8_from, cap, scap, n_chunks, sm_scale,
+    m_ws, l_ws, acc_ws, main_ptr, seq_ptr, kv8_ptr,
+    T, cap, scap, n_chunks, sm_scale,
     HKV: tl.constexpr, R: tl.constexpr, D: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr, INTERP: tl.constexpr,
 ):
     """Program (kv head h, chunk c, row tile): rows i = r*T + t (query head h*R + r, query t at position
     seq_len - T + t). Writes per row and chunk the running max m, the sum l and the unnormalized output [D].
     Bytes: the chunk's K and V base bytes and scales once for all R*T rows, refinement bytes only at positions
-    >= kv8_from, nothing past seq_len; q once per program (L2-resident across chunks)."""
+    >= kv8_from, nothing past seq_len; q once per program (L2-resident across chunks). A chunk at or past seq_len
+    runs no iteration and stores m = -inf, l = 0, acc = 0 (an exact zero in the reduction)."""
     h = tl.program_id(0)
     c = tl.program_id(1)
     tile = tl.program_id(2)
+    main_len, seq_len, kv8_from = _lengths(main_ptr, seq_ptr, kv8_ptr, cap, scap)
     HALF: tl.constexpr = D // 2
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)                     # [BM]
     live = rows < R * T
@@ -118,7 +136,7 @@ def flash_decode_kernel(
     acc_o = tl.zeros([BLOCK_M, HALF], tl.float32)
     k_plane = h
     v_plane = HKV + h
-    for s0 in range(c * CHUNK, c * CHUNK + CHUNK, BLOCK_S):
+    for s0 in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, seq_len), BLOCK_S):
         pos = s0 + tl.arange(0, BLOCK_S)                                # [BS]
         k_lo, k_hi = _codes(base_ptr, refine_ptr, sbase_ptr, srefine_ptr, k_plane, pos, main_len, seq_len,
                             kv8_from, cap, scap, j, HALF)
@@ -171,10 +189,13 @@ def chunk_reduce_kernel(m_ws, l_ws, acc_ws, out_ptr, T, n_chunks, R: tl.constexp
 
 
 @triton.jit
-def write_kv_kernel(x_ptr, base_ptr, refine_ptr, scale_ptr, T, pos0, cap, HKV: tl.constexpr, D: tl.constexpr):
+def write_kv_kernel(x_ptr, base_ptr, refine_ptr, scale_ptr, end_ptr, T, cap, HKV: tl.constexpr, D: tl.constexpr):
     """One program per (K-or-V, head, token) of x [2, Hkv, T, D]: s = fp16(max|x|/7), q4 = clip(rne(x/s)),
-    qr = clip(rne((x - q4 s)/(s/16))) written at position pos0 + t (the semantics of `plugins.kv.quantize_kv`).
+    qr = clip(rne((x - q4 s)/(s/16))) written at position end - T + t (the semantics of `plugins.kv.quantize_kv`),
+    `end` read from a device scalar and clamped to [T, cap] (the launcher checks T <= cap).
     Bytes: the D floats of the vector in, D/2 bytes per plane and one float16 scale out; nothing is read back."""
+    end = tl.minimum(tl.maximum(tl.load(end_ptr).to(tl.int64), T), cap)
+    pos0 = (end - T).to(tl.int32)
     pid = tl.program_id(0)
     kv = pid // (HKV * T)
     h = (pid // T) % HKV
@@ -207,31 +228,33 @@ def _check_planes(base, refine, scale, d):
                          f"[2, Hkv, C, {d // 2}] / [2, Hkv, C]")
 
 
-def nested_kv_attention(q: torch.Tensor, base: torch.Tensor, refine: torch.Tensor, scale: torch.Tensor,
-                        main_len: int, kv8_from: int, scratch=None, scratch_len: int = 0, out=None) -> torch.Tensor:
-    """out float32 [Hq, T, D]: the semantics of `plugins.reference.nested_kv_attention` (see the module docstring)."""
+def device_scalar(value: int, device) -> torch.Tensor:
+    """An int32 [1] device tensor holding `value` (the eager launchers' lengths)."""
+    return torch.tensor([value], dtype=torch.int32, device=device)
+
+
+def _attend(q, base, refine, scale, scratch, main_ptr, seq_ptr, kv8_ptr, n_chunks, out):
+    """Check shapes, allocate the chunk workspace and launch (lengths are device scalars)."""
     hq, t, d = q.shape
     hkv = base.shape[1]
     _check_planes(base, refine, scale, d)
     if hq % hkv or d & (d - 1) or d < 32:
         raise ValueError(f"q [{hq}, {t}, {d}] does not fit {hkv} KV heads (head dim must be a power of two >= 32)")
     sb, sr, ss = scratch if scratch is not None else (base, refine, scale)
+    scap = 0
     if scratch is not None:
         _check_planes(sb, sr, ss, d)
-    seq = main_len + scratch_len
-    if not 0 < t <= seq or main_len > base.shape[2] or scratch_len > sb.shape[2]:
-        raise ValueError(f"{t} queries over {main_len} + {scratch_len} positions do not fit the planes")
+        scap = sb.shape[2]
     r = hq // hkv
     block_m = min(MAX_ROWS, max(16, triton.next_power_of_2(r * t)))
     tiles = triton.cdiv(r * t, block_m)
-    n_chunks = triton.cdiv(seq, CHUNK)
     dev = q.device
     m_ws = torch.empty(hkv * r * t * n_chunks, dtype=torch.float32, device=dev)
     l_ws = torch.empty_like(m_ws)
     acc_ws = torch.empty(hkv * r * t * n_chunks, d, dtype=torch.float32, device=dev)
     flash_decode_kernel[(hkv, n_chunks, tiles)](
-        q.contiguous(), base, refine, scale, sb, sr, ss, m_ws, l_ws, acc_ws,
-        t, main_len, seq, kv8_from, base.shape[2], sb.shape[2], n_chunks, 1.0 / math.sqrt(d),
+        q.contiguous(), base, refine, scale, sb, sr, ss, m_ws, l_ws, acc_ws, main_ptr, seq_ptr, kv8_ptr,
+        t, base.shape[2], scap, n_chunks, 1.0 / math.sqrt(d),
         HKV=hkv, R=r, D=d, CHUNK=CHUNK, BLOCK_S=BLOCK_S, BLOCK_M=block_m, INTERP=INTERPRET,
         num_warps=warps_for(d), enable_fp_fusion=False,
     )
@@ -240,13 +263,46 @@ def nested_kv_attention(q: torch.Tensor, base: torch.Tensor, refine: torch.Tenso
     return y
 
 
+def nested_kv_attention(q: torch.Tensor, base: torch.Tensor, refine: torch.Tensor, scale: torch.Tensor,
+                        main_len: int, kv8_from: int, scratch=None, scratch_len: int = 0, out=None) -> torch.Tensor:
+    """out float32 [Hq, T, D]: the semantics of `plugins.reference.nested_kv_attention` (see the module docstring)."""
+    t = q.shape[1]
+    seq = main_len + scratch_len
+    scap = scratch[0].shape[2] if scratch is not None else 0
+    if not 0 < t <= seq or main_len > base.shape[2] or scratch_len > scap:
+        raise ValueError(f"{t} queries over {main_len} + {scratch_len} positions do not fit the planes")
+    lens = torch.tensor([main_len, seq, kv8_from], dtype=torch.int32, device=q.device)
+    return _attend(q, base, refine, scale, scratch, lens[0:], lens[1:], lens[2:], triton.cdiv(seq, CHUNK), out)
+
+
+def nested_kv_attention_at(q: torch.Tensor, base: torch.Tensor, refine: torch.Tensor, scale: torch.Tensor,
+                           main_len: torch.Tensor, seq_len: torch.Tensor, kv8_from: torch.Tensor, scratch=None,
+                           out=None) -> torch.Tensor:
+    """`nested_kv_attention` with its lengths in device scalars (int32 or int64, read by the kernel, clamped): the
+    grid covers every position of the planes (and scratch), so one launch serves any lengths (CUDA graphs,
+    TensorRT plugins). seq_len counts main positions plus scratch slots; main_len may be the same tensor."""
+    scap = scratch[0].shape[2] if scratch is not None else 0
+    return _attend(q, base, refine, scale, scratch, main_len, seq_len, kv8_from,
+                   triton.cdiv(base.shape[2] + scap, CHUNK), out)
+
+
+def write_kv_at(k: torch.Tensor, v: torch.Tensor, base: torch.Tensor, refine: torch.Tensor, scale: torch.Tensor,
+                end: torch.Tensor) -> None:
+    """Quantize k, v [Hkv, T, D] into positions [end - T, end) of the planes in place; `end` is a device scalar
+    (int32 or int64), clamped by the kernel to [T, C]."""
+    hkv, t, d = k.shape
+    _check_planes(base, refine, scale, d)
+    if v.shape != k.shape or base.shape[1] != hkv or not 0 < t <= base.shape[2]:
+        raise ValueError(f"K/V {tuple(k.shape)} do not fit planes {tuple(base.shape)}")
+    x = torch.stack((k, v)).contiguous()                                # [2, Hkv, T, D]
+    write_kv_kernel[(2 * hkv * t,)](x, base, refine, scale, end, t, base.shape[2], HKV=hkv, D=d,
+                                    enable_fp_fusion=False)   # x - q4*s rounded as torch rounds it
+
+
 def write_kv(k: torch.Tensor, v: torch.Tensor, base: torch.Tensor, refine: torch.Tensor, scale: torch.Tensor,
              pos: int) -> None:
     """Quantize k, v [Hkv, T, D] into positions [pos, pos + T) of the planes, in place."""
-    hkv, t, d = k.shape
-    _check_planes(base, refine, scale, d)
-    if v.shape != k.shape or base.shape[1] != hkv or not 0 <= pos <= base.shape[2] - t:
+    t = k.shape[1]
+    if not 0 <= pos <= base.shape[2] - t:
         raise ValueError(f"K/V {tuple(k.shape)} at position {pos} do not fit planes {tuple(base.shape)}")
-    x = torch.stack((k, v)).contiguous()                                # [2, Hkv, T, D]
-    write_kv_kernel[(2 * hkv * t,)](x, base, refine, scale, t, pos, base.shape[2], HKV=hkv, D=d,
-                                    enable_fp_fusion=False)   # x - q4*s rounded as torch rounds it
+    write_kv_at(k, v, base, refine, scale, device_scalar(pos + t, k.device))

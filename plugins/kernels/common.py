@@ -1,6 +1,7 @@
-"""Pieces shared by the Triton kernels: the interpreter switch and exact rounding."""
+"""Pieces shared by the Triton kernels: the interpreter switch, the ptxas Triton compiles with, exact rounding."""
 
 import os
+from pathlib import Path
 
 import triton
 import triton.language as tl
@@ -8,6 +9,23 @@ import triton.language as tl
 # The Triton interpreter (TRITON_INTERPRET=1, set before triton is imported) runs the kernels on CPU tensors;
 # kernels then route dots through float32 (its int8 products wrap and its low-precision dots are not IEEE).
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+# The CUDA toolkit's own ptxas on a JetPack 6 image (CUDA 12.6). Triton's bundled ptxas (12.9 with Triton 3.9)
+# emits PTX ISA 8.8 and cubins the JetPack 6 driver may not load (it reads PTX up to ISA 8.5), so every path that
+# compiles kernels (the triton backend, the TensorRT plugins, the kernel self-check and bench) uses the system one
+# where it exists; TRITON_PTXAS_PATH set by the user wins. Set here, at the import of every kernel module, before
+# Triton compiles anything (Triton reads the variable when it compiles).
+SYSTEM_PTXAS = Path("/usr/local/cuda/bin/ptxas")
+
+
+def use_system_ptxas(ptxas: Path = SYSTEM_PTXAS) -> str | None:
+    """Point TRITON_PTXAS_PATH at `ptxas` where it exists and the variable is unset; returns the path in use."""
+    if "TRITON_PTXAS_PATH" not in os.environ and ptxas.exists():
+        os.environ["TRITON_PTXAS_PATH"] = str(ptxas)
+    return os.environ.get("TRITON_PTXAS_PATH")
+
+
+use_system_ptxas()
 
 
 @triton.jit

@@ -18,6 +18,11 @@ only on N, K and the device), so a verification pass computes bit for bit what s
 
 A float-activation variant (`act="float16"`) feeds float16 activations and the exactly representable codes to
 float16 MMAs with float32 accumulation, and skips the quantization launch.
+
+The view is a compile-time constant (`dual_plane_linear`: one compiled kernel per view, what a CUDA graph of one
+view captures) or read from a device scalar at run time (`dual_plane_linear_coded`: code 1 = target, anything else
+the draft, so a TensorRT plugin serves both views of one engine without reading the view to the host); in the
+run-time form the refinement loads sit inside a branch on that code, so a draft pass still never issues them.
 """
 
 import torch
@@ -73,16 +78,22 @@ def _mma(a, b, INTERP: tl.constexpr):
 
 @triton.jit
 def dual_plane_kernel(
-    x_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr,
+    x_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, view_ptr,
     M, N, K, GROUPS_PER_SPLIT,
     TARGET: tl.constexpr, HAS_OFFSET: tl.constexpr, FLOAT_ACT: tl.constexpr, SPLIT: tl.constexpr,
     G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, INTERP: tl.constexpr,
+    RUNTIME_VIEW: tl.constexpr = False,
 ):
     """Program (n-tile, split): rows [n0, n0+BLOCK_N), groups [split*GPS, (split+1)*GPS) of K.
     x: int8 [M, K] with scales sx float32 [M] (or float16 [M, K] with FLOAT_ACT); base/refine uint8 [N, K/2];
     scale/offset float16 [N, K/G]. out: float32 [M, N] (SPLIT == 1) or partials [SPLIT, M, N] (unscaled by s_x).
     Bytes: each plane byte of the tile once (the refinement plane only when TARGET), one scale per row and group,
-    the tile's x columns (M*K bytes in all, L2-resident), and the output tile once; no weight is re-read per token."""
+    the tile's x columns (M*K bytes in all, L2-resident), and the output tile once; no weight is re-read per token.
+    RUNTIME_VIEW: the view is read from view_ptr (1 = target) instead of TARGET."""
+    if RUNTIME_VIEW:
+        target = tl.load(view_ptr) == 1
+    else:
+        target = TARGET
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     HALF: tl.constexpr = G // 2
@@ -108,7 +119,7 @@ def dual_plane_kernel(
             lo, hi = lo.to(tl.float16), hi.to(tl.float16)
         part = _mma(x_even, tl.trans(lo), INTERP) + _mma(x_odd, tl.trans(hi), INTERP)        # [BM, BN]
         step = tl.load(scale_ptr + n_offs * n_groups + g, mask=gm, other=0.0).to(tl.float32)  # [BN]
-        if TARGET:
+        if target:
             rlo, rhi = _nibbles(tl.load(refine_ptr + byte, mask=wm, other=0))
             if FLOAT_ACT:
                 rlo, rhi = rlo.to(tl.float16), rhi.to(tl.float16)
@@ -173,11 +184,8 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return xq, sx
 
 
-def dual_plane_linear(x: torch.Tensor, base: torch.Tensor, refine, scale: torch.Tensor, view: str,
-                      offset=None, out=None, act: str = "int8") -> torch.Tensor:
-    """y float32 [M, N] = x [M, K] @ W_view^T, reading only the planes of `view` (see the module docstring)."""
-    if view not in ("draft", "target"):
-        raise ValueError(f"unknown weight view {view!r}: use draft or target")
+def _check(x, base, scale, act):
+    """(m, k, n, g) of a call, or ValueError naming what does not fit."""
     if act not in ACTS:
         raise ValueError(f"unknown activation mode {act!r}: use one of {', '.join(ACTS)}")
     m, k = x.shape
@@ -186,14 +194,12 @@ def dual_plane_linear(x: torch.Tensor, base: torch.Tensor, refine, scale: torch.
     if base.shape != (n, k // 2) or scale.shape[0] != n or k % g or g < 32 or g & (g - 1):
         raise ValueError(f"planes {tuple(base.shape)} / scale {tuple(scale.shape)} do not fit x [{m}, {k}] "
                          "(the kernel needs a power-of-two group size >= 32)")
-    target = view == "target"
-    if target and refine is None:
-        raise ValueError("the target view needs the refinement plane")
-    y = out if out is not None else torch.empty(m, n, dtype=torch.float32, device=x.device)
-    if m > BLOCK_M:   # prefill chunks: tiles of 16 tokens, each the same computation as a decode pass
-        for i in range(0, m, BLOCK_M):
-            dual_plane_linear(x[i:i + BLOCK_M], base, refine, scale, view, offset, y[i:i + BLOCK_M], act)
-        return y
+    return m, k, n, g
+
+
+def _launch(x, base, refine, scale, offset, y, act, target, view_code):
+    """One launch (M <= BLOCK_M) of the view `target` (bool) or of the view in device scalar `view_code`."""
+    m, k, n, g = _check(x, base, scale, act)
     float_act = act == "float16"
     if float_act:
         xk, sx = x.to(torch.float16).contiguous(), y     # sx unused
@@ -203,13 +209,42 @@ def dual_plane_linear(x: torch.Tensor, base: torch.Tensor, refine, scale: torch.
     split, per = plan_split(n, k, g, bn, _sm_count(x.device))
     dest = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     dual_plane_kernel[(triton.cdiv(n, bn), split)](
-        xk, sx, base, refine if target else base, scale, offset if offset is not None else scale, dest,
-        m, n, k, per,
-        TARGET=target, HAS_OFFSET=offset is not None, FLOAT_ACT=float_act, SPLIT=split,
-        G=g, BLOCK_N=bn, BLOCK_M=BLOCK_M, INTERP=INTERPRET, enable_fp_fusion=False,
+        xk, sx, base, refine if refine is not None else base, scale, offset if offset is not None else scale, dest,
+        view_code if view_code is not None else scale, m, n, k, per,
+        TARGET=bool(target), HAS_OFFSET=offset is not None, FLOAT_ACT=float_act, SPLIT=split,
+        G=g, BLOCK_N=bn, BLOCK_M=BLOCK_M, INTERP=INTERPRET, RUNTIME_VIEW=view_code is not None,
+        enable_fp_fusion=False,
     )
     if split > 1:
         block = 256
         split_reduce_kernel[(triton.cdiv(m * n, block),)](dest, sx, y, m, n, SPLIT=split, SCALE_X=not float_act,
                                                           BLOCK=block, enable_fp_fusion=False)
     return y
+
+
+def _tiles(x, base, refine, scale, offset, out, act, target, view_code):
+    """y [M, N] in tiles of BLOCK_M tokens (prefill chunks), each the same computation as a decode pass."""
+    m, _, n, _ = _check(x, base, scale, act)
+    y = out if out is not None else torch.empty(m, n, dtype=torch.float32, device=x.device)
+    for i in range(0, m, BLOCK_M):
+        _launch(x[i:i + BLOCK_M], base, refine, scale, offset, y[i:i + BLOCK_M], act, target, view_code)
+    return y
+
+
+def dual_plane_linear(x: torch.Tensor, base: torch.Tensor, refine, scale: torch.Tensor, view: str,
+                      offset=None, out=None, act: str = "int8") -> torch.Tensor:
+    """y float32 [M, N] = x [M, K] @ W_view^T, reading only the planes of `view` (see the module docstring)."""
+    if view not in ("draft", "target"):
+        raise ValueError(f"unknown weight view {view!r}: use draft or target")
+    if view == "target" and refine is None:
+        raise ValueError("the target view needs the refinement plane")
+    return _tiles(x, base, refine, scale, offset, out, act, view == "target", None)
+
+
+def dual_plane_linear_coded(x: torch.Tensor, base: torch.Tensor, refine: torch.Tensor, scale: torch.Tensor,
+                            view_code: torch.Tensor, offset=None, out=None, act: str = "int8") -> torch.Tensor:
+    """`dual_plane_linear` with the view read by the kernel from the device scalar `view_code` (int32 or int64;
+    1 = target, anything else the draft, which never loads `refine`)."""
+    if refine is None or refine.shape != base.shape:
+        raise ValueError("the run-time view needs the refinement plane beside the base plane")
+    return _tiles(x, base, refine, scale, offset, out, act, False, view_code)

@@ -1,0 +1,97 @@
+"""The `triton` backend's engine: every pass runs a static form of the decoder whose per-pass values (token ids,
+lengths, the KV read, positions) live in one device buffer and whose KV cache, scratch slots and RoPE tables are
+preallocated, so on a CUDA GPU each decode-pass shape (weight view, pass width, real or draft-slot pass) is
+captured once as a CUDA graph and replayed with new values: one graph launch per pass instead of the hundreds of
+kernel launches a 135M model's pass holds (launch-bound on any GPU, more so on an Orin). Prefill chunks (wide,
+compute-bound, of varying width) run the same static form without a graph. Without a GPU (the Triton interpreter)
+the static form runs eagerly: the code a graph captures is the code the tests run here."""
+
+import torch
+
+from edge.decode.engine import PassEngine
+from edge.model.checkpoint import R1_TENSOR, Checkpoint
+from edge.model.decoder import Decoder, OnlineRotations, rope_tables
+
+GRAPH_MAX_TOKENS = 16   # decode passes (one draft token, γ+1 <= 16 verified) are captured; wider ones run eagerly
+MAIN_LEN, SEQ_LEN, KV8_FROM, WRITE_END, IDS = range(5)   # the device buffer: four lengths, then the token ids
+
+
+class StaticAttention:
+    """Attention of one pass whose lengths are device scalars: the pass's K/V entries go to positions
+    [write_end - T, write_end) of the main planes (a real pass) or of the scratch slots (a draft pass), and
+    attention reads main positions [0, main_len) then scratch slots up to seq_len, KV8 from kv8_from."""
+
+    def __init__(self, cache, staged: torch.Tensor, draft: bool, ops):
+        self.cache, self.draft, self.ops = cache, draft, ops
+        self.lens = [staged[i:i + 1] for i in (MAIN_LEN, SEQ_LEN, KV8_FROM, WRITE_END)]
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        main, scratch = self.cache.main.layer(layer), self.cache.draft.layer(layer)
+        main_len, seq_len, kv8_from, write_end = self.lens
+        self.ops.write_kv_at(k, v, *(scratch if self.draft else main), write_end)
+        return self.ops.nested_kv_attention_at(q, *main, main_len, seq_len, kv8_from, scratch=scratch)   # [Hq, T, D]
+
+
+class GraphedEngine(PassEngine):
+    """PassEngine over the triton backend with static passes, captured as CUDA graphs where a GPU is present
+    (`graphs` None: on a CUDA device). `graph_count` says how many shapes were captured."""
+
+    def __init__(self, ckpt: Checkpoint, backend, capacity: int, scratch: int = 8, prefill_chunk: int = 256,
+                 graphs: bool | None = None):
+        super().__init__(ckpt, backend, capacity, scratch=scratch, prefill_chunk=prefill_chunk)
+        dev = backend.device
+        rot = ckpt.rotations
+        r1 = ckpt.tensors.get(R1_TENSOR) if rot.r1 is not None else None        # the backend moved it to `dev`
+        self.decoder = Decoder(ckpt.config, backend, OnlineRotations(r1, rot.r4_size))
+        cos, sin = rope_tables(ckpt.config, torch.arange(capacity + scratch), torch.float32)   # [P, D]
+        self.cos, self.sin = cos.to(dev), sin.to(dev)
+        width = max(self.prefill_chunk, GRAPH_MAX_TOKENS)
+        self.steps = torch.arange(width, device=dev)                                           # [W]
+        self.staged = torch.zeros(IDS + width, dtype=torch.int64, device=dev)
+        cuda = dev is not None and dev.type == "cuda"
+        self.host = torch.zeros(IDS + width, dtype=torch.int64, pin_memory=cuda)
+        self.use_graphs = cuda if graphs is None else graphs
+        self.graphs: dict[tuple, tuple] = {}
+
+    @property
+    def graph_count(self) -> int:
+        return len(self.graphs)
+
+    def _forward(self, ids, view, start, kv, draft_slot, last_only):
+        t, end = len(ids), start + len(ids)
+        draft = draft_slot is not None
+        h = self.host
+        h[MAIN_LEN] = start - draft_slot if draft else end        # committed history a draft pass reads
+        h[SEQ_LEN], h[KV8_FROM] = end, kv.kv8_from(end)
+        h[WRITE_END] = draft_slot + t if draft else end
+        h[IDS:IDS + t] = torch.tensor(ids, dtype=torch.int64)
+        self.staged[:IDS + t].copy_(h[:IDS + t], non_blocking=True)
+        key = (view, t, draft, last_only)
+        if not (self.use_graphs and t <= GRAPH_MAX_TOKENS and not last_only):
+            return self._pass(*key).cpu()
+        if key not in self.graphs:
+            return self._capture(key).cpu()
+        graph, out = self.graphs[key]
+        graph.replay()
+        return out.cpu()
+
+    def _pass(self, view: str, t: int, draft: bool, last_only: bool) -> torch.Tensor:
+        """The pass, reading everything that changes between passes from `self.staged` (logits on the device)."""
+        pos = self.steps[:t] + (self.staged[SEQ_LEN] - t)                                      # [T]
+        att = StaticAttention(self.cache, self.staged, draft, self.backend.attention_ops)
+        return self.decoder.forward(self.staged[IDS:IDS + t], view, att, last_only=last_only,
+                                    rope=(self.cos[pos], self.sin[pos]))
+
+    def _capture(self, key: tuple) -> torch.Tensor:
+        """Run the pass once for real on a side stream (compiles every kernel, fills every cache: nothing may
+        compile or copy from the host inside a capture), then capture it; returns the real run's logits."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            logits = self._pass(*key)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = self._pass(*key)                                  # recorded, not run: the KV is written once
+        self.graphs[key] = (graph, out)
+        return logits

@@ -1,0 +1,262 @@
+"""The checks of one CUDA machine in one run (scripts/device_check.sh, <= 8 minutes, no network): the checkpoint
+cannot travel, so random-plane checkpoints of the default model's and Llama-2-7B's shapes are built on the GPU
+(edge.memory.synthetic). It writes one JSON object, from which `--table` prints the docs table.
+
+    python -m edge.cli.device_check --out FILE.json [--dry] [--repeats N] [--skip-7b]
+    python -m edge.cli.device_check --table FILE.json
+
+Sections: every kernel against the oracle on the GPU; kernel GB/s against the same run's copy bandwidth; the
+`triton` backend lossless (speculative = target) on the 135M shape; draft-, target- and verification-pass times of
+the eager launchers, the static passes and their CUDA-graph replays; the speculative speed-up those times project
+at the acceptance measured on the real model (tokens per round x target pass / (γ draft passes + 1 verification));
+TensorRT, where present (said so and skipped where not). `--dry` runs the same code in the Triton interpreter on
+the CPU at tiny shapes (a test runs it, so a typo costs no device time); its figures mean nothing.
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from edge.atomic import write_atomic
+from edge.cli.common import run_cli
+from edge.errors import BitNestError
+
+ROOT = Path(__file__).resolve().parents[2]
+SWEEP = ROOT / "scripts" / "results" / "sweep-bitnest.json"    # the real model's speculation sweep (README)
+GAMMA = 4
+
+
+@dataclass(frozen=True)
+class DeviceCheckOptions:
+    dry: bool = False                 # the interpreter on the CPU, tiny shapes
+    repeats: int = 7
+    new_tokens: int = 32              # the lossless check's tokens
+    skip_7b: bool = False
+
+    def __post_init__(self):
+        if self.repeats < 1 or self.new_tokens < 2:
+            raise ValueError("--repeats must be >= 1 and --new-tokens >= 2")
+
+
+def _models(opts: DeviceCheckOptions) -> dict:
+    """{name: (ModelConfig, KV capacity, prompt tokens)} at the run's shapes."""
+    from edge.memory.model_shapes import MODEL_PRESETS, _llama
+    if opts.dry:
+        return {"tiny": (_llama("LlamaForCausalLM", 128, 256, 2, 2, 1, 512, 512, 1e4), 48, 8)}
+    out = {"smollm2-135m": (MODEL_PRESETS["smollm2-135m"], 512, 64)}
+    if not opts.skip_7b:
+        out["llama-2-7b"] = (MODEL_PRESETS["llama-2-7b-32k"], 512, 64)
+    return out
+
+
+def environment() -> dict:
+    import torch
+    from plugins.trt_plugins import tensorrt_unavailable
+    out = {"python": platform.python_version(), "machine": platform.machine(), "torch": torch.__version__,
+           "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+           "interpreter": os.environ.get("TRITON_INTERPRET") == "1",
+           "ptxas": os.environ.get("TRITON_PTXAS_PATH")}
+    try:
+        import triton
+        out["triton"] = triton.__version__
+    except ImportError as e:
+        out["triton"] = f"missing ({e})"
+    out["tensorrt"] = tensorrt_unavailable() or "present"
+    return out
+
+
+def kernels(opts: DeviceCheckOptions) -> dict:
+    """Every kernel against the pure-torch oracle (random RTN-nested planes; tiny ones in the dry run)."""
+    from plugins.kernels.selfcheck import random_linears, run_checks
+    if opts.dry:
+        from plugins.nesting import nest_rtn
+        from plugins.packing import pack_nibbles
+        import torch
+        c = nest_rtn(torch.randn(32, 128, generator=torch.Generator().manual_seed(0)) * 0.05, 64)
+        return run_checks([("random[32x128]", pack_nibbles(c.q4), pack_nibbles(c.qr), c.scale, c.offset)], (4, 2, 32))
+    return run_checks(random_linears())
+
+
+def bandwidth(opts: DeviceCheckOptions) -> dict:
+    """Kernel GB/s at decode shapes as a share of the copy bandwidth measured in the same run."""
+    from edge.cli import bench_kernels as b
+    if opts.dry:
+        dev, timer, shapes, contexts, layouts, nbytes = "cpu", b.time_host, [(128, 64)], [256], [("tiny", 4, 2, 32)], 1 << 20
+    else:
+        dev, timer, shapes, contexts, layouts, nbytes = "cuda", b.time_graph, b.GEMV_SHAPES, [4096, 16384], \
+            b.ATTENTION_LAYOUTS, 512 << 20
+    copy = b.copy_bandwidth(opts.repeats, nbytes, dev, timer)
+    return {"copy_GBps": copy / 1e9, "gemv": b.gemv_rows(opts.repeats, copy, shapes, dev, timer),
+            "attention": b.attention_rows(opts.repeats, copy, contexts, layouts, dev, timer)}
+
+
+def _checkpoint(cfg, dev: str):
+    from edge.memory.synthetic import synthetic_checkpoint
+    return synthetic_checkpoint(cfg, device=dev, seed=1)
+
+
+def lossless(opts: DeviceCheckOptions, dev: str) -> dict:
+    """Greedy speculative (γ = 4) against greedy target-only decoding through the `triton` engine (graphs on a GPU)."""
+    import torch
+
+    from edge.backends import make_engine
+    from edge.decode.config import GenerateConfig
+    from edge.decode.generate import generate
+    name, (cfg, capacity, prompt_len) = next(iter(_models(opts).items()))
+    eng = make_engine("triton", _checkpoint(cfg, dev), capacity, scratch=GAMMA + 4, prefill_chunk=64)
+    prompt = torch.randint(0, cfg.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(2)).tolist()
+    new = opts.new_tokens if not opts.dry else 4
+    runs = {}
+    for policy in ("target", "speculative"):
+        runs[policy], stats = generate(eng, prompt, GenerateConfig(policy=policy, gamma=GAMMA, max_new_tokens=new), set())
+    s = stats.summary()
+    return {"model": name, "tokens": len(runs["target"]), "identical": runs["speculative"] == runs["target"],
+            "acceptance": s["acceptance"], "tokens_per_round": s["tokens_per_round"],
+            "graphs_captured": getattr(eng, "graph_count", 0)}
+
+
+def _median_ms(fn, repeats: int) -> float:
+    import torch
+    fn()                                    # warm-up: compiles, captures
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return round(statistics.median(times) * 1e3, 4)
+
+
+def pass_times(opts: DeviceCheckOptions, dev: str) -> dict:
+    """Median wall time (ms, host included: what a decode step waits for) of a draft pass (1 token into a draft
+    slot), a target pass (1 token) and a verification pass (γ+1 tokens) for each engine form."""
+    import torch
+
+    from edge.backends import make_backend
+    from edge.backends.triton_graphs import GraphedEngine
+    from edge.decode.engine import PassEngine
+    from edge.decode.kv_cache import KV8
+    out = {}
+    for name, (cfg, capacity, prompt_len) in _models(opts).items():
+        ckpt = _checkpoint(cfg, dev)
+        backend = make_backend("triton", ckpt)
+        engines = {"eager": lambda: PassEngine(ckpt, backend, capacity, scratch=GAMMA + 4),
+                   "static": lambda: GraphedEngine(ckpt, backend, capacity, scratch=GAMMA + 4, graphs=False)}
+        if dev == "cuda":
+            engines["graphs"] = lambda: GraphedEngine(ckpt, backend, capacity, scratch=GAMMA + 4, graphs=True)
+        prompt = torch.randint(0, cfg.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(3)).tolist()
+        rows = {}
+        for form, make in engines.items():
+            eng = make()
+            eng.prefill(prompt)
+            rows[form] = {"draft_ms": _median_ms(lambda: eng.forward([7], "draft", KV8, draft_slot=0), opts.repeats),
+                          "target_ms": _median_ms(lambda: eng.forward([7], "target", KV8), opts.repeats),
+                          "verify_ms": _median_ms(lambda: eng.forward([7] * (GAMMA + 1), "target", KV8), opts.repeats)}
+            del eng
+        out[name] = rows
+        del ckpt, backend
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+    return out
+
+
+def projection(times: dict) -> dict:
+    """Speculative speed-up over target-only decoding that the pass times give at the real model's measured
+    tokens per round (fixed γ = 4): tokens_per_round * t_target / (γ t_draft + t_verify)."""
+    sweep = json.loads(SWEEP.read_text())["speculation_sweep"][f"fixed-g{GAMMA}"]
+    tpr = sweep["tokens_per_round"]
+    out = {"tokens_per_round": tpr, "acceptance": sweep["acceptance"], "source": str(SWEEP.relative_to(ROOT))}
+    for name, forms in times.items():
+        out[name] = {form: round(tpr * t["target_ms"] / (GAMMA * t["draft_ms"] + t["verify_ms"]), 3)
+                     for form, t in forms.items()}
+    return out
+
+
+def run_device_check(opts: DeviceCheckOptions) -> dict:
+    """Every section, each timed; a section that raises is recorded with its error and the rest still run."""
+    import torch
+    if not opts.dry and not torch.cuda.is_available():
+        raise BitNestError("device_check needs a CUDA GPU (none found): run it there, or --dry here")
+    if opts.dry and os.environ.get("TRITON_INTERPRET") != "1":
+        raise BitNestError("--dry runs the kernels in the Triton interpreter: set TRITON_INTERPRET=1 before Python starts")
+    dev = "cpu" if opts.dry else "cuda"
+    result = {"dry": opts.dry, "environment": environment()}
+    for name, section in (("kernels", lambda: kernels(opts)), ("bandwidth", lambda: bandwidth(opts)),
+                          ("lossless", lambda: lossless(opts, dev)), ("pass_times", lambda: pass_times(opts, dev))):
+        t0 = time.time()
+        try:
+            result[name] = section()
+        except Exception as e:                               # one broken section must not cost the others
+            result[name] = {"error": f"{e.__class__.__name__}: {e}"}
+        result[name + "_seconds"] = round(time.time() - t0, 1)
+        print(f"device_check: {name} done in {result[name + '_seconds']} s", file=sys.stderr, flush=True)
+    if "error" not in result["pass_times"]:
+        result["projection"] = projection(result["pass_times"])
+    reason = result["environment"]["tensorrt"]
+    result["tensorrt"] = {"status": "skipped", "reason": reason} if reason != "present" else \
+        {"status": "present", "note": "build an engine from an exported checkpoint: scripts/export.py --engine"}
+    result["passed"] = bool(result["kernels"].get("passed")) and bool(result["lossless"].get("identical"))
+    return result
+
+
+def table(result: dict) -> str:
+    """The docs table (markdown) of a device_check JSON object."""
+    env = result["environment"]
+    lines = [f"Device: {env['gpu'] or 'CPU (dry run)'}, torch {env['torch']}, CUDA {env['cuda']}, triton "
+             f"{env['triton']}; TensorRT: {result['tensorrt'].get('reason') or result['tensorrt']['status']}.", "",
+             "| model | engine | draft pass (ms) | target pass (ms) | verification pass, γ+1 (ms) | projected speed-up |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    proj = result.get("projection", {})
+    for model, forms in result.get("pass_times", {}).items():
+        if model == "error":
+            continue
+        for form, t in forms.items():
+            lines.append(f"| {model} | {form} | {t['draft_ms']} | {t['target_ms']} | {t['verify_ms']} | "
+                         f"{proj.get(model, {}).get(form, '')}× |")
+    k, ll = result["kernels"], result["lossless"]
+    bw = result.get("bandwidth", {})
+    lines += ["", f"Kernels against the oracle: {'all passed' if k.get('passed') else k.get('error') or 'FAILED'} "
+              f"({len(k.get('checks', []))} checks). Lossless (triton, γ = {GAMMA}, {ll.get('model')}): "
+              f"{ll.get('identical')}, acceptance {ll.get('acceptance')}. Copy bandwidth "
+              f"{round(bw.get('copy_GBps', 0), 1)} GB/s."]
+    if proj:
+        lines.append(f"Projection at the real model's {proj['tokens_per_round']} tokens per round (γ = {GAMMA}, "
+                     f"{proj['source']}).")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="device_check", description=__doc__.splitlines()[0])
+    p.add_argument("--out", help="write the JSON object here (atomically)")
+    p.add_argument("--table", help="print the docs table of this device_check JSON file and exit")
+    p.add_argument("--dry", action="store_true", help="Triton interpreter on the CPU, tiny shapes (TRITON_INTERPRET=1)")
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--skip-7b", action="store_true", help="only the 135M shape")
+    p.add_argument("--json", action="store_true", help="print the JSON object last")
+    a = p.parse_args(argv)
+
+    def body():
+        if a.table:
+            path = Path(a.table)
+            if not path.is_file():
+                raise BitNestError(f"{path} does not exist")
+            print(table(json.loads(path.read_text())), end="")
+            return {}
+        result = run_device_check(DeviceCheckOptions(a.dry, a.repeats, a.new_tokens, a.skip_7b))
+        if a.out:
+            write_atomic(json.dumps(result, indent=1).encode(), Path(a.out))
+        return result
+
+    return run_cli(body, a.json and not a.table, "device_check", echo=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The one prepared script for a CUDA machine (<= 8 minutes, no network): every kernel against the oracle on the GPU,
+# kernel GB/s against copy bandwidth, the triton backend lossless on the 135M shape, pass times with and without
+# CUDA graphs (135M and Llama-2-7B shapes, random planes built on the GPU: the checkpoint cannot travel), and the
+# speed-up they project at the real model's measured acceptance. Writes $OUT/device_check.json and, generated from
+# it, $OUT/device_check.md (the docs table). TensorRT is reported and skipped where it is not installed.
+#
+#   OUT=/some/dir bash scripts/device_check.sh [--skip-7b] [--repeats N]
+#   DRY=1 OUT=/tmp/x bash scripts/device_check.sh --repeats 1   # the same code here, Triton interpreter, tiny shapes
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/bitnest-device-check}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT"
+export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+ARGS=()
+if [ "${DRY:-0}" = "1" ]; then
+  export TRITON_INTERPRET=1; ARGS+=(--dry)
+else
+  unset TRITON_INTERPRET                    # the compiler on the GPU, never the interpreter
+fi
+if ! "$PY" -c "import tensorrt" >/dev/null 2>&1; then
+  echo "device_check: TensorRT is not installed here: the engine build and the tensorrt backend are skipped" >&2
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >&2 || true
+status=0
+timeout 470 "$PY" -m edge.cli.device_check --out "$OUT/device_check.json" "${ARGS[@]}" "$@" || status=$?
+if [ -f "$OUT/device_check.json" ]; then
+  "$PY" -m edge.cli.device_check --table "$OUT/device_check.json" | tee "$OUT/device_check.md"
+fi
+exit $status

@@ -1,0 +1,60 @@
+"""`pip install .[jetson]` on a JetPack 6 Jetson (Python 3.10, aarch64, glibc 2.35) resolves to binary wheels,
+and so do the extras scripts/setup.sh adds there (test, analysis): pyproject.toml's requirements, markers evaluated
+for that platform, resolved by pip against the package index for that interpreter and platform (a dry run into a
+target folder: pip takes --platform only with --target). Skipped, with the reason, where the index cannot be
+reached."""
+
+import re
+import subprocess
+import sys
+import tomllib
+
+import pytest
+from packaging.markers import default_environment
+from packaging.requirements import Requirement
+
+from tests.conftest import ROOT
+
+# JetPack 6.1/6.2 = Ubuntu 22.04 (glibc 2.35) on aarch64 with its system Python 3.10.
+JETPACK6 = {**default_environment(), "python_version": "3.10", "python_full_version": "3.10.12",
+            "platform_machine": "aarch64", "sys_platform": "linux", "platform_system": "Linux", "os_name": "posix",
+            "implementation_name": "cpython", "platform_python_implementation": "CPython"}
+PLATFORMS = [f"manylinux_2_{v}_aarch64" for v in range(35, 16, -1)] + ["manylinux2014_aarch64"]
+# Not resolved here, on purpose: torch comes from NVIDIA's JetPack wheel (the index's aarch64 torch is a server CUDA
+# build that does not run on a Jetson, and pulls gigabytes of CUDA wheels); accelerate, which depends on torch, is
+# checked without its dependencies.
+FROM_JETPACK = {"torch"}
+WITHOUT_DEPS = {"accelerate"}
+OFFLINE = re.compile(r"NewConnectionError|Max retries exceeded|Temporary failure in name resolution|"
+                     r"Network is unreachable|Could not fetch URL|ConnectionError|ReadTimeoutError", re.I)
+
+
+EXTRAS = ("jetson", "test", "analysis")      # what scripts/setup.sh installs on a Jetson
+
+
+def jetson_requirements() -> list[Requirement]:
+    """Core requirements plus the extras of a Jetson install whose markers hold on JetPack 6."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = [Requirement(r) for r in project["dependencies"]]
+    reqs += [Requirement(r) for extra in EXTRAS for r in project["optional-dependencies"][extra]]
+    return [r for r in reqs if r.marker is None or r.marker.evaluate({**JETPACK6, "extra": ""})]
+
+
+def _pip(reqs: list[str], target, deps: bool) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--only-binary=:all:",
+           "--python-version", "3.10", "--implementation", "cp", "--target", str(target), "--quiet",
+           "--disable-pip-version-check"] + [a for p in PLATFORMS for a in ("--platform", p)]
+    return subprocess.run(cmd + ([] if deps else ["--no-deps"]) + reqs, capture_output=True, text=True, timeout=900)
+
+
+def test_jetson_extra_resolves_for_python310_aarch64(tmp_path):
+    reqs = jetson_requirements()
+    names = {r.name for r in reqs}
+    assert {"triton", "onnxruntime", "jetson-stats"} <= names and "pycuda" not in names, names
+    full = [str(r) for r in reqs if r.name not in FROM_JETPACK | WITHOUT_DEPS]
+    bare = [str(r) for r in reqs if r.name in WITHOUT_DEPS]
+    for group, deps in ((full, True), (bare, False)):
+        out = _pip(group, tmp_path / ("deps" if deps else "bare"), deps)
+        if out.returncode != 0 and OFFLINE.search(out.stderr):
+            pytest.skip(f"the package index cannot be reached: {OFFLINE.search(out.stderr).group(0)}")
+        assert out.returncode == 0, f"no Python 3.10 aarch64 wheel for {group}:\n{out.stderr[-2000:]}"
