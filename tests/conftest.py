@@ -86,3 +86,14 @@ def small_llama_checkpoint(tmp_path_factory, default_model):
     out = tmp_path_factory.mktemp("ckpt") / "small-llama"
     run_export(ExportOptions(out=str(out), model=str(folder), rotation="r1r2r4", quant=QuantOptions(method="rtn")))
     return out
+
+
+def tag_from_output(tok, tokens: list[int]) -> tuple[str, int]:
+    """A closing tag taken from a run's own output (the text of one token past the middle, not the last) and `at`, the number
+    of tokens after which it first appears: nothing assumed about what the model writes on this machine."""
+    assert len(tokens) >= 3, "the run wrote fewer than 3 tokens"
+    for k in range(len(tokens) // 2, len(tokens) - 1):      # at < len(tokens): some step comes after it
+        tag = tok.decode(tokens[k:k + 1])
+        if tag.strip() and tag.isascii():
+            return tag, next(i for i in range(1, len(tokens) + 1) if tag in tok.decode(tokens[:i]))
+    raise AssertionError("no printable token in the second half of the output")
