@@ -31,6 +31,7 @@ from plugins.contracts import (
 )
 from plugins.onnx_schemas import bitnest_node_counts, register_schemas
 from plugins.step_contract import (
+    EMBEDDED,
     HADAMARD_ROWS,
     INPUT_IDS,
     IR_VERSION,
@@ -45,6 +46,7 @@ from plugins.step_contract import (
     VIEW,
     kv_inputs,
     kv_outputs,
+    residual,
 )
 
 # Above this many initializer bytes the weights go to an external data file (protobuf caps a message at 2 GiB).
@@ -63,9 +65,9 @@ class _Builder:
             self.inits[name] = numpy_helper.from_array(np.ascontiguousarray(a), name)
         return name
 
-    def op(self, op_type: str, inputs, n_out: int = 1, domain: str = "", **attrs):
+    def op(self, op_type: str, inputs, n_out: int = 1, domain: str = "", out: str | None = None, **attrs):
         self._n += 1
-        outs = [f"{op_type.lower()}_{self._n}" + (f"_{i}" if n_out > 1 else "") for i in range(n_out)]
+        outs = [out] if out else [f"{op_type.lower()}_{self._n}" + (f"_{i}" if n_out > 1 else "") for i in range(n_out)]
         self.nodes.append(helper.make_node(op_type, list(inputs), outs, name=f"{op_type}_{self._n}",
                                            domain=domain, **attrs))
         return outs if n_out > 1 else outs[0]
@@ -137,7 +139,7 @@ class _StepGraph:
         g = b.op(SILU_MUL, [self.linear(p + "mlp.gate_proj", h), self.linear(p + "mlp.up_proj", h)], domain=DOMAIN)
         if self.ckpt.rotations.r4_size is not None:
             g = b.op(HADAMARD_ROWS, [g], domain=DOMAIN)                                     # [M, I] @ H
-        return b.op("Add", [x, self.linear(p + "mlp.down_proj", g)])
+        return b.op("Add", [x, self.linear(p + "mlp.down_proj", g)], out=residual(layer))
 
     def build(self) -> onnx.ModelProto:
         b, cfg, t = self.b, self.cfg, self.ckpt.tensors
@@ -149,10 +151,11 @@ class _StepGraph:
         cos = b.op("Gather", [b.init("rope.cos", cos_t), pos], axis=0)                     # [M, D]
         sin = b.op("Gather", [b.init("rope.sin", sin_t), pos], axis=0)
         emb = b.init("model.embed_tokens.weight", t["model.embed_tokens.weight"])         # float16 [V, H]
-        x = b.op("Cast", [b.op("Gather", [emb, INPUT_IDS], axis=0)], to=TensorProto.FLOAT)  # [M, H]
         r1 = self.ckpt.rotations.r1
+        x = b.op("Cast", [b.op("Gather", [emb, INPUT_IDS], axis=0)], to=TensorProto.FLOAT,
+                 out=None if r1 is not None else EMBEDDED)                                  # [M, H]
         if r1 is not None:
-            x = b.op(ROTATE_ROWS, [x, b.init("rotation.r1", r1.float())], domain=DOMAIN)
+            x = b.op(ROTATE_ROWS, [x, b.init("rotation.r1", r1.float())], domain=DOMAIN, out=EMBEDDED)
         for layer in range(cfg.num_layers):
             x = self.block(layer, x, cos, sin)
         if r1 is not None:

@@ -1,9 +1,12 @@
-"""Export every nesting construction of the default model, evaluate each, and write the README table.
+"""Export every nesting construction of a model (the default model unless --model), evaluate each, and write the
+README table.
 
-    python scripts/quality_table.py [--work DIR] [--tokens N] [--only NAME ...] [--table-only] [--json]
+    python scripts/quality_table.py [--model default|HF_FOLDER|FILE.gguf] [--work DIR] [--tokens N] [--only NAME ...]
+                                    [--table-only] [--results FILE] [--readme FILE] [--json]
 
-Exports land in --work (reused when an export with the same options is already there), raw results in
-scripts/results/quality.json, and the markdown table between the README's quality-table markers.
+Exports land in --work (reused when an export of the same model with the same options is already there), raw results
+in --results (scripts/results/quality.json), and the markdown table between the quality-table markers of --readme
+(README.md); both are written atomically.
 """
 
 import argparse
@@ -14,6 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 from edge.analysis.evaluate import EvalOptions, evaluate
+from edge.atomic import write_atomic
 from edge.cli.common import run_cli
 from edge.model.checkpoint import is_checkpoint_dir, read_manifest
 from export.pipeline import ExportOptions, run_export
@@ -40,14 +44,15 @@ def _folder(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch in ".-" else "_" for ch in name)
 
 
-def _export(name: str, work: Path) -> Path:
+def _export(name: str, work: Path, model: str) -> Path:
     rotation, quant = CONFIGS[name]
     out = work / _folder(name)
     if is_checkpoint_dir(out):
         m = read_manifest(out)
-        if m.get("quant") == json.loads(json.dumps(quant.__dict__)) and m["rotation"]["kind"] == rotation:
+        if m.get("quant") == json.loads(json.dumps(quant.__dict__)) and m["rotation"]["kind"] == rotation and \
+                m.get("source", {}).get("model", "default") == model:
             return out
-    summary = run_export(ExportOptions(out=str(out), rotation=rotation, quant=quant))
+    summary = run_export(ExportOptions(out=str(out), model=model, rotation=rotation, quant=quant))
     print(json.dumps({"exported": name, **summary}), file=sys.stderr)
     return out
 
@@ -69,21 +74,25 @@ def table(results: dict) -> str:
     return "\n".join(rows)
 
 
-def write_readme(text: str) -> None:
-    readme = ROOT / "README.md"
+def write_readme(text: str, readme: Path) -> bool:
+    """Put `text` between the quality-table markers of `readme`; False where it has no markers."""
     s = readme.read_text()
-    if START in s and END in s:
-        s = s[: s.index(START) + len(START)] + "\n" + text + "\n" + s[s.index(END):]
-        readme.write_text(s)
+    if START not in s or END not in s:
+        return False
+    s = s[: s.index(START) + len(START)] + "\n" + text + "\n" + s[s.index(END):]
+    write_atomic(s.encode(), readme)
+    return True
 
 
 def run(a) -> dict:
-    work = Path(a.work)
-    results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+    work, results_file, readme = Path(a.work), Path(a.results), Path(a.readme)
+    if not readme.is_file():
+        raise FileNotFoundError(f"--readme {readme} does not exist")
+    results = json.loads(results_file.read_text()) if results_file.is_file() else {}
     for name in [] if a.table_only else (a.only or CONFIGS):
         if name not in CONFIGS:
             raise ValueError(f"unknown config {name!r}: choose from {', '.join(CONFIGS)}")
-        ck = _export(name, work)
+        ck = _export(name, work, a.model)
         ref = results.get("_reference", {})
         have_ref = ref.get("tokens") == a.tokens
         ev = evaluate(EvalOptions(str(ck), tokens=a.tokens, with_reference=not have_ref))
@@ -92,20 +101,24 @@ def run(a) -> dict:
         else:
             results["_reference"] = {"tokens": a.tokens, "ppl": ev["ppl"]["reference"]}
         results[name] = {"rotation": CONFIGS[name][0], "eval": ev}
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(results, indent=1))
+        results_file.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(json.dumps(results, indent=1).encode(), results_file)
         print(json.dumps({"evaluated": name, "ppl": ev["ppl"], "agreement": ev["agreement"]}), file=sys.stderr)
     ordered = {k: results[k] for k in CONFIGS if k in results}
-    write_readme(table(ordered))
-    return {"results": str(RESULTS), "configs": list(ordered), "tokens": a.tokens}
+    return {"results": str(results_file), "configs": list(ordered), "tokens": a.tokens,
+            "readme": str(readme) if write_readme(table(ordered), readme) else None}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="default", help="`default` (embedded SmolLM2-135M-Instruct), an HF folder or "
+                   "a .gguf file, as export")
     p.add_argument("--work", default=str(ROOT / "checkpoints" / "table"), help="folder for the exports")
     p.add_argument("--tokens", type=int, default=4096, help="evaluation tokens per corpus")
     p.add_argument("--only", nargs="*", help="config names to (re)run")
     p.add_argument("--table-only", action="store_true", help="only rewrite the README table from the saved results")
+    p.add_argument("--results", default=str(RESULTS), help="raw results JSON (read, then rewritten)")
+    p.add_argument("--readme", default=str(ROOT / "README.md"), help="markdown file holding the quality-table markers")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     return run_cli(lambda: run(a), a.json, "quality_table")

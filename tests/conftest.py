@@ -71,26 +71,31 @@ def save_small_hf_model(folder: Path, model, default_model) -> Path:
 
 
 @pytest.fixture(scope="session")
-def small_llama_checkpoint(tmp_path_factory, default_model):
-    """A 2-layer Llama (hidden 128, head dim 64, GQA 2:1) with random weights, exported RTN with R1/R2/R4: small
-    enough for the Triton interpreter to run whole passes, with the kernels' minimum head dim."""
+def small_llama_folder(tmp_path_factory, default_model):
+    """A 2-layer Llama (hidden 128, head dim 64, GQA 2:1) with random weights as a real HF folder."""
     from transformers import LlamaConfig, LlamaForCausalLM
-
-    from export.pipeline import ExportOptions, run_export
-    from export.quantize import QuantOptions
     torch.manual_seed(4321)
     cfg = LlamaConfig(vocab_size=default_model.config.vocab_size, hidden_size=128, intermediate_size=256,
                       num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
                       max_position_embeddings=512, tie_word_embeddings=True)
-    folder = save_small_hf_model(tmp_path_factory.mktemp("llama"), LlamaForCausalLM(cfg).eval(), default_model)
+    return save_small_hf_model(tmp_path_factory.mktemp("llama"), LlamaForCausalLM(cfg).eval(), default_model)
+
+
+@pytest.fixture(scope="session")
+def small_llama_checkpoint(tmp_path_factory, small_llama_folder):
+    """The small Llama exported RTN with R1/R2/R4: small enough for the Triton interpreter to run whole passes, with
+    the kernels' minimum head dim."""
+    from export.pipeline import ExportOptions, run_export
+    from export.quantize import QuantOptions
     out = tmp_path_factory.mktemp("ckpt") / "small-llama"
-    run_export(ExportOptions(out=str(out), model=str(folder), rotation="r1r2r4", quant=QuantOptions(method="rtn")))
+    run_export(ExportOptions(out=str(out), model=str(small_llama_folder), rotation="r1r2r4",
+                             quant=QuantOptions(method="rtn")))
     return out
 
 
 def tag_from_output(tok, tokens: list[int]) -> tuple[str, int]:
-    """A closing tag taken from a run's own output (the text of one token past the middle, not the last) and `at`, the number
-    of tokens after which it first appears: nothing assumed about what the model writes on this machine."""
+    """A closing tag taken from a run's own output (the text of one token past the middle, not the last) and `at`,
+    the number of tokens after which it first appears: nothing assumed about what the model writes here."""
     assert len(tokens) >= 3, "the run wrote fewer than 3 tokens"
     for k in range(len(tokens) // 2, len(tokens) - 1):      # at < len(tokens): some step comes after it
         tag = tok.decode(tokens[k:k + 1])

@@ -25,15 +25,17 @@ from plugins.step_contract import (
 MAX_PASS_TOKENS = 64   # the graph takes any M; passes are bounded to keep prefill chunks' workspace small
 
 
-def open_session(onnx_path, threads: int = 0):
-    """onnxruntime session over a step graph; a one-line BitNestError where that cannot be done here."""
+def open_session(onnx_path, threads: int = 0, inline_functions: bool = False, expose: tuple[str, ...] = ()):
+    """onnxruntime session over a step graph; a one-line BitNestError where that cannot be done here. With
+    `inline_functions` the graph's local functions run as onnxruntime's standard kernels, and `expose` names
+    intermediate values to return as well (plugins.ort_ops)."""
     path = Path(onnx_path)
     if not path.is_file():
         raise BitNestError(f"ONNX file {path} does not exist: write it with `python scripts/export.py --out CKPT "
                            "--existing --onnx`")
     try:
         from plugins.ort_ops import ort_session
-        return ort_session(path, threads)
+        return ort_session(path, threads, inline_functions, expose)
     except ImportError as e:
         raise BitNestError(f"onnxruntime path unavailable ({e}): pip install onnxruntime onnxruntime-extensions")
 
@@ -50,6 +52,11 @@ class OnnxStepRunner:
     def execute(self, ids: list[int], view: str, seq_len: int, kv8_from: int) -> np.ndarray:
         """Pass over `ids` at positions [seq_len - M, seq_len): logits float32 [M, V]; the new KV entries
         are written into those positions of the planes."""
+        return self.run(ids, view, seq_len, kv8_from)[0]
+
+    def run(self, ids: list[int], view: str, seq_len: int, kv8_from: int,
+            extra: tuple[str, ...] = ()) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """`execute`, also returning the session's outputs named in `extra` (values it exposes)."""
         m = len(ids)
         if not 1 <= m <= seq_len <= self.capacity:
             raise ValueError(f"a pass of {m} tokens ending at {seq_len} does not fit the capacity {self.capacity}")
@@ -57,11 +64,11 @@ class OnnxStepRunner:
                  KV8_FROM: np.asarray([kv8_from], np.int64), VIEW: np.asarray([view_code(view)], np.int64)}
         for layer, planes in enumerate(self.planes):
             feeds.update(zip(kv_inputs(layer), planes))
-        outs = self.session.run(self.out_names, feeds)
+        outs = self.session.run(self.out_names + list(extra), feeds)
         for layer, planes in enumerate(self.planes):
             for plane, new in zip(planes, outs[1 + 3 * layer: 4 + 3 * layer]):
                 plane[:, :, seq_len - m:seq_len] = new                        # [2, Hkv, M, ...]
-        return outs[0]
+        return outs[0], dict(zip(extra, outs[len(self.out_names):]))
 
 
 def onnxruntime_engine(ckpt: Checkpoint, capacity: int, onnx_path=None, max_tokens: int = MAX_PASS_TOKENS,
