@@ -102,3 +102,20 @@ def tag_from_output(tok, tokens: list[int]) -> tuple[str, int]:
         if tag.strip() and tag.isascii():
             return tag, next(i for i in range(1, len(tokens) + 1) if tag in tok.decode(tokens[:i]))
     raise AssertionError("no printable token in the second half of the output")
+
+
+@pytest.fixture(scope="session")
+def method_exports(small_llama_folder, tmp_path_factory):
+    """The small Llama exported `--method top4of8` and `--quantize-head` (GPTQ base, few calibration windows),
+    each with its decoder_step.onnx beside it: {"top4of8": folder, "nested-head": folder}."""
+    from export.onnx_export import export_onnx
+    from export.pipeline import ExportOptions, run_export
+    from export.quantize import QuantOptions
+    out = {}
+    for name, quant in (("top4of8", QuantOptions(method="top4of8")),
+                        ("nested-head", QuantOptions(method="bitnest", quantize_head=True))):
+        out[name] = tmp_path_factory.mktemp("methods") / name
+        run_export(ExportOptions(out=str(out[name]), model=str(small_llama_folder), calib_samples=4,
+                                 calib_seq_len=64, quant=quant))
+        export_onnx(out[name])
+    return out
