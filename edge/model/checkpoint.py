@@ -62,6 +62,16 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+SEAL = "manifest_sha256"
+
+
+def manifest_seal(m: dict[str, Any]) -> str:
+    """sha256 of the manifest's content without its seal (canonical JSON): the manifest is not in its own file list,
+    so the seal is what detects a manifest changed after export (a silently different config or rotation)."""
+    body = {k: v for k, v in m.items() if k != SEAL}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def is_checkpoint_dir(path: Path) -> bool:
     """True where `path` holds a manifest that says it is a BitNest checkpoint (contents not validated)."""
     try:
@@ -96,6 +106,8 @@ def read_manifest(path: Path) -> dict[str, Any]:
     for key in ("config", "method", "linears", "files", "rotation"):
         if key not in m:
             raise CheckpointError(f"{mpath} lacks the field {key!r}: the checkpoint is corrupted, re-export it")
+    if SEAL in m and m[SEAL] != manifest_seal(m):
+        raise CheckpointError(f"{mpath} was changed after export (it fails its own sha256): re-export the checkpoint")
     return m
 
 
