@@ -36,6 +36,7 @@ COMMANDS = {
     "bench-kernels": Command("edge.cli.bench_kernels", "GB/s of every Triton kernel on a CUDA GPU", False),
     "replay-tegrastats": Command("edge.energy.tegrastats_replay", "print recorded tegrastats lines at an interval",
                                  False),
+    "fuzz-inputs": Command("export.fuzz_inputs", "mutated inputs at every reader, killed and disk-full exports"),
 }
 
 

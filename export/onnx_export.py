@@ -4,7 +4,7 @@ over the KV planes (graph inputs), the manifest's online rotations (R1, R4) as M
 The float ops that feed a quantizer are model-local functions (export.onnx_functions). The graph's I/O
 contract is plugins.step_contract; the math mirrors edge.model.decoder.Decoder op for op."""
 
-import hashlib
+import json
 import os
 import tempfile
 import time
@@ -15,6 +15,7 @@ import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
+from edge.atomic import write_atomic
 from edge.model.checkpoint import HEAD, Checkpoint, load_checkpoint
 from edge.model.decoder import rope_tables
 from export.onnx_functions import (
@@ -32,6 +33,7 @@ from plugins.contracts import (
 from plugins.onnx_schemas import bitnest_node_counts, register_schemas
 from plugins.step_contract import (
     EMBEDDED,
+    ONNX_DIGEST_SUFFIX,
     HADAMARD_ROWS,
     INPUT_IDS,
     IR_VERSION,
@@ -46,6 +48,7 @@ from plugins.step_contract import (
     VIEW,
     kv_inputs,
     kv_outputs,
+    onnx_digests,
     residual,
 )
 
@@ -236,6 +239,8 @@ def export_onnx(checkpoint, out=None, external=None) -> dict:
         external = init_bytes > EXTERNAL_DATA_BYTES
     out = Path(out) if out else ckpt.path / ONNX_FILE
     save_model_atomic(model, out, external)
+    digests = onnx_digests(out)
+    write_atomic(json.dumps(digests).encode(), out.with_name(out.name + ONNX_DIGEST_SUFFIX))
     return {"onnx": str(out), "external_data": bool(external), "initializer_bytes": init_bytes,
             "file_bytes": out.stat().st_size, "nodes": bitnest_node_counts(model), "seconds": round(time.time() - t0, 1),
-            "sha256": hashlib.sha256(out.read_bytes()).hexdigest()}
+            "sha256": digests[out.name]}

@@ -37,7 +37,25 @@ OPSET = 17
 IR_VERSION = 8
 
 ONNX_FILE = "decoder_step.onnx"
+# Beside the graph: {file name: sha256} of the graph and its external data, written by the export, checked on open.
+ONNX_DIGEST_SUFFIX = ".sha256"
 ENGINE_FILE = "decoder_step.engine"
+
+
+def onnx_digests(onnx_path) -> dict[str, str]:
+    """sha256 of a step graph file and of its external data file where it has one."""
+    import hashlib
+    from pathlib import Path
+    path = Path(onnx_path)
+    out = {}
+    for f in (path, path.with_name(path.name + ".data")):
+        if f.is_file():
+            h = hashlib.sha256()
+            with open(f, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+            out[f.name] = h.hexdigest()
+    return out
 
 
 def kv_inputs(layer: int) -> tuple[str, str, str]:
