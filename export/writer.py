@@ -58,6 +58,7 @@ def write_checkpoint(out: Path, tensors: dict[str, torch.Tensor], manifest: dict
     folder in place: an earlier checkpoint at `out` is swapped out in one atomic exchange where the OS has one, so a
     kill at any moment leaves either it or the new one at `out`, never neither. A failed write (a full disk) leaves
     `out` untouched and is a one-line error."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     out = Path(out)
@@ -90,9 +91,10 @@ def write_checkpoint(out: Path, tensors: dict[str, torch.Tensor], manifest: dict
             if old is not None:
                 shutil.rmtree(old, ignore_errors=True)
         _fsync(out.parent)
-    except OSError as e:
-        raise BitNestError(f"writing the checkpoint to {out} failed ({e.strerror or e}); any earlier checkpoint "
-                           "there is untouched") from None
+    except (OSError, SafetensorError) as e:     # safetensors reports a full disk as its own error type
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[-1][-120:]
+        raise BitNestError(f"writing the checkpoint to {out} failed ({why}); any earlier checkpoint there is "
+                           "untouched") from None
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
