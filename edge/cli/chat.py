@@ -16,6 +16,7 @@ from edge.cli.options import (
 )
 from edge.cli.prompts import read_prompts
 from edge.decode.config import DraftKVPolicy, GenerateConfig
+from edge.decode.generate import CONTEXT_FULL
 from edge.decode.registry import POLICIES
 from edge.decode.sampling import SamplingConfig
 from edge.decode.thresholds import resolve_gate
@@ -59,31 +60,49 @@ def _result(r: dict) -> dict:
     return {"text": r["text"], "tokens": r["tokens"], "stats": r["stats"].summary()}
 
 
+def context_full_message(rt: Runtime) -> str:
+    return (f"[the context is full ({rt.engine.capacity} positions): this chat ends here; start a new one, or raise "
+            "--max-context for longer chats]")
+
+
 def interactive(rt: Runtime, cfg: GenerateConfig, stops) -> dict:
-    """Read-eval loop with a chat history; Ctrl-C or Ctrl-D ends it cleanly."""
-    history, all_stats = [], []
-    print(f"BitNest Edge chat ({rt.ckpt.method}, {rt.backend} backend, {cfg.policy}). Ctrl-D or Ctrl-C to quit.",
-          file=sys.stderr)
-    try:
-        while True:
-            try:
-                user = input("\nyou> ")
-            except EOFError:
-                break
-            if not user.strip():
-                continue
-            history.append({"role": "user", "content": user})
-            print("bot> ", end="", flush=True)
-            r = rt.generate(rt.encode(history), cfg, stops, on_text=lambda s: print(s, end="", flush=True))
-            history.append({"role": "assistant", "content": r["text"]})
-            s = r["stats"].summary()
-            acc = f", acceptance {s['acceptance']:.0%}, {s['tokens_per_round']} tok/round" if s["acceptance"] is not None else ""
-            acc += f", escalated {s['escalation_rate']:.0%}" if s["escalation_rate"] is not None else ""
-            print(f"\n[{s['tokens']} tokens, {s['tok_s']} tok/s{acc}]", file=sys.stderr)
-            all_stats.append(r["stats"])
-    except KeyboardInterrupt:
-        print("\n(interrupted)", file=sys.stderr)
-    return {"turns": len(all_stats), "stats": merged_summary(all_stats) if all_stats else {}}
+    """Read-eval loop with a chat history. Ctrl-C during an answer stops that answer (what was written stays in the
+    history) and the chat goes on; Ctrl-C or Ctrl-D at the prompt ends it. A history that fills the context ends
+    it with a message that says so."""
+    history, all_stats, stopped = [], [], None
+    print(f"BitNest Edge chat ({rt.ckpt.method}, {rt.backend} backend, {cfg.policy}). Ctrl-C stops an answer; "
+          "Ctrl-D or Ctrl-C at the prompt quits.", file=sys.stderr)
+    while stopped is None:
+        try:
+            user = input("\nyou> ")
+        except (EOFError, KeyboardInterrupt):
+            break
+        if not user.strip():
+            continue
+        ids = rt.encode(history + [{"role": "user", "content": user}])
+        if len(ids) + 1 > rt.engine.capacity:
+            stopped = CONTEXT_FULL
+            print(context_full_message(rt), file=sys.stderr)
+            break
+        history.append({"role": "user", "content": user})
+        print("bot> ", end="", flush=True)
+        shown = []
+        try:
+            r = rt.generate(ids, cfg, stops, on_text=lambda t: (shown.append(t), print(t, end="", flush=True)))
+        except KeyboardInterrupt:
+            history.append({"role": "assistant", "content": "".join(shown)})
+            print("\n[answer interrupted]", file=sys.stderr)
+            continue
+        history.append({"role": "assistant", "content": r["text"]})
+        s = r["stats"].summary()
+        acc = f", acceptance {s['acceptance']:.0%}, {s['tokens_per_round']} tok/round" if s["acceptance"] is not None else ""
+        acc += f", escalated {s['escalation_rate']:.0%}" if s["escalation_rate"] is not None else ""
+        print(f"\n[{s['tokens']} tokens, {s['tok_s']} tok/s{acc}]", file=sys.stderr)
+        all_stats.append(r["stats"])
+        if s.get("stopped") == CONTEXT_FULL:
+            stopped = CONTEXT_FULL
+            print(context_full_message(rt), file=sys.stderr)
+    return {"turns": len(all_stats), "stopped": stopped, "stats": merged_summary(all_stats) if all_stats else {}}
 
 
 def converse(a, cfg: GenerateConfig) -> dict:
@@ -104,6 +123,8 @@ def converse(a, cfg: GenerateConfig) -> dict:
         r = rt.generate(rt.encode(a.prompt), cfg, stops, on_text=stream)
         if not a.json:
             print()
+        if r["stats"].extra.get("stopped") == CONTEXT_FULL:
+            print(context_full_message(rt), file=sys.stderr)
         return _result(r)
     return interactive(rt, cfg, stops)
 
