@@ -122,3 +122,14 @@ def test_replay_tegrastats(capsys):
     rc = commands.main(["replay-tegrastats", str(ROOT / "tests" / "data" / "tegrastats_orin_8gb.log"), "--lines", "2",
                         "--interval-ms", "1"])
     assert rc == 0 and capsys.readouterr().out.count("VDD_IN") == 2
+
+
+def test_fuzz_inputs_finds_no_crash_hang_or_wrong_load(small, capsys):
+    """A short run of the fuzzer over the readers that take seconds (its full run, 500 cases a reader with the ONNX
+    graph, command-line values and killed and disk-full exports, is in README): only clear errors and correct
+    loads. A prompts reader that coerces {"prompt": 0.5} or {"chat": "false"} fails it (wrong loads)."""
+    out = bitnest(capsys, "fuzz-inputs", "--checkpoint", small, "--cases", 40, "--kills", 0, "--readers",
+                  "manifest,weights,prompts,thresholds,tegrastats", "--json")
+    assert set(out["readers"]) == {"manifest", "weights", "prompts", "thresholds", "tegrastats"}
+    assert out["totals"]["crash"] == out["totals"]["hang"] == out["totals"]["wrong"] == 0, out
+    assert out["totals"]["error"] > 0 and out["totals"]["accepted"] > 0
