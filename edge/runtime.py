@@ -84,7 +84,7 @@ class Runtime:
     def describe(self) -> dict:
         return {"activations": self.engine.activations,
                 "fp16_weight_bytes_per_token": self.fp16_bytes_per_token,
-                "method": self.ckpt.method}
+                "method": self.ckpt.method, **self.engine.numerics()}
 
 
 def merged_summary(stats: list[DecodeStats]) -> dict:

@@ -40,6 +40,7 @@ COMMANDS = {
                             "and its docs table", False),
     "replay-tegrastats": Command("edge.energy.tegrastats_replay", "print recorded tegrastats lines at an interval",
                                  False),
+    "fuzz-inputs": Command("export.fuzz_inputs", "mutated inputs at every reader, killed and disk-full exports"),
 }
 
 

@@ -5,7 +5,7 @@ node over the KV planes (graph inputs, its plane outputs the graph's KV outputs)
 (export.onnx_functions). The graph's I/O contract is plugins.step_contract; the math mirrors
 edge.model.decoder.Decoder op for op. Written for TensorRT 10.3's rules (export.trt_readiness checks them)."""
 
-import hashlib
+import json
 import os
 import tempfile
 import time
@@ -16,6 +16,7 @@ import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
+from edge.atomic import write_atomic
 from edge.model.checkpoint import HEAD, Checkpoint, load_checkpoint
 from edge.model.decoder import rope_tables
 from export.onnx_functions import (
@@ -32,6 +33,8 @@ from plugins.contracts import (
 )
 from plugins.onnx_schemas import bitnest_node_counts, register_schemas
 from plugins.step_contract import (
+    EMBEDDED,
+    ONNX_DIGEST_SUFFIX,
     HADAMARD_ROWS,
     INPUT_IDS,
     IR_VERSION,
@@ -48,6 +51,8 @@ from plugins.step_contract import (
     as_words,
     kv_inputs,
     kv_outputs,
+    onnx_digests,
+    residual,
 )
 
 # Above this many initializer bytes the weights go to an external data file (protobuf caps a message at 2 GiB).
@@ -66,11 +71,12 @@ class _Builder:
             self.inits[name] = numpy_helper.from_array(np.ascontiguousarray(a), name)
         return name
 
-    def op(self, op_type: str, inputs, n_out: int = 1, domain: str = "", outputs=(), **attrs):
-        """Add a node; returns its first output's name, or all of them with n_out > 1. `outputs` names the
-        outputs after the first (graph outputs the node writes directly)."""
+    def op(self, op_type: str, inputs, n_out: int = 1, domain: str = "", out: str | None = None, outputs=(),
+           **attrs):
+        """Add a node; returns its first output's name, or all of them with n_out > 1. `out` names the first
+        output (a value the graph exposes), `outputs` the outputs after it (graph outputs the node writes)."""
         self._n += 1
-        outs = [f"{op_type.lower()}_{self._n}" + (f"_{i}" if n_out > 1 else "") for i in range(n_out)]
+        outs = [out] if out else [f"{op_type.lower()}_{self._n}" + (f"_{i}" if n_out > 1 else "") for i in range(n_out)]
         outs += list(outputs)
         self.nodes.append(helper.make_node(op_type, list(inputs), outs, name=f"{op_type}_{self._n}",
                                            domain=domain, **attrs))
@@ -143,7 +149,7 @@ class _StepGraph:
         g = b.op(SILU_MUL, [self.linear(p + "mlp.gate_proj", h), self.linear(p + "mlp.up_proj", h)], domain=DOMAIN)
         if self.ckpt.rotations.r4_size is not None:
             g = b.op(HADAMARD_ROWS, [g], domain=DOMAIN)                                     # [M, I] @ H
-        return b.op("Add", [x, self.linear(p + "mlp.down_proj", g)])
+        return b.op("Add", [x, self.linear(p + "mlp.down_proj", g)], out=residual(layer))
 
     def build(self) -> onnx.ModelProto:
         b, cfg, t = self.b, self.cfg, self.ckpt.tensors
@@ -160,10 +166,11 @@ class _StepGraph:
         cos = b.op("Gather", [b.init("rope.cos", cos_t), pos], axis=0)                     # [M, D]
         sin = b.op("Gather", [b.init("rope.sin", sin_t), pos], axis=0)
         emb = b.init("model.embed_tokens.weight", t["model.embed_tokens.weight"])         # float16 [V, H]
-        x = b.op("Cast", [b.op("Gather", [emb, INPUT_IDS], axis=0)], to=TensorProto.FLOAT)  # [M, H]
         r1 = self.ckpt.rotations.r1
+        x = b.op("Cast", [b.op("Gather", [emb, INPUT_IDS], axis=0)], to=TensorProto.FLOAT,
+                 out=None if r1 is not None else EMBEDDED)                                  # [M, H]
         if r1 is not None:
-            x = b.op(ROTATE_ROWS, [x, b.init("rotation.r1", r1.float())], domain=DOMAIN)
+            x = b.op(ROTATE_ROWS, [x, b.init("rotation.r1", r1.float())], domain=DOMAIN, out=EMBEDDED)
         for layer in range(cfg.num_layers):
             x = self.block(layer, x, cos, sin)
         if r1 is not None:
@@ -247,7 +254,9 @@ def export_onnx(checkpoint, out=None, external=None) -> dict:
     from export.trt_readiness import check_graph
     rules = [str(v) for v in check_graph(model)]     # what TensorRT 10.3 would refuse (none expected)
     save_model_atomic(model, out, external)
+    digests = onnx_digests(out)
+    write_atomic(json.dumps(digests).encode(), out.with_name(out.name + ONNX_DIGEST_SUFFIX))
     return {"onnx": str(out), "external_data": bool(external), "initializer_bytes": init_bytes,
             "tensorrt_rule_violations": rules,
             "file_bytes": out.stat().st_size, "nodes": bitnest_node_counts(model), "seconds": round(time.time() - t0, 1),
-            "sha256": hashlib.sha256(out.read_bytes()).hexdigest()}
+            "sha256": digests[out.name]}

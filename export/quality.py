@@ -1,10 +1,13 @@
-"""Export every nesting construction of the default model, evaluate each, and rewrite the quality table.
+"""Export every nesting construction of a model (the default model unless --model), evaluate each, and rewrite the
+quality table.
 
-    python scripts/quality_table.py [--work DIR] [--tokens N] [--only NAME ...] [--table-only] [--json]
+    python scripts/quality_table.py [--model default|HF_FOLDER|FILE.gguf] [--work DIR] [--tokens N] [--only NAME ...]
+                                    [--table-only] [--results FILE] [--json]
 
-Exports land in --work (reused when an export with the same options is already there), raw results in
-scripts/results/quality.json (in the order of CONFIGS), and the table between the docs' `table:quality` markers
-(rendered by edge.analysis.report, as `bitnest tables` does).
+Exports land in --work (reused when an export of the same model with the same options is already there), raw results
+in --results (default scripts/results/quality.json, in the order of CONFIGS, written atomically). Where the results
+are the repository's own, the table between the docs' `table:quality` markers is rendered again from them (by
+edge.analysis.report, as `bitnest tables` does); other results files leave the docs alone.
 """
 
 import argparse
@@ -42,14 +45,15 @@ def _folder(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch in ".-" else "_" for ch in name)
 
 
-def _export(name: str, work: Path) -> Path:
+def _export(name: str, work: Path, model: str) -> Path:
     rotation, quant = CONFIGS[name]
     out = work / _folder(name)
     if is_checkpoint_dir(out):
         m = read_manifest(out)
-        if m.get("quant") == json.loads(json.dumps(quant.__dict__)) and m["rotation"]["kind"] == rotation:
+        if m.get("quant") == json.loads(json.dumps(quant.__dict__)) and m["rotation"]["kind"] == rotation and \
+                m.get("source", {}).get("model", "default") == model:
             return out
-    summary = run_export(ExportOptions(out=str(out), rotation=rotation, quant=quant))
+    summary = run_export(ExportOptions(out=str(out), model=model, rotation=rotation, quant=quant))
     print(json.dumps({"exported": name, **summary}), file=sys.stderr)
     return out
 
@@ -61,12 +65,12 @@ def _ordered(results: dict) -> dict:
 
 
 def run(a) -> dict:
-    work = Path(a.work)
-    results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+    work, results_file = Path(a.work), Path(a.results)
+    results = json.loads(results_file.read_text()) if results_file.is_file() else {}
     for name in [] if a.table_only else (a.only or CONFIGS):
         if name not in CONFIGS:
             raise ValueError(f"unknown config {name!r}: choose from {', '.join(CONFIGS)}")
-        ck = _export(name, work)
+        ck = _export(name, work, a.model)
         ref = results.get("_reference", {})
         have_ref = ref.get("tokens") == a.tokens
         ev = evaluate(EvalOptions(str(ck), tokens=a.tokens, with_reference=not have_ref))
@@ -76,19 +80,24 @@ def run(a) -> dict:
             results["_reference"] = {"tokens": a.tokens, "ppl": ev["ppl"]["reference"]}
         results[name] = {"rotation": CONFIGS[name][0], "eval": ev}
         results = _ordered(results)
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(json.dumps(results, indent=1).encode(), RESULTS)
+        results_file.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(json.dumps(results, indent=1).encode(), results_file)
         print(json.dumps({"evaluated": name, "ppl": ev["ppl"], "agreement": ev["agreement"]}), file=sys.stderr)
-    update_tables(ROOT, only=("quality",))
-    return {"results": str(RESULTS), "configs": [k for k in _ordered(results) if k in CONFIGS], "tokens": a.tokens}
+    own = results_file.resolve() == RESULTS.resolve()
+    tables = update_tables(ROOT, only=("quality",))["written"] if own else []
+    return {"results": str(results_file), "configs": [k for k in _ordered(results) if k in CONFIGS],
+            "tokens": a.tokens, "tables_written": tables}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="default", help="`default` (embedded SmolLM2-135M-Instruct), an HF folder or "
+                   "a .gguf file, as export")
     p.add_argument("--work", default=str(ROOT / "checkpoints" / "table"), help="folder for the exports")
     p.add_argument("--tokens", type=int, default=4096, help="evaluation tokens per corpus")
     p.add_argument("--only", nargs="*", help="config names to (re)run")
     p.add_argument("--table-only", action="store_true", help="only rewrite the quality table from the saved results")
+    p.add_argument("--results", default=str(RESULTS), help="raw results JSON (read, then rewritten)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     return run_cli(lambda: run(a), a.json, "quality_table")

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from edge.errors import BitNestError
-from edge.model.checkpoint import MANIFEST, WEIGHTS, is_checkpoint_dir, sha256_file
+from edge.model.checkpoint import MANIFEST, SEAL, WEIGHTS, is_checkpoint_dir, manifest_seal, sha256_file
 from plugins.nesting import NestedCodes
 from plugins.packing import pack_nibbles
 
@@ -33,8 +33,31 @@ def nested_tensors(codes: dict[str, NestedCodes]) -> dict[str, torch.Tensor]:
     return out
 
 
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one atomic step (Linux renameat2 RENAME_EXCHANGE); False where that is unavailable."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        at_fdcwd, rename_exchange = -100, 2
+        return libc.renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_checkpoint(out: Path, tensors: dict[str, torch.Tensor], manifest: dict, extra_files: list[Path]) -> Path:
-    """Write tensors, copy `extra_files` (tokenizer), hash everything, write the manifest last, rename into place."""
+    """Write tensors, copy `extra_files` (tokenizer), hash everything, write the sealed manifest last, then put the
+    folder in place: an earlier checkpoint at `out` is swapped out in one atomic exchange where the OS has one, so a
+    kill at any moment leaves either it or the new one at `out`, never neither. A failed write (a full disk) leaves
+    `out` untouched and is a one-line error."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     out = Path(out)
@@ -46,19 +69,31 @@ def write_checkpoint(out: Path, tensors: dict[str, torch.Tensor], manifest: dict
         for f in extra_files:
             shutil.copyfile(f, tmp / f.name)
         files = [WEIGHTS] + [f.name for f in extra_files]
+        for name in files:
+            _fsync(tmp / name)
         manifest = dict(manifest, files={name: sha256_file(tmp / name) for name in files},
                         tokenizer_files=[f.name for f in extra_files])
+        manifest[SEAL] = manifest_seal(manifest)
         with open(tmp / MANIFEST, "w") as fh:
             json.dump(manifest, fh, indent=1)
             fh.flush()
             os.fsync(fh.fileno())
-        old = None
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.replace(out, old)
-        os.replace(tmp, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        _fsync(tmp)
+        if out.exists() and _exchange(tmp, out):
+            shutil.rmtree(tmp, ignore_errors=True)          # tmp now holds the earlier checkpoint
+        else:
+            old = None
+            if out.exists():
+                old = out.with_name(f".{out.name}.old-{os.getpid()}")
+                os.replace(out, old)
+            os.replace(tmp, out)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        _fsync(out.parent)
+    except (OSError, SafetensorError) as e:     # safetensors reports a full disk as its own error type
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[-1][-120:]
+        raise BitNestError(f"writing the checkpoint to {out} failed ({why}); any earlier checkpoint there is "
+                           "untouched") from None
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

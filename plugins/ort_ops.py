@@ -4,6 +4,10 @@ activations, docs/contracts.md, activations), attention and the float functions 
 by the torch backend's own float math (plugins.decoder_math), so the CPU graph reproduces the torch
 backend's quantizer inputs bit for bit; and the session factory that maps the graph onto the extensions.
 
+With `inline_functions` (the independent check, edge.checks.onnx_check) the four functions are instead inlined
+into their standard-op bodies (as the TensorRT build does) and run by onnxruntime's own kernels; only the two ops
+stay Python ops.
+
 onnxruntime-extensions runs Python ops only in its own domain (`default_opset_domain()`, i.e.
 `ai.onnx.contrib`) with a fixed list of input types per op type, so `ort_model` rewrites a copy of
 the graph: every `bitnest` node moves to that domain, and a DualPlaneGemv node that carries the optional
@@ -112,14 +116,20 @@ def register_ort_ops() -> str:
     return get_library_path()
 
 
-def ort_model(model):
-    """A copy of `model` (ModelProto) whose `bitnest` nodes run as onnxruntime-extensions Python ops."""
+def ort_model(model, inline_functions: bool = False, expose: tuple[str, ...] = ()):
+    """A copy of `model` (ModelProto) whose `bitnest` nodes run as onnxruntime-extensions Python ops; with
+    `inline_functions`, the local functions are first inlined to standard ops (only the two ops remain); the
+    float32 intermediate values named in `expose` become extra outputs."""
+    import onnx.inliner
     from onnx import TensorProto, helper
     from onnxruntime_extensions import default_opset_domain
 
     contrib = default_opset_domain()
-    m = type(model)()
-    m.CopyFrom(model)
+    if inline_functions:
+        m = onnx.inliner.inline_local_functions(model)
+    else:
+        m = type(model)()
+        m.CopyFrom(model)
     nodes = []
     for node in m.graph.node:
         if node.domain != DOMAIN:
@@ -146,11 +156,13 @@ def ort_model(model):
     for op in m.opset_import:
         if op.domain == DOMAIN:
             op.domain = contrib
+    m.graph.output.extend(helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in expose)
     return m
 
 
-def ort_session(onnx_path: Path, threads: int = 0):
-    """An onnxruntime CPU InferenceSession over the step graph at `onnx_path` with the bitnest ops."""
+def ort_session(onnx_path: Path, threads: int = 0, inline_functions: bool = False, expose: tuple[str, ...] = ()):
+    """An onnxruntime CPU InferenceSession over the step graph at `onnx_path` with the bitnest ops (and, with
+    `inline_functions`, the functions as onnxruntime's standard kernels; `expose`: see `ort_model`)."""
     import onnx
     import onnxruntime as ort
 
@@ -160,4 +172,5 @@ def ort_session(onnx_path: Path, threads: int = 0):
     so.register_custom_ops_library(lib)
     if threads:
         so.intra_op_num_threads = threads
-    return ort.InferenceSession(ort_model(model).SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(ort_model(model, inline_functions, expose).SerializeToString(), so,
+                                providers=["CPUExecutionProvider"])

@@ -38,18 +38,44 @@ from dataclasses import dataclass
 RMS_NORM, SILU_MUL, ROTATE_ROWS, HADAMARD_ROWS = "RmsNorm", "SiluMul", "RotateRows", "HadamardRows"
 
 INPUT_IDS, SEQ_LEN, KV8_FROM, VIEW, LOGITS = "input_ids", "seq_len", "kv8_from", "view", "logits"
+# Named intermediate values (not outputs): the residual stream entering layer 0 and leaving each layer. A check can
+# expose them as outputs of its own copy of the graph and compare every layer on the graph's own inputs.
+EMBEDDED = "embedded"
 
 # ONNX opset of the standard ops and IR version: within what TensorRT 10.3's parser and onnxruntime read.
 OPSET = 17
 IR_VERSION = 8
 
 ONNX_FILE = "decoder_step.onnx"
+# Beside the graph: {file name: sha256} of the graph and its external data, written by the export, checked on open.
+ONNX_DIGEST_SUFFIX = ".sha256"
 ENGINE_FILE = "decoder_step.engine"
+
+
+def onnx_digests(onnx_path) -> dict[str, str]:
+    """sha256 of a step graph file and of its external data file where it has one."""
+    import hashlib
+    from pathlib import Path
+    path = Path(onnx_path)
+    out = {}
+    for f in (path, path.with_name(path.name + ".data")):
+        if f.is_file():
+            h = hashlib.sha256()
+            with open(f, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+            out[f.name] = h.hexdigest()
+    return out
 
 
 def kv_inputs(layer: int) -> tuple[str, str, str]:
     """Names of layer `layer`'s plane inputs (base, refine, scale)."""
     return f"kv_base.{layer}", f"kv_refine.{layer}", f"kv_scale.{layer}"
+
+
+def residual(layer: int) -> str:
+    """Name of the residual stream [M, H] leaving layer `layer` (float32)."""
+    return f"residual.{layer}"
 
 
 def kv_outputs(layer: int) -> tuple[str, str, str]:

@@ -71,18 +71,51 @@ def save_small_hf_model(folder: Path, model, default_model) -> Path:
 
 
 @pytest.fixture(scope="session")
-def small_llama_checkpoint(tmp_path_factory, default_model):
-    """A 2-layer Llama (hidden 128, head dim 64, GQA 2:1) with random weights, exported RTN with R1/R2/R4: small
-    enough for the Triton interpreter to run whole passes, with the kernels' minimum head dim."""
+def small_llama_folder(tmp_path_factory, default_model):
+    """A 2-layer Llama (hidden 128, head dim 64, GQA 2:1) with random weights as a real HF folder."""
     from transformers import LlamaConfig, LlamaForCausalLM
-
-    from export.pipeline import ExportOptions, run_export
-    from export.quantize import QuantOptions
     torch.manual_seed(4321)
     cfg = LlamaConfig(vocab_size=default_model.config.vocab_size, hidden_size=128, intermediate_size=256,
                       num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
                       max_position_embeddings=512, tie_word_embeddings=True)
-    folder = save_small_hf_model(tmp_path_factory.mktemp("llama"), LlamaForCausalLM(cfg).eval(), default_model)
+    return save_small_hf_model(tmp_path_factory.mktemp("llama"), LlamaForCausalLM(cfg).eval(), default_model)
+
+
+@pytest.fixture(scope="session")
+def small_llama_checkpoint(tmp_path_factory, small_llama_folder):
+    """The small Llama exported RTN with R1/R2/R4: small enough for the Triton interpreter to run whole passes, with
+    the kernels' minimum head dim."""
+    from export.pipeline import ExportOptions, run_export
+    from export.quantize import QuantOptions
     out = tmp_path_factory.mktemp("ckpt") / "small-llama"
-    run_export(ExportOptions(out=str(out), model=str(folder), rotation="r1r2r4", quant=QuantOptions(method="rtn")))
+    run_export(ExportOptions(out=str(out), model=str(small_llama_folder), rotation="r1r2r4",
+                             quant=QuantOptions(method="rtn")))
+    return out
+
+
+def tag_from_output(tok, tokens: list[int]) -> tuple[str, int]:
+    """A closing tag taken from a run's own output (the text of one token past the middle, not the last) and `at`,
+    the number of tokens after which it first appears: nothing assumed about what the model writes here."""
+    assert len(tokens) >= 3, "the run wrote fewer than 3 tokens"
+    for k in range(len(tokens) // 2, len(tokens) - 1):      # at < len(tokens): some step comes after it
+        tag = tok.decode(tokens[k:k + 1])
+        if tag.strip() and tag.isascii():
+            return tag, next(i for i in range(1, len(tokens) + 1) if tag in tok.decode(tokens[:i]))
+    raise AssertionError("no printable token in the second half of the output")
+
+
+@pytest.fixture(scope="session")
+def method_exports(small_llama_folder, tmp_path_factory):
+    """The small Llama exported `--method top4of8` and `--quantize-head` (GPTQ base, few calibration windows),
+    each with its decoder_step.onnx beside it: {"top4of8": folder, "nested-head": folder}."""
+    from export.onnx_export import export_onnx
+    from export.pipeline import ExportOptions, run_export
+    from export.quantize import QuantOptions
+    out = {}
+    for name, quant in (("top4of8", QuantOptions(method="top4of8")),
+                        ("nested-head", QuantOptions(method="bitnest", quantize_head=True))):
+        out[name] = tmp_path_factory.mktemp("methods") / name
+        run_export(ExportOptions(out=str(out[name]), model=str(small_llama_folder), calib_samples=4,
+                                 calib_seq_len=64, quant=quant))
+        export_onnx(out[name])
     return out

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from edge.errors import BitNestError, CheckpointError
-from edge.model.checkpoint import MANIFEST, WEIGHTS, load_checkpoint
+from edge.model.checkpoint import MANIFEST, SEAL, WEIGHTS, load_checkpoint, manifest_seal, sha256_file
 from export.writer import check_output_dir
 from plugins.packing import unpack_nibbles
 from plugins.reference import dequantized_weight
@@ -26,7 +26,11 @@ def test_checkpoint_contents(rtn_checkpoint):
     ck = load_checkpoint(rtn_checkpoint)
     m = ck.manifest
     assert m["format_version"] == 1 and m["method"] == "rtn" and m["head"] == "float16"
-    assert set(m["files"]) >= {WEIGHTS, "tokenizer.json"} and "sha256" not in m["files"][WEIGHTS]
+    # every file of the folder but the manifest is listed with its own sha256 (the old check here, '"sha256" not
+    # in <hex digest>', could not fail)
+    on_disk = {f.name for f in ck.path.iterdir()} - {MANIFEST}
+    assert set(m["files"]) == on_disk and {WEIGHTS, "tokenizer.json"} <= on_disk
+    assert all(digest == sha256_file(ck.path / f) for f, digest in m["files"].items())
     name = "model.layers.3.mlp.down_proj"
     base, refine, scale, offset = ck.planes(name)
     assert base.dtype == refine.dtype == torch.uint8 and base.shape == (576, 768) and scale.shape == (576, 12)
@@ -94,10 +98,22 @@ def test_missing_file_and_corrupted_manifest(rtn_checkpoint, tmp_path):
         load_checkpoint(ck)
 
 
-def _edit_manifest(ck, fn):
+def _edit_manifest(ck, fn, reseal=True):
+    """Change the manifest; `reseal` recomputes its own sha256, so the checks behind the seal are reached."""
     m = json.loads((ck / MANIFEST).read_text())
     fn(m)
+    if reseal:
+        m[SEAL] = manifest_seal(m)
     (ck / MANIFEST).write_text(json.dumps(m))
+
+
+def test_a_manifest_changed_after_export_fails_its_seal(rtn_checkpoint, tmp_path):
+    """The manifest is not in its own file list: its seal catches a silently different config (a changed epsilon
+    loaded as a different model before it existed)."""
+    ck = _copy(rtn_checkpoint, tmp_path)
+    _edit_manifest(ck, lambda m: m["config"].update(rms_norm_eps=1e-3), reseal=False)
+    with pytest.raises(CheckpointError, match="changed after export"):
+        load_checkpoint(ck)
 
 
 def test_unknown_architecture_in_checkpoint(rtn_checkpoint, tmp_path):

@@ -33,6 +33,7 @@ def test_speculative_equals_target_on_cpu_backend(cpu_runtime, draft_kv):
         s = spec["stats"].summary()
         assert 0 <= s["acceptance"] <= 1 and 1 <= s["tokens_per_round"] <= 5
         assert s["draft_passes"] == 4 * spec["stats"].rounds
+        assert s["gemm_row_checks"] > 0 and isinstance(s["gemm_row_by_row"], list)   # reported (row_check.py)
 
 
 def test_speculative_equals_target_with_online_rotations(rotated_checkpoint):

@@ -1,12 +1,20 @@
-"""GPTQ base and fixed-base GPTQ refinement on correlated inputs (the layer-output error is the objective)."""
+"""GPTQ base and fixed-base GPTQ refinement on correlated inputs (the layer-output error is the objective).
+The orderings compared here (GPTQ below RTN, and so on) are statistical: they hold by wide margins on typical
+problems but not on every random draw, so each problem is drawn from a fixed seed (the `gen` fixture's fresh seed
+per run would make them fail at random); three seeds each, so a fix that only suits one draw does not pass."""
 
+import pytest
 import torch
 
 from export.gptq import gptq_base, gptq_refine
 from plugins.nesting import NestedCodes, dequantize, nest_rtn, refine_codes
 
 
-def _problem(gen, n=64, k=256, tokens=2048):
+SEEDS = (0, 1, 2)
+
+
+def _problem(seed, n=64, k=256, tokens=2048):
+    gen = torch.Generator().manual_seed(seed)
     mix = torch.randn(k, k, generator=gen, dtype=torch.float64) / k ** 0.5
     x = torch.randn(tokens, k, generator=gen, dtype=torch.float64) @ mix + 0.1 * torch.randn(tokens, k, generator=gen, dtype=torch.float64)
     w = torch.randn(n, k, generator=gen) * 0.05
@@ -18,8 +26,9 @@ def _out_err(w, wq, h):
     return float(torch.trace(d @ h @ d.T) / torch.trace(w.double() @ h @ w.double().T))
 
 
-def test_gptq_base_beats_rtn_on_output_error(gen):
-    w, h = _problem(gen)
+@pytest.mark.parametrize("seed", SEEDS)
+def test_gptq_base_beats_rtn_on_output_error(seed):
+    w, h = _problem(seed)
     rtn = dequantize(nest_rtn(w, 64), "draft")
     for act_order in (False, True):
         q4, scale = gptq_base(w, h, 64, act_order)
@@ -29,8 +38,9 @@ def test_gptq_base_beats_rtn_on_output_error(gen):
         assert e_gptq < 0.8 * e_rtn, f"act_order={act_order}: GPTQ {e_gptq:.4g} vs RTN {e_rtn:.4g}"
 
 
-def test_gptq_refinement_keeps_the_base_and_beats_closed_form(gen):
-    w, h = _problem(gen)
+@pytest.mark.parametrize("seed", SEEDS)
+def test_gptq_refinement_keeps_the_base_and_beats_closed_form(seed):
+    w, h = _problem(seed)
     q4, scale = gptq_base(w, h, 64, act_order=True)
     closed = NestedCodes(q4, refine_codes(w, q4, scale), scale)
     fitted = NestedCodes(q4, gptq_refine(w, h, q4, scale, 64, act_order=True), scale)
@@ -40,8 +50,9 @@ def test_gptq_refinement_keeps_the_base_and_beats_closed_form(gen):
     assert e_fit < e_closed, f"GPTQ refinement {e_fit:.4g} not below closed form {e_closed:.4g}"
 
 
-def test_base_trust_bounds_codes_and_trades_draft_for_target(gen):
-    w, h = _problem(gen)
+@pytest.mark.parametrize("seed", SEEDS)
+def test_base_trust_bounds_codes_and_trades_draft_for_target(seed):
+    w, h = _problem(seed)
     rtn = nest_rtn(w, 64)
     q0, s0 = gptq_base(w, h, 64, act_order=True, trust=0.0)
     assert torch.equal(q0, rtn.q4), "trust 0 must reproduce RTN codes"

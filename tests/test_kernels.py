@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from plugins import reference
-from plugins.kernels import dual_plane_linear, nested_kv_attention, write_kv
+from plugins.kernels import dual_plane_linear, nested_kv_attention
 from plugins.kv import quantize_kv
 from plugins.nesting import nest_rtn, nest_top4of8
 from plugins.packing import pack_nibbles
@@ -48,14 +48,16 @@ def test_dual_plane_linear_matches_reference(gen, m, n, k, g, method):
         assert rel_err(got_f, want_f) < 2e-3, view       # float16 activations: ~2e-4
 
 
-def test_dual_plane_linear_is_batch_invariant(gen):
+@pytest.mark.parametrize("act", ["int8", "float16"])
+def test_dual_plane_linear_is_batch_invariant(gen, act):
     """Each row of a 5-token pass equals the single-token result bit for bit (lossless verification)."""
     base, refine, scale, _ = to_dev(*nested_planes(gen, 80, 576, 64, "rtn"))
     x = torch.randn(5, 576, generator=gen).to(DEV)
     for view in ("draft", "target"):
-        whole = dual_plane_linear(x, base, refine, scale, view)
+        whole = dual_plane_linear(x, base, refine, scale, view, act=act)
         for i in range(5):
-            assert torch.equal(whole[i:i + 1], dual_plane_linear(x[i:i + 1], base, refine, scale, view))
+            assert torch.equal(whole[i:i + 1], dual_plane_linear(x[i:i + 1], base, refine, scale, view, act=act)), \
+                (view, i)
 
 
 def test_dual_plane_linear_rejects_bad_shapes(gen):
@@ -108,36 +110,20 @@ def test_kv4_positions_never_read_the_refinement_plane(gen):
                        nested_kv_attention(q, base, junk, scale, 150, 100))
 
 
-def test_nested_kv_attention_is_batch_invariant(gen):
-    """Query t of a verification pass over S positions equals a single-query pass over its own S - T + t + 1."""
-    base, refine, scale = to_dev(*kv_planes(gen, 3, 140, 64))
-    q = torch.randn(9, 5, 64, generator=gen).to(DEV)
-    whole = nested_kv_attention(q, base, refine, scale, 133, 0)
-    for t in range(5):
-        one = nested_kv_attention(q[:, t:t + 1].contiguous(), base, refine, scale, 129 + t, 0)
-        assert torch.equal(whole[:, t:t + 1], one), t
-
-
-@pytest.mark.parametrize("hkv,t,d", [(3, 1, 64), (2, 5, 32), (8, 3, 128)])
-def test_write_kv_matches_quantize_kv_bit_for_bit(gen, hkv, t, d):
-    k, v = torch.randn(hkv, t, d, generator=gen) * 3, torch.randn(hkv, t, d, generator=gen)
-    cap, pos = 20, 7
-    base = torch.randint(0, 256, (2, hkv, cap, d // 2), generator=gen, dtype=torch.uint8)
-    refine, scale = torch.randint(0, 256, base.shape, generator=gen, dtype=torch.uint8), torch.randn(2, hkv, cap).half()
-    bd, rd, sd = to_dev(base, refine, scale)
-    write_kv(*to_dev(k, v), bd, rd, sd, pos)
-    wb, wr, ws = quantize_kv(torch.stack((k, v)))
-    inside = slice(pos, pos + t)
-    assert torch.equal(bd[:, :, inside].cpu(), wb) and torch.equal(rd[:, :, inside].cpu(), wr)
-    assert torch.equal(sd[:, :, inside].cpu(), ws)
-    outside = torch.ones(cap, dtype=torch.bool)
-    outside[inside] = False
-    assert torch.equal(bd[:, :, outside].cpu(), base[:, :, outside])        # nothing else written
-    assert torch.equal(sd[:, :, outside].cpu(), scale[:, :, outside])
-
-
-def test_write_kv_rejects_out_of_range_positions(gen):
-    base, refine, scale = to_dev(*kv_planes(gen, 2, 10, 32))
-    k = torch.randn(2, 3, 32, device=DEV)
-    with pytest.raises(ValueError, match="do not fit"):
-        write_kv(k, k, base, refine, scale, 8)
+# GQA 3 over two chunks; GQA 4 with 9 queries (36 rows: two row tiles); MHA with a Recent-N split.
+@pytest.mark.parametrize("hq,hkv,d,seq,n_queries,kv8_from", [(9, 3, 64, 133, (5, 2), 0), (8, 2, 32, 70, (9,), 0),
+                                                             (4, 4, 32, 150, (5,), 120)])
+def test_nested_kv_attention_is_batch_invariant(gen, hq, hkv, d, seq, n_queries, kv8_from):
+    """Query t of a verification pass of T queries over S positions equals, bit for bit, a single-query pass
+    over its own S - T + t + 1 positions: exact, because the kernel's arithmetic never depends on T."""
+    base, refine, scale = to_dev(*kv_planes(gen, hkv, seq + 2, d))
+    q = torch.randn(hq, max(n_queries), d, generator=gen).to(DEV)
+    single = {}
+    for t_all in n_queries:
+        whole = nested_kv_attention(q[:, :t_all].contiguous(), base, refine, scale, seq, kv8_from)
+        for t in range(t_all):
+            pos = seq - t_all + t                                          # query t's position
+            if (t, pos) not in single:
+                single[t, pos] = nested_kv_attention(q[:, t:t + 1].contiguous(), base, refine, scale, pos + 1,
+                                                     kv8_from)
+            assert torch.equal(whole[:, t:t + 1], single[t, pos]), (t_all, t)

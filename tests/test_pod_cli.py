@@ -10,8 +10,11 @@ import sys
 import pytest
 
 from edge.analysis import calibrate, compare, replay
+from edge.analysis.phase_prompts import phase_candidates
 from edge.decode import thresholds
-from tests.conftest import ROOT
+from edge.decode.config import GenerateConfig
+from edge.runtime import Runtime
+from tests.conftest import ROOT, tag_from_output
 
 
 @pytest.fixture(scope="module")
@@ -98,20 +101,33 @@ def test_speculation_sweep_is_lossless_and_counts_its_drafting(calibrated, capsy
     assert stop["weight_bytes_per_token"] > 0 and 0 < stop["acceptance"] <= 1
 
 
-def test_phase_comparison_on_its_tagged_prompt_set(calibrated, capsys):
-    rc = compare.main(["--checkpoint", str(calibrated), "--prompts", "1", "--max-new-tokens", "2",
-                       "--match-tokens", "1", "--phase-prompts", "1", "--phase-tokens", "40", "--resamples", "50",
-                       "--json"])
-    assert rc == 0
-    phase = _last_json(capsys)["phase"]
-    assert phase["tag"] == "</think>" and phase["kept"] == phase["prompts"] == 1 and phase["candidates"] <= 3
+def test_phase_comparison_on_its_tagged_prompt_set(calibrated):
+    """The phase set and both phase gates with the tag taken from the target's own continuation of the first
+    candidate: the candidate is kept, and the reversed gate (target view until the tag) writes the target's
+    tokens, so it switches exactly where the target wrote the tag, on any machine."""
+    rt = Runtime(calibrated, backend="cpu", max_context=4096)
+    first = next(phase_candidates(rt))
+    tokens = rt.generate(first, GenerateConfig(policy="target", max_new_tokens=40))["tokens"]
+    tag, at = tag_from_output(rt.tokenizer, tokens)
+    o = compare.CompareOptions(str(calibrated), prompts=1, max_new_tokens=2, match_tokens=1, phase_prompts=1,
+                               phase_tokens=40, resamples=50, phase_tag=tag)
+    phase = compare.phase_comparison(rt, o)
+    assert phase["tag"] == tag and phase["kept"] == phase["prompts"] == phase["candidates"] == 1
     table = phase["policies"]
     assert set(table) == {"target", "draft", "gate-phase", "gate-phase-reverse", "gate-entropy", "gate-random"}
-    assert table["gate-phase"]["switched"] == 1
-    # think low / answer high escalates only after the tag; the reverse starts high
-    assert 0 < table["gate-phase"]["escalation_rate"] < 1 and table["gate-phase-reverse"]["escalation_rate"] > 0
-    assert table["gate-random"]["matched_rate"] == table["gate-phase"]["escalation_rate"]
     assert table["target"]["match"] == 1.0
+    reverse = table["gate-phase-reverse"]          # steps deciding tokens 1..at-1 ran high, the rest low
+    assert reverse["target_passes"] == at - 1 and reverse["draft_passes"] == len(tokens) - at
+    low_high = table["gate-phase"]                 # the draft's output may or may not write the tag
+    assert low_high["switched"] in (0, 1)
+    assert (low_high["target_passes"] > 0) <= (low_high["switched"] == 1)
+    assert table["gate-random"]["matched_rate"] == low_high["escalation_rate"]
+
+
+def test_phase_tag_must_not_be_empty(calibrated, capsys):
+    assert compare.main(["--checkpoint", str(calibrated), "--phase-tag", ""]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--phase-tag" in err[0]
 
 
 def test_chat_with_a_calibrated_gate(calibrated):

@@ -13,7 +13,7 @@ import torch
 
 from edge.analysis.calibrate import calibrated_gate
 from edge.analysis.corpora import sharegpt_prompts
-from edge.analysis.phase_prompts import phase_prompts
+from edge.analysis.phase_prompts import TAG, phase_prompts
 from edge.analysis.significance import mcnemar_exact, paired_bootstrap_diff
 from edge.decode.adaptive import AdaptiveConfig
 from edge.decode.config import GateConfig, GenerateConfig
@@ -40,12 +40,15 @@ class CompareOptions:
     resamples: int = 2000
     seed: int = 0
     speculation_sweep: bool = False
+    phase_tag: str = TAG               # the closing tag of the phase set and of gate-phase
 
     def __post_init__(self):
         if min(self.prompts, self.max_new_tokens, self.match_tokens) < 1 or self.phase_prompts < 0:
             raise ValueError("need --prompts, --max-new-tokens and --match-tokens >= 1 and --phase-prompts >= 0")
         if self.match_tokens > self.max_new_tokens:
             raise ValueError("--match-tokens cannot exceed --max-new-tokens")
+        if not self.phase_tag:
+            raise ValueError("--phase-tag must not be empty")
 
 
 def first_departure(ref: list[int], out: list[int]) -> int:
@@ -198,11 +201,13 @@ def phase_comparison(rt: Runtime, o: CompareOptions) -> dict:
     """gate-phase both ways, against target, draft, the entropy gate and a random gate at its matched rate,
     on few-shot prompts whose target continuation closes the thinking span."""
     base = GenerateConfig(max_new_tokens=o.phase_tokens)
-    prompts, target_runs, info = phase_prompts(rt, o.phase_prompts, o.phase_tokens)
+    prompts, target_runs, info = phase_prompts(rt, o.phase_prompts, o.phase_tokens, o.phase_tag)
     if not prompts:
         return {**info, "prompts": 0, "error": "no candidate's target continuation wrote the tag: raise --phase-tokens"}
-    configs = {"draft": replace(base, policy="draft"), "gate-phase": replace(base, policy="gate-phase"),
-               "gate-phase-reverse": replace(base, policy="gate-phase", gate=GateConfig(order="high-low")),
+    configs = {"draft": replace(base, policy="draft"),
+               "gate-phase": replace(base, policy="gate-phase", gate=GateConfig(tag=o.phase_tag)),
+               "gate-phase-reverse": replace(base, policy="gate-phase", gate=GateConfig(tag=o.phase_tag,
+                                                                                        order="high-low")),
                "gate-entropy": replace(base, policy="gate-entropy",
                                        gate=calibrated_gate(rt, "gate-entropy", GateConfig(rate=o.rate)))}
     runs = {"target": target_runs, **_run_all(rt, prompts, configs)}
@@ -242,5 +247,5 @@ def main(argv=None, default_checkpoint=None) -> int:
             raise BitNestError("compare_policies.py uses the calibrated thresholds: pass --gate-rate, not --gate-threshold")
         return compare(CompareOptions(ckpt, a.backend, a.prompts, a.max_new_tokens, a.match_tokens, a.phase_prompts,
                                       a.phase_tokens, a.gate_rate, a.gamma, adaptive_config(a), a.resamples, a.seed,
-                                      a.speculation_sweep))
+                                      a.speculation_sweep, a.phase_tag))
     return run_cli(body, a.json, "compare_policies.py")

@@ -33,25 +33,30 @@ def few_shot_header(shots: int = SHOTS) -> str:
     raise ValueError("ShareGPT holds too few conversations for the phase prompts")
 
 
-def phase_prompts(rt, n: int, max_new_tokens: int) -> tuple[list[list[int]], list[dict], dict]:
-    """Token ids of up to `n` phase prompts, the target's runs on them (the reference, reused), and how
-    they were built. Candidates are tried in order until `n` are kept or 3n were tried."""
+def phase_candidates(rt):
+    """Token ids of the candidate prompts, in order: the worked examples, a held-out request, an open <think>."""
     header = few_shot_header()
-    cfg = GenerateConfig(policy="target", max_new_tokens=max_new_tokens)
-    kept, runs, tried = [], [], 0
     for conv in sharegpt_conversations(SHAREGPT_EVAL_START):
         q = " ".join(conv[0]["content"].split())
-        if not q or len(q) >= MAX_QUESTION:
-            continue
+        if q and len(q) < MAX_QUESTION:
+            yield rt.encode(f"{header}Question: {q}\n<think>\n", chat=False)
+
+
+def phase_prompts(rt, n: int, max_new_tokens: int, tag: str = TAG) -> tuple[list[list[int]], list[dict], dict]:
+    """Token ids of up to `n` phase prompts, the target's runs on them (the reference, reused), and how
+    they were built. Candidates are tried in order until `n` are kept (their continuation writes `tag`) or 3n
+    were tried."""
+    cfg = GenerateConfig(policy="target", max_new_tokens=max_new_tokens)
+    kept, runs, tried = [], [], 0
+    for ids in phase_candidates(rt):
         tried += 1
-        ids = rt.encode(f"{header}Question: {q}\n<think>\n", chat=False)
         r = rt.generate(ids, cfg)
-        if TAG in rt.tokenizer.decode(r["tokens"]):
+        if tag in rt.tokenizer.decode(r["tokens"]):
             kept.append(ids)
             runs.append(r)
         if len(kept) == n or tried >= 3 * n:
             break
-    info = {"tag": TAG, "candidates": tried, "kept": len(kept),
+    info = {"tag": tag, "candidates": tried, "kept": len(kept),
             "construction": f"raw text: {SHOTS} worked examples (Question / <think> The user asks: the question "
                             f"{TAG} / Answer: two sentences of the reply) from ShareGPT calibration-range "
                             f"conversations, then a held-out ShareGPT request (< {MAX_QUESTION} chars) and an open "

@@ -19,6 +19,7 @@ from edge.cli.options import (
 )
 from edge.cli.prompts import read_prompts
 from edge.decode.config import DraftKVPolicy, GenerateConfig
+from edge.decode.generate import CONTEXT_FULL
 from edge.decode.registry import POLICIES
 from edge.decode.sampling import SamplingConfig
 from edge.decode.thresholds import resolve_gate
@@ -92,28 +93,47 @@ def answer_line(s: dict) -> str:
     return f"[{s['tokens']} tokens, {s['tok_s']} tok/s{joules}{acc}]"
 
 
+def context_full_message(rt: Runtime) -> str:
+    return (f"[the context is full ({rt.engine.capacity} positions): this chat ends here; start a new one, or raise "
+            "--max-context for longer chats]")
+
+
 def interactive(rt: Runtime, energy: EnergySession, cfg: GenerateConfig, stops) -> dict:
-    """Read-eval loop with a chat history; Ctrl-C or Ctrl-D ends it cleanly."""
-    history, all_stats = [], []
-    print(f"BitNest Edge chat ({rt.ckpt.method}, {rt.backend} backend, {cfg.policy}). Ctrl-D or Ctrl-C to quit.",
-          file=sys.stderr)
-    try:
-        while True:
-            try:
-                user = input("\nyou> ")
-            except EOFError:
-                break
-            if not user.strip():
-                continue
-            history.append({"role": "user", "content": user})
-            print("bot> ", end="", flush=True)
-            r = ask(rt, energy, rt.encode(history), cfg, stops, on_text=lambda s: print(s, end="", flush=True))
-            history.append({"role": "assistant", "content": r["text"]})
-            print("\n" + answer_line(r["stats"].summary()), file=sys.stderr)
-            all_stats.append(r["stats"])
-    except KeyboardInterrupt:
-        print("\n(interrupted)", file=sys.stderr)
-    return {"turns": len(all_stats), "stats": merged(all_stats, energy) if all_stats else {}}
+    """Read-eval loop with a chat history. Ctrl-C during an answer stops that answer (what was written stays in the
+    history) and the chat goes on; Ctrl-C or Ctrl-D at the prompt ends it. A history that fills the context ends
+    it with a message that says so."""
+    history, all_stats, stopped = [], [], None
+    print(f"BitNest Edge chat ({rt.ckpt.method}, {rt.backend} backend, {cfg.policy}). Ctrl-C stops an answer; "
+          "Ctrl-D or Ctrl-C at the prompt quits.", file=sys.stderr)
+    while stopped is None:
+        try:
+            user = input("\nyou> ")
+        except (EOFError, KeyboardInterrupt):
+            break
+        if not user.strip():
+            continue
+        ids = rt.encode(history + [{"role": "user", "content": user}])
+        if len(ids) + 1 > rt.engine.capacity:
+            stopped = CONTEXT_FULL
+            print(context_full_message(rt), file=sys.stderr)
+            break
+        history.append({"role": "user", "content": user})
+        print("bot> ", end="", flush=True)
+        shown = []
+        try:
+            r = ask(rt, energy, ids, cfg, stops, on_text=lambda t: (shown.append(t), print(t, end="", flush=True)))
+        except KeyboardInterrupt:
+            history.append({"role": "assistant", "content": "".join(shown)})
+            print("\n[answer interrupted]", file=sys.stderr)
+            continue
+        history.append({"role": "assistant", "content": r["text"]})
+        s = r["stats"].summary()
+        print("\n" + answer_line(s), file=sys.stderr)
+        all_stats.append(r["stats"])
+        if s.get("stopped") == CONTEXT_FULL:
+            stopped = CONTEXT_FULL
+            print(context_full_message(rt), file=sys.stderr)
+    return {"turns": len(all_stats), "stopped": stopped, "stats": merged(all_stats, energy) if all_stats else {}}
 
 
 def merged(stats: list, energy: EnergySession) -> dict:
@@ -143,6 +163,8 @@ def converse(a, cfg: GenerateConfig) -> dict:
             r = ask(rt, energy, rt.encode(a.prompt), cfg, stops, on_text=stream)
             if not a.json:
                 print()
+            if r["stats"].extra.get("stopped") == CONTEXT_FULL:
+                print(context_full_message(rt), file=sys.stderr)
             return _result(r)
         return interactive(rt, energy, cfg, stops)
     finally:

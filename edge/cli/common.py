@@ -16,6 +16,9 @@ def run_cli(body: Callable[[], dict], as_json: bool, prog: str, echo: bool = Tru
     except (BitNestError, ValueError, FileNotFoundError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:            # the machine, not the input: a full disk, a read-only folder, a vanished file
+        print(f"{prog}: error: {e.strerror or e}" + (f": {e.filename}" if e.filename else ""), file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130

@@ -21,6 +21,10 @@ from edge.errors import BitNestError
 from edge.runtime import Runtime, merged_summary
 
 
+MAX_PROMPTS = 1000          # a measurement, not a corpus run
+MAX_NEW_TOKENS = 32768
+
+
 def plot(out: dict, path: str) -> None:
     plt = pyplot("--plot")
     names = list(out["policies"])
@@ -41,6 +45,10 @@ def plot(out: dict, path: str) -> None:
 
 def joules(a, default_checkpoint=None) -> dict:
     """Idle power, then each policy's decode-phase tok/s and J/token on the same prompts."""
+    if not 1 <= a.prompts <= MAX_PROMPTS or not 1 <= a.max_new_tokens <= MAX_NEW_TOKENS:
+        raise BitNestError(f"--prompts must be in [1, {MAX_PROMPTS}] and --max-new-tokens in [1, {MAX_NEW_TOKENS}]")
+    if not 0 <= a.idle_seconds <= 3600 or not 1 <= a.interval_ms <= 60_000:
+        raise BitNestError("--idle-seconds must be in [0, 3600] and --interval-ms in [1, 60000]")
     policies = [p.strip() for p in a.policy.split(",") if p.strip()]
     bad = [p for p in policies if p not in POLICIES]
     if bad:

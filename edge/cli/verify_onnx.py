@@ -1,9 +1,10 @@
-"""Run real prompts through an exported ONNX step graph (onnxruntime, CPU) and through the torch backend,
-pass for pass, for the target and draft views; report the worst relative error on logits (see edge.checks.onnx_check)."""
+"""Run real prompts through an exported ONNX step graph (onnxruntime, CPU, local functions inlined to standard
+kernels) and through an independent float64 reference of the step, pass for pass, for the target and draft views;
+report the worst relative error on logits (see edge.checks.onnx_check)."""
 
 import argparse
 
-from edge.checks.onnx_check import MODES, CheckOptions, compare, onnx_node_counts
+from edge.checks.onnx_check import MODES, CheckOptions, check_session, compare, onnx_node_counts
 from edge.cli.common import run_cli
 from edge.model.checkpoint import Checkpoint
 
@@ -24,18 +25,17 @@ def chat_prompts(ckpt: Checkpoint, n: int, max_tokens: int) -> list[list[int]]:
 
 def verify(checkpoint, onnx_path, prompts: int = 2, max_prompt_tokens: int = 24,
            opts: CheckOptions = CheckOptions()) -> dict:
-    """Real prompts through the ONNX graph and the torch backend, every mode.
-    {"max_rel_err", "argmax_agreement", "nodes", "modes", "prompts", "seconds"}."""
+    """Real prompts through the ONNX graph and the independent reference, every mode (edge.checks.onnx_check).
+    {"max_rel_err", "argmax_agreement", "kv_code_flip_rate", "nodes", "modes", "prompts", "seconds"}."""
     import time
 
-    from edge.backends.onnxruntime_step import open_session
     from edge.model.checkpoint import load_checkpoint
 
     if prompts < 1 or max_prompt_tokens < 1:
         raise ValueError("--prompts and --max-prompt-tokens must be at least 1")
     t0 = time.time()
     ckpt = load_checkpoint(checkpoint)
-    session = open_session(onnx_path)
+    session = check_session(onnx_path, ckpt.config.num_layers)
     result = compare(ckpt, session, chat_prompts(ckpt, prompts, max_prompt_tokens), opts)
     return {**result, "nodes": onnx_node_counts(onnx_path), "prompts": prompts, "seconds": round(time.time() - t0, 1)}
 

@@ -118,6 +118,10 @@ class Engine(ABC):
         self.stats.record_prefill(len(ids), time.perf_counter() - t0)
         return logits[-1]
 
+    def numerics(self) -> dict:
+        """What the stats report about the engine's arithmetic beyond its activations (e.g. GEMMs run row by row)."""
+        return {}
+
     @abstractmethod
     def _forward(self, ids: list[int], view: str, start: int, kv: KVRead, draft_slot: int | None,
                  last_only: bool) -> torch.Tensor:
@@ -145,6 +149,10 @@ class PassEngine(Engine):
         self.decoder = Decoder(cfg, backend, ckpt.rotations)
         self.cache = NestedKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, capacity, scratch,
                                    device=backend.device, ops=backend.attention_ops)
+
+    def numerics(self) -> dict:
+        report = getattr(self.backend, "numerics", None)
+        return report() if report is not None else {}
 
     def _forward(self, ids, view, start, kv, draft_slot, last_only):
         att = CachedAttention(self.cache, start, kv, draft_slot)

@@ -4,6 +4,7 @@ write), and the lookup that fills a gate's threshold from its rate. Calibration 
 (edge.analysis.calibrate, `bitnest calibrate`): the runtime never calibrates."""
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,11 +34,14 @@ def read_thresholds(ckpt: Checkpoint) -> dict:
         return {}
     try:
         data = json.loads(path.read_text())
-    except ValueError:
+    except (ValueError, UnicodeDecodeError):
         raise BitNestError(f"{path} is not valid JSON: delete it and calibrate again") from None
-    if data.get("format") != FORMAT or data.get("weights_sha256") != _weights_hash(ckpt):
+    if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("weights_sha256") != _weights_hash(ckpt):
         return {}
-    return data.get("backends", {})
+    backends = data.get("backends", {})
+    if not isinstance(backends, dict) or not all(isinstance(e, dict) for e in backends.values()):
+        raise BitNestError(f"{path} is malformed (backends): delete it and calibrate again")
+    return backends
 
 
 def save_thresholds(ckpt: Checkpoint, entry: dict) -> Path:
@@ -65,9 +69,16 @@ def resolve_gate(ckpt: Checkpoint, backend: str, policy: str, gate: GateConfig) 
         raise BitNestError(f"{policy} needs a threshold and {ckpt.path} has none calibrated for the {backend} "
                            f"backend: run `bitnest calibrate --checkpoint {ckpt.path} --backend {backend}` (about a "
                            "minute), or pass --gate-threshold")
-    table = entry[cls.signal_of(gate)]
+    table = entry.get(cls.signal_of(gate))
+    if not isinstance(table, dict):
+        raise BitNestError(f"{ckpt.path / THRESHOLDS_FILE} holds no {cls.signal_of(gate)} thresholds for the "
+                           f"{backend} backend: calibrate again")
     key = rate_key(gate.rate)
     if key not in table:
-        raise BitNestError(f"no threshold calibrated for rate {key}: use one of {', '.join(table)} "
+        raise BitNestError(f"no threshold calibrated for rate {key}: use one of {', '.join(map(str, table))} "
                            "or pass --gate-threshold")
-    return replace(gate, threshold=table[key])
+    value = table[key]
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise BitNestError(f"{ckpt.path / THRESHOLDS_FILE}: threshold {value!r} for rate {key} is not a number: "
+                           "calibrate again")
+    return replace(gate, threshold=float(value))

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from edge.energy.power_log import PowerLog, SampledMeter
 
 # "VDD_IN 4673mW/4673mW" (JetPack 5/6) or "VDD_IN 4067/4067" (older releases, mW implied)
-_RAIL = re.compile(r"\b((?:VDD|VIN|POM)_[A-Z0-9_]+) (\d+)(?:mW)?/(\d+)(?:mW)?")
+# a rail is a whole whitespace-separated token pair; a token with garbage attached is not a reading
+_RAIL = re.compile(r"(?:^|(?<=\s))((?:VDD|VIN|POM)_[A-Z0-9_]+) (\d+)(?:mW)?/(\d+)(?:mW)?(?=\s|$)")
 _RAM = re.compile(r"\bRAM (\d+)/(\d+)MB")
 TOTAL_RAIL = "VDD_IN"
 
@@ -41,7 +42,9 @@ class TegrastatsLine:
 
 def parse_line(line: str) -> TegrastatsLine | None:
     """The rails and RAM of one tegrastats line; None for a line without any power rail."""
-    rails = {m.group(1): (int(m.group(2)), int(m.group(3))) for m in _RAIL.finditer(line)}
+    rails = {}
+    for m in _RAIL.finditer(line):          # a rail named twice (a garbled line): its first reading counts
+        rails.setdefault(m.group(1), (int(m.group(2)), int(m.group(3))))
     if not rails:
         return None
     ram = _RAM.search(line)

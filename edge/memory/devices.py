@@ -57,6 +57,9 @@ class DeviceProfile:
         for field, v in (("total_bytes", total_mib), ("os_reserve_bytes", os_reserve_mib),
                          ("context_reserve_bytes", context_reserve_mib)):
             if v is not None:
+                if not 0 <= v < 1 << 40:        # MiB: a petabyte is past any device, and nan / inf are no size
+                    raise BitNestError(f"--{field.replace('_bytes', '').replace('_', '-')}-mib must be a size in "
+                                       f"MiB, got {v}")
                 kw[field] = int(v * MiB)
                 said.append(f"{field.replace('_bytes', '')}={v} MiB")
         return replace(self, **kw, source=self.source + ("; overridden: " + ", ".join(said) if said else "")) if kw else self

@@ -34,11 +34,26 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self):
+        is_int = lambda v: isinstance(v, int) and not isinstance(v, bool)
+        for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                     "vocab_size", "max_position_embeddings"):
+            v = getattr(self, name)
+            if not is_int(v) or v <= 0:
+                raise BitNestError(f"model config field {name} must be a positive integer, got {v!r}")
+        for name in ("rms_norm_eps", "rope_theta"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < float("inf"):
+                raise BitNestError(f"model config field {name} must be a positive number, got {v!r}")
+        for name in ("tie_word_embeddings", "attention_bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise BitNestError(f"model config field {name} must be true or false, got {getattr(self, name)!r}")
+        if not isinstance(self.architecture, str) or not isinstance(self.family, str):
+            raise BitNestError("model config fields architecture and family must be strings")
+        if not (self.bos_token_id is None or is_int(self.bos_token_id)) or \
+                not all(is_int(t) and t >= 0 for t in self.eos_token_ids):
+            raise BitNestError("model config token ids must be non-negative integers")
         if self.num_heads % self.num_kv_heads:
             raise BitNestError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
-        for name in ("hidden_size", "intermediate_size", "num_layers", "head_dim", "vocab_size"):
-            if getattr(self, name) <= 0:
-                raise BitNestError(f"model config field {name} must be positive, got {getattr(self, name)}")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -52,7 +67,10 @@ class ModelConfig:
         if missing:
             raise BitNestError(f"model config lacks {', '.join(sorted(missing))}")
         kw = {k: v for k, v in d.items() if k in names}
-        kw["eos_token_ids"] = tuple(kw.get("eos_token_ids", ()))
+        eos = kw.get("eos_token_ids", ())
+        if not isinstance(eos, (list, tuple)):
+            raise BitNestError(f"model config eos_token_ids must be a list, got {eos!r}")
+        kw["eos_token_ids"] = tuple(eos)
         return cls(**kw)
 
     def linear_shapes(self) -> dict[str, tuple[int, int]]:

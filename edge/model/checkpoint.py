@@ -62,6 +62,18 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+SEAL = "manifest_sha256"
+MANIFEST_FIELDS = {"format", "format_version", "config", "method", "refine", "quant", "head", "linears", "rotation",
+                   "calibration", "source", "activations", "export", "files", "tokenizer_files", SEAL}
+
+
+def manifest_seal(m: dict[str, Any]) -> str:
+    """sha256 of the manifest's content without its seal (canonical JSON): the manifest is not in its own file list,
+    so the seal is what detects a manifest changed after export (a silently different config or rotation)."""
+    body = {k: v for k, v in m.items() if k != SEAL}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def is_checkpoint_dir(path: Path) -> bool:
     """True where `path` holds a manifest that says it is a BitNest checkpoint (contents not validated)."""
     try:
@@ -96,6 +108,18 @@ def read_manifest(path: Path) -> dict[str, Any]:
     for key in ("config", "method", "linears", "files", "rotation"):
         if key not in m:
             raise CheckpointError(f"{mpath} lacks the field {key!r}: the checkpoint is corrupted, re-export it")
+    unknown = sorted(set(m) - MANIFEST_FIELDS)
+    if unknown:
+        raise CheckpointError(f"{mpath} has unknown fields ({', '.join(map(str, unknown))[:120]}): the checkpoint "
+                              "is corrupted or from another format version, re-export it")
+    kinds = {"config": dict, "linears": dict, "files": dict, "rotation": dict, "method": str}
+    bad = [k for k, t in kinds.items() if not isinstance(m[k], t)] + \
+        [f"files[{n!r}]" for n, d in m["files"].items() if not (isinstance(d, str) and len(d) == 64)] + \
+        [f"files[{n!r}]" for n in m["files"] if "/" in n or "\\" in n or n in ("", ".", "..")]
+    if bad:
+        raise CheckpointError(f"{mpath}: malformed field {bad[0]}: the checkpoint is corrupted, re-export it")
+    if SEAL in m and m[SEAL] != manifest_seal(m):
+        raise CheckpointError(f"{mpath} was changed after export (it fails its own sha256): re-export the checkpoint")
     return m
 
 
@@ -111,16 +135,32 @@ def verify_files(path: Path, manifest: dict[str, Any]) -> None:
 
 def _linear_specs(cfg: ModelConfig, m: dict[str, Any]) -> dict[str, LinearSpec]:
     specs = {}
+    is_int = lambda v: isinstance(v, int) and not isinstance(v, bool)
     for name in expected_linears(cfg, m):
         entry = m["linears"].get(name)
         if entry is None:
             raise CheckpointError(f"manifest lists no entry for linear {name}: re-export the checkpoint")
-        n, k = entry["shape"]
-        g = entry["group_size"]
+        shape = entry.get("shape") if isinstance(entry, dict) else None
+        g = entry.get("group_size") if isinstance(entry, dict) else None
+        offset = entry.get("offset", False) if isinstance(entry, dict) else None
+        if not (isinstance(shape, list) and len(shape) == 2 and all(is_int(v) and v > 0 for v in shape)
+                and is_int(g) and isinstance(offset, bool)):
+            raise CheckpointError(f"manifest entry of linear {name} is malformed ({str(entry)[:80]}): re-export the "
+                                  "checkpoint")
+        n, k = shape
         if g <= 0 or k % g or k % 2:
             raise CheckpointError(f"{name}: group size {g} does not divide K={k} (or K is odd): re-export the checkpoint")
-        specs[name] = LinearSpec((n, k), g, bool(entry.get("offset", False)))
+        specs[name] = LinearSpec((n, k), g, offset)
     return specs
+
+
+def _rotations(m: dict[str, Any], tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> OnlineRotations:
+    rot = m["rotation"]
+    r4 = rot.get("r4_size")
+    if r4 is not None and (not isinstance(r4, int) or isinstance(r4, bool) or r4 != cfg.intermediate_size):
+        raise CheckpointError(f"manifest rotation r4_size {r4!r} is not the intermediate size "
+                              f"{cfg.intermediate_size}: re-export the checkpoint")
+    return OnlineRotations(r1=tensors.get(R1_TENSOR) if rot.get("r1") else None, r4_size=r4)
 
 
 def _check_tensor(tensors, name, dtype, shape):
@@ -174,7 +214,9 @@ def load_checkpoint(path, verify: bool = True) -> Checkpoint:
     try:
         cfg = ModelConfig.from_dict(m["config"])
     except (TypeError, KeyError, BitNestError) as e:
-        raise CheckpointError(f"{path}/{MANIFEST} has an invalid model config ({e}): re-export it")
+        raise CheckpointError(f"{path}/{MANIFEST} has an invalid model config ({str(e)[:160]}): re-export it")
+    if m.get("head", "float16") not in ("float16", "nested"):
+        raise CheckpointError(f"{path}/{MANIFEST}: unknown head {m.get('head')!r}: re-export it")
     if cfg.architecture not in ARCHITECTURES:
         raise CheckpointError(f"{path}: unknown architecture {cfg.architecture!r}")
     specs = _linear_specs(cfg, m)
@@ -183,6 +225,4 @@ def load_checkpoint(path, verify: bool = True) -> Checkpoint:
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"{path}/{WEIGHTS} cannot be read ({str(e).splitlines()[0][:120]}): re-export it")
     validate_tensors(cfg, specs, tensors, m)
-    rot = m["rotation"]
-    rotations = OnlineRotations(r1=tensors.get(R1_TENSOR) if rot.get("r1") else None, r4_size=rot.get("r4_size"))
-    return Checkpoint(path, m, cfg, specs, tensors, rotations)
+    return Checkpoint(path, m, cfg, specs, tensors, _rotations(m, tensors, cfg))

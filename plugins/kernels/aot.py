@@ -46,12 +46,12 @@ def _gemv(name, target, float_act, split, g=128, runtime_view=False):
     return KernelSpec(name, gemv.dual_plane_kernel, sig | {k: "constexpr" for k in const}, const)
 
 
-def _attention(name, d, r, block_m, num_warps=4):
+def _attention(name, d, r, num_warps=4):
     ptrs = ["q_ptr", "base_ptr", "refine_ptr", "scale_ptr", "sbase_ptr", "srefine_ptr", "sscale_ptr",
             "m_ws", "l_ws", "acc_ws", "main_ptr", "seq_ptr", "kv8_ptr"]
     types = ["*fp32", "*u8", "*u8", "*fp16", "*u8", "*u8", "*fp16", "*fp32", "*fp32", "*fp32", "*i32", "*i32", "*i32"]
     sig = dict(zip(ptrs, types)) | {k: "i32" for k in ("T", "cap", "scap", "n_chunks")} | {"sm_scale": "fp32"}
-    const = {"HKV": 8, "R": r, "D": d, "CHUNK": attention.CHUNK, "BLOCK_S": attention.BLOCK_S, "BLOCK_M": block_m,
+    const = {"HKV": 8, "R": r, "D": d, "CHUNK": attention.CHUNK, "BLOCK_S": attention.BLOCK_S, "BLOCK_M": attention.rows_per_tile(r),
              "INTERP": False}
     return KernelSpec(name, attention.flash_decode_kernel, sig | {k: "constexpr" for k in const}, const, num_warps)
 
@@ -72,9 +72,9 @@ def kernel_specs() -> list[KernelSpec]:
                    {"part_ptr": "*fp32", "sx_ptr": "*fp32", "out_ptr": "*fp32", "M": "i32", "N": "i32",
                     "SPLIT": "constexpr", "SCALE_X": "constexpr", "BLOCK": "constexpr"},
                    {"SPLIT": 4, "SCALE_X": True, "BLOCK": 256}),
-        _attention("flash_decode_d128_mha", 128, 1, 16, attention.warps_for(128)),
-        _attention("flash_decode_d128_gqa4", 128, 4, 32, attention.warps_for(128)),
-        _attention("flash_decode_d64_gqa3", 64, 3, 16, attention.warps_for(64)),
+        _attention("flash_decode_d128_mha", 128, 1, attention.warps_for(128)),
+        _attention("flash_decode_d128_gqa4", 128, 4, attention.warps_for(128)),
+        _attention("flash_decode_d64_gqa3", 64, 3, attention.warps_for(64)),
         KernelSpec("flash_decode_reduce_d128", attention.chunk_reduce_kernel,
                    {"m_ws": "*fp32", "l_ws": "*fp32", "acc_ws": "*fp32", "out_ptr": "*fp32", "T": "i32",
                     "n_chunks": "i32", "R": "constexpr", "D": "constexpr"}, {"R": 4, "D": 128}),

@@ -14,9 +14,15 @@ The sequence is main positions [0, main_len) then `scratch_len` draft-time slots
 exact in float16 (|16*q4 + qr| <= 136); the float32 queries and probabilities are split into float16 high and low
 halves, so two float16 MMAs with float32 accumulation give ~float32 accuracy (one half alone costs ~3e-4 relative,
 which INT8 activation rounding downstream amplifies); the KV scale (s/16) is applied to the scores (K) and to the
-probabilities (V) in float32. Chunk boundaries are absolute positions
-(multiples of CHUNK), and a chunk a query cannot see contributes an exact zero, so a query's result does not
-depend on how many later queries share the pass.
+probabilities (V) in float32.
+
+Batch invariance by construction (what makes a verification pass equal single-query steps bit for bit): a query's
+arithmetic does not depend on how many queries share the pass. The row tile (`rows_per_tile`) depends on the GQA
+ratio only, never on T, so every pass of a layer runs the same compiled program on the same tile shape; each row's
+scores and outputs are reductions of that row alone in a fixed order (tensor-core MMAs on the GPU; in the
+interpreter a broadcast product and a sum, `common.interp_dot`, never numpy's BLAS, whose AVX2 kernels make a
+row's result depend on its position); chunk boundaries are absolute positions (multiples of CHUNK) and chunks are
+reduced in index order; positions a query cannot see contribute exact zeros.
 
 Lengths on the device: the kernels read main_len, seq_len, kv8_from (attention) and the write's end position
 (write_kv) from device scalars, so a pass can be captured once in a CUDA graph and replayed with new lengths
@@ -32,11 +38,18 @@ import torch
 import triton
 import triton.language as tl
 
-from plugins.kernels.common import INTERPRET, round_half_even
+from plugins.kernels.common import INTERPRET, interp_dot, round_half_even
 
 CHUNK = 128          # positions per program (absolute boundaries): 32K context = 256 chunks per KV head
 BLOCK_S = 64         # positions per inner step
 MAX_ROWS = 64        # query rows (GQA group x queries) per program; larger groups tile over a grid axis
+QUERY_SLOTS = 8      # queries per row tile for any GQA ratio (γ + 1 <= 8 verifies in one read of the KV)
+
+
+def rows_per_tile(r: int) -> int:
+    """Query rows per program for GQA ratio r: a function of r alone, never of the number of queries T, so a
+    single-query step and a verification pass run the same program on the same tile shape."""
+    return min(MAX_ROWS, max(16, triton.next_power_of_2(r * QUERY_SLOTS)))
 
 
 def warps_for(d: int) -> int:
@@ -88,9 +101,8 @@ def _split16(a):
 @triton.jit
 def _dot(a_hi, a_lo, b, INTERP: tl.constexpr):
     """(a_hi + a_lo) @ b for float16 codes b (exact), accumulated in float32."""
-    if INTERP:   # the interpreter's low-precision dots are not IEEE: go through float32 (exact operands)
-        return tl.dot(a_hi.to(tl.float32), b.to(tl.float32), input_precision="ieee") + \
-            tl.dot(a_lo.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    if INTERP:   # numpy's matmul is neither IEEE for float16 nor row-invariant on every CPU: a fixed-order sum
+        return interp_dot(a_hi, b) + interp_dot(a_lo, b)
     return tl.dot(a_hi, b, out_dtype=tl.float32) + tl.dot(a_lo, b, out_dtype=tl.float32)
 
 
@@ -103,7 +115,7 @@ def _lengths(main_ptr, seq_ptr, kv8_ptr, cap, scap):
     return main_len.to(tl.int32), seq_len.to(tl.int32), kv8_from.to(tl.int32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])   # T == 1 would otherwise compile a program of its own
 def flash_decode_kernel(
     q_ptr, base_ptr, refine_ptr, scale_ptr, sbase_ptr, srefine_ptr, sscale_ptr,
     m_ws, l_ws, acc_ws, main_ptr, seq_ptr, kv8_ptr,
@@ -246,7 +258,7 @@ def _attend(q, base, refine, scale, scratch, main_ptr, seq_ptr, kv8_ptr, n_chunk
         _check_planes(sb, sr, ss, d)
         scap = sb.shape[2]
     r = hq // hkv
-    block_m = min(MAX_ROWS, max(16, triton.next_power_of_2(r * t)))
+    block_m = rows_per_tile(r)                                          # never a function of t
     tiles = triton.cdiv(r * t, block_m)
     dev = q.device
     m_ws = torch.empty(hkv * r * t * n_chunks, dtype=torch.float32, device=dev)

@@ -1,4 +1,5 @@
-"""Pieces shared by the Triton kernels: the interpreter switch, the ptxas Triton compiles with, exact rounding."""
+"""Pieces shared by the Triton kernels: the interpreter switch and its fixed-order dot, the ptxas Triton compiles
+with, exact rounding."""
 
 import os
 from pathlib import Path
@@ -35,3 +36,13 @@ def round_half_even(v):
     tie = (r - v) == 0.5
     odd = (r - 2.0 * tl.floor(r * 0.5)) != 0.0
     return tl.where(tie & odd, r - 1.0, r)
+
+
+@triton.jit
+def interp_dot(a, b):
+    """a [BM, C] @ b [C, BN] in float32 for the interpreter, as a broadcast product summed over C.
+    Every output element is reduced in the same order whatever its row, the other rows and the CPU: the
+    interpreter's `tl.dot` is numpy's matmul, whose BLAS picks kernels by CPU and shape, and OpenBLAS's AVX2
+    (Haswell/Zen) sgemm gives a row a result that depends on its position in the block (1e-7..2e-6 apart), which
+    would make a verification pass differ from single-token steps on some machines and not on others."""
+    return tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)    # [BM, BN]

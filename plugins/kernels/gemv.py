@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from plugins.kernels.common import INTERPRET, round_half_even
+from plugins.kernels.common import INTERPRET, interp_dot, round_half_even
 
 BLOCK_M = 16          # rows of x per program: the MMA's minimum M; M <= 16 runs in one tile
 ACTS = ("int8", "float16")
@@ -66,9 +66,10 @@ def _nibbles(p):
 def _mma(a, b, INTERP: tl.constexpr):
     """a [BM, C] @ b [C, BN] with int32 (int8 operands) or float32 (float16 operands) accumulation. The Triton
     interpreter wraps int8 products and mis-rounds low-precision dots, so there the operands go through float32,
-    where every product and group sum here is exact (|x| <= 127, |code| <= 8, C <= 128: sums < 2^24)."""
+    where every product and group sum here is exact (|x| <= 127, |code| <= 8, C <= 128: sums < 2^24), in a fixed
+    order (`interp_dot`) so that float16 activations are row-invariant too."""
     if INTERP:
-        out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+        out = interp_dot(a, b)
     elif a.dtype == tl.int8:
         out = tl.dot(a, b, out_dtype=tl.int32)
     else:
@@ -76,7 +77,7 @@ def _mma(a, b, INTERP: tl.constexpr):
     return out.to(tl.float32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])   # M == 1 would otherwise compile a program of its own
 def dual_plane_kernel(
     x_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, view_ptr,
     M, N, K, GROUPS_PER_SPLIT,

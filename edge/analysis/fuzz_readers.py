@@ -1,0 +1,293 @@
+"""The readers under fuzz (edge.analysis.fuzz), each with its mutations and its own oracle: what a correct reader
+must return for the mutated input, computed here without the reader's code."""
+
+import json
+import math
+import random
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from edge.analysis.fuzz import JUNK, Tally, attempt, case_dir, json_text, mutate_bytes, quiet, write_text
+from edge.model.checkpoint import MANIFEST, SEAL, WEIGHTS, load_checkpoint, manifest_seal, sha256_file
+
+
+def _same_checkpoint(a, b) -> bool:
+    drop = lambda m: {k: v for k, v in m.items() if k != SEAL}
+    return drop(a.manifest) == drop(b.manifest) and a.tensors.keys() == b.tensors.keys() and \
+        all(bool((a.tensors[k] == b.tensors[k]).all()) or a.tensors[k].isnan().any() for k in a.tensors)
+
+
+def fuzz_manifest(base: Path, work: Path, n: int, rng: random.Random, seconds: float) -> Tally:
+    """Mutated manifest.json. As exported (seal kept): loads only where nothing it says changed. Half of the cases
+    are re-sealed (an edit that recomputes the seal): deeper checks must refuse or load without a crash."""
+    t, ref = Tally(), load_checkpoint(base)
+    original = json.loads((base / MANIFEST).read_text())
+    for i in range(n):
+        d = case_dir(base, work, (MANIFEST,))
+        text = json_text(rng, original)
+        resealed = i % 2 == 1
+        if resealed:
+            try:
+                m = json.loads(text)
+                if isinstance(m, dict):
+                    m[SEAL] = manifest_seal(m)
+                    text = json.dumps(m)
+            except ValueError:
+                pass
+        write_text(d / MANIFEST, text)
+        with quiet():
+            attempt(t, f"manifest case {i}", lambda: load_checkpoint(d),
+                    lambda ck: resealed or _same_checkpoint(ck, ref), seconds)
+    return t
+
+
+def fuzz_weights(base: Path, work: Path, n: int, rng: random.Random, seconds: float) -> Tally:
+    """Mutated model.safetensors (its JSON header most of the time, else anywhere). Half keep the exported sha256
+    (must be refused); half are re-hashed and re-sealed (the parser and the shape checks must refuse or load)."""
+    t, ref = Tally(), load_checkpoint(base)
+    data = (base / WEIGHTS).read_bytes()
+    header = 8 + int.from_bytes(data[:8], "little")
+    manifest = json.loads((base / MANIFEST).read_text())
+    for i in range(n):
+        d = case_dir(base, work, (WEIGHTS, MANIFEST))
+        if rng.random() < 0.4:                       # a well-formed header with one field changed
+            head = json.loads(data[8:header])
+            head = {k: v for k, v in head.items()}
+            body = json.dumps(json.loads(json.dumps(head)) if rng.random() < 0.1 else _mutate_header(rng, head))
+            raw = body.encode()
+            new = len(raw).to_bytes(8, "little") + raw + data[header:]
+        else:
+            new = mutate_bytes(rng, data, header + 64 if rng.random() < 0.7 else None)
+        (d / WEIGHTS).write_bytes(new)
+        rehashed = i % 2 == 1
+        m = json.loads(json.dumps(manifest))
+        if rehashed:
+            m["files"][WEIGHTS] = sha256_file(d / WEIGHTS)
+            m[SEAL] = manifest_seal(m)
+        (d / MANIFEST).write_text(json.dumps(m))
+        with quiet():
+            attempt(t, f"weights case {i}", lambda: load_checkpoint(d),
+                    lambda ck: rehashed or (new == data and _same_checkpoint(ck, ref)), seconds)
+    return t
+
+
+def _mutate_header(rng: random.Random, head: dict) -> dict:
+    name = rng.choice([k for k in head if k != "__metadata__"])
+    entry = dict(head[name])
+    field = rng.choice(("dtype", "shape", "data_offsets", "name", "delete"))
+    if field == "delete":
+        head.pop(name)
+    elif field == "name":
+        head[name + "x"] = head.pop(name)
+    elif field == "dtype":
+        entry["dtype"] = rng.choice(("F32", "U8", "I8", "F16", "BF16", "F64", "BOOL", "X", 3))
+        head[name] = entry
+    elif field == "shape":
+        shape = list(entry["shape"])
+        entry["shape"] = rng.choice((shape[::-1], shape + [1], shape[:1], [s * 2 for s in shape], [-1], [], "x"))
+        head[name] = entry
+    else:
+        a, b = entry["data_offsets"]
+        entry["data_offsets"] = rng.choice(([a, b + 2], [a + 1, b], [b, a], [0, 10 ** 15], [a], "x"))
+        head[name] = entry
+    return head
+
+
+# -- prompts files -----------------------------------------------------------------------------------------------
+PROMPT_LINES = [{"prompt": "Name three rivers.", "chat": True}, {"prompt": "To be, or not to be,", "chat": False},
+                {"prompt": "Say hi."}]
+
+
+def _expected_prompts(text: bytes):
+    """What a correct reader returns for this file: [(prompt, chat)], or None where it must refuse the file."""
+    try:
+        lines = text.decode("utf-8").splitlines()
+    except UnicodeDecodeError:
+        return None
+    out = []
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            return None
+        if not isinstance(rec, dict) or not isinstance(rec.get("prompt"), str) or \
+                not isinstance(rec.get("chat", True), bool):
+            return None
+        out.append((rec["prompt"], rec.get("chat", True)))
+    return out or None
+
+
+def fuzz_prompts(work: Path, n: int, rng: random.Random, seconds: float) -> Tally:
+    from edge.cli.prompts import read_prompts
+    t = Tally()
+    f = work / "prompts.jsonl"
+    for i in range(n):
+        lines = [json.dumps(rng.choice(PROMPT_LINES)) for _ in range(rng.randint(0, 4))]
+        j = rng.randrange(len(lines)) if lines else 0
+        if lines and rng.random() < 0.8:
+            lines[j] = json_text(rng, json.loads(lines[j]))
+        else:
+            lines.insert(j, rng.choice(["", "   ", "\ufeff{}", "[]", "null", '{"prompt": "a"} trailing', "\x00"]))
+        raw = "\n".join(lines).encode("utf-8", errors="surrogateescape")
+        if rng.random() < 0.2:
+            raw = mutate_bytes(rng, raw)
+        f.write_bytes(raw)
+        want = _expected_prompts(raw)
+        attempt(t, f"prompts case {i}: {raw[:80]!r}", lambda: read_prompts(str(f)),
+                lambda got: want is not None and got == want, seconds)
+    return t
+
+
+# -- gate thresholds ---------------------------------------------------------------------------------------------
+def fuzz_thresholds(base: Path, work: Path, n: int, rng: random.Random, seconds: float) -> Tally:
+    """Mutated thresholds file beside a checkpoint, read the way a gate policy reads it (resolve_gate)."""
+    from edge.decode.config import GateConfig
+    from edge.decode.thresholds import FORMAT, THRESHOLDS_FILE, resolve_gate
+    t = Tally()
+    d = case_dir(base, work, (THRESHOLDS_FILE,))
+    ck = load_checkpoint(d)
+    valid = {"format": FORMAT, "version": 1, "weights_sha256": ck.manifest["files"][WEIGHTS],
+             "backends": {"cpu": {"backend": "cpu", "steps": 64, "entropy": {"0.15": 1.25, "0.3": 0.8},
+                                  "margin": {"0.15": 2.5, "0.3": 4.0}}}}
+    for i in range(n):
+        text = json_text(rng, valid)
+        write_text(d / THRESHOLDS_FILE, text)
+        policy = rng.choice(("gate-entropy", "gate-margin"))
+
+        def want() -> float | None:
+            """The threshold a correct reader returns, None where it must refuse (or ignore the file)."""
+            try:
+                data = json.loads(text)
+                table = data["backends"]["cpu"][policy.split("-")[1]]
+                ok = data["format"] == FORMAT and data["weights_sha256"] == valid["weights_sha256"]
+                v = table["0.15"] if ok else None
+            except (ValueError, KeyError, TypeError, IndexError):
+                return None
+            return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+        expected = want()
+        attempt(t, f"thresholds case {i}: {text[:120]!r}",
+                lambda: resolve_gate(ck, "cpu", policy, GateConfig(rate=0.15)).threshold,
+                lambda got: expected is not None and got == expected, seconds)
+    return t
+
+
+# -- tegrastats lines --------------------------------------------------------------------------------------------
+def _expected_mw(line: str) -> float | None:
+    """What the documented format gives: a reading is a whitespace-separated token `NAME` (VDD_/VIN_/POM_ and
+    capitals, digits, underscores), one space, and a token `NOW[mW]/AVG[mW]` of digits; a rail's first reading
+    counts. VDD_IN's instant mW where present, else the sum of the rails, None without any."""
+    parts = re.split(r"(\s+)", line)                       # tokens at even indices, separators between
+    rails = {}
+    for i in range(0, len(parts) - 2, 2):
+        name, sep, value = parts[i], parts[i + 1], parts[i + 2]
+        if sep != " " or not re.fullmatch(r"(VDD|VIN|POM)_[A-Z0-9_]+", name) or name in rails:
+            continue
+        halves = value.split("/")
+        if len(halves) == 2 and all(re.fullmatch(r"\d+(mW)?", h) for h in halves):
+            rails[name] = int(halves[0].removesuffix("mW"))
+    if not rails:
+        return None
+    return float(rails["VDD_IN"]) if "VDD_IN" in rails else float(sum(rails.values()))
+
+
+def fuzz_tegrastats(recorded: Path, n: int, rng: random.Random, seconds: float) -> Tally:
+    from edge.energy.tegrastats import parse_line
+    t = Tally()
+    lines = [ln for ln in recorded.read_text().splitlines() if ln.strip()]
+    for i in range(n):
+        line = rng.choice(lines)
+        for _ in range(rng.randint(1, 3)):
+            if rng.random() < 0.5:
+                line = mutate_bytes(rng, line.encode()).decode("utf-8", errors="replace")
+            else:
+                words = line.split(" ")
+                j = rng.randrange(len(words))
+                words[j] = rng.choice(["VDD_IN", "-5mW/3mW", "99999999999999999999mW/1mW", "12mW", "mW/mW", "",
+                                       "VDD_IN 1/2", "NaNmW/NaNmW", str(rng.randint(0, 10 ** 6)) + "mW/0mW"])
+                line = " ".join(words)
+        expected = _expected_mw(line)
+
+        def read(line=line):
+            p = parse_line(line)
+            return None if p is None else p.total_mw()[0]
+        attempt(t, f"tegrastats case {i}: {line[-160:]!r}", read, lambda got: got == expected, seconds)
+    return t
+
+
+# -- the ONNX step graph ------------------------------------------------------------------------------------------
+def fuzz_onnx(base: Path, work: Path, n: int, rng: random.Random, seconds: float) -> Tally:
+    """Mutated decoder_step.onnx beside its checkpoint, opened and run for one pass by the onnxruntime backend:
+    it must refuse, or compute exactly what the exported graph computes."""
+    import onnx
+
+    from edge.backends import make_engine
+    from plugins.step_contract import ONNX_FILE
+    t = Tally()
+    data = (base / ONNX_FILE).read_bytes()
+    ids = [1, 504, 3145]
+    with quiet():
+        want = make_engine("onnxruntime", load_checkpoint(base), 8).prefill(ids).numpy()
+    model = onnx.load_from_string(data)
+    for i in range(n):
+        d = case_dir(base, work, (ONNX_FILE,))
+        if rng.random() < 0.5:
+            new = mutate_bytes(rng, data, rng.choice((None, 4096)))
+        else:
+            m = onnx.ModelProto()
+            m.CopyFrom(model)
+            _mutate_graph(rng, m)
+            new = m.SerializeToString()
+        (d / ONNX_FILE).write_bytes(new)
+
+        def run():
+            return make_engine("onnxruntime", load_checkpoint(d), 8).prefill(ids).numpy()
+        with quiet():
+            attempt(t, f"onnx case {i}", run, lambda got: new == data or np.array_equal(got, want), seconds)
+    return t
+
+
+def _mutate_graph(rng: random.Random, m) -> None:
+    g = m.graph
+    op = rng.choice(("drop_node", "rename_input", "init_dims", "init_bytes", "attr", "opset", "output"))
+    if op == "drop_node" and g.node:
+        del g.node[rng.randrange(len(g.node))]
+    elif op == "rename_input" and g.node:
+        node = g.node[rng.randrange(len(g.node))]
+        if node.input:
+            node.input[rng.randrange(len(node.input))] = rng.choice(["", "nope", g.input[0].name])
+    elif op == "init_dims" and g.initializer:
+        init = g.initializer[rng.randrange(len(g.initializer))]
+        if init.dims:
+            init.dims[0] = max(1, init.dims[0] + rng.choice((-1, 1)))
+    elif op == "init_bytes" and g.initializer:
+        init = g.initializer[rng.randrange(len(g.initializer))]
+        if init.raw_data:
+            raw = bytearray(init.raw_data)
+            raw[rng.randrange(len(raw))] ^= 0x10
+            init.raw_data = bytes(raw)
+    elif op == "attr" and g.node:
+        node = g.node[rng.randrange(len(g.node))]
+        if node.attribute:
+            a = node.attribute[rng.randrange(len(node.attribute))]
+            a.i = rng.choice((-1, 0, 7, 10 ** 9))
+    elif op == "opset":
+        m.opset_import[0].version = rng.choice((1, 9, 99))
+    elif g.output:
+        g.output[rng.randrange(len(g.output))].name = "missing"
+
+
+def fuzz_copy(base: Path, work: Path) -> Path:
+    out = work / "base"
+    if not out.exists():
+        shutil.copytree(base, out)
+    return out
+
+
+__all__ = ["fuzz_manifest", "fuzz_weights", "fuzz_prompts", "fuzz_thresholds", "fuzz_tegrastats", "fuzz_onnx",
+           "JUNK", "fuzz_copy"]

@@ -1,0 +1,137 @@
+"""Every `bitnest` command (export.commands, the table scripts/*.py wrap) run once through the command table on a
+small real export, with its defaults except fewer prompts and tokens where the defaults would take minutes; policy
+lists stay the commands' own defaults (the J/token command's default list once held the gates, which need
+calibrated thresholds, and failed on every fresh export). `compile-kernels` runs in tests/test_compile_kernels.py."""
+
+import json
+import shutil
+
+import pytest
+
+from edge.decode.registry import POLICIES
+from export import commands
+from tests.conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def small(small_llama_checkpoint, tmp_path_factory):
+    """A private copy of the small Llama export (calibrate writes its thresholds beside it)."""
+    ck = tmp_path_factory.mktemp("cmd") / "small"
+    shutil.copytree(small_llama_checkpoint, ck)
+    return ck
+
+
+def bitnest(capsys, *argv) -> dict:
+    """Run `bitnest ARGV` in this process; its last stdout line as JSON (the --json contract)."""
+    rc = commands.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    assert rc == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_every_command_is_in_this_file():
+    text = (ROOT / "tests" / "test_commands.py").read_text()
+    untested = [n for n in commands.COMMANDS if n != "compile-kernels" and f'"{n}"' not in text]
+    assert untested == []
+
+
+def test_chat(small, capsys):
+    out = bitnest(capsys, "chat", "--checkpoint", small, "--prompt", "Say hi.", "--max-new-tokens", 8, "--json")
+    assert len(out["tokens"]) >= 1 and out["stats"]["policy"] == "speculative"
+
+
+def test_export_with_its_default_method_and_rotation(small_llama_folder, tmp_path, capsys):
+    out = bitnest(capsys, "export", "--model", small_llama_folder, "--out", tmp_path / "ck", "--calib-samples", 4,
+                  "--calib-seq-len", 64, "--json")
+    assert out["method"] == "bitnest" and (tmp_path / "ck" / "manifest.json").is_file()
+
+
+def test_evaluate(small, capsys):
+    out = bitnest(capsys, "evaluate", "--checkpoint", small, "--tokens", 256, "--window", 128, "--json")
+    assert set(out["ppl"]) == {"reference", "draft", "target"}
+    assert set(out["ppl"]["draft"]) == {"sharegpt", "shakespeare", "code"}
+
+
+def test_bench_with_its_default_policies(small, capsys):
+    out = bitnest(capsys, "bench", "--checkpoint", small, "--prompts", 1, "--max-new-tokens", 6, "--repeats", 1,
+                  "--json")
+    assert list(out["policies"]) == ["speculative", "target", "draft"] and out["hf_fp32"]["tok_s_median"] > 0
+
+
+def test_lossless(small, capsys):
+    out = bitnest(capsys, "lossless", "--checkpoint", small, "--prompts", 2, "--max-new-tokens", 8, "--json")
+    assert out["lossless"] and out["identical"] == 2
+
+
+def test_max_context(small, capsys):
+    out = bitnest(capsys, "max-context", "--device", "orin-nx-8gb", "--model", small, "--json")
+    assert out["configs"]["bitnest"]["max_context"] > 0
+
+
+def test_joules_with_its_default_policy_list(small, capsys):
+    """The issue's command on a fresh export (no thresholds): the default list is speculative, target, draft."""
+    out = bitnest(capsys, "joules", "--checkpoint", small, "--meter", "none", "--prompts", 1, "--max-new-tokens", 6,
+                  "--idle-seconds", 0.1, "--json")
+    assert list(out["policies"]) == ["speculative", "target", "draft"]
+    assert all(p["joules_per_token"] is None and p["tokens"] > 0 for p in out["policies"].values())
+
+
+def test_selfcheck_with_its_default_paths(small, capsys):
+    out = bitnest(capsys, "selfcheck", "--checkpoint", small, "--tokens", 2, "--json")
+    by = {p["path"]: p for p in out["paths"]}
+    assert out["passed"] and by["torch"]["status"] == "passed" and all(p["status"] != "failed" for p in out["paths"])
+
+
+def test_calibrate_replay_and_compare(small, capsys):
+    cal = bitnest(capsys, "calibrate", "--checkpoint", small, "--prompts", 2, "--max-new-tokens", 12, "--json")
+    assert cal["steps"] >= 10
+    rep = bitnest(capsys, "replay", "--checkpoint", small, "--prompts", 2, "--max-new-tokens", 12, "--resamples", 50,
+                  "--json")
+    assert rep["prompts"] == 2
+    cmp = bitnest(capsys, "compare", "--checkpoint", small, "--prompts", 2, "--max-new-tokens", 6, "--match-tokens", 4,
+                  "--phase-prompts", 1, "--phase-tokens", 12, "--resamples", 50, "--json")
+    assert set(cmp["policies"]) <= set(POLICIES) | {"gate-random"} and "target" in cmp["policies"] and "phase" in cmp
+
+
+def test_quality_table_writes_only_where_told(small_llama_folder, tmp_path, capsys):
+    """Results elsewhere than the repository's own leave the docs alone (their tables render the repo's JSON)."""
+    docs = {p: p.read_bytes() for p in (ROOT / "docs").glob("*.md")}
+    out = bitnest(capsys, "quality-table", "--model", small_llama_folder, "--work", tmp_path / "work", "--tokens", 256,
+                  "--only", "rtn", "top4of8", "--results", tmp_path / "q.json", "--json")
+    assert out["configs"] == ["rtn", "top4of8"] and out["tables_written"] == []
+    saved = json.loads((tmp_path / "q.json").read_text())
+    assert list(saved) == ["_reference", "rtn", "top4of8"] and saved["rtn"]["rotation"] == "none"
+    assert {p: p.read_bytes() for p in (ROOT / "docs").glob("*.md")} == docs
+
+
+def test_verify_onnx_after_export_existing_onnx(small, tmp_path, capsys):
+    ck = tmp_path / "onnx-ck"
+    shutil.copytree(small, ck)
+    exp = bitnest(capsys, "export", "--out", ck, "--existing", "--onnx", "--json")
+    out = bitnest(capsys, "verify-onnx", "--checkpoint", ck, "--onnx", exp["onnx"]["onnx"], "--json")
+    assert out["max_rel_err"] < 1e-3 and out["argmax_agreement"] == 1.0
+
+
+def test_bench_kernels_without_a_gpu_is_one_line(capsys):
+    rc = commands.main(["bench-kernels"])
+    err = capsys.readouterr().err.strip().splitlines()
+    if rc == 0:
+        pytest.skip("a CUDA GPU is here")
+    assert rc == 2 and len(err) == 1 and "GPU" in err[0]
+
+
+def test_replay_tegrastats(capsys):
+    rc = commands.main(["replay-tegrastats", str(ROOT / "tests" / "data" / "tegrastats_orin_8gb.log"), "--lines", "2",
+                        "--interval-ms", "1"])
+    assert rc == 0 and capsys.readouterr().out.count("VDD_IN") == 2
+
+
+def test_fuzz_inputs_finds_no_crash_hang_or_wrong_load(small, capsys):
+    """A short run of the fuzzer over the readers that take seconds (its full run, 500 cases a reader with the ONNX
+    graph, command-line values and killed and disk-full exports, is in README): only clear errors and correct
+    loads. A prompts reader that coerces {"prompt": 0.5} or {"chat": "false"} fails it (wrong loads)."""
+    out = bitnest(capsys, "fuzz-inputs", "--checkpoint", small, "--cases", 40, "--kills", 0, "--readers",
+                  "manifest,weights,prompts,thresholds,tegrastats", "--json")
+    assert set(out["readers"]) == {"manifest", "weights", "prompts", "thresholds", "tegrastats"}
+    assert out["totals"]["crash"] == out["totals"]["hang"] == out["totals"]["wrong"] == 0, out
+    assert out["totals"]["error"] > 0 and out["totals"]["accepted"] > 0
