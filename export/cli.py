@@ -6,7 +6,7 @@ from edge.cli.common import run_cli
 from edge.errors import BitNestError
 from export.pipeline import DEFAULT_ROTATION, ExportOptions, run_export
 from export.quantize import METHODS, REFINES, QuantOptions
-from export.rotation import ROTATIONS
+from export.rotation import ROTATIONS, LearnOptions
 
 
 def _trust(text: str):
@@ -30,6 +30,14 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--calib-seq-len", type=int, default=512, help="tokens per calibration window")
     p.add_argument("--quantize-head", action="store_true", help="store the LM head nested (RTN base) instead of float16")
     p.add_argument("--seed", type=int, default=0, help="rotation seed")
+    learn = LearnOptions()
+    p.add_argument("--rotation-steps", type=int, default=learn.steps, help="--rotation learned: Cayley SGD steps")
+    p.add_argument("--rotation-samples", type=int, default=learn.samples,
+                   help="--rotation learned: calibration windows (one held out)")
+    p.add_argument("--rotation-seq-len", type=int, default=learn.seq_len, help="--rotation learned: tokens per window")
+    p.add_argument("--rotation-lr", type=float, default=learn.lr, help="--rotation learned: Cayley SGD step bound")
+    p.add_argument("--rotation-target-weight", type=float, default=learn.target_weight,
+                   help="--rotation learned: weight of the target view's loss beside the draft view's")
     p.add_argument("--onnx", action="store_true", help="also write the decoder-step ONNX graph (bitnest custom ops) "
                    "beside the weights: OUT/decoder_step.onnx")
     p.add_argument("--engine", action="store_true", help="also build the TensorRT engine OUT/decoder_step.engine "
@@ -64,8 +72,11 @@ def main(argv=None) -> int:
         else:
             quant = QuantOptions(method=a.method, refine=a.refine, group_size=a.group_size, act_order=not a.no_act_order,
                                  damp=a.damp, base_trust=a.base_trust, quantize_head=a.quantize_head)
+            learn = LearnOptions(steps=a.rotation_steps, samples=a.rotation_samples, seq_len=a.rotation_seq_len,
+                                 lr=a.rotation_lr, target_weight=a.rotation_target_weight)
             result = run_export(ExportOptions(out=a.out, model=a.model, rotation=a.rotation, seed=a.seed,
-                                              calib_samples=a.calib_samples, calib_seq_len=a.calib_seq_len, quant=quant))
+                                              calib_samples=a.calib_samples, calib_seq_len=a.calib_seq_len, quant=quant,
+                                              learn=learn))
         if a.onnx or a.engine:
             from export.onnx_export import export_onnx
             result["onnx"] = export_onnx(a.out)

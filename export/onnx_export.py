@@ -17,6 +17,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from edge.atomic import write_atomic
+from edge.errors import BitNestError
 from edge.model.checkpoint import HEAD, Checkpoint, load_checkpoint
 from edge.model.decoder import rope_tables
 from export.onnx_functions import (
@@ -210,6 +211,9 @@ class _StepGraph:
 
 def build_step_model(ckpt: Checkpoint) -> onnx.ModelProto:
     """The checked step graph of a loaded checkpoint (metadata ties it to the checkpoint's weights)."""
+    if ckpt.embedding_from_head:
+        raise BitNestError("the step graph gathers a float16 embedding and this checkpoint reads its embedding from "
+                           "the nested head's planes: export it without --quantize-head for ONNX/TensorRT")
     register_schemas()
     model = _StepGraph(ckpt).build()
     meta = {"bitnest.format_version": str(ckpt.manifest["format_version"]),

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import torch
 
-from edge.model.checkpoint import HEAD, load_checkpoint
+from edge.model.checkpoint import EMBED, EMBED_FLOAT16, EMBED_HEAD_TARGET, HEAD, load_checkpoint
 from edge.model.decoder import OnlineRotations
 from export.calibration import calibration_windows
 from export.quantize import QuantOptions, nest_model
-from export.rotation import RotationPlan, rotate
+from export.rotation import LearnOptions, RotationPlan, rotate
 from export.sources import load_source
 from export.writer import check_output_dir, nested_tensors, write_checkpoint
 from plugins.contracts import FORMAT_VERSION, bits_per_weight
@@ -31,6 +31,7 @@ class ExportOptions:
     calib_samples: int = 64
     calib_seq_len: int = 512
     quant: QuantOptions = field(default_factory=QuantOptions)
+    learn: LearnOptions = field(default_factory=LearnOptions)   # --rotation learned
 
 
 def _progress():
@@ -74,14 +75,17 @@ def run_export(opts: ExportOptions) -> dict:
     cfg = src.config
     for k in {k for n, (_, k) in cfg.linear_shapes().items()}:
         opts.quant.group_for(k)
-    plan = RotationPlan(opts.rotation, opts.seed)
-    rotated, rot_record, extra = rotate(src.tensors, cfg, plan)
+    plan = RotationPlan(opts.rotation, opts.seed, opts.learn)
+    tok = None
+    if opts.quant.method == "bitnest" or plan.learned:
+        from transformers import AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(src.folder)
+    rot_calib = calibration_windows(tok, plan.learn.samples, plan.learn.seq_len) if plan.learned else None
+    rotated, rot_record, extra = rotate(src.tensors, cfg, plan, rot_calib, opts.quant.group_for)
     rotated = {k: v.float() for k, v in rotated.items()}
     rotations = OnlineRotations(r1=extra.get("rotation.r1"), r4_size=rot_record["r4_size"])
     calib = None
     if opts.quant.method == "bitnest":
-        from transformers import AutoTokenizer
-        tok = AutoTokenizer.from_pretrained(src.folder)
         calib = calibration_windows(tok, opts.calib_samples, opts.calib_seq_len)
     codes = nest_model(rotated, cfg, rotations, opts.quant, calib, progress=_progress())
     tensors = nested_tensors(codes)
@@ -89,8 +93,12 @@ def run_export(opts: ExportOptions) -> dict:
     for name, t in rotated.items():
         if name not in skip and not name.startswith("rotation."):
             tensors[name] = t.to(torch.float16)
-    if HEAD in codes and not cfg.tie_word_embeddings:
+    embedding = EMBED_FLOAT16
+    if HEAD in codes:
         tensors.pop("lm_head.weight", None)
+        if cfg.tie_word_embeddings:   # the embedding rows are read from the head's planes: no float16 copy
+            tensors.pop(EMBED)
+            embedding = EMBED_HEAD_TARGET
     for name, t in extra.items():
         tensors[name] = t.float()
     manifest = {
@@ -101,6 +109,7 @@ def run_export(opts: ExportOptions) -> dict:
         "refine": opts.quant.refine if opts.quant.method == "bitnest" else "closed",
         "quant": asdict(opts.quant),
         "head": "nested" if HEAD in codes else "float16",
+        "embedding": embedding,
         "linears": {n: {"shape": list(c.q4.shape), "group_size": c.group_size, "offset": c.offset is not None}
                     for n, c in codes.items()},
         "rotation": rot_record,

@@ -13,6 +13,7 @@ edge.analysis.report, as `bitnest tables` does); other results files leave the d
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,8 +25,10 @@ from edge.cli.common import run_cli
 from edge.model.checkpoint import is_checkpoint_dir, read_manifest
 from export.pipeline import ExportOptions, run_export
 from export.quantize import QuantOptions
+from export.rotation import LearnOptions
 
-# name -> (rotation, QuantOptions)
+# name -> (rotation, QuantOptions[, LearnOptions of a learned rotation])
+LEARNED_12 = LearnOptions(steps=12, samples=13)
 CONFIGS = {
     "bitnest closed, trust 0.1": ("none", QuantOptions("bitnest", "closed", base_trust=0.1)),
     "bitnest gptq, trust 0.15": ("none", QuantOptions("bitnest", "gptq", base_trust=0.15)),
@@ -37,6 +40,10 @@ CONFIGS = {
     "bitnest gptq, trust 0.15 + rot": ("r1r2r4", QuantOptions("bitnest", "gptq", base_trust=0.15)),
     "rtn + rot": ("r1r2r4", QuantOptions("rtn")),
     "top4of8 + rot": ("r1r2r4", QuantOptions("top4of8")),
+    "bitnest closed, trust 0.1 + learned rot (12 steps)": ("learned", QuantOptions("bitnest", "closed", base_trust=0.1),
+                                                           LEARNED_12),
+    "bitnest closed, trust 0.1 + rot + nested head": ("r1r2r4", QuantOptions("bitnest", "closed", base_trust=0.1,
+                                                                           quantize_head=True)),
 }
 RESULTS = ROOT / "scripts" / "results" / "quality.json"
 
@@ -45,15 +52,21 @@ def _folder(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch in ".-" else "_" for ch in name)
 
 
+def _learned_matches(record: dict, learn: LearnOptions) -> bool:
+    got = record.get("learning", {})
+    return all(got.get(k) == v for k, v in asdict(learn).items())
+
+
 def _export(name: str, work: Path, model: str) -> Path:
-    rotation, quant = CONFIGS[name]
+    rotation, quant, learn = (CONFIGS[name] + (LearnOptions(),))[:3]
     out = work / _folder(name)
     if is_checkpoint_dir(out):
         m = read_manifest(out)
         if m.get("quant") == json.loads(json.dumps(quant.__dict__)) and m["rotation"]["kind"] == rotation and \
-                m.get("source", {}).get("model", "default") == model:
+                m.get("source", {}).get("model", "default") == model and \
+                (rotation != "learned" or _learned_matches(m["rotation"], learn)):
             return out
-    summary = run_export(ExportOptions(out=str(out), model=model, rotation=rotation, quant=quant))
+    summary = run_export(ExportOptions(out=str(out), model=model, rotation=rotation, quant=quant, learn=learn))
     print(json.dumps({"exported": name, **summary}), file=sys.stderr)
     return out
 

@@ -97,23 +97,30 @@ def nest_model(tensors: dict[str, torch.Tensor], cfg: ModelConfig, rotations: On
 
     GPTQ (method bitnest) runs block by block: H for the base comes from the draft-quantized prefix;
     with refine=gptq, H for the refinement comes from a second stream through the target-quantized prefix.
-    """
+    The head (`quantize_head`) is nested like a block linear, by GPTQ on the final norm's outputs of those
+    streams (method bitnest with calibration), else by RTN (or top4of8)."""
     names = [f"model.layers.{i}.{s}" for i in range(cfg.num_layers) for s in BLOCK_LINEARS]
     codes: dict[str, NestedCodes] = {}
+    head_h = {}
     if opts.method != "bitnest" or calib is None:
         for name in progress(names, desc=f"{opts.method} nesting", file=sys.stderr):
             codes[name] = _nest_one(tensors[name + ".weight"], opts)
     else:
-        codes = _sequential_gptq(tensors, cfg, rotations, opts, calib, progress)
+        codes, head_h = _sequential_gptq(tensors, cfg, rotations, opts, calib, progress)
     if opts.quantize_head:
         head_w = tensors["model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"]
-        codes[HEAD] = _nest_one(head_w, QuantOptions(opts.method if opts.method != "bitnest" else "rtn",
-                                                     group_size=opts.group_size))
+        codes[HEAD] = _nest_one(head_w, opts, head_h.get("draft"), head_h.get("target"))
     return codes
 
 
+def _head_inputs(dec: Decoder, xs: torch.Tensor) -> torch.Tensor:
+    """The head's inputs [S*T, H] (final norm over the un-rotated stream) of residual streams xs [S, T, H]."""
+    return torch.cat([dec.final_norm(x) for x in xs])
+
+
 @torch.no_grad()
-def _sequential_gptq(tensors, cfg, rotations, opts, calib, progress) -> dict[str, NestedCodes]:
+def _sequential_gptq(tensors, cfg, rotations, opts, calib, progress):
+    """(codes of the block linears, {view: H of the head's input}) by GPTQ block by block."""
     capture = HessianCapture()
     float_store = FloatWeights(tensors, cfg.tie_word_embeddings, on_linear=capture)
     fdec = Decoder(cfg, float_store, rotations)
@@ -138,4 +145,9 @@ def _sequential_gptq(tensors, cfg, rotations, opts, calib, progress) -> dict[str
                 stores[view].t[name + ".weight"] = dequantize(codes[name], view)
         for view in streams:
             streams[view] = _run_block(decs[view], layer, streams[view], cos, sin)   # next layer's inputs
-    return codes
+    head_h = {}
+    if opts.quantize_head:
+        for view, xs in streams.items():
+            x = _head_inputs(fdec, xs)                                                # [S*T, H]
+            head_h[view] = (x.T @ x).double()
+    return codes, head_h

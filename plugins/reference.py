@@ -61,6 +61,15 @@ def dequantized_weight(base, refine, scale, view, offset=None) -> torch.Tensor:
     return dequantize_codes(unpack_nibbles(base), qr, scale, view, offset)
 
 
+def nested_embedding(ids: torch.Tensor, base: torch.Tensor, refine: torch.Tensor, scale: torch.Tensor,
+                     offset: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """float32 rows [T, K] of a nested linear's target view (16 q4 + qr) s/16 (+ offset) for ids [T]: the input
+    embedding of a checkpoint whose tied head is nested (docs/contracts.md, weights: embedding `head_target`).
+    Reads only the T looked-up rows of both planes and their scales."""
+    off = None if offset is None else offset[ids]
+    return dequantize_codes(unpack_nibbles(base[ids]), unpack_nibbles(refine[ids]), scale[ids], "target", off)
+
+
 def nested_kv_attention(
     q: torch.Tensor,
     base: torch.Tensor,

@@ -68,7 +68,7 @@ def test_compare_runs_every_policy(calibrated, capsys):
     out = _last_json(capsys)
     table = out["policies"]
     assert set(table) == {"target", "draft", "speculative", "adaptive", "gate-entropy", "gate-margin", "gate-lagged",
-                          "gate-random"}
+                          "gate-random", "gate-repair", "gate-random@repair", "gate-random-repair"}
     for lossless in ("target", "speculative", "adaptive"):
         assert table[lossless]["match"] == 1.0 and table[lossless]["prefix_share"] == 1.0
     assert table["target"]["escalation_rate"] is None and 0 <= table["gate-entropy"]["escalation_rate"] <= 1
@@ -79,9 +79,18 @@ def test_compare_runs_every_policy(calibrated, capsys):
     rand = table["gate-random"]
     assert rand["matched_rate"] == table["gate-entropy"]["escalation_rate"]
     assert abs(rand["escalation_rate"] - rand["matched_rate"]) < 3 / 15 + 1e-9
-    for gate in ("gate-entropy", "gate-margin", "gate-lagged", "gate-random"):   # 3 prompts x 5 gated steps
+    for gate in ("gate-entropy", "gate-margin", "gate-lagged", "gate-random", "gate-repair", "gate-random@repair",
+                 "gate-random-repair"):   # 3 prompts x 5 gated steps
         own = table[gate]["own_history"]
         assert own["low_steps"] + own["escalated_steps"] == 15
+    # the repaired gate is tested against gate-margin and both random controls, matched to its own rate
+    repair = table["gate-repair"]
+    assert {"vs_gate-margin", "vs_gate-random@repair", "vs_gate-random-repair"} <= set(repair)
+    for control in ("gate-random@repair", "gate-random-repair"):
+        assert table[control]["matched_to"] == "gate-repair"
+        assert table[control]["matched_rate"] == repair["escalation_rate"]
+    assert table["gate-repair"]["own_history"]["escalated_departures"] in (None, 0.0)
+    assert table["gate-random-repair"]["own_history"]["escalated_departures"] in (None, 0.0)
 
 
 def test_speculation_sweep_is_lossless_and_counts_its_drafting(calibrated, capsys):

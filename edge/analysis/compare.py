@@ -8,6 +8,7 @@ adaptive speculation with fixed γ."""
 
 import time
 from dataclasses import asdict, dataclass, field, replace
+from typing import Optional
 
 import torch
 
@@ -21,6 +22,9 @@ from edge.decode.kv_cache import KV8
 from edge.errors import BitNestError
 from edge.runtime import Runtime, merged_summary
 
+# The repaired gate (margin signal) and its two controls at its realised rate: random steps escalated with one
+# target pass, and random steps escalated with the same repair pass.
+REPAIR, REPAIR_RANDOM, REPAIR_RANDOM_REPAIRED = "gate-repair", "gate-random@repair", "gate-random-repair"
 STAT_KEYS = ("acceptance", "tokens_per_round", "escalation_rate", "weight_bytes_per_token", "kv_bytes_per_token",
              "tok_s", "draft_passes", "target_passes")
 
@@ -104,8 +108,10 @@ def departures(rt: Runtime, prompts: list[list[int]], runs: list[dict]) -> dict:
             "escalated_steps": high, "escalated_departures": share(high_dep, high)}
 
 
-def _table(runs: dict[str, list[dict]], k: int, resamples: int, seed: int) -> dict:
-    """Per policy: outcomes against the target's tokens, decode statistics, and paired tests vs target/draft."""
+def _table(runs: dict[str, list[dict]], k: int, resamples: int, seed: int,
+           controls: Optional[dict[str, tuple[str, ...]]] = None) -> dict:
+    """Per policy: outcomes against the target's tokens, decode statistics, and paired tests vs target/draft
+    (and vs the runs `controls` names for it)."""
     ref = [r["tokens"] for r in runs["target"]]
     outcomes = {name: _outcomes(ref, rs, k) for name, rs in runs.items()}
     table = {}
@@ -114,7 +120,7 @@ def _table(runs: dict[str, list[dict]], k: int, resamples: int, seed: int) -> di
         match, share = outcomes[name]
         row = {"policy": s["policy"], "match": sum(match) / len(match), "prefix_share": sum(share) / len(share),
                **{key: s.get(key) for key in STAT_KEYS}}
-        for other in ("target", "draft"):
+        for other in ("target", "draft") + (controls or {}).get(name, ()):
             if other in outcomes and other != name:
                 om, osh = outcomes[other]
                 row[f"vs_{other}"] = {"match_diff": paired_bootstrap_diff(match, om, resamples, seed),
@@ -128,6 +134,9 @@ def _add_departures(rt: Runtime, prompts: list[list[int]], runs: dict[str, list[
     for name, rs in runs.items():
         if name.startswith("gate-"):
             table[name]["own_history"] = departures(rt, prompts, rs)
+            repaired = sum(r["stats"].extra.get("repaired_positions", 0) for r in rs)
+            if repaired:
+                table[name]["repaired_positions"] = repaired
 
 
 def main_configs(rt: Runtime, o: CompareOptions) -> dict[str, GenerateConfig]:
@@ -138,15 +147,18 @@ def main_configs(rt: Runtime, o: CompareOptions) -> dict[str, GenerateConfig]:
             "speculative": replace(base, policy="speculative"), "adaptive": replace(base, policy="adaptive"),
             "gate-entropy": replace(base, policy="gate-entropy", gate=entropy),
             "gate-margin": replace(base, policy="gate-margin", gate=calibrated_gate(rt, "gate-margin", gate)),
-            "gate-lagged": replace(base, policy="gate-lagged", gate=entropy)}
+            "gate-lagged": replace(base, policy="gate-lagged", gate=entropy),
+            REPAIR: replace(base, policy="gate-repair",
+                            gate=calibrated_gate(rt, "gate-repair", replace(gate, signal="margin")))}
 
 
 def matched_random(rt: Runtime, prompts: list[list[int]], rate: float, base: GenerateConfig,
-                   seed: int) -> dict[str, list[dict]]:
-    """gate-random at the escalation rate another gate realised in this run: prompt i escalates a random
-    subset of its steps drawn with seed + i (one seed for all would escalate the same steps of every prompt)."""
-    return {"gate-random": [rt.generate(p, replace(base, policy="gate-random", gate=GateConfig(rate=rate, seed=seed + i)))
-                            for i, p in enumerate(prompts)]}
+                   seed: int, policy: str = "gate-random", name: str = "gate-random") -> dict[str, list[dict]]:
+    """`policy` (gate-random or gate-random-repair) at the escalation rate another gate realised in this run:
+    prompt i escalates a random subset of its steps drawn with seed + i (one seed for all would escalate the
+    same steps of every prompt)."""
+    return {name: [rt.generate(p, replace(base, policy=policy, gate=GateConfig(rate=rate, seed=seed + i)))
+                   for i, p in enumerate(prompts)]}
 
 
 def speculation_sweep(rt: Runtime, prompts: list[list[int]], o: CompareOptions) -> dict:
@@ -188,8 +200,15 @@ def compare(o: CompareOptions) -> dict:
     runs = _run_all(rt, prompts, configs)
     rate = _escalation(runs["gate-entropy"])
     runs.update(matched_random(rt, prompts, rate, configs["target"], o.seed))
-    out["policies"] = _table(runs, o.match_tokens, o.resamples, o.seed)
+    repair_rate = _escalation(runs[REPAIR])
+    for policy, name in (("gate-random", REPAIR_RANDOM), ("gate-random-repair", REPAIR_RANDOM_REPAIRED)):
+        runs.update(matched_random(rt, prompts, repair_rate, configs["target"], o.seed, policy, name))
+    out["policies"] = _table(runs, o.match_tokens, o.resamples, o.seed,
+                             {REPAIR: ("gate-margin", REPAIR_RANDOM, REPAIR_RANDOM_REPAIRED),
+                              REPAIR_RANDOM_REPAIRED: (REPAIR_RANDOM,)})
     out["policies"]["gate-random"].update(matched_to="gate-entropy", matched_rate=rate)
+    for name in (REPAIR_RANDOM, REPAIR_RANDOM_REPAIRED):
+        out["policies"][name].update(matched_to=REPAIR, matched_rate=repair_rate)
     _add_departures(rt, prompts, runs, out["policies"])
     if o.phase_prompts:
         out["phase"] = phase_comparison(rt, o)

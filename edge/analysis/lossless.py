@@ -1,12 +1,13 @@
-"""Check that greedy speculative output equals greedy target output, token for token, on real prompts.
+"""Check that greedy speculative output (fixed γ and adaptive) equals greedy target output, token for token, on
+real prompts.
 
     python scripts/lossless.py [--checkpoint DIR] [--backend cpu|torch|triton] [--prompts N] [--max-new-tokens N]
                                [--gamma G] [--json]
 
 Prompts: N/2 held-out ShareGPT requests (chat template) and N/2 Shakespeare passages (raw continuation).
 A divergence is reported with the target's top-two logit gap at that step (a float near-tie when < 1e-4).
-Also reports, per corpus, the speculative and target decode statistics (acceptance, tokens per round,
-weight and KV bytes per token, tok/s).
+Also reports, per corpus, the speculative, adaptive and target decode statistics (acceptance, tokens per round,
+weight and KV bytes per token, their ratio to the FP16 AR baseline, tok/s).
 """
 
 import argparse
@@ -35,28 +36,39 @@ def lossless(a, ckpt: str) -> dict:
     half = a.prompts // 2
     prompts = [("sharegpt", p, True) for p in sharegpt_prompts(a.prompts - half)] + \
               [("shakespeare", p, False) for p in shakespeare_prompts(half)]
-    same, divergences = 0, []
-    stats = {c: {"speculative": [], "target": []} for c in ("sharegpt", "shakespeare")}
-    for corpus, text, chat in prompts:
+    policies = ("speculative",) + (("adaptive",) if a.adaptive else ())
+    same, divergences = {p: 0 for p in policies}, []
+    stats = {c: {p: [] for p in ("target",) + policies} for c in ("sharegpt", "shakespeare")}
+    for n, (corpus, text, chat) in enumerate(prompts):
         ids = rt.encode(text, chat)
         t_run = rt.generate(ids, GenerateConfig(policy="target", max_new_tokens=a.max_new_tokens))
-        spec = rt.generate(ids, GenerateConfig(policy="speculative", gamma=a.gamma, max_new_tokens=a.max_new_tokens))
         target = t_run["tokens"]
         stats[corpus]["target"].append(t_run["stats"])
-        stats[corpus]["speculative"].append(spec["stats"])
-        if spec["tokens"] == target:
-            same += 1
-            print(f"prompt {len(stats['sharegpt']['target']) + len(stats['shakespeare']['target'])}/{len(prompts)}: "
-                  f"identical ({len(target)} tokens)", file=sys.stderr, flush=True)
-            continue
-        i = next((j for j, (x, y) in enumerate(zip(spec["tokens"], target)) if x != y), min(len(target), len(spec["tokens"])))
-        gap = top2_gap(rt, ids + target[:i])
-        divergences.append({"prompt": text[:60], "position": i, "target_top2_gap": gap, "near_tie": gap < 1e-4})
-        print(f"divergence at token {i} of {text[:40]!r}: top-2 gap {gap:.3g}", file=sys.stderr)
+        for policy in policies:
+            run = rt.generate(ids, GenerateConfig(policy=policy, gamma=a.gamma, max_new_tokens=a.max_new_tokens))
+            stats[corpus][policy].append(run["stats"])
+            if run["tokens"] == target:
+                same[policy] += 1
+                print(f"prompt {n + 1}/{len(prompts)} {policy}: identical ({len(target)} tokens)", file=sys.stderr,
+                      flush=True)
+                continue
+            i = next((j for j, (x, y) in enumerate(zip(run["tokens"], target)) if x != y),
+                     min(len(target), len(run["tokens"])))
+            gap = top2_gap(rt, ids + target[:i])
+            divergences.append({"policy": policy, "prompt": text[:60], "position": i, "target_top2_gap": gap,
+                                "near_tie": gap < 1e-4})
+            print(f"{policy}: divergence at token {i} of {text[:40]!r}: top-2 gap {gap:.3g}", file=sys.stderr)
+    summaries = {c: {p: _with_fp16_ratio(merged_summary(v)) for p, v in d.items() if v} for c, d in stats.items()}
     return {"checkpoint": ckpt, "backend": a.backend, "prompts": len(prompts), "max_new_tokens": a.max_new_tokens,
-            "identical": same, "divergences": divergences,
-            "lossless": all(d["near_tie"] for d in divergences),
-            "stats": {c: {p: merged_summary(v) for p, v in d.items() if v} for c, d in stats.items()}}
+            "gamma": a.gamma, "identical": same["speculative"], "identical_by_policy": same,
+            "divergences": divergences, "lossless": all(d["near_tie"] for d in divergences), "stats": summaries}
+
+
+def _with_fp16_ratio(summary: dict) -> dict:
+    """`summary` with weight_bytes_vs_fp16: weight bytes per token over the FP16 AR baseline's."""
+    fp16 = summary.get("fp16_weight_bytes_per_token")
+    w = summary.get("weight_bytes_per_token")
+    return dict(summary, weight_bytes_vs_fp16=round(w / fp16, 4) if w and fp16 else None)
 
 
 def main(argv=None, default_checkpoint=None) -> int:
@@ -66,6 +78,8 @@ def main(argv=None, default_checkpoint=None) -> int:
     p.add_argument("--prompts", type=int, default=20)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--no-adaptive", dest="adaptive", action="store_false",
+                   help="check fixed-γ speculation only (default: adaptive speculation too)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     return run_cli(lambda: lossless(a, checkpoint_arg(a, default_checkpoint)), a.json, "lossless.py")

@@ -14,11 +14,12 @@ import torch
 
 from edge.backends.row_check import RowInvariance
 from edge.errors import BitNestError
-from edge.model.checkpoint import HEAD, Checkpoint
+from edge.model.checkpoint import EMBED, HEAD, Checkpoint
 from plugins.contracts import REFINE_DIVISOR
 from plugins.packing import unpack_nibbles
 
 _INNER_K_TILES = 2
+_ROW_BLOCK = 64     # rows per block of the op's packed layout
 
 
 def cpu_int4_available() -> bool:
@@ -30,6 +31,16 @@ def _relay(plane: torch.Tensor) -> torch.Tensor:
     """Canonical signed-nibble plane uint8 [N, K/2] -> the op's packed layout (same byte count)."""
     codes = unpack_nibbles(plane).to(torch.int32) + 8                       # [N, K] in [0, 15]
     return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, _INNER_K_TILES)
+
+
+def _relaid_rows(packed: torch.Tensor, ids: torch.Tensor, k: int) -> torch.Tensor:
+    """Codes [T, K] in [0, 15] of rows `ids` read back from the op's packed layout (torch 2.13's CPU layout: blocks
+    of 64 rows as [N/64, K, 32] bytes, row 64b + j in the low nibble of byte j, row 64b + 32 + j in the high one;
+    tests/test_embedding_from_head.py checks it against the canonical planes bit for bit)."""
+    blocks = packed.view(-1, k, _ROW_BLOCK // 2)                            # [N/64, K, 32]
+    j = ids % _ROW_BLOCK
+    b = blocks[ids // _ROW_BLOCK, :, j % (_ROW_BLOCK // 2)]                 # [T, K] bytes
+    return torch.where((j < _ROW_BLOCK // 2).unsqueeze(1), b & 0xF, b >> 4).to(torch.int32)
 
 
 def _scales_and_zeros(scale: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
@@ -58,12 +69,26 @@ class CpuInt4Backend:
             # the refinement reuses the base scales on x/16 (exact in bf16) unless an offset must be left out
             sz_ref = sz_base if offset is None else _scales_and_zeros(scale, None)
             self.layout[name] = (_relay(base), _relay(refine), sz_base, sz_ref, spec.group_size)
-        emb = t["model.embed_tokens.weight"]
-        self.head_w = None if ckpt.head_nested else (emb if ckpt.config.tie_word_embeddings else t["lm_head.weight"])
+        if ckpt.embedding_from_head and ckpt.linears[HEAD].shape[0] % _ROW_BLOCK:
+            raise BitNestError(f"the cpu backend reads embedding rows from the head's planes in blocks of {_ROW_BLOCK} "
+                               "rows, and this vocabulary is not a multiple of it: use --backend torch")
+        self.head_w = None if ckpt.head_nested else \
+            t[EMBED if ckpt.config.tie_word_embeddings else "lm_head.weight"]
         self.rows = RowInvariance()
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.ckpt.tensors["model.embed_tokens.weight"][ids].float()
+        if not self.ckpt.embedding_from_head:
+            return self.ckpt.tensors[EMBED][ids].float()
+        # target-view rows of the nested head from the re-laid planes, as this backend's target linear computes
+        # them: (q4 s + zero) + qr s/16 with its bfloat16 scales
+        base, refine, sz_base, sz_ref, g = self.layout[HEAD]
+        k = self.ckpt.linears[HEAD].shape[1]
+        q4 = (_relaid_rows(base, ids, k) - 8).float()                           # [T, K]
+        qr = (_relaid_rows(refine, ids, k) - 8).float()
+        scale = sz_base[:, ids, 0].T.float().repeat_interleave(g, dim=1)        # [T, K]
+        zero = sz_base[:, ids, 1].T.float().repeat_interleave(g, dim=1)
+        ref_scale = sz_ref[:, ids, 0].T.float().repeat_interleave(g, dim=1)
+        return q4 * scale + zero + qr * ref_scale / REFINE_DIVISOR
 
     def norm(self, name: str) -> torch.Tensor:
         return self.ckpt.tensors[name + ".weight"].float()

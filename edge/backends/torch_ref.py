@@ -5,9 +5,9 @@ so results do not depend on how many tokens a pass holds. With float activations
 
 import torch
 
-from edge.model.checkpoint import HEAD, Checkpoint
+from edge.model.checkpoint import EMBED, HEAD, Checkpoint
 from plugins.decoder_math import rowwise
-from plugins.reference import dequantized_weight, dual_plane_linear_int8
+from plugins.reference import dequantized_weight, dual_plane_linear_int8, nested_embedding
 
 
 class TorchBackend:
@@ -22,7 +22,10 @@ class TorchBackend:
         self.activations = "int8" if act_int8 else "float32"
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.ckpt.tensors["model.embed_tokens.weight"][ids].float()
+        if self.ckpt.embedding_from_head:
+            base, refine, scale, offset = self.ckpt.planes(HEAD)
+            return nested_embedding(ids, base, refine, scale, offset)                   # [T, H]
+        return self.ckpt.tensors[EMBED][ids].float()
 
     def norm(self, name: str) -> torch.Tensor:
         return self.ckpt.tensors[name + ".weight"].float()

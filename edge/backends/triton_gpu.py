@@ -12,6 +12,7 @@ import torch
 
 from edge.errors import BitNestError
 from edge.model.checkpoint import HEAD, Checkpoint
+from plugins.reference import nested_embedding
 
 def kernel_device() -> torch.device:
     """The device the kernels run on: the GPU, or the CPU under the Triton interpreter; else a one-line error."""
@@ -49,7 +50,11 @@ class TritonBackend:
         self.attention_ops = self.k
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.ckpt.tensors["model.embed_tokens.weight"][ids.to(self.device)].float()
+        ids = ids.to(self.device)
+        if self.ckpt.embedding_from_head:   # the looked-up rows of the head's planes, target view
+            base, refine, scale, offset = self.ckpt.planes(HEAD)
+            return nested_embedding(ids, base, refine, scale, offset)
+        return self.ckpt.tensors["model.embed_tokens.weight"][ids].float()
 
     def norm(self, name: str) -> torch.Tensor:
         return self.ckpt.tensors[name + ".weight"].float()

@@ -39,7 +39,7 @@ def add_policy_arguments(p: argparse.ArgumentParser) -> None:
                    "below); default: the threshold calibrated for --gate-rate")
     g.add_argument("--gate-rate", type=float, default=0.15, help="target escalation rate (0.03, 0.07, 0.15 or 0.3 "
                    "calibrated); for gate-random, the share of decode steps it escalates (any value in [0, 1])")
-    g.add_argument("--gate-signal", choices=SIGNALS, default="entropy", help="gate-lagged's signal")
+    g.add_argument("--gate-signal", choices=SIGNALS, default="entropy", help="the signal of gate-lagged and gate-repair")
     g.add_argument("--gate-seed", type=int, default=0, help="gate-random's seed")
     g.add_argument("--phase-tag", default="</think>", help="gate-phase: the closing tag between the phases")
     g.add_argument("--phase-order", choices=PHASE_ORDERS, default="low-high",

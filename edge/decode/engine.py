@@ -16,7 +16,7 @@ from edge.decode.kv_cache import (
     NestedKVCache,
     kv_bytes_per_position,
 )
-from edge.decode.stats import DecodeStats, weight_bytes_per_pass
+from edge.decode.stats import DecodeStats, embedding_row_bytes, weight_bytes_per_pass
 from edge.errors import BitNestError
 from edge.model.checkpoint import Checkpoint
 from edge.model.decoder import Decoder, WeightStore
@@ -42,7 +42,7 @@ class Engine(ABC):
         self.prefill_chunk = min(prefill_chunk, max_pass_tokens or prefill_chunk)
         self.length = 0
         self.pass_weight_bytes = {v: weight_bytes_per_pass(ckpt, v) for v in (DRAFT, TARGET)}
-        self.embed_row_bytes = cfg.hidden_size * 2 if embed_row_bytes is None else embed_row_bytes
+        self.embed_row_bytes = embedding_row_bytes(ckpt) if embed_row_bytes is None else embed_row_bytes
         self.kv_position_bytes = {True: kv_bytes_per_position(cfg, "nested"), False: kv_bytes_per_position(cfg, "kv4")}
         self.stats = DecodeStats(policy="", backend=backend)
         # called with the phase each pass belongs to ("prefill", "draft", "verify": a pass of the target view in

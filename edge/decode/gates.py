@@ -2,7 +2,8 @@
 the draft (low) view unless a rule sends it to the target (high) view: the low pass's entropy or top-two
 margin (`gate-entropy`, `gate-margin`), the previous step's signal (`gate-lagged`, no wasted low pass),
 a closing tag such as `</think>` (`gate-phase`), or a seeded random subset of the steps at a matched
-rate (`gate-random`)."""
+rate (`gate-random`). The repairing variants (`gate-repair`, `gate-random-repair`) re-run the target view over
+the low steps since the last escalation when they escalate, so the escalated step reads target-view history."""
 
 import math
 from typing import TYPE_CHECKING, ClassVar, Optional
@@ -42,6 +43,8 @@ class GatePolicy(Policy):
         super().__init__(cfg, sampler, decode)
         self.gate = cfg.gate
         self.index = 0        # this step's index among the generation's decode steps
+        self.low_from: Optional[int] = None   # position of the first low-pass KV entry since the last high step
+        self.repaired = 0     # low-pass entries rewritten by repair passes
 
     def _pass(self, eng: Engine, pending: int, high: bool) -> torch.Tensor:
         """Logits [V] of one pass over the pending token at the chosen view (its KV entry lands at `length`)."""
@@ -50,9 +53,32 @@ class GatePolicy(Policy):
         return eng.forward([pending], DRAFT, self.cfg.draft_kv.read(eng.length))[-1]
 
     def _emit(self, eng: Engine, logits: torch.Tensor, high: bool) -> Step:
+        if high:
+            self.low_from = None
+        elif self.low_from is None:
+            self.low_from = eng.length
         eng.commit(eng.length + 1)
         self.index += 1
         return Step([self.sampler.choose(logits)], escalated=high)
+
+    def _repair_pass(self, eng: Engine, history: list[int]) -> torch.Tensor:
+        """Logits [V] of the escalated step after repairing its history: one target pass over the tokens whose
+        entries low passes wrote since the last high step and the pending token (a verification-shaped pass),
+        rewriting those entries with target-view K/V. The tokens are the ones already emitted: only the cache
+        changes. Bounded by the engine's widest pass."""
+        start = eng.length                                      # the pending token's position
+        first = start if self.low_from is None else self.low_from
+        if eng.max_pass_tokens is not None:
+            first = max(first, start + 1 - eng.max_pass_tokens)
+        ids = history[len(history) - 1 - (start - first):]       # positions [first, start]; history[-1] is pending
+        eng.commit(first)
+        logits = eng.forward(ids, TARGET, KV8)[-1]
+        eng.commit(start)
+        self.repaired += start - first
+        return logits
+
+    def summary(self):
+        return {"repaired_positions": self.repaired} if self.repaired else {}
 
     def high(self, eng: Engine, history: list[int]) -> bool:
         """Before the step: run it with the target view?"""
@@ -162,4 +188,34 @@ class RandomGate(GatePolicy):
         return self.index in self.steps
 
 
-GATES = (EntropyGate, MarginGate, LaggedGate, PhaseGate, RandomGate)
+class RepairGate(ThresholdGate):
+    """The repaired gate: escalate on the low pass's signal (`gate.signal`, entropy or margin) and run the
+    escalated step as a target pass over the low steps since the last escalation plus the pending token."""
+
+    name = "gate-repair"
+
+    def step(self, eng, pending, history):
+        """Rule: run the low pass; when it looks uncertain, rewind to the first low-pass entry since the last high
+        step and re-run those tokens and the pending one with the target view in one pass (their entries become
+        target-view K/V, as a speculative round's verification writes them); the last row picks the token. The
+        escalated step so sees the history the target would have written for the same tokens."""
+        logits = self._pass(eng, pending, False)
+        high = self.uncertain(logits)
+        if high:
+            logits = self._repair_pass(eng, history)
+        return self._emit(eng, logits, high)
+
+
+class RandomRepairGate(RandomGate):
+    """The control of the repaired gate: gate-random's steps, each escalated step run as a repair pass."""
+
+    name = "gate-random-repair"
+
+    def step(self, eng, pending, history):
+        """Rule: on a scheduled step, the repair pass of gate-repair (no low pass); else one low pass."""
+        high = self.high(eng, history)
+        logits = self._repair_pass(eng, history) if high else self._pass(eng, pending, False)
+        return self._emit(eng, logits, high)
+
+
+GATES = (EntropyGate, MarginGate, LaggedGate, PhaseGate, RandomGate, RepairGate, RandomRepairGate)

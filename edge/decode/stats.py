@@ -5,7 +5,7 @@ steps from the generation loop."""
 
 from dataclasses import dataclass, field
 
-from edge.model.checkpoint import Checkpoint, LinearSpec
+from edge.model.checkpoint import HEAD, Checkpoint, LinearSpec
 
 
 def linear_bytes_per_pass(spec: LinearSpec, view: str) -> int:
@@ -28,6 +28,16 @@ def weight_bytes_per_pass(ckpt: Checkpoint, view: str) -> int:
         cfg = ckpt.config
         total += cfg.vocab_size * cfg.hidden_size * 2
     return total
+
+
+def embedding_row_bytes(ckpt: Checkpoint) -> int:
+    """Bytes one token's embedding lookup reads: a float16 row, or (embedding from the nested head) the row of
+    both planes and its scales (and offsets) at the target view."""
+    if not ckpt.embedding_from_head:
+        return ckpt.config.hidden_size * 2
+    spec = ckpt.linears[HEAD]
+    k = spec.shape[1]
+    return k + 2 * (k // spec.group_size) * (2 if spec.offset else 1)
 
 
 def fp16_weight_bytes_per_pass(ckpt: Checkpoint) -> int:

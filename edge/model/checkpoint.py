@@ -18,6 +18,11 @@ MANIFEST = "manifest.json"
 WEIGHTS = "model.safetensors"
 R1_TENSOR = "rotation.r1"
 HEAD = "lm_head"
+EMBED = "model.embed_tokens.weight"
+# Where the input embedding rows come from (manifest field "embedding", absent = float16): the float16 tensor
+# EMBED, or the rows of the nested tied head at the target view, (16 q4 + qr) s/16, with no float16 copy.
+EMBED_FLOAT16, EMBED_HEAD_TARGET = "float16", "head_target"
+EMBEDDINGS = (EMBED_FLOAT16, EMBED_HEAD_TARGET)
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,11 @@ class Checkpoint:
     @property
     def head_nested(self) -> bool:
         return HEAD in self.linears
+
+    @property
+    def embedding_from_head(self) -> bool:
+        """The input embedding is read from the nested head's planes at the target view (no float16 copy)."""
+        return self.manifest.get("embedding", EMBED_FLOAT16) == EMBED_HEAD_TARGET
 
     def planes(self, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         """(base, refine, scale, offset-or-None) of one nested linear."""
@@ -173,6 +183,21 @@ def _check_tensor(tensors, name, dtype, shape):
         )
 
 
+def _check_embedding(cfg: ModelConfig, tensors: dict[str, torch.Tensor], m: dict[str, Any]) -> None:
+    """The float16 embedding, or (embedding `head_target`) a nested tied head and no float16 copy beside it."""
+    kind = m.get("embedding", EMBED_FLOAT16)
+    if kind not in EMBEDDINGS:
+        raise CheckpointError(f"manifest embedding {kind!r} is not one of {', '.join(EMBEDDINGS)}: re-export it")
+    if kind == EMBED_FLOAT16:
+        _check_tensor(tensors, EMBED, torch.float16, (cfg.vocab_size, cfg.hidden_size))
+        return
+    if m.get("head") != "nested" or not cfg.tie_word_embeddings:
+        raise CheckpointError("embedding head_target needs a nested head tied to the embedding: re-export the checkpoint")
+    if EMBED in tensors:
+        raise CheckpointError(f"embedding head_target, yet {WEIGHTS} holds a float16 {EMBED} beside the head's "
+                              "planes: re-export the checkpoint")
+
+
 def validate_tensors(cfg: ModelConfig, specs: dict[str, LinearSpec], tensors: dict[str, torch.Tensor], m) -> None:
     """Names, dtypes and shapes of every tensor against the config and linear specs."""
     for name, s in specs.items():
@@ -189,7 +214,7 @@ def validate_tensors(cfg: ModelConfig, specs: dict[str, LinearSpec], tensors: di
         if s.shape != want:
             raise CheckpointError(f"{name} has shape {s.shape}, the model config implies {want}: re-export the checkpoint")
     h = cfg.hidden_size
-    _check_tensor(tensors, "model.embed_tokens.weight", torch.float16, (cfg.vocab_size, h))
+    _check_embedding(cfg, tensors, m)
     _check_tensor(tensors, "model.norm.weight", torch.float16, (h,))
     for i in range(cfg.num_layers):
         for norm in BLOCK_NORMS:

@@ -83,12 +83,15 @@ class Decoder:
             g = hadamard_rows(g, self.rot.r4_size)
         return x + w.linear(p + "mlp.down_proj", g, view)
 
-    def final(self, x: torch.Tensor, view: str) -> torch.Tensor:
-        """Residual [T, H] -> logits [T, V]."""
+    def final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """Residual [T, H] -> the head's input [T, H]: R1 undone, then the final norm."""
         if self.rot.r1 is not None:
             x = rotate_rows(x, self.rot.r1, transpose=True)           # back to the original basis
-        x = rms_norm(x, self.weights.norm("model.norm"), self.cfg.rms_norm_eps)
-        return self.weights.head(x, view)
+        return rms_norm(x, self.weights.norm("model.norm"), self.cfg.rms_norm_eps)
+
+    def final(self, x: torch.Tensor, view: str) -> torch.Tensor:
+        """Residual [T, H] -> logits [T, V]."""
+        return self.weights.head(self.final_norm(x), view)
 
     def rope(self, t: int, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = rope_tables(self.cfg, torch.arange(start, start + t), self.weights.dtype)

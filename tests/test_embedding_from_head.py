@@ -1,0 +1,110 @@
+"""A nested tied head serves the input embedding too (manifest `embedding: head_target`): no float16 copy is stored,
+every backend looks rows up from the head's planes at the target view, the reader refuses inconsistent
+checkpoints, and speculation stays lossless."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from edge.backends import make_backend
+from edge.decode.config import GenerateConfig
+from edge.decode.stats import embedding_row_bytes
+from edge.errors import BitNestError, CheckpointError
+from edge.model.checkpoint import EMBED, HEAD, MANIFEST, WEIGHTS, load_checkpoint
+from edge.runtime import Runtime
+from plugins.packing import unpack_nibbles
+from plugins.reference import dequantized_weight
+
+
+@pytest.fixture(scope="module")
+def head_checkpoint(tmp_path_factory):
+    """A real RTN export of the default model with the nested head and R1/R2/R4."""
+    from export.pipeline import ExportOptions, run_export
+    from export.quantize import QuantOptions
+    out = tmp_path_factory.mktemp("ckpt") / "rtn-head"
+    run_export(ExportOptions(out=str(out), rotation="r1r2r4", quant=QuantOptions(method="rtn", quantize_head=True)))
+    return out
+
+
+def _ids(gen, n=40, vocab=49152):
+    return torch.randint(0, vocab, (n,), generator=gen)
+
+
+def test_no_float16_embedding_is_stored(head_checkpoint):
+    ck = load_checkpoint(head_checkpoint)
+    assert ck.manifest["embedding"] == "head_target" and ck.embedding_from_head and ck.head_nested
+    assert EMBED not in ck.tensors and "lm_head.weight" not in ck.tensors
+    assert not any(t.dtype == torch.float16 and t.shape[0] == ck.config.vocab_size and t.dim() == 2
+                   and not n.endswith(".scale") for n, t in ck.tensors.items())
+    # the lookup reads one row of both planes and its scales: 576 + 2 * 9 bytes instead of 1152
+    assert embedding_row_bytes(ck) == 576 + 2 * 576 // ck.linears[HEAD].group_size
+
+
+def test_torch_backend_rows_are_the_head_target_view(head_checkpoint, gen):
+    ck = load_checkpoint(head_checkpoint)
+    ids = _ids(gen)
+    want = dequantized_weight(*ck.planes(HEAD)[:3], "target")[ids]                    # [T, H]
+    assert torch.equal(make_backend("torch", ck).embed(ids), want)
+
+
+def test_cpu_backend_rows_from_relaid_planes(head_checkpoint, gen):
+    """The cpu backend re-lays the planes in place: rows are read back from the op's layout, bit for bit equal to
+    the canonical codes at the backend's bfloat16 scales."""
+    ck = load_checkpoint(head_checkpoint)
+    base, refine, scale = (t.clone() for t in ck.planes(HEAD)[:3])
+    be = make_backend("cpu", ck)
+    assert HEAD + ".base" not in ck.tensors           # no canonical copy beside the re-laid one
+    ids = torch.cat((_ids(gen), torch.tensor([0, 31, 32, 63, 64, 49151])))
+    g = be.layout[HEAD][4]
+    s = scale.to(torch.bfloat16).float().repeat_interleave(g, 1)[ids]                  # [T, H]
+    want = (16 * unpack_nibbles(base[ids]).float() + unpack_nibbles(refine[ids]).float()) * (s / 16)
+    assert torch.equal(be.embed(ids), want)
+
+
+def _copy_with(src, dst, manifest_edit=None, tensors_edit=None):
+    shutil.copytree(src, dst)
+    if tensors_edit:
+        from safetensors.torch import load_file, save_file
+        t = load_file(str(dst / WEIGHTS))
+        tensors_edit(t)
+        save_file(t, str(dst / WEIGHTS))
+    if manifest_edit:
+        m = json.loads((dst / MANIFEST).read_text())
+        manifest_edit(m)
+        (dst / MANIFEST).write_text(json.dumps(m))
+    return dst
+
+
+def test_reader_refuses_inconsistent_embedding(head_checkpoint, tmp_path):
+    copy = _copy_with(head_checkpoint, tmp_path / "copy",
+                      tensors_edit=lambda t: t.update({EMBED: torch.zeros(49152, 576, dtype=torch.float16)}))
+    with pytest.raises(CheckpointError, match="beside the head's planes"):
+        load_checkpoint(copy, verify=False)
+    float16 = _copy_with(head_checkpoint, tmp_path / "float16", lambda m: m.update(embedding="float16"))
+    with pytest.raises(CheckpointError, match=f"lacks tensor {EMBED}"):
+        load_checkpoint(float16)
+    no_head = _copy_with(head_checkpoint, tmp_path / "nohead", lambda m: m.update(head="float16"))
+    with pytest.raises(CheckpointError, match="needs a nested head"):
+        load_checkpoint(no_head)
+    unknown = _copy_with(head_checkpoint, tmp_path / "unknown", lambda m: m.update(embedding="int4"))
+    with pytest.raises(CheckpointError, match="'int4' is not one of"):
+        load_checkpoint(unknown)
+
+
+def test_speculation_stays_lossless_and_counts_row_bytes(head_checkpoint):
+    rt = Runtime(head_checkpoint, backend="cpu", max_context=256)
+    ids = rt.encode("Write two sentences about the sea.")
+    target = rt.generate(ids, GenerateConfig(policy="target", max_new_tokens=24))
+    spec = rt.generate(ids, GenerateConfig(policy="speculative", max_new_tokens=24))
+    assert spec["tokens"] == target["tokens"]
+    s = target["stats"]
+    row = embedding_row_bytes(rt.ckpt)
+    assert s.weight_bytes == s.target_passes * (rt.engine.pass_weight_bytes["target"] + row)
+
+
+def test_onnx_export_refuses_in_one_line(head_checkpoint):
+    from export.onnx_export import export_onnx
+    with pytest.raises(BitNestError, match="nested head's planes"):
+        export_onnx(head_checkpoint)
