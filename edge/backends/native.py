@@ -51,6 +51,9 @@ class NativeEngine(Engine):
             for i, f in enumerate(hadamard_factor_matrices(ckpt.rotations.r4_size)):
                 tensors[f"rotation.r4.{i}"] = f.float().contiguous()
         self.threads = threads or torch.get_num_threads()
+        # The step runs on its own threads; torch's idle OpenMP workers spin for a while after every parallel torch
+        # op (the sampler's argmax over the vocabulary is one) and would take the cores the step's threads need.
+        torch.set_num_threads(1)
         dims = {"layers": cfg.num_layers, "hidden": cfg.hidden_size, "intermediate": cfg.intermediate_size,
                 "heads": cfg.num_heads, "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
                 "vocab": cfg.vocab_size, "max_tokens": max(self.prefill_chunk, scratch + 1), "threads": self.threads}

@@ -4,7 +4,7 @@ this machine the first time they are needed (or by scripts/setup.sh) and cached;
 and call them, with the same arguments as plugins.reference.
 
 Kernels: AVX2 + FMA + F16C on x86-64, NEON (with `sdot` where the CPU has it) on aarch64, portable C++ elsewhere,
-chosen at run time; `BITNEST_NATIVE_ISA=generic|avx2|neon` forces one. Build: gcc/g++ from the distribution and
+chosen at run time, on the step's own threads (pool.h); `BITNEST_NATIVE_ISA=generic|avx2|neon` forces one. Build: gcc/g++ from the distribution and
 ninja from the package index; `BITNEST_CACHE` (default ~/.cache/bitnest-edge) holds the built library.
 """
 
@@ -19,8 +19,8 @@ import torch
 from plugins.contracts import DUAL_PLANE_LINEAR, NESTED_KV_ATTENTION, check_view
 
 SOURCES = ("kernels_generic.cpp", "kernels_avx2.cpp", "kernels_neon.cpp", "step.cpp", "bindings.cpp")
-HEADERS = ("native.h", "attend.h", "step.h")
-CFLAGS = ["-O3", "-std=c++17", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-Wall", "-Wno-unused-function"]
+HEADERS = ("native.h", "attend.h", "step.h", "pool.h", "neon_linear.inc")
+CFLAGS = ["-O3", "-std=c++17", "-pthread", "-ffp-contract=off", "-fno-math-errno", "-Wall", "-Wno-unused-function"]
 ISA_ENV = "BITNEST_NATIVE_ISA"
 _FOLDER = Path(__file__).resolve().parent
 _loaded: Optional[bool] = None
@@ -34,6 +34,15 @@ class NativeUnavailable(RuntimeError):
 def build_folder() -> Path:
     cache = Path(os.environ.get("BITNEST_CACHE", Path.home() / ".cache" / "bitnest-edge"))
     return cache / "native" / f"torch-{torch.__version__}-{platform.machine()}"
+
+
+def source_hash() -> str:
+    """sha256 (16 hex digits) of every source and header the library is built from."""
+    import hashlib
+    h = hashlib.sha256()
+    for name in SOURCES + HEADERS:
+        h.update((_FOLDER / name).read_bytes())
+    return h.hexdigest()[:16]
 
 
 def _preflight() -> Optional[str]:
@@ -59,9 +68,10 @@ def load() -> None:
         from torch.utils import cpp_extension
         folder = build_folder()
         folder.mkdir(parents=True, exist_ok=True)
-        try:
+        try:   # the sources' hash is a flag, so a changed header rebuilds too (cpp_extension hashes sources only)
             cpp_extension.load(name="bitnest_native", sources=[str(_FOLDER / s) for s in SOURCES],
-                               extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"], build_directory=str(folder),
+                               extra_cflags=CFLAGS + [f"-DBITNEST_SOURCES={source_hash()}"], extra_ldflags=["-pthread"],
+                               build_directory=str(folder),
                                is_python_module=False, verbose=False)
         except (RuntimeError, OSError, ImportError) as e:
             lines = [ln for ln in str(e).splitlines() if "error" in ln.lower()] or str(e).splitlines() or [repr(e)]

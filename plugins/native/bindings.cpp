@@ -42,6 +42,7 @@ NestedLinear linear_of(const at::Tensor& base, const at::Tensor& refine, const a
   w.base = base.data_ptr<uint8_t>(), w.scale = half_ptr(scale);
   if (refine.defined() && refine.numel()) check(refine, at::kByte, name + ".refine"), w.refine = refine.data_ptr<uint8_t>();
   if (offset && offset->defined() && offset->numel()) check(*offset, at::kHalf, name + ".offset"), w.offset = half_ptr(*offset);
+  w.int8_target = w.refine && !w.offset && target_fits_int8(w.base, w.refine, size_t(w.N) * w.K / 2);
   return w;
 }
 

@@ -51,6 +51,15 @@ uint16_t f32_to_f16(float f) {
   return sign | uint16_t(q);
 }
 
+void place_codes(const int32_t* codes, int K, int G, int8_t* xq, int32_t* xsum) {
+  for (int g = 0; g < K / G; ++g) xsum[g] = 0;
+  for (int k = 0; k < K; ++k) {
+    const int b = k / kBlock, j = k % kBlock;            // plane order: even columns, then odd ones
+    xq[b * kBlock + (j & 1) * (kBlock / 2) + j / 2] = int8_t(codes[k]);
+    xsum[k / G] += codes[k];
+  }
+}
+
 void quantize_acts(const float* x, int ldx, int M, int K, int G, int8_t* xq, int32_t* xsum, float* sx) {
   for (int m = 0; m < M; ++m) {
     const float* xm = x + size_t(m) * ldx;
@@ -73,6 +82,14 @@ void quantize_acts(const float* x, int ldx, int M, int K, int G, int8_t* xq, int
 }
 
 static inline int nib(int v) { return v & 0xF; }
+
+bool target_fits_int8(const uint8_t* base, const uint8_t* refine, size_t bytes) {
+  for (size_t i = 0; i < bytes; ++i) {   // q4 = -8 is nibble 0 here; qr < 0 is a nibble below 8
+    const uint8_t b = base[i], r = refine[i];
+    if (((b & 0xF) == 0 && (r & 0xF) < 8) || ((b >> 4) == 0 && (r >> 4) < 8)) return false;
+  }
+  return true;
+}
 
 void quantize_kv_vector(const float* x, int D, uint8_t* base, uint8_t* refine, uint16_t* scale) {
   float amax = 0.f;
@@ -159,8 +176,13 @@ static void attend_generic(const KVLayer& kv, const KVRange& r, const float* q, 
   attend_with(dot_generic, axpy_generic, kv, r, q, ldq, hpk, hkv, t0, t1, out, ldo, scores);
 }
 
+void silu_mul_portable(float* g, const float* u, int n) {
+  for (int i = 0; i < n; ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+}
+
 const Kernels& generic_kernels() {
-  static const Kernels k{"generic", nested_linear_generic, f16_linear_generic, attend_generic};
+  static const Kernels k{"generic", nested_linear_generic, f16_linear_generic, attend_generic, quantize_acts,
+                         silu_mul_portable};
   return k;
 }
 

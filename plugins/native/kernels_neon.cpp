@@ -77,10 +77,12 @@ static void attend_neon(const KVLayer& kv, const KVRange& r, const float* q, int
   attend_with(dot_neon, axpy_neon, kv, r, q, ldq, hpk, hkv, t0, t1, out, ldo, scores);
 }
 
-static const Kernels widen{"neon-widen", nested_linear_widen, f16_linear_neon, attend_neon};
+static const Kernels widen{"neon-widen", nested_linear_widen, f16_linear_neon, attend_neon, quantize_acts,
+                           silu_mul_portable};
 
 const Kernels* neon_kernels() {
-  static const Kernels sdot{"neon-sdot", nested_linear_sdot, f16_linear_neon, attend_neon};
+  static const Kernels sdot{"neon-sdot", nested_linear_sdot, f16_linear_neon, attend_neon, quantize_acts,
+                            silu_mul_portable};
   return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) ? &sdot : &widen;
 }
 

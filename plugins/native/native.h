@@ -26,7 +26,13 @@ struct NestedLinear {
   const uint16_t* offset = nullptr;  // float16 [N, K/G] or null (top4of8: W = code * step + offset)
   const uint16_t* bias = nullptr;    // float16 [N] or null
   int N = 0, K = 0, G = 0;
+  // The target's 8-bit code 16 q4 + qr fits int8 everywhere (the symmetric nest: qr >= 0 where q4 = -8, and no
+  // offset): kernels may then form it once per block and take one dot product per token instead of two.
+  bool int8_target = false;
 };
+
+// True where every 16 q4 + qr of these planes (offset-binary, see above) lies in [-128, 127].
+bool target_fits_int8(const uint8_t* base, const uint8_t* refine, size_t bytes);
 
 // One pass's INT8 activations for an input of K columns, M tokens: xq in plane order (for every 64 columns, the
 // 32 even columns then the 32 odd ones, matching the low and high nibbles of 32 plane bytes), group sums of xq
@@ -69,6 +75,10 @@ struct Kernels {
   // over the nested cache; q [T, Hq*D] (rows ldq apart); scores: scratch of hq_per_kv * (first + T) floats.
   void (*attend)(const KVLayer& kv, const KVRange& r, const float* q, int ldq, int hq_per_kv, int hkv, int t0,
                  int t1, float* out, int ldo, float* scores);
+  // quantize_acts() below, vectorized: the same codes bit for bit
+  void (*quantize)(const float* x, int ldx, int M, int K, int G, int8_t* xq, int32_t* xsum, float* sx);
+  // g[i] = silu(g[i]) * u[i] for i < n (silu(z) = z / (1 + exp(-z)), exp within 2 ulp of libm's)
+  void (*silu_mul)(float* g, const float* u, int n);
 };
 
 const Kernels& generic_kernels();
@@ -86,6 +96,12 @@ uint16_t f32_to_f16(float f);
 // Per-token INT8 quantization of x [M, K] (rows ldx apart) into plane order, with group sums (reference
 // semantics: s = max(max|x| / 127, 1e-12), q = clamp(round_half_even(x / s), -127, 127)).
 void quantize_acts(const float* x, int ldx, int M, int K, int G, int8_t* xq, int32_t* xsum, float* sx);
+
+// g[i] = silu(g[i]) * u[i] with libm's expf.
+void silu_mul_portable(float* g, const float* u, int n);
+
+// INT8 codes [K] in natural column order -> plane order, with their group sums.
+void place_codes(const int32_t* codes, int K, int G, int8_t* xq, int32_t* xsum);
 
 // Nested KV quantization of one vector x [D] (plugins/kv.py): s = max(max|x| / 7, 2^-24) stored as float16 and
 // used rounded, q4 = clamp(round(x / s), -8, 7), qr = clamp(round((x - q4 s) / (s / 16)), -8, 7).

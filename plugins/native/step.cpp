@@ -1,15 +1,12 @@
-// The decoder step (step.h): every layer and the head in one call, threads split each linear's output rows and the
-// attention's (token, KV head) tasks inside one OpenMP parallel region per chunk of the pass; the small per-token
-// work between them (norms, quantization, RoPE, KV writes, rotations) runs on one thread between barriers.
+// The decoder step (step.h): every layer and the head in one call. The step's threads (pool.h) split each linear's
+// output rows and the attention's KV heads, and meet at five barriers a layer; the small per-token work between
+// them (norms, quantization, the R4 rotation) each thread does for itself rather than wait for one thread.
 #include "step.h"
 
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 namespace bitnest {
 
@@ -40,12 +37,40 @@ void rope(float* x, const float* cos, const float* sin, int D) {
   }
 }
 
-// x [n] @ (F_1 kron F_2 kron ...): contract each factor along its own axis (plugins/hadamard.py apply_hadamard).
-void kron_apply(float* x, float* buf, int n, const std::vector<int>& orders, const std::vector<const float*>& fs) {
+// In-place fast Walsh-Hadamard transform along the middle axis of x [pre, f, post] (f a power of two), scaled by
+// 1/sqrt(f): x @ (Sylvester H_f / sqrt(f)) without the f x f matrix.
+void fwht(float* x, int pre, int f, int post) {
+  const float scale = 1.f / std::sqrt(float(f));
+  for (int p = 0; p < pre; ++p) {
+    float* slab = x + size_t(p) * f * post;
+    for (int h = 1; h < f; h *= 2)
+      for (int i = 0; i < f; i += 2 * h)
+        for (int j = i; j < i + h; ++j) {
+          float* a = slab + size_t(j) * post;
+          float* b = slab + size_t(j + h) * post;
+          for (int q = 0; q < post; ++q) {
+            const float u = a[q], v = b[q];
+            a[q] = u + v, b[q] = u - v;
+          }
+        }
+    for (int i = 0; i < f * post; ++i) slab[i] *= scale;
+  }
+}
+
+}  // namespace
+
+// x [n] @ (F_1 kron F_2 kron ...): contract each factor along its own axis (plugins/hadamard.py apply_hadamard);
+// Sylvester factors by the fast transform, others (Paley) by their matrix.
+void kron_apply(float* x, float* buf, int n, const std::vector<KronFactor>& factors) {
   int pre = 1;
-  for (size_t a = 0; a < orders.size(); ++a) {
-    const int f = orders[a], post = n / (pre * f);
-    const float* F = fs[a];
+  for (const KronFactor& fac : factors) {
+    const int f = fac.order, post = n / (pre * f);
+    if (fac.sylvester) {
+      fwht(x, pre, f, post);
+      pre *= f;
+      continue;
+    }
+    const float* F = fac.matrix;
     for (int p = 0; p < pre; ++p) {
       float* out = buf + size_t(p) * f * post;
       const float* in = x + size_t(p) * f * post;
@@ -64,8 +89,17 @@ void kron_apply(float* x, float* buf, int n, const std::vector<int>& orders, con
   }
 }
 
-float silu(float g) { return g / (1.f + std::exp(-g)); }
-
+namespace {
+bool is_sylvester(const float* m, int f) {     // the matrix equals Sylvester H_f / sqrt(f)
+  if (f & (f - 1)) return false;
+  const float v = 1.f / std::sqrt(float(f));
+  for (int i = 0; i < f; ++i)
+    for (int j = 0; j < f; ++j) {
+      const float want = __builtin_popcount(unsigned(i & j)) % 2 ? -v : v;
+      if (std::fabs(m[size_t(i) * f + j] - want) > 1e-6f) return false;
+    }
+  return true;
+}
 }  // namespace
 
 std::string unsupported_linear(const NestedLinear& l, const std::string& what) {
@@ -91,17 +125,22 @@ std::string unsupported(const StepDims& d, const StepWeights& w) {
 
 DecoderStep::DecoderStep(const StepDims& dims, const StepWeights& weights, std::vector<KVLayer> kv,
                          const Kernels* kernels)
-    : d_(dims), w_(weights), kv_(std::move(kv)), k_(kernels) {
+    : d_(dims), w_(weights), kv_(std::move(kv)), k_(kernels), pool_(dims.threads) {
   if (!k_) throw std::invalid_argument("no kernels for this CPU");
   const std::string why = unsupported(d_, w_);
   if (!why.empty()) throw std::invalid_argument(why);
   const size_t m = size_t(d_.max_tokens), H = d_.hidden, I = d_.intermediate, A = size_t(d_.heads) * d_.head_dim;
   const size_t qkv = A + 2 * size_t(d_.kv_heads) * d_.head_dim;
   const size_t widest = std::max({H, I, A});
-  x_.resize(m * H), h_.resize(m * H), qkv_.resize(m * qkv), att_.resize(m * A), tmp_.resize(m * H);
-  gate_.resize(m * I), up_.resize(m * I), r4buf_.resize(I);
-  xq_.resize(m * widest), xsum_.resize(m * widest / kBlock), sx_.resize(m);
-  scores_.resize(size_t(d_.threads) * (d_.heads / d_.kv_heads) * size_t(w_.rope_positions));
+  x_.resize(m * H), qkv_.resize(m * qkv), att_.resize(m * A), tmp_.resize(m * H), gate_.resize(m * I), up_.resize(m * I);
+  for (size_t i = 0; i < w_.r4_orders.size(); ++i)
+    r4_.push_back(KronFactor{w_.r4_orders[i], w_.r4_factors[i], is_sylvester(w_.r4_factors[i], w_.r4_orders[i])});
+  scratch_.resize(d_.threads);
+  for (Scratch& sc : scratch_) {
+    sc.h.resize(m * widest), sc.xq.resize(m * widest), sc.xsum.resize(m * widest / kBlock), sc.sx.resize(m);
+    sc.scores.resize(size_t(d_.heads / d_.kv_heads) * w_.rope_positions);
+    if (!r4_.empty()) sc.r4.resize(m * I), sc.r4buf.resize(I);
+  }
 }
 
 void DecoderStep::linear_rows(const NestedLinear* ws, int count, bool target, const QActs& a, float* y, int ldy,
@@ -116,158 +155,142 @@ void DecoderStep::linear_rows(const NestedLinear* ws, int count, bool target, co
   }
 }
 
+// One thread's copy of an input: RMSNorm'd (when `norm`) and quantized, for all M tokens of the chunk. Every thread
+// makes its own (a few microseconds) instead of one thread making it behind a barrier.
+void DecoderStep::prepare(Scratch& sc, const float* x, int ld, int M, int K, int G, const uint16_t* norm) {
+  const float* src = x;
+  if (norm) {
+    for (int t = 0; t < M; ++t) rms_norm(x + size_t(t) * ld, norm, K, d_.eps, &sc.h[size_t(t) * K]);
+    src = sc.h.data(), ld = K;
+  }
+  k_->quantize(src, ld, M, K, G, sc.xq.data(), sc.xsum.data(), sc.sx.data());
+  sc.acts = QActs{sc.xq.data(), sc.xsum.data(), sc.sx.data(), M, K, G};
+}
+
+// Rows [n0, n1) of `w` applied to the thread's prepared input, added into x (the residual stream).
+void DecoderStep::residual_rows(const NestedLinear& w, bool target, const QActs& a, int M, int tid, int nt) {
+  const int H = d_.hidden;
+  int n0, n1;
+  span(H, tid, nt, &n0, &n1);
+  if (n0 >= n1) return;
+  k_->nested_linear(w, target, a, tmp_.data(), H, n0, n1);
+  for (int t = 0; t < M; ++t)
+    for (int n = n0; n < n1; ++n) x_[size_t(t) * H + n] += tmp_[size_t(t) * H + n];
+}
+
+// Five barriers a layer: after q/k/v, after attention, after each residual update and after gate/up.
 void DecoderStep::layer(int l, int M, bool target, const KVRange& r, int tid, int nt) {
   const LayerWeights& L = w_.layers[l];
   const int H = d_.hidden, I = d_.intermediate, D = d_.head_dim, hpk = d_.heads / d_.kv_heads;
   const int A = d_.heads * D, KVW = d_.kv_heads * D, Q = A + 2 * KVW;
-  QActs qa{xq_.data(), xsum_.data(), sx_.data(), M, H, L.q.G};
-#pragma omp single
-  {
-    for (int t = 0; t < M; ++t) rms_norm(&x_[size_t(t) * H], L.input_norm, H, d_.eps, &h_[size_t(t) * H]);
-    quantize_acts(h_.data(), H, M, H, L.q.G, xq_.data(), xsum_.data(), sx_.data());
-  }
+  Scratch& sc = scratch_[tid];
+  prepare(sc, x_.data(), H, M, H, L.q.G, L.input_norm);
   const NestedLinear qkv[3] = {L.q, L.k, L.v};
-  linear_rows(qkv, 3, target, qa, qkv_.data(), Q, tid, nt);
-#pragma omp barrier
-#pragma omp single
-  {
+  linear_rows(qkv, 3, target, sc.acts, qkv_.data(), Q, tid, nt);
+pool_.barrier();
+  {  // each thread owns whole KV heads: RoPE on their keys and queries, KV writes, then attention over them
+    int j0, j1;
+    const int per = d_.kv_heads / nt, extra = d_.kv_heads % nt;
+    j0 = tid * per + std::min(tid, extra), j1 = j0 + per + (tid < extra ? 1 : 0);
     const KVLayer& kv = kv_[l];
-    for (int t = 0; t < M; ++t) {
-      const int pos = r.first + t;
-      const float *c = w_.rope_cos + size_t(pos) * D, *s = w_.rope_sin + size_t(pos) * D;
-      float* row = &qkv_[size_t(t) * Q];
-      for (int h = 0; h < d_.heads + d_.kv_heads; ++h) rope(row + size_t(h) * D, c, s, D);
-      for (int j = 0; j < d_.kv_heads; ++j) {
+    for (int j = j0; j < j1; ++j) {
+      for (int t = 0; t < M; ++t) {
+        const int pos = r.first + t;
+        const float *c = w_.rope_cos + size_t(pos) * D, *s = w_.rope_sin + size_t(pos) * D;
+        float* row = &qkv_[size_t(t) * Q];
+        for (int h = j * hpk; h < (j + 1) * hpk; ++h) rope(row + size_t(h) * D, c, s, D);
+        rope(row + A + size_t(j) * D, c, s, D);
         for (int which = 0; which < 2; ++which) {
-          const float* src = row + A + size_t(which) * KVW + size_t(j) * D;
           const bool main = !r.draft;
           const size_t slots = main ? kv.C : kv.S, at = main ? pos : pos - r.committed;
           const size_t idx = (size_t(which) * kv.Hkv + j) * slots + at;
-          quantize_kv_vector(src, D, (main ? kv.base : kv.sbase) + idx * (D / 2),
+          quantize_kv_vector(row + A + size_t(which) * KVW + size_t(j) * D, D, (main ? kv.base : kv.sbase) + idx * (D / 2),
                              (main ? kv.refine : kv.srefine) + idx * (D / 2), (main ? kv.scale : kv.sscale) + idx);
         }
       }
+      k_->attend(kv, r, qkv_.data(), Q, hpk, j, 0, M, att_.data(), A, sc.scores.data());
     }
   }
+pool_.barrier();
+  prepare(sc, att_.data(), A, M, A, L.o.G, nullptr);
+  residual_rows(L.o, target, sc.acts, M, tid, nt);
+pool_.barrier();
+  prepare(sc, x_.data(), H, M, H, L.gate.G, L.post_norm);
   {
-    int a, b;
-    const int tasks = M * d_.kv_heads;
-    const int per = tasks / nt, extra = tasks % nt;
-    a = tid * per + std::min(tid, extra), b = a + per + (tid < extra ? 1 : 0);
-    float* scores = &scores_[size_t(tid) * hpk * w_.rope_positions];
-    for (int i = a; i < b; ++i)
-      k_->attend(kv_[l], r, qkv_.data(), Q, hpk, i % d_.kv_heads, i / d_.kv_heads, i / d_.kv_heads + 1, att_.data(), A,
-                 scores);
-  }
-#pragma omp barrier
-#pragma omp single
-  quantize_acts(att_.data(), A, M, A, L.o.G, xq_.data(), xsum_.data(), sx_.data());
-  {
-    const QActs oa{xq_.data(), xsum_.data(), sx_.data(), M, A, L.o.G};
-    int n0, n1;
-    span(H, tid, nt, &n0, &n1);
-    if (n0 < n1) k_->nested_linear(L.o, target, oa, tmp_.data(), H, n0, n1);
-    for (int t = 0; t < M; ++t)
-      for (int n = n0; n < n1; ++n) x_[size_t(t) * H + n] += tmp_[size_t(t) * H + n];
-  }
-#pragma omp barrier
-#pragma omp single
-  {
-    for (int t = 0; t < M; ++t) rms_norm(&x_[size_t(t) * H], L.post_norm, H, d_.eps, &h_[size_t(t) * H]);
-    quantize_acts(h_.data(), H, M, H, L.gate.G, xq_.data(), xsum_.data(), sx_.data());
-  }
-  {
-    const QActs ga{xq_.data(), xsum_.data(), sx_.data(), M, H, L.gate.G};
     int n0, n1;
     span(I, tid, nt, &n0, &n1);
     if (n0 < n1) {
-      k_->nested_linear(L.gate, target, ga, gate_.data(), I, n0, n1);
-      k_->nested_linear(L.up, target, ga, up_.data(), I, n0, n1);
+      k_->nested_linear(L.gate, target, sc.acts, gate_.data(), I, n0, n1);
+      k_->nested_linear(L.up, target, sc.acts, up_.data(), I, n0, n1);
+      for (int t = 0; t < M; ++t) k_->silu_mul(&gate_[size_t(t) * I + n0], &up_[size_t(t) * I + n0], n1 - n0);
     }
-    for (int t = 0; t < M; ++t)
-      for (int n = n0; n < n1; ++n) gate_[size_t(t) * I + n] = silu(gate_[size_t(t) * I + n]) * up_[size_t(t) * I + n];
   }
-#pragma omp barrier
-#pragma omp single
-  {
-    if (!w_.r4_orders.empty())
-      for (int t = 0; t < M; ++t) kron_apply(&gate_[size_t(t) * I], r4buf_.data(), I, w_.r4_orders, w_.r4_factors);
-    quantize_acts(gate_.data(), I, M, I, L.down.G, xq_.data(), xsum_.data(), sx_.data());
+pool_.barrier();
+  const float* g = gate_.data();
+  if (!r4_.empty()) {                   // the online R4 on this thread's copy
+    for (int t = 0; t < M; ++t) {
+      float* row = &sc.r4[size_t(t) * I];
+      std::copy(&gate_[size_t(t) * I], &gate_[size_t(t) * I] + I, row);
+      kron_apply(row, sc.r4buf.data(), I, r4_);
+    }
+    g = sc.r4.data();
   }
-  {
-    const QActs da{xq_.data(), xsum_.data(), sx_.data(), M, I, L.down.G};
-    int n0, n1;
-    span(H, tid, nt, &n0, &n1);
-    if (n0 < n1) k_->nested_linear(L.down, target, da, tmp_.data(), H, n0, n1);
-    for (int t = 0; t < M; ++t)
-      for (int n = n0; n < n1; ++n) x_[size_t(t) * H + n] += tmp_[size_t(t) * H + n];
-  }
-#pragma omp barrier
+  prepare(sc, g, I, M, I, L.down.G, nullptr);
+  residual_rows(L.down, target, sc.acts, M, tid, nt);
+pool_.barrier();
 }
 
 void DecoderStep::chunk(const int64_t* ids, int M, bool target, const KVRange& r, int rows, float* logits) {
   const int H = d_.hidden;
-#pragma omp parallel num_threads(d_.threads)
-  {
-#ifdef _OPENMP
-    const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
-#else
-    const int tid = 0, nt = 1;
-#endif
-#pragma omp single
-    for (int t = 0; t < M; ++t) {
-      const uint16_t* e = w_.embed + size_t(ids[t]) * H;
-      float* dst = w_.r1 ? &tmp_[size_t(t) * H] : &x_[size_t(t) * H];
-      for (int i = 0; i < H; ++i) dst[i] = f16_to_f32(e[i]);
-    }
-    if (w_.r1) {                        // x = embedding @ r1, columns split over threads
+  pool_.run([&](int tid, int nt) {
+    {  // embedding rows (into x, or into tmp for the R1 rotation), this thread's columns
       int c0, c1;
       span(H, tid, nt, &c0, &c1);
       for (int t = 0; t < M; ++t) {
-        const float* e = &tmp_[size_t(t) * H];
-        float* out = &x_[size_t(t) * H];
-        for (int c = c0; c < c1; ++c) out[c] = 0.f;
-        for (int k = 0; k < H; ++k)
-          for (int c = c0; c < c1; ++c) out[c] += e[k] * w_.r1[size_t(k) * H + c];
+        const uint16_t* e = w_.embed + size_t(ids[t]) * H;
+        float* dst = w_.r1 ? &tmp_[size_t(t) * H] : &x_[size_t(t) * H];
+        for (int i = c0; i < c1; ++i) dst[i] = f16_to_f32(e[i]);
       }
-#pragma omp barrier
+pool_.barrier();
+      if (w_.r1) {                      // x = embedding @ r1, columns split over threads
+        for (int t = 0; t < M; ++t) {
+          const float* e = &tmp_[size_t(t) * H];
+          float* out = &x_[size_t(t) * H];
+          for (int c = c0; c < c1; ++c) out[c] = 0.f;
+          for (int k = 0; k < H; ++k)
+            for (int c = c0; c < c1; ++c) out[c] += e[k] * w_.r1[size_t(k) * H + c];
+        }
+pool_.barrier();
+      }
     }
     for (int l = 0; l < d_.layers; ++l) layer(l, M, target, r, tid, nt);
     if (rows > 0) head(M, rows, target, logits, tid, nt);
-  }
+  });
 }
 
 void DecoderStep::head(int M, int rows, bool target, float* logits, int tid, int nt) {
   const int H = d_.hidden, V = d_.vocab, first_row = M - rows;
-  {
-    if (w_.r1) {                        // back to the original basis: x @ r1^T
-      int c0, c1;
-      span(H, tid, nt, &c0, &c1);
-      for (int t = first_row; t < M; ++t)
-        for (int c = c0; c < c1; ++c) {
-          float acc = 0.f;
-          for (int k = 0; k < H; ++k) acc += x_[size_t(t) * H + k] * w_.r1[size_t(c) * H + k];
-          tmp_[size_t(t) * H + c] = acc;
-        }
-#pragma omp barrier
-    }
-#pragma omp single
-    {
-      const float* src = w_.r1 ? tmp_.data() : x_.data();
-      for (int t = first_row; t < M; ++t) rms_norm(src + size_t(t) * H, w_.final_norm, H, d_.eps, &h_[size_t(t) * H]);
-      if (w_.head.base)
-        quantize_acts(&h_[size_t(first_row) * H], H, rows, H, w_.head.G, xq_.data(), xsum_.data(), sx_.data());
-    }
-    int n0, n1;
-    span(V, tid, nt, &n0, &n1);
-    if (n0 < n1) {
-      if (w_.head.base) {
-        const QActs ha{xq_.data(), xsum_.data(), sx_.data(), rows, H, w_.head.G};
-        k_->nested_linear(w_.head, target, ha, logits, V, n0, n1);
-      } else {
-        k_->f16_linear(w_.head_f16, H, &h_[size_t(first_row) * H], H, rows, logits, V, n0, n1);
+  if (w_.r1) {                          // back to the original basis: x @ r1^T, columns split over threads
+    int c0, c1;
+    span(H, tid, nt, &c0, &c1);
+    for (int t = first_row; t < M; ++t)
+      for (int c = c0; c < c1; ++c) {
+        float acc = 0.f;
+        for (int k = 0; k < H; ++k) acc += x_[size_t(t) * H + k] * w_.r1[size_t(c) * H + k];
+        tmp_[size_t(t) * H + c] = acc;
       }
-    }
+pool_.barrier();
+  }
+  Scratch& sc = scratch_[tid];
+  const float* src = (w_.r1 ? tmp_.data() : x_.data()) + size_t(first_row) * H;
+  int n0, n1;
+  span(V, tid, nt, &n0, &n1);
+  if (w_.head.base) {
+    prepare(sc, src, H, rows, H, w_.head.G, w_.final_norm);
+    if (n0 < n1) k_->nested_linear(w_.head, target, sc.acts, logits, V, n0, n1);
+  } else {
+    for (int t = 0; t < rows; ++t) rms_norm(src + size_t(t) * H, w_.final_norm, H, d_.eps, &sc.h[size_t(t) * H]);
+    if (n0 < n1) k_->f16_linear(w_.head_f16, H, sc.h.data(), H, rows, logits, V, n0, n1);
   }
 }
 

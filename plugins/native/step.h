@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "native.h"
+#include "pool.h"
 
 namespace bitnest {
 
@@ -38,6 +39,15 @@ struct StepWeights {
   int rope_positions = 0;
 };
 
+// One Kronecker factor of an online Hadamard: its order and orthonormal matrix; Sylvester ones run as a fast transform.
+struct KronFactor {
+  int order;
+  const float* matrix;
+  bool sylvester;
+};
+// x [n] @ (F_1 kron F_2 kron ...), buf: n floats of scratch.
+void kron_apply(float* x, float* buf, int n, const std::vector<KronFactor>& factors);
+
 // Checks shapes against what the kernels support; empty when they fit, else the reason (one line).
 std::string unsupported_linear(const NestedLinear& l, const std::string& what);
 std::string unsupported(const StepDims& d, const StepWeights& w);
@@ -54,20 +64,30 @@ class DecoderStep {
   const Kernels& kernels() const { return *k_; }
 
  private:
+  // One thread's own buffers: its normed and quantized copy of the current input, attention scores, R4 rows.
+  struct Scratch {
+    std::vector<float> h, sx, scores, r4, r4buf;
+    std::vector<int8_t> xq;
+    std::vector<int32_t> xsum;
+    QActs acts;
+  };
+
   void chunk(const int64_t* ids, int M, bool target, const KVRange& r, int rows, float* logits);
   void head(int M, int rows, bool target, float* logits, int tid, int nt);
   void layer(int l, int M, bool target, const KVRange& r, int tid, int nt);
+  void prepare(Scratch& sc, const float* x, int ld, int M, int K, int G, const uint16_t* norm);
+  void residual_rows(const NestedLinear& w, bool target, const QActs& a, int M, int tid, int nt);
   void linear_rows(const NestedLinear* ws, int count, bool target, const QActs& a, float* y, int ldy, int tid, int nt);
 
   StepDims d_;
   StepWeights w_;
   std::vector<KVLayer> kv_;
   const Kernels* k_;
-  // workspace, [max_tokens, ...] each
-  std::vector<float> x_, h_, qkv_, att_, tmp_, gate_, up_, scores_, r4buf_;
-  std::vector<int8_t> xq_;
-  std::vector<int32_t> xsum_;
-  std::vector<float> sx_;
+  std::vector<KronFactor> r4_;
+  // shared workspace, [max_tokens, ...] each, and each thread's own
+  std::vector<float> x_, qkv_, att_, tmp_, gate_, up_;
+  std::vector<Scratch> scratch_;
+  Pool pool_;
 };
 
 }  // namespace bitnest

@@ -41,7 +41,9 @@ struct Linear {
   }
 };
 
-static Linear random_linear(std::mt19937& rng, int n, int k, int g) {
+// Random planes; with `symmetric`, refinement codes >= 0 where the base code is -8 (the symmetric nest's rule),
+// so the target's 8-bit code fits int8.
+static Linear random_linear(std::mt19937& rng, int n, int k, int g, bool symmetric = false) {
   Linear l;
   std::uniform_int_distribution<int> byte(0, 255);
   std::uniform_real_distribution<float> sc(0.001f, 0.02f);
@@ -49,15 +51,22 @@ static Linear random_linear(std::mt19937& rng, int n, int k, int g) {
   for (auto& b : l.base) b = uint8_t(byte(rng));
   for (auto& b : l.refine) b = uint8_t(byte(rng));
   for (auto& s : l.scale) s = f32_to_f16(sc(rng));
+  if (symmetric)
+    for (size_t i = 0; i < l.base.size(); ++i) {
+      if ((l.base[i] & 15) == 0) l.refine[i] |= 0x08;
+      if ((l.base[i] >> 4) == 0) l.refine[i] |= 0x80;
+    }
   return l;
 }
 
 static void check_linear(const Kernels& k, std::mt19937& rng) {
   std::normal_distribution<float> nd(0.f, 1.f);
-  for (int g : {64, 128, 256}) {
+  for (int g : {64, 128, 256}) for (bool symmetric : {false, true}) {
     const int n = 45, K = 768;
-    const Linear l = random_linear(rng, n, K, g);
-    const NestedLinear w = l.view(n, K, g);
+    const Linear l = random_linear(rng, n, K, g, symmetric);
+    NestedLinear w = l.view(n, K, g);
+    w.int8_target = symmetric;
+    expect(target_fits_int8(l.base.data(), l.refine.data(), l.base.size()) == symmetric, "int8 target detected", 0);
     for (int M : {1, 5, 6}) {
       std::vector<float> x(size_t(M) * K);
       for (auto& v : x) v = nd(rng);
@@ -79,6 +88,26 @@ static void check_linear(const Kernels& k, std::mt19937& rng) {
       }
     }
   }
+}
+
+static void check_elementwise(const Kernels& k, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.f, 3.f);
+  const int M = 3, K = 1536, G = 128;
+  std::vector<float> x(size_t(M) * K);
+  for (auto& v : x) v = nd(rng);
+  x[7] = 0.5f * 127.f / 9.f;                          // exact ties of x / s round half to even
+  std::vector<int8_t> q1(x.size()), q2(x.size());
+  std::vector<int32_t> s1(size_t(M) * K / G), s2(s1.size());
+  std::vector<float> f1(M), f2(M);
+  quantize_acts(x.data(), K, M, K, G, q1.data(), s1.data(), f1.data());
+  k.quantize(x.data(), K, M, K, G, q2.data(), s2.data(), f2.data());
+  expect(q1 == q2 && s1 == s2 && f1 == f2, "quantize equals the portable codes", 0);
+  std::vector<float> g(K), u(K), want, got;
+  for (int i = 0; i < K; ++i) g[i] = nd(rng) * 4, u[i] = nd(rng);
+  want = got = g;
+  silu_mul_portable(want.data(), u.data(), K);
+  k.silu_mul(got.data(), u.data(), K);
+  expect(rel(got, want) < 1e-6, "silu_mul vs libm", rel(got, want));
 }
 
 static void check_attention(const Kernels& k, std::mt19937& rng) {
@@ -171,6 +200,7 @@ int main(int argc, char** argv) {
   std::mt19937 rng(12345);
   check_linear(*k, rng);
   check_attention(*k, rng);
+  check_elementwise(*k, rng);
   check_step(*k, rng);
   std::printf("%s: %s\n", k->name, failures ? "failed" : "ok");
   return failures ? 1 : 0;
