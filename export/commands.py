@@ -34,6 +34,8 @@ COMMANDS = {
     "verify-onnx": Command("edge.cli.verify_onnx", "the exported step graph through onnxruntime against torch", False),
     "compile-kernels": Command("edge.cli.compile_kernels", "compile every Triton kernel for sm_87 without a GPU", False),
     "bench-kernels": Command("edge.cli.bench_kernels", "GB/s of every Triton kernel on a CUDA GPU", False),
+    "tables": Command("edge.analysis.report", "rewrite the docs' result tables from scripts/results/*.json (--check)",
+                      False),
     "replay-tegrastats": Command("edge.energy.tegrastats_replay", "print recorded tegrastats lines at an interval",
                                  False),
 }

@@ -17,7 +17,7 @@ from export.sources import load_source
 from export.writer import check_output_dir, nested_tensors, write_checkpoint
 from plugins.contracts import FORMAT_VERSION, bits_per_weight
 
-DEFAULT_ROTATION = "r1r2r4"  # measured on SmolLM2-135M: see README "Quality of the nested views"
+DEFAULT_ROTATION = "r1r2r4"  # measured on SmolLM2-135M: see docs/quality.md
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
-"""Export every nesting construction of the default model, evaluate each, and write the README table.
+"""Export every nesting construction of the default model, evaluate each, and rewrite the quality table.
 
     python scripts/quality_table.py [--work DIR] [--tokens N] [--only NAME ...] [--table-only] [--json]
 
 Exports land in --work (reused when an export with the same options is already there), raw results in
-scripts/results/quality.json, and the markdown table between the README's quality-table markers.
+scripts/results/quality.json (in the order of CONFIGS), and the table between the docs' `table:quality` markers
+(rendered by edge.analysis.report, as `bitnest tables` does).
 """
 
 import argparse
@@ -14,6 +15,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 from edge.analysis.evaluate import EvalOptions, evaluate
+from edge.analysis.report import update_tables
+from edge.atomic import write_atomic
 from edge.cli.common import run_cli
 from edge.model.checkpoint import is_checkpoint_dir, read_manifest
 from export.pipeline import ExportOptions, run_export
@@ -33,7 +36,6 @@ CONFIGS = {
     "top4of8 + rot": ("r1r2r4", QuantOptions("top4of8")),
 }
 RESULTS = ROOT / "scripts" / "results" / "quality.json"
-START, END = "<!-- quality-table:start -->", "<!-- quality-table:end -->"
 
 
 def _folder(name: str) -> str:
@@ -52,29 +54,10 @@ def _export(name: str, work: Path) -> Path:
     return out
 
 
-def table(results: dict) -> str:
-    corpora = ("sharegpt", "shakespeare", "code")
-    head = ["config", "rotation"] + [f"{c} ppl ref / draft / target" for c in corpora] + \
-           [f"{c} agree" for c in corpora]
-    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for name, r in results.items():
-        e = r["eval"]
-        cells = [name, r["rotation"]]
-        for c in corpora:
-            p = e["ppl"]
-            cells.append(f"{p['reference'][c]:.2f} / {p['draft'][c]:.2f} / {p['target'][c]:.2f} "
-                         f"({100 * (p['target'][c] / p['reference'][c] - 1):+.1f}%)")
-        cells += [f"{100 * e['agreement'][c]:.1f}%" for c in corpora]
-        rows.append("| " + " | ".join(cells) + " |")
-    return "\n".join(rows)
-
-
-def write_readme(text: str) -> None:
-    readme = ROOT / "README.md"
-    s = readme.read_text()
-    if START in s and END in s:
-        s = s[: s.index(START) + len(START)] + "\n" + text + "\n" + s[s.index(END):]
-        readme.write_text(s)
+def _ordered(results: dict) -> dict:
+    """The reference first, then the configurations in the order of CONFIGS (the table's row order)."""
+    first = ["_reference"] + list(CONFIGS)
+    return {k: results[k] for k in first + [k for k in results if k not in first] if k in results}
 
 
 def run(a) -> dict:
@@ -92,12 +75,12 @@ def run(a) -> dict:
         else:
             results["_reference"] = {"tokens": a.tokens, "ppl": ev["ppl"]["reference"]}
         results[name] = {"rotation": CONFIGS[name][0], "eval": ev}
+        results = _ordered(results)
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(results, indent=1))
+        write_atomic(json.dumps(results, indent=1).encode(), RESULTS)
         print(json.dumps({"evaluated": name, "ppl": ev["ppl"], "agreement": ev["agreement"]}), file=sys.stderr)
-    ordered = {k: results[k] for k in CONFIGS if k in results}
-    write_readme(table(ordered))
-    return {"results": str(RESULTS), "configs": list(ordered), "tokens": a.tokens}
+    update_tables(ROOT, only=("quality",))
+    return {"results": str(RESULTS), "configs": [k for k in _ordered(results) if k in CONFIGS], "tokens": a.tokens}
 
 
 def main(argv=None) -> int:
@@ -105,7 +88,7 @@ def main(argv=None) -> int:
     p.add_argument("--work", default=str(ROOT / "checkpoints" / "table"), help="folder for the exports")
     p.add_argument("--tokens", type=int, default=4096, help="evaluation tokens per corpus")
     p.add_argument("--only", nargs="*", help="config names to (re)run")
-    p.add_argument("--table-only", action="store_true", help="only rewrite the README table from the saved results")
+    p.add_argument("--table-only", action="store_true", help="only rewrite the quality table from the saved results")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     return run_cli(lambda: run(a), a.json, "quality_table")

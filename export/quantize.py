@@ -35,7 +35,7 @@ class QuantOptions:
     group_size: int = 128
     act_order: bool = True
     damp: float = 0.01
-    base_trust: float | None = 0.1   # measured default: see README "Quality of the nested views"
+    base_trust: float | None = 0.1   # measured default: see docs/quality.md
     quantize_head: bool = False
 
     def __post_init__(self):

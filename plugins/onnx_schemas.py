@@ -16,13 +16,13 @@ from plugins.contracts import (
 _P = OpSchema.FormalParameter
 _OPTIONAL = OpSchema.FormalParameterOption.Optional
 
-_GEMV_DOC = """y[M, N] = x[M, K] @ W_view^T from packed nested planes (docs/contracts.md, weights, §6; reference:
+_GEMV_DOC = """y[M, N] = x[M, K] @ W_view^T from packed nested planes (docs/contracts.md, weights and ops; reference:
 plugins.reference.dual_plane_linear with act_int8=True). x is quantized per token to symmetric INT8
 (docs/contracts.md, activations); each group's integer dot product is exact before its float16 group scale is applied.
 `view` = 0 (draft) reads base + scale only and never touches `refine`; 1 (target) reads both planes as
 the 8-bit code 16*q4 + qr on scale/16. Optional `offset` [N, K/G] adds offset * sum(x_group) (top4of8)."""
 
-_ATTN_DOC = """Causal GQA attention of q over one layer's nested KV cache (docs/contracts.md, KV cache, §6; reference:
+_ATTN_DOC = """Causal GQA attention of q over one layer's nested KV cache (docs/contracts.md, KV cache and ops; reference:
 plugins.reference.nested_kv_attention). k, v [Hkv, T, D] (after RoPE) are quantized into new KV4+KV4
 entries (plugins.kv.quantize_kv) for positions [seq_len - T, seq_len); the op attends over positions
 [0, seq_len) of the planes with those T positions taken from the new entries, reading positions before

@@ -71,7 +71,7 @@ def nested_kv_attention(
     scratch: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
     scratch_len: int = 0,
 ) -> torch.Tensor:
-    """out[Hq, T, D] = causal GQA attention of q over one layer's nested KV cache (docs/contracts.md, KV cache, §6).
+    """out[Hq, T, D] = causal GQA attention of q over one layer's nested KV cache (docs/contracts.md, KV cache and ops).
 
     q: float [Hq, T, D]. base, refine: uint8 [2, Hkv, C, D/2] (K then V), scale: float16 [2, Hkv, C].
     The sequence is main positions [0, main_len) followed by `scratch_len` slots of the optional

@@ -5,7 +5,7 @@ on TensorRT's stream (torch.cuda.ExternalStream). tensorrt, torch.cuda and the k
 nothing here runs without TensorRT and a CUDA GPU (`tensorrt_unavailable` says why).
 
 Scalar inputs (view, seq_len, kv8_from) are int64 device tensors; each plugin reads them to the host once
-per enqueue (a stream synchronization per node; see README "TensorRT on Jetson" for the cost).
+per enqueue (a stream synchronization per node; see docs/tensorrt.md, "TensorRT on Jetson", for the cost).
 The attention plugin writes the pass's KV entries into its plane inputs in place and also returns them
 (plugins.step_contract), so the runtime's persistent plane buffers are the engine's KV cache.
 """

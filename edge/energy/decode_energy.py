@@ -1,4 +1,4 @@
-"""Energy per token over the decode phase (docs/runtime.md, §9): idle power first, then each generation's
+"""Energy per token over the decode phase (docs/energy.md): idle power first, then each generation's
 decode window (from the first token, which the prefill yields, to the last) metered and summed."""
 
 import time

@@ -1,4 +1,4 @@
-"""Triton nested-KV flash-decoding (docs/contracts.md, KV cache, §6): causal GQA attention of the T <= γ+1 newest queries over one
+"""Triton nested-KV flash-decoding (docs/contracts.md, KV cache and ops): causal GQA attention of the T <= γ+1 newest queries over one
 layer's nested KV cache (KV4, KV8 or Recent-N), split over the context with a deterministic reduction, and the
 write path that quantizes new K/V entries into the planes.
 

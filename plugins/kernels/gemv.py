@@ -1,4 +1,4 @@
-"""Triton dual-plane GEMV/GEMM (docs/contracts.md, weights, §5, §6): y[M, N] = x[M, K] @ W_view^T straight from the packed planes,
+"""Triton dual-plane GEMV/GEMM (docs/contracts.md, weights, activations, ops): y[M, N] = x[M, K] @ W_view^T straight from the packed planes,
 for the small M of drafting (1) and verification (γ+1 <= 16) where decoding is bandwidth-bound.
 
 Bytes read, and why no more than the format requires: each program owns BLOCK_N rows and a contiguous range of
