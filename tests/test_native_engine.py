@@ -102,3 +102,37 @@ def test_what_the_kernels_do_not_take_names_the_fallback(rtn_checkpoint):
     ck.linears[name] = replace(ck.linears[name], group_size=32)
     with pytest.raises(BitNestError, match=r"group size 32.*use --backend cpu"):
         make_engine("native", ck, 64)
+
+
+@pytest.mark.parametrize("fixture", ["rtn_checkpoint", "rotated_checkpoint"])
+def test_the_memory_plan_is_what_the_step_allocates(request, fixture):
+    """The planner's `native` workspace is the step's own allocation, byte for byte (plus this engine's RoPE
+    tables), so a device profile's maximum context holds for this backend too."""
+    from edge.backends.native import workspace_bytes, workspace_rows
+    ck = load_checkpoint(request.getfixturevalue(fixture))
+    eng = NativeEngine(ck, 300, scratch=9, prefill_chunk=40)
+    planned = workspace_bytes(ck.config, workspace_rows(40, 9), eng.threads, 300, ck.rotations.r4_size is not None)
+    assert planned["step_buffers"] == eng.step.workspace_bytes()
+    assert planned["rope_tables"] == 2 * 300 * ck.config.head_dim * 4
+
+
+def test_no_compiler_is_one_line_and_auto_falls_back(rtn_checkpoint, tmp_path):
+    """Where the plugins cannot be built (no C++ compiler, a fresh cache), `--backend native` is a one-line error
+    naming the fallback and `auto` runs the cpu backend."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, CXX="no-such-c++", BITNEST_CACHE=str(tmp_path))
+    run = lambda backend: subprocess.run([sys.executable, "scripts/chat.py", "--checkpoint", str(rtn_checkpoint),
+                                          "--backend", backend, "--prompt", "Hi.", "--max-new-tokens", "2", "--json"],
+                                         cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    r = run("native")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    line = r.stderr.strip().splitlines()[-1]
+    assert "no C++ compiler" in line and "--backend cpu" in line, line
+    r = run("auto")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["stats"]["backend"] == "cpu"

@@ -24,7 +24,12 @@ from edge.analysis.corpora import sharegpt_prompts
 from edge.analysis.peers import LlamaCpp, q8_0_gguf, read_bandwidth, shipped_gguf
 from edge.backends import BACKENDS
 from edge.cli.common import run_cli
-from edge.cli.options import adaptive_config, add_policy_arguments, checkpoint_arg, gate_config
+from edge.cli.options import (
+    adaptive_config,
+    add_policy_arguments,
+    checkpoint_arg,
+    gate_config,
+)
 from edge.decode.config import GenerateConfig
 from edge.decode.generate import generate
 from edge.decode.registry import POLICIES

@@ -62,7 +62,7 @@ def lossless(a, ckpt: str) -> dict:
 def main(argv=None, default_checkpoint=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint")
-    p.add_argument("--backend", default="cpu", choices=BACKENDS)
+    p.add_argument("--backend", default="auto", choices=BACKENDS)
     p.add_argument("--prompts", type=int, default=20)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--gamma", type=int, default=4)

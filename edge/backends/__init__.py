@@ -46,7 +46,7 @@ def make_engine(name: str, ckpt: Checkpoint, capacity: int, scratch: int = 8, pr
     name = resolve_backend(name)
     if name == "native":
         from edge.backends.native import NativeEngine
-        return NativeEngine(ckpt, capacity, scratch=scratch, prefill_chunk=min(prefill_chunk, 64))
+        return NativeEngine(ckpt, capacity, scratch=scratch, prefill_chunk=prefill_chunk)
     if name == "onnxruntime":
         from edge.backends.onnxruntime_step import onnxruntime_engine
         return onnxruntime_engine(ckpt, capacity)

@@ -17,6 +17,35 @@ from plugins.contracts import TARGET
 from plugins.hadamard import hadamard_factor_matrices
 
 PLANES = (".base", ".refine")
+MAX_PREFILL_CHUNK = 64       # rows of the step's workspace for prefill; a longer pass runs in chunks of its rows
+_threads: int | None = None
+
+
+def native_threads() -> int:
+    """The step's thread count: torch's intra-op thread count as it was before the first native engine set
+    torch's own to one (see NativeEngine)."""
+    global _threads
+    if _threads is None:
+        _threads = torch.get_num_threads()
+    return _threads
+
+
+def workspace_rows(prefill_chunk: int, scratch: int) -> int:
+    """Rows of the step's workspace: the prefill chunk (at most MAX_PREFILL_CHUNK) or a full verification pass."""
+    return max(min(prefill_chunk, MAX_PREFILL_CHUNK), scratch + 1)
+
+
+def workspace_bytes(cfg, rows: int, threads: int, capacity: int, r4: bool) -> dict[str, int]:
+    """What the step allocates besides weights and KV (plugins/native/step.cpp, DecoderStep's constructor, and this
+    engine's RoPE tables), and the logits of one verification pass: the memory plan's `native` workspace."""
+    h, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    a, q = cfg.num_heads * d, (cfg.num_heads + 2 * cfg.num_kv_heads) * d
+    widest = max(h, i, a)
+    shared = 4 * rows * (h + q + a + h + 2 * i)
+    per_thread = 4 * rows * widest + rows * widest + 4 * (rows * widest // 64) + 4 * rows \
+        + 4 * (cfg.num_heads // cfg.num_kv_heads) * capacity + (4 * (rows * i + i) if r4 else 0)
+    return {"step_buffers": shared + threads * per_thread, "rope_tables": 2 * capacity * d * 4,
+            "logits": rows * cfg.vocab_size * 4}
 
 
 def native_unavailable() -> str | None:
@@ -32,13 +61,13 @@ def native_unavailable() -> str | None:
 class NativeEngine(Engine):
     """Passes through `torch.classes.bitnest.DecoderStep`: one C++ call per pass (chunks of `max_tokens`)."""
 
-    def __init__(self, ckpt: Checkpoint, capacity: int, scratch: int = 8, prefill_chunk: int = 64,
+    def __init__(self, ckpt: Checkpoint, capacity: int, scratch: int = 8, prefill_chunk: int = MAX_PREFILL_CHUNK,
                  threads: int | None = None):
         reason = native_unavailable()
         if reason:
             raise BitNestError(f"the native backend cannot run here: {reason}; use --backend cpu")
         from plugins import native
-        super().__init__(ckpt, capacity, "native", "int8", prefill_chunk=prefill_chunk)
+        super().__init__(ckpt, capacity, "native", "int8", prefill_chunk=min(prefill_chunk, MAX_PREFILL_CHUNK))
         cfg = ckpt.config
         self.cache = NestedKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, capacity, scratch)
         tensors = self._relaid_tensors(ckpt)
@@ -50,13 +79,14 @@ class NativeEngine(Engine):
         if ckpt.rotations.r4_size is not None:
             for i, f in enumerate(hadamard_factor_matrices(ckpt.rotations.r4_size)):
                 tensors[f"rotation.r4.{i}"] = f.float().contiguous()
-        self.threads = threads or torch.get_num_threads()
+        self.threads = threads or native_threads()
         # The step runs on its own threads; torch's idle OpenMP workers spin for a while after every parallel torch
         # op (the sampler's argmax over the vocabulary is one) and would take the cores the step's threads need.
         torch.set_num_threads(1)
         dims = {"layers": cfg.num_layers, "hidden": cfg.hidden_size, "intermediate": cfg.intermediate_size,
                 "heads": cfg.num_heads, "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
-                "vocab": cfg.vocab_size, "max_tokens": max(self.prefill_chunk, scratch + 1), "threads": self.threads}
+                "vocab": cfg.vocab_size, "max_tokens": workspace_rows(self.prefill_chunk, scratch),
+                "threads": self.threads}
         try:
             self.step = torch.classes.bitnest.DecoderStep(tensors, dims, cfg.rms_norm_eps, native.requested_isa())
         except RuntimeError as e:

@@ -13,6 +13,7 @@ import shlex
 from pathlib import Path
 
 from edge.analysis.corpora import sharegpt_prompts
+from edge.backends import BACKENDS
 from edge.cli.common import pyplot, run_cli
 from edge.cli.options import checkpoint_arg
 from edge.decode.generate import GenerateConfig
@@ -83,7 +84,7 @@ def main(argv=None, default_checkpoint=None) -> int:
     p.add_argument("--interval-ms", type=int, default=100, help="tegrastats / jtop sampling interval")
     p.add_argument("--meter-command", help="command whose stdout is tegrastats lines (default: tegrastats)")
     p.add_argument("--rail", help="tegrastats rail to integrate (default VDD_IN, else the sum of all rails)")
-    p.add_argument("--backend", default="cpu")
+    p.add_argument("--backend", default="auto", choices=BACKENDS)
     p.add_argument("--plot", help="write a PNG of tok/s and J/token per policy")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)

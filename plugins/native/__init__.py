@@ -63,7 +63,8 @@ def load() -> None:
         return
     if _failure is not None:
         raise NativeUnavailable(_failure)
-    reason = _preflight()
+    built = (build_folder() / "bitnest_native.so").is_file()     # built before: no compiler needed unless sources changed
+    reason = None if built else _preflight()
     if reason is None:
         from torch.utils import cpp_extension
         folder = build_folder()

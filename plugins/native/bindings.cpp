@@ -213,6 +213,7 @@ struct StepHolder : torch::CustomClassHolder {
   }
 
   std::string isa() const { return step->kernels().name; }
+  int64_t workspace_bytes() const { return int64_t(step->workspace_bytes()); }
 };
 
 }  // namespace
@@ -229,5 +230,6 @@ TORCH_LIBRARY(bitnest, m) {
   m.class_<bitnest::StepHolder>("DecoderStep")
       .def(torch::init<c10::Dict<std::string, at::Tensor>, c10::Dict<std::string, int64_t>, double, std::string>())
       .def("forward", &bitnest::StepHolder::forward)
-      .def("isa", &bitnest::StepHolder::isa);
+      .def("isa", &bitnest::StepHolder::isa)
+      .def("workspace_bytes", &bitnest::StepHolder::workspace_bytes);
 }

@@ -143,6 +143,15 @@ DecoderStep::DecoderStep(const StepDims& dims, const StepWeights& weights, std::
   }
 }
 
+size_t DecoderStep::workspace_bytes() const {
+  size_t n = 0;
+  for (const auto* v : {&x_, &qkv_, &att_, &tmp_, &gate_, &up_}) n += v->size() * sizeof(float);
+  for (const Scratch& sc : scratch_)
+    n += (sc.h.size() + sc.sx.size() + sc.scores.size() + sc.r4.size() + sc.r4buf.size()) * sizeof(float) +
+         sc.xq.size() + sc.xsum.size() * sizeof(int32_t);
+  return n;
+}
+
 void DecoderStep::linear_rows(const NestedLinear* ws, int count, bool target, const QActs& a, float* y, int ldy,
                               int tid, int nt) {
   int total = 0;

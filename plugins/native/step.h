@@ -62,6 +62,8 @@ class DecoderStep {
                bool last_only, float* logits);
 
   const Kernels& kernels() const { return *k_; }
+  // Bytes of this step's own buffers (shared workspace and every thread's), for the memory plan's check.
+  size_t workspace_bytes() const;
 
  private:
   // One thread's own buffers: its normed and quantized copy of the current input, attention scores, R4 rows.
