@@ -14,6 +14,7 @@ policy's weight bytes per second over the probe's read bandwidth.
 import argparse
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -84,7 +85,7 @@ def _runners(a, rt: Runtime, prompts: list[list[int]], texts: list[str]) -> dict
     return runners
 
 
-def bench(a, ckpt: str) -> dict:
+def bench(a, ckpt: str, command: str = "") -> dict:
     """Medians over interleaved repeats of every runner's decode tok/s, the read probe, and the ratios."""
     rt = Runtime(ckpt, backend=a.backend, max_context=a.max_new_tokens + 1024, scratch=max(17, a.gamma_max + 1))
     texts = sharegpt_prompts(a.prompts)
@@ -96,7 +97,7 @@ def bench(a, ckpt: str) -> dict:
         for name, run in runners.items():
             samples[name].append(run())
         probe.append(read_bandwidth())
-    out = {"checkpoint": ckpt, "backend": rt.backend, "isa": getattr(rt.engine, "isa", None),
+    out = {"command": command, "checkpoint": ckpt, "backend": rt.backend, "isa": getattr(rt.engine, "isa", None),
            "prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "repeats": a.repeats, "gamma": a.gamma,
            "threads": torch.get_num_threads(), "read_gbps": round(statistics.median(probe), 2),
            "read_gbps_samples": [round(p, 2) for p in probe], "runs": {}}
@@ -137,4 +138,5 @@ def main(argv=None, default_checkpoint=None) -> int:
     a = p.parse_args(argv)
     if a.prompts < 1 or a.repeats < 1 or a.max_new_tokens < 2:
         p.error("--prompts and --repeats must be at least 1, --max-new-tokens at least 2")
-    return run_cli(lambda: bench(a, checkpoint_arg(a, default_checkpoint)), a.json, "bench.py")
+    command = "python scripts/bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    return run_cli(lambda: bench(a, checkpoint_arg(a, default_checkpoint), command.strip()), a.json, "bench.py")
