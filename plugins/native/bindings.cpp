@@ -158,8 +158,12 @@ struct StepHolder : torch::CustomClassHolder {
       L.post_norm = half_ptr(get(p + "post_attention_layernorm.weight"));
       w.layers.push_back(L);
     }
-    check(get("model.embed_tokens.weight"), at::kHalf, "model.embed_tokens.weight");
-    w.embed = half_ptr(get("model.embed_tokens.weight"));
+    if (tensors.contains("model.embed_tokens.weight")) {
+      check(get("model.embed_tokens.weight"), at::kHalf, "model.embed_tokens.weight");
+      w.embed = half_ptr(get("model.embed_tokens.weight"));
+    } else {
+      TORCH_CHECK(tensors.contains("lm_head.base"), "the native step needs model.embed_tokens.weight or a nested head");
+    }
     w.final_norm = half_ptr(get("model.norm.weight"));
     if (tensors.contains("lm_head.base")) {
       w.head = nested("lm_head");

@@ -249,6 +249,23 @@ pool_.barrier();
 pool_.barrier();
 }
 
+// Columns [c0, c1) of the target view of the nested head's row `id`, (16 q4 + qr) s / 16 (+ offset): the input
+// embedding of a checkpoint whose tied head is nested (no float16 copy). Columns come in even/odd pairs per byte.
+void DecoderStep::embed_from_head(int64_t id, int c0, int c1, float* dst) const {
+  const NestedLinear& h = w_.head;
+  const int ng = h.K / h.G;
+  const uint8_t* b = h.base + size_t(id) * (h.K / 2);
+  const uint8_t* r = h.refine + size_t(id) * (h.K / 2);
+  for (int i = c0; i < c1; ++i) {
+    const int sh = (i & 1) * 4;
+    const int q4 = ((b[i / 2] >> sh) & 0xF) - 8, qr = ((r[i / 2] >> sh) & 0xF) - 8;   // this layout: code + 8
+    const size_t g = size_t(id) * ng + i / h.G;
+    float v = float(16 * q4 + qr) * (f16_to_f32(h.scale[g]) / 16.f);
+    if (h.offset) v += f16_to_f32(h.offset[g]);
+    dst[i] = v;
+  }
+}
+
 void DecoderStep::chunk(const int64_t* ids, int M, bool target, const KVRange& r, int rows, float* logits) {
   const int H = d_.hidden;
   pool_.run([&](int tid, int nt) {
@@ -256,9 +273,13 @@ void DecoderStep::chunk(const int64_t* ids, int M, bool target, const KVRange& r
       int c0, c1;
       span(H, tid, nt, &c0, &c1);
       for (int t = 0; t < M; ++t) {
-        const uint16_t* e = w_.embed + size_t(ids[t]) * H;
         float* dst = w_.r1 ? &tmp_[size_t(t) * H] : &x_[size_t(t) * H];
-        for (int i = c0; i < c1; ++i) dst[i] = f16_to_f32(e[i]);
+        if (w_.embed) {
+          const uint16_t* e = w_.embed + size_t(ids[t]) * H;
+          for (int i = c0; i < c1; ++i) dst[i] = f16_to_f32(e[i]);
+        } else {
+          embed_from_head(ids[t], c0, c1, dst);
+        }
       }
 pool_.barrier();
       if (w_.r1) {                      // x = embedding @ r1, columns split over threads

@@ -27,7 +27,7 @@ struct StepDims {
 
 struct StepWeights {
   std::vector<LayerWeights> layers;
-  const uint16_t* embed = nullptr;        // float16 [V, H]
+  const uint16_t* embed = nullptr;        // float16 [V, H], or null: rows of the nested tied head's target view
   const uint16_t* final_norm = nullptr;   // float16 [H]
   NestedLinear head;                      // nested head (head.base set), else the float16 `head_f16` [V, H]
   const uint16_t* head_f16 = nullptr;
@@ -76,6 +76,7 @@ class DecoderStep {
 
   void chunk(const int64_t* ids, int M, bool target, const KVRange& r, int rows, float* logits);
   void head(int M, int rows, bool target, float* logits, int tid, int nt);
+  void embed_from_head(int64_t id, int c0, int c1, float* dst) const;
   void layer(int l, int M, bool target, const KVRange& r, int tid, int nt);
   void prepare(Scratch& sc, const float* x, int ld, int M, int K, int G, const uint16_t* norm);
   void residual_rows(const NestedLinear& w, bool target, const QActs& a, int M, int tid, int nt);
