@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
 
-from edge.backends import check_backend, make_engine
+from edge.backends import make_engine, resolve_backend
 from edge.decode.config import GenerateConfig
 from edge.decode.generate import generate
 from edge.decode.stats import DecodeStats, fp16_weight_bytes_per_pass
@@ -24,9 +24,9 @@ def load_tokenizer(folder: Path):
 class Runtime:
     """Loads a checkpoint once; `generate` runs one prompt (or a chat history) at a time."""
 
-    def __init__(self, checkpoint, backend: str = "cpu", max_context: int | None = 2048, prefill_chunk: int = 256,
+    def __init__(self, checkpoint, backend: str = "auto", max_context: int | None = 2048, prefill_chunk: int = 256,
                  scratch: int = 17, device: Optional[str] = None):
-        check_backend(backend)
+        backend = resolve_backend(backend)
         self.ckpt = load_checkpoint(checkpoint)
         self.tokenizer = load_tokenizer(self.ckpt.path)
         self.plan = None

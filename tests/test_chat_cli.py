@@ -23,7 +23,8 @@ def test_one_prompt_json(rtn_checkpoint):
     for key in ("acceptance", "tokens_per_round", "tok_s", "weight_bytes_per_token", "kv_bytes_per_token",
                 "policy", "backend"):
         assert key in out["stats"], key
-    assert out["stats"]["policy"] == "speculative" and out["stats"]["backend"] == "cpu"
+    from edge.backends import resolve_backend
+    assert out["stats"]["policy"] == "speculative" and out["stats"]["backend"] == resolve_backend("auto")
 
 
 def test_prompts_file_json(rtn_checkpoint, tmp_path):

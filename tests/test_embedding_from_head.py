@@ -108,3 +108,27 @@ def test_onnx_export_refuses_in_one_line(head_checkpoint):
     from export.onnx_export import export_onnx
     with pytest.raises(BitNestError, match="nested head's planes"):
         export_onnx(head_checkpoint)
+
+
+def test_native_step_rows_from_the_head(head_checkpoint):
+    """The native step looks rows up in the head's planes too: two real layers agree with the torch reference
+    (whose rows are the target view, tested above) up to float32 summation order, and speculation stays lossless."""
+    from edge.backends.native import NativeEngine, native_unavailable
+    from edge.backends.torch_ref import TorchBackend
+    from edge.decode.engine import PassEngine
+    from tests.test_native_engine import IDS, _layers
+    if native_unavailable() is not None:
+        pytest.skip(f"native backend: {native_unavailable()}")
+    native = NativeEngine(_layers(head_checkpoint, 2), 64)
+    ck = _layers(head_checkpoint, 2)
+    ref = PassEngine(ck, TorchBackend(ck), 64)
+    for view in ("target", "draft"):
+        native.reset(), ref.reset()
+        native.prefill(IDS[:6])
+        ref.prefill(IDS[:6])
+        got, want = native.forward(IDS[6:], view), ref.forward(IDS[6:], view)
+        assert float((got - want).norm() / want.norm()) < 1e-4, view
+    rt = Runtime(head_checkpoint, backend="native", max_context=256)
+    ids = rt.encode("Write two sentences about the sea.")
+    target = rt.generate(ids, GenerateConfig(policy="target", max_new_tokens=24))
+    assert rt.generate(ids, GenerateConfig(policy="speculative", max_new_tokens=24))["tokens"] == target["tokens"]

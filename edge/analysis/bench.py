@@ -1,16 +1,20 @@
-"""Decode speed on this machine: speculative, target and draft policies on a backend (default `cpu`) against
-transformers' own float32 `generate` on the float reference model, on the same real prompts.
+"""Decode speed on this machine, in one run: this runtime's policies on a backend (default `auto`: native where it
+builds) against llama.cpp on the same model's GGUF (Q4_1 as shipped and a Q8_0 made from it) and transformers'
+float32 `generate`, at the same thread count, on the same real prompts, with a read-bandwidth probe of the run.
 
-    python scripts/bench.py [--checkpoint DIR] [--backend cpu|torch|triton|tensorrt] [--prompts N] [--max-new-tokens N] [--repeats R]
-                            [--policy P (repeatable; gate and adaptive options as chat.py)] [--json]
+    bitnest bench [--checkpoint DIR] [--backend B] [--prompts N] [--max-new-tokens N] [--repeats R]
+                  [--policy P (repeatable)] [--peer llamacpp|hf|none (repeatable)] [--json]
 
-Each figure is the median over repeats of decode-phase tok/s (prefill excluded: for transformers,
-(time for N new tokens - time for 1) / (N - 1)); ratios are taken within this one run.
+Every figure is a median over repeats of decode-phase tok/s (prefill excluded; every generation runs exactly
+--max-new-tokens tokens, EOS ignored, as llama.cpp's `ignore_eos`); the repeats interleave the runners so that
+drift in the machine's speed falls on all of them. Ratios are taken within this run; `*_roofline_fraction` is a
+policy's weight bytes per second over the probe's read bandwidth.
 """
 
 import argparse
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -18,6 +22,7 @@ import torch
 
 from edge.analysis.calibrate import calibrated_gate
 from edge.analysis.corpora import sharegpt_prompts
+from edge.analysis.peers import LlamaCpp, q8_0_gguf, read_bandwidth, shipped_gguf
 from edge.backends import BACKENDS
 from edge.cli.common import run_cli
 from edge.cli.options import (
@@ -26,85 +31,112 @@ from edge.cli.options import (
     checkpoint_arg,
     gate_config,
 )
-from edge.decode.generate import GenerateConfig
+from edge.decode.config import GenerateConfig
+from edge.decode.generate import generate
 from edge.decode.registry import POLICIES
 from edge.runtime import Runtime, merged_summary
 
+PEERS = ("llamacpp", "hf", "none")
+DEFAULT_POLICIES = ("target", "speculative", "adaptive", "draft")
 
-def hf_tok_s(folder: str, prompts: list[list[int]], n: int) -> float:
-    """Median decode tok/s of transformers' greedy generate (float32) over the prompts."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    rates = []
+
+def hf_tok_s(model, prompts: list[list[int]], n: int) -> float:
+    """Decode tok/s of transformers' greedy generate (float32) over the prompts: (time for n new tokens - time
+    for 1) / (n - 1), summed over prompts."""
+    kw = dict(do_sample=False, pad_token_id=model.config.eos_token_id)
+    seconds = 0.0
     with torch.no_grad():
         for ids in prompts:
             x = torch.tensor([ids])
-            kw = dict(do_sample=False, pad_token_id=model.config.eos_token_id)
             t0 = time.perf_counter()
             model.generate(x, max_new_tokens=1, min_new_tokens=1, **kw)
             t1 = time.perf_counter()
             model.generate(x, max_new_tokens=n, min_new_tokens=n, **kw)
-            t2 = time.perf_counter()
-            rates.append((n - 1) / ((t2 - t1) - (t1 - t0)))
-    return statistics.median(rates)
+            seconds += (time.perf_counter() - t1) - (t1 - t0)
+    return len(prompts) * (n - 1) / seconds
 
 
-def profile(rt: Runtime, prompt: list[int], a) -> dict:
-    """Where one speculative generation spends its time: the top functions by own time (cProfile)."""
-    import cProfile
-    import pstats
-    prof = cProfile.Profile()
-    prof.enable()
-    rt.generate(prompt, GenerateConfig(policy="speculative", gamma=a.gamma, max_new_tokens=a.max_new_tokens))
-    prof.disable()
-    st = pstats.Stats(prof)
-    total = sum(v[2] for v in st.stats.values())
-    rows = sorted(st.stats.items(), key=lambda kv: kv[1][2], reverse=True)[:12]
-    return {"total_s": round(total, 3),
-            "top": [{"function": f"{Path(k[0]).name}:{k[1]}({k[2]})", "calls": v[1], "own_s": round(v[2], 3),
-                     "share": round(v[2] / total, 3)} for k, v in rows]}
+def policy_run(rt: Runtime, prompts: list[list[int]], cfg: GenerateConfig) -> dict:
+    """One pass over the prompts with every generation running exactly max_new_tokens tokens (no EOS)."""
+    return merged_summary([generate(rt.engine, p, cfg, eos=set())[1] for p in prompts])
 
 
-def bench(a, ckpt: str) -> dict:
-    """Decode tok/s (medians over repeats) of each policy and of transformers float32, with their ratios."""
-    rt = Runtime(ckpt, backend=a.backend, max_context=a.max_new_tokens + 1024, scratch=max(17, a.gamma_max + 1))
-    prompts = [rt.encode(p) for p in sharegpt_prompts(a.prompts)]
-    out = {"checkpoint": ckpt, "backend": a.backend, "prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "repeats": a.repeats,
-           "threads": torch.get_num_threads(), "policies": {}}
-    for policy in a.policy or ("speculative", "target", "draft"):
-        rates, stats = [], []
+def _runners(a, rt: Runtime, prompts: list[list[int]], texts: list[str]) -> dict:
+    """name -> a function returning one repeat's tok/s (and, for policies, their stats)."""
+    runners = {}
+    for policy in a.policy or DEFAULT_POLICIES:
         cfg = GenerateConfig(policy=policy, gamma=a.gamma, max_new_tokens=a.max_new_tokens,
                              gate=calibrated_gate(rt, policy, gate_config(a)), adaptive=adaptive_config(a))
-        for _ in range(a.repeats):
-            run_stats = [rt.generate(p, cfg)["stats"] for p in prompts]
-            summary = merged_summary(run_stats)
-            rates.append(summary["tok_s"])
-            stats = summary
-        out["policies"][policy] = {"tok_s_median": statistics.median(rates), "tok_s": rates, "stats": stats}
-    hf = [hf_tok_s(rt.ckpt.manifest["source"]["folder"], prompts, a.max_new_tokens) for _ in range(a.repeats)]
-    out["hf_fp32"] = {"tok_s_median": statistics.median(hf), "tok_s": hf}
-    if a.profile:
-        out["profile"] = profile(rt, prompts[0], a)
-    tok_s = {k: v["tok_s_median"] for k, v in out["policies"].items()}
-    out["ratios"] = {f"{k}_vs_hf_fp32": round(v / out["hf_fp32"]["tok_s_median"], 3) for k, v in tok_s.items()}
-    if "target" in tok_s:
-        out["ratios"].update({f"{k}_vs_target": round(v / tok_s["target"], 3) for k, v in tok_s.items() if k != "target"})
+        runners[policy] = lambda cfg=cfg: policy_run(rt, prompts, cfg)
+    threads = torch.get_num_threads()
+    peers = set(a.peer or ("llamacpp", "hf")) - {"none"}
+    if "llamacpp" in peers:
+        q41 = shipped_gguf()
+        q80 = q8_0_gguf(q41, Path(os.environ.get("BITNEST_CACHE", Path.home() / ".cache" / "bitnest-edge")) / "gguf")
+        for name, path in (("llamacpp_q4_1", q41), ("llamacpp_q8_0", q80)):
+            llama = LlamaCpp(path, threads)
+            runners[name] = lambda llama=llama: {"tok_s": statistics.median(
+                llama.decode_tok_s([{"role": "user", "content": t}], a.max_new_tokens) for t in texts)}
+    if "hf" in peers:
+        from transformers import AutoModelForCausalLM
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        model = AutoModelForCausalLM.from_pretrained(rt.ckpt.manifest["source"]["folder"], dtype=torch.float32).eval()
+        runners["hf_fp32"] = lambda: {"tok_s": hf_tok_s(model, prompts, a.max_new_tokens)}
+    return runners
+
+
+def bench(a, ckpt: str, command: str = "") -> dict:
+    """Medians over interleaved repeats of every runner's decode tok/s, the read probe, and the ratios."""
+    rt = Runtime(ckpt, backend=a.backend, max_context=a.max_new_tokens + 1024, scratch=max(17, a.gamma_max + 1))
+    texts = sharegpt_prompts(a.prompts)
+    prompts = [rt.encode(t) for t in texts]
+    runners = _runners(a, rt, prompts, texts)
+    samples = {name: [] for name in runners}
+    probe = [read_bandwidth()]
+    for _ in range(a.repeats):
+        for name, run in runners.items():
+            samples[name].append(run())
+        probe.append(read_bandwidth())
+    out = {"command": command, "checkpoint": ckpt, "backend": rt.backend, "isa": getattr(rt.engine, "isa", None),
+           "prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "repeats": a.repeats, "gamma": a.gamma,
+           "threads": torch.get_num_threads(), "read_gbps": round(statistics.median(probe), 2),
+           "read_gbps_samples": [round(p, 2) for p in probe], "runs": {}}
+    for name, runs in samples.items():
+        rates = [r["tok_s"] for r in runs]
+        entry = {"tok_s": round(statistics.median(rates), 2), "tok_s_samples": rates}
+        if "weight_bytes_per_token" in runs[0]:
+            last = runs[-1]
+            entry.update({k: last[k] for k in ("acceptance", "tokens_per_round", "weight_bytes_per_token",
+                                               "kv_bytes_per_token", "draft_passes", "target_passes")})
+            gbps = entry["tok_s"] * last["weight_bytes_per_token"] / 1e9
+            entry.update(weight_gbps=round(gbps, 2), roofline_fraction=round(gbps / out["read_gbps"], 3))
+        out["runs"][name] = entry
+    tok = {k: v["tok_s"] for k, v in out["runs"].items()}
+    peers = {"target": "target", "llamacpp_q8_0": "llamacpp_q8", "llamacpp_q4_1": "llamacpp_q4_1", "hf_fp32": "hf_fp32"}
+    out["ratios"] = {f"{mine}_vs_{label}": round(tok[mine] / tok[peer], 3)
+                     for mine in ("speculative", "adaptive", "target", "draft") for peer, label in peers.items()
+                     if mine in tok and peer in tok and mine != peer}
+    if "target" in out["runs"]:
+        out["target_roofline_fraction"] = out["runs"]["target"]["roofline_fraction"]
     return out
 
 
 def main(argv=None, default_checkpoint=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint")
-    p.add_argument("--backend", default="cpu", choices=BACKENDS, help="backend that runs the nested views")
-    p.add_argument("--prompts", type=int, default=4)
+    p = argparse.ArgumentParser(prog="bench.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", help="nested checkpoint folder (default: the embedded SmolLM2 export)")
+    p.add_argument("--backend", default="auto", choices=BACKENDS, help="backend that runs the nested views")
+    p.add_argument("--prompts", type=int, default=4, help="held-out ShareGPT requests")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--profile", action="store_true", help="add a cProfile breakdown of one speculative run")
-    p.add_argument("--policy", action="append", choices=POLICIES, help="policy to time (repeatable; default: "
-                   "speculative, target, draft)")
+    p.add_argument("--policy", action="append", choices=POLICIES,
+                   help=f"policy to time (repeatable; default: {', '.join(DEFAULT_POLICIES)})")
+    p.add_argument("--peer", action="append", choices=PEERS, help="peer to time beside them (repeatable; default: "
+                   "llamacpp and hf; none: no peer)")
     p.add_argument("--json", action="store_true")
     add_policy_arguments(p)
     a = p.parse_args(argv)
-    return run_cli(lambda: bench(a, checkpoint_arg(a, default_checkpoint)), a.json, "bench.py")
+    if a.prompts < 1 or a.repeats < 1 or a.max_new_tokens < 2:
+        p.error("--prompts and --repeats must be at least 1, --max-new-tokens at least 2")
+    command = "python scripts/bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    return run_cli(lambda: bench(a, checkpoint_arg(a, default_checkpoint), command.strip()), a.json, "bench.py")

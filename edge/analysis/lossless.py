@@ -1,8 +1,8 @@
 """Check that greedy speculative output (fixed γ and adaptive) equals greedy target output, token for token, on
 real prompts.
 
-    python scripts/lossless.py [--checkpoint DIR] [--backend cpu|torch|triton] [--prompts N] [--max-new-tokens N]
-                               [--gamma G] [--json]
+    python scripts/lossless.py [--checkpoint DIR] [--backend B] [--prompts N] [--max-new-tokens N] [--gamma G]
+                               [--reference torch] [--json]
 
 Prompts: N/2 held-out ShareGPT requests (chat template) and N/2 Shakespeare passages (raw continuation).
 A divergence is reported with the target's top-two logit gap at that step (a float near-tie when < 1e-4).
@@ -19,7 +19,7 @@ from edge.analysis.corpora import shakespeare_prompts, sharegpt_prompts
 from edge.backends import BACKENDS
 from edge.cli.common import run_cli
 from edge.cli.options import checkpoint_arg
-from edge.decode.generate import GenerateConfig
+from edge.decode.config import GenerateConfig
 from edge.runtime import Runtime, merged_summary
 
 
@@ -30,6 +30,29 @@ def top2_gap(rt: Runtime, ids: list[int]) -> float:
     return float(top[0] - top[1])
 
 
+@torch.no_grad()
+def against_reference(rt: Runtime, ref: Runtime, runs: list[tuple[list[int], list[int]]]) -> dict:
+    """Teacher-forced comparison of `rt`'s target view with `ref`'s (the torch backend: the reference semantics) on
+    each prompt plus `rt`'s own greedy output: the share of positions whose argmax agrees and the largest logit
+    difference. The backends sum floats in different orders, and a last-bit difference before a per-token INT8
+    quantizer can flip a code (docs/runtime.md): agreement is measured, not required."""
+    agree = total = 0
+    worst = 0.0
+    for prompt, out in runs:
+        logits = []
+        for eng in (rt.engine, ref.engine):
+            eng.reset("reference")
+            first = eng.prefill(prompt).unsqueeze(0)                                   # [1, V]
+            rest = eng.forward(out[:-1], "target") if len(out) > 1 else first[:0]      # [n-1, V]
+            logits.append(torch.cat((first, rest)))
+        mine, want = logits
+        agree += int((mine.argmax(-1) == want.argmax(-1)).sum())
+        total += mine.shape[0]
+        worst = max(worst, float((mine - want).abs().max()))
+    return {"backend": ref.backend, "positions": total, "argmax_agreement": round(agree / total, 4),
+            "max_abs_logit_diff": round(worst, 4)}
+
+
 def lossless(a, ckpt: str) -> dict:
     """Speculative against target greedy output on every prompt, divergences with their logit gaps, and stats."""
     rt = Runtime(ckpt, backend=a.backend, max_context=a.max_new_tokens + 1024)
@@ -37,12 +60,13 @@ def lossless(a, ckpt: str) -> dict:
     prompts = [("sharegpt", p, True) for p in sharegpt_prompts(a.prompts - half)] + \
               [("shakespeare", p, False) for p in shakespeare_prompts(half)]
     policies = ("speculative",) + (("adaptive",) if a.adaptive else ())
-    same, divergences = {p: 0 for p in policies}, []
+    same, divergences, outputs = {p: 0 for p in policies}, [], []
     stats = {c: {p: [] for p in ("target",) + policies} for c in ("sharegpt", "shakespeare")}
     for n, (corpus, text, chat) in enumerate(prompts):
         ids = rt.encode(text, chat)
         t_run = rt.generate(ids, GenerateConfig(policy="target", max_new_tokens=a.max_new_tokens))
         target = t_run["tokens"]
+        outputs.append((ids, target))
         stats[corpus]["target"].append(t_run["stats"])
         for policy in policies:
             run = rt.generate(ids, GenerateConfig(policy=policy, gamma=a.gamma, max_new_tokens=a.max_new_tokens))
@@ -59,9 +83,13 @@ def lossless(a, ckpt: str) -> dict:
                                 "near_tie": gap < 1e-4})
             print(f"{policy}: divergence at token {i} of {text[:40]!r}: top-2 gap {gap:.3g}", file=sys.stderr)
     summaries = {c: {p: _with_fp16_ratio(merged_summary(v)) for p, v in d.items() if v} for c, d in stats.items()}
-    return {"checkpoint": ckpt, "backend": a.backend, "prompts": len(prompts), "max_new_tokens": a.max_new_tokens,
-            "gamma": a.gamma, "identical": same["speculative"], "identical_by_policy": same,
-            "divergences": divergences, "lossless": all(d["near_tie"] for d in divergences), "stats": summaries}
+    out = {"checkpoint": ckpt, "backend": rt.backend, "prompts": len(prompts), "max_new_tokens": a.max_new_tokens,
+           "gamma": a.gamma, "identical": same["speculative"], "identical_by_policy": same,
+           "divergences": divergences, "lossless": all(d["near_tie"] for d in divergences), "stats": summaries}
+    if a.reference != "none" and a.reference != rt.backend:
+        ref = Runtime(ckpt, backend=a.reference, max_context=a.max_new_tokens + 1024)
+        out["reference"] = against_reference(rt, ref, outputs)
+    return out
 
 
 def _with_fp16_ratio(summary: dict) -> dict:
@@ -74,12 +102,15 @@ def _with_fp16_ratio(summary: dict) -> dict:
 def main(argv=None, default_checkpoint=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint")
-    p.add_argument("--backend", default="cpu", choices=BACKENDS)
+    p.add_argument("--backend", default="auto", choices=BACKENDS)
     p.add_argument("--prompts", type=int, default=20)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--no-adaptive", dest="adaptive", action="store_false",
                    help="check fixed-γ speculation only (default: adaptive speculation too)")
+    p.add_argument("--reference", default="none", choices=("none",) + BACKENDS,
+                   help="also compare the target view with this backend's, teacher-forced on the outputs (torch: the "
+                        "reference semantics)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     return run_cli(lambda: lossless(a, checkpoint_arg(a, default_checkpoint)), a.json, "lossless.py")

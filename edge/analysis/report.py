@@ -261,6 +261,35 @@ def sweep_table(d: dict) -> str:
                    "tok/s", "identical to target"], rows)
 
 
+# -- decode speed against the peers (bitnest bench) -------------------------------------------------------------
+BENCH_RUNS = {"target": "target AR", "draft": "draft AR", "speculative": "speculative (fixed γ)",
+              "adaptive": "adaptive speculation", "llamacpp_q8_0": "llama.cpp Q8_0", "llamacpp_q4_1": "llama.cpp Q4_1",
+              "hf_fp32": "transformers float32"}
+
+
+def bench_table(bench: dict) -> str:
+    """tok/s of every runner of one `bitnest bench` run, with bytes, roofline fraction and the ratios."""
+    runs, rows = bench["runs"], []
+    for name, label in BENCH_RUNS.items():
+        if name not in runs:
+            continue
+        r = runs[name]
+        rows.append([label, f"{r['tok_s']:g}", _pct(r["acceptance"]) if r.get("acceptance") is not None else "",
+                     "" if r.get("weight_bytes_per_token") is None else _mb(r["weight_bytes_per_token"]),
+                     "" if r.get("weight_gbps") is None else f"{r['weight_gbps']:g}",
+                     "" if r.get("roofline_fraction") is None else _pct(r["roofline_fraction"])])
+    return _table(["runner", "decode tok/s (median)", "acceptance", "weight MB / token", "weight GB/s",
+                   f"of the read probe ({bench['read_gbps']:g} GB/s)"], rows)
+
+
+def bench_ratios(bench: dict) -> str:
+    r = bench["ratios"]
+    keys = [k for k in ("speculative_vs_target", "adaptive_vs_target", "target_vs_llamacpp_q8", "speculative_vs_llamacpp_q8",
+                        "adaptive_vs_llamacpp_q8", "speculative_vs_hf_fp32") if k in r]
+    return _table(["ratio", "value"], [[f"`{k}`", f"{r[k]:g}"] for k in keys] +
+                  [["`target_roofline_fraction`", f"{bench['target_roofline_fraction']:g}"]])
+
+
 # -- the README's headline --------------------------------------------------------------------------------------
 def headline_table(sweep: dict, quality: dict, mc: dict, verify: dict, replay: dict) -> str:
     """One row per headline result, each with the command that measured it."""
@@ -312,6 +341,8 @@ FIXED = {
     "headline": Table(("sweep-bitnest.json", "quality.json", "max_context_orin-nx-16gb_llama-2-7b-32k.json",
                        "verify_local_llama-2-7b-32k.json", "replay-bitnest.json"), headline_table),
     "quality": Table(("quality.json",), quality_table),
+    "bench": Table(("bench.json",), bench_table),
+    "bench-ratios": Table(("bench.json",), bench_ratios),
     "sm87-kernels": Table(("sm87_kernels.json",), sm87_table),
     "verify-local": Table(("verify_local_llama-2-7b-32k.json", "verify_local_default.json"), verify_table),
     "replay-exports": Table(("replay-bitnest.json", "replay-top4of8.json", "replay-rtn.json"), replay_exports_table),

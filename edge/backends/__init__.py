@@ -1,14 +1,15 @@
 """Backends, chosen by name. Per-op backends (`torch`, `cpu`, `triton`) give the PyTorch-pass engine its linear
-and attention ops; whole-step backends (`onnxruntime`, `tensorrt`) run a decoder step in one call behind the step
-engine. `make_engine` is the one factory: every engine implements edge.decode.engine.Engine."""
+and attention ops; whole-step backends (`native`: the C++ step; `onnxruntime`, `tensorrt`: the exported step graph)
+run a decoder pass in one call. `make_engine` is the one factory: every engine implements
+edge.decode.engine.Engine. `auto` is `native` where it builds and runs here, else `cpu`."""
 
 from edge.decode.engine import Engine, PassBackend, PassEngine
 from edge.errors import BitNestError
 from edge.model.checkpoint import Checkpoint
 
 PASS_BACKENDS = ("cpu", "torch", "triton")
-STEP_BACKENDS = ("onnxruntime", "tensorrt")
-BACKENDS = PASS_BACKENDS + STEP_BACKENDS
+STEP_BACKENDS = ("native", "onnxruntime", "tensorrt")
+BACKENDS = ("auto",) + STEP_BACKENDS[:1] + PASS_BACKENDS + STEP_BACKENDS[1:]
 
 
 def check_backend(name: str) -> str:
@@ -16,6 +17,14 @@ def check_backend(name: str) -> str:
     if name not in BACKENDS:
         raise BitNestError(f"unknown backend {name!r}: use one of {', '.join(BACKENDS)}")
     return name
+
+
+def resolve_backend(name: str) -> str:
+    """The backend `name` stands for: `auto` is `native` where it runs here, else `cpu`."""
+    if check_backend(name) != "auto":
+        return name
+    from edge.backends.native import native_unavailable
+    return "native" if native_unavailable() is None else "cpu"
 
 
 def make_backend(name: str, ckpt: Checkpoint) -> PassBackend:
@@ -34,7 +43,11 @@ def make_backend(name: str, ckpt: Checkpoint) -> PassBackend:
 
 def make_engine(name: str, ckpt: Checkpoint, capacity: int, scratch: int = 8, prefill_chunk: int = 256) -> Engine:
     """An engine of backend `name` for one sequence of up to `capacity` positions, with `scratch` draft slots."""
-    if check_backend(name) == "onnxruntime":
+    name = resolve_backend(name)
+    if name == "native":
+        from edge.backends.native import NativeEngine
+        return NativeEngine(ckpt, capacity, scratch=scratch, prefill_chunk=prefill_chunk)
+    if name == "onnxruntime":
         from edge.backends.onnxruntime_step import onnxruntime_engine
         return onnxruntime_engine(ckpt, capacity)
     if name == "tensorrt":

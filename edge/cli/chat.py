@@ -30,7 +30,7 @@ from edge.runtime import Runtime, merged_summary
 def parser(prog: str = "chat.py") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__)
     p.add_argument("--checkpoint", help="nested checkpoint folder (default: the embedded SmolLM2 export)")
-    p.add_argument("--backend", default="cpu", help=f"{' | '.join(BACKENDS)}")
+    p.add_argument("--backend", default="auto", help=f"{' | '.join(BACKENDS)} (auto: native where it builds, else cpu)")
     p.add_argument("--policy", default="speculative", help=f"{' | '.join(POLICIES)}")
     p.add_argument("--gamma", type=int, default=4, help="draft tokens per speculative round")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")

@@ -12,6 +12,7 @@ import argparse
 from pathlib import Path
 
 from edge.analysis.corpora import sharegpt_prompts
+from edge.backends import BACKENDS
 from edge.cli.common import pyplot, run_cli
 from edge.cli.options import add_meter_arguments, checkpoint_arg, make_meter_from
 from edge.decode.generate import GenerateConfig
@@ -85,7 +86,7 @@ def main(argv=None, default_checkpoint=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--idle-seconds", type=float, default=3.0, help="idle power is measured this long first")
-    p.add_argument("--backend", default="cpu")
+    p.add_argument("--backend", default="auto", choices=BACKENDS)
     p.add_argument("--plot", help="write a PNG of tok/s and J/token per policy")
     p.add_argument("--json", action="store_true")
     add_meter_arguments(p)

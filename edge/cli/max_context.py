@@ -100,8 +100,8 @@ def main(argv=None, default_checkpoint=None) -> int:
     p.add_argument("--model", default="default", help=f"default | PATH | {' | '.join(MODEL_PRESETS)}")
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--prefill-chunk", type=int, default=256)
-    p.add_argument("--backend", default=None, help="cpu | torch: dry-run this runtime's backend (default: the "
-                                                    "device's own: GPU kernels on a GPU, cpu here)")
+    p.add_argument("--backend", default=None, help="cpu | torch: dry-run this runtime's backend; native: its step's "
+                                                    "formula (default: the device's own: GPU kernels on a GPU, cpu here)")
     p.add_argument("--total-mib", type=float, help="override the device's total memory")
     p.add_argument("--os-reserve-mib", type=float, help="override the memory the OS keeps")
     p.add_argument("--context-reserve-mib", type=float, help="override the CUDA context / runtime reserve")

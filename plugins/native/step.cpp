@@ -1,0 +1,344 @@
+// The decoder step (step.h): every layer and the head in one call. The step's threads (pool.h) split each linear's
+// output rows and the attention's KV heads, and meet at five barriers a layer; the small per-token work between
+// them (norms, quantization, the R4 rotation) each thread does for itself rather than wait for one thread.
+#include "step.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+
+namespace bitnest {
+
+namespace {
+
+// Thread `tid`'s share [a, b) of n rows, in runs of 8 (a cache line of float outputs).
+inline void span(int n, int tid, int nt, int* a, int* b) {
+  const int units = (n + 7) / 8, per = units / nt, extra = units % nt;
+  const int u0 = tid * per + std::min(tid, extra), u1 = u0 + per + (tid < extra ? 1 : 0);
+  *a = std::min(n, u0 * 8), *b = std::min(n, u1 * 8);
+}
+
+void rms_norm(const float* x, const uint16_t* w, int H, float eps, float* out) {
+  float ss = 0.f;
+  for (int i = 0; i < H; ++i) ss += x[i] * x[i];
+  const float inv = 1.f / std::sqrt(ss / float(H) + eps);
+  for (int i = 0; i < H; ++i) out[i] = x[i] * inv * f16_to_f32(w[i]);
+}
+
+// x [D] of one head at position p, rotate-half RoPE (HF Llama): x * cos + rotate_half(x) * sin.
+void rope(float* x, const float* cos, const float* sin, int D) {
+  float tmp[512];
+  const int h = D / 2;
+  for (int d = 0; d < D; ++d) tmp[d] = x[d];
+  for (int d = 0; d < D; ++d) {
+    const float rot = d < h ? -tmp[d + h] : tmp[d - h];
+    x[d] = tmp[d] * cos[d] + rot * sin[d];
+  }
+}
+
+// In-place fast Walsh-Hadamard transform along the middle axis of x [pre, f, post] (f a power of two), scaled by
+// 1/sqrt(f): x @ (Sylvester H_f / sqrt(f)) without the f x f matrix.
+void fwht(float* x, int pre, int f, int post) {
+  const float scale = 1.f / std::sqrt(float(f));
+  for (int p = 0; p < pre; ++p) {
+    float* slab = x + size_t(p) * f * post;
+    for (int h = 1; h < f; h *= 2)
+      for (int i = 0; i < f; i += 2 * h)
+        for (int j = i; j < i + h; ++j) {
+          float* a = slab + size_t(j) * post;
+          float* b = slab + size_t(j + h) * post;
+          for (int q = 0; q < post; ++q) {
+            const float u = a[q], v = b[q];
+            a[q] = u + v, b[q] = u - v;
+          }
+        }
+    for (int i = 0; i < f * post; ++i) slab[i] *= scale;
+  }
+}
+
+}  // namespace
+
+// x [n] @ (F_1 kron F_2 kron ...): contract each factor along its own axis (plugins/hadamard.py apply_hadamard);
+// Sylvester factors by the fast transform, others (Paley) by their matrix.
+void kron_apply(float* x, float* buf, int n, const std::vector<KronFactor>& factors) {
+  int pre = 1;
+  for (const KronFactor& fac : factors) {
+    const int f = fac.order, post = n / (pre * f);
+    if (fac.sylvester) {
+      fwht(x, pre, f, post);
+      pre *= f;
+      continue;
+    }
+    const float* F = fac.matrix;
+    for (int p = 0; p < pre; ++p) {
+      float* out = buf + size_t(p) * f * post;
+      const float* in = x + size_t(p) * f * post;
+      for (int b = 0; b < f; ++b) {
+        float* o = out + size_t(b) * post;
+        for (int j = 0; j < post; ++j) o[j] = 0.f;
+        for (int i = 0; i < f; ++i) {
+          const float c = F[size_t(i) * f + b];
+          const float* src = in + size_t(i) * post;
+          for (int j = 0; j < post; ++j) o[j] += src[j] * c;
+        }
+      }
+    }
+    std::copy(buf, buf + n, x);
+    pre *= f;
+  }
+}
+
+namespace {
+bool is_sylvester(const float* m, int f) {     // the matrix equals Sylvester H_f / sqrt(f)
+  if (f & (f - 1)) return false;
+  const float v = 1.f / std::sqrt(float(f));
+  for (int i = 0; i < f; ++i)
+    for (int j = 0; j < f; ++j) {
+      const float want = __builtin_popcount(unsigned(i & j)) % 2 ? -v : v;
+      if (std::fabs(m[size_t(i) * f + j] - want) > 1e-6f) return false;
+    }
+  return true;
+}
+}  // namespace
+
+std::string unsupported_linear(const NestedLinear& l, const std::string& what) {
+  if (l.K % kBlock) return what + ": K=" + std::to_string(l.K) + " is not a multiple of 64";
+  if (l.G % kBlock || l.G > kMaxGroup || l.K % l.G)
+    return what + ": group size " + std::to_string(l.G) + " (the native kernels take 64, 128, 192 or 256)";
+  return "";
+}
+
+std::string unsupported(const StepDims& d, const StepWeights& w) {
+  if (d.head_dim > 512 || d.head_dim % 2) return "head dim " + std::to_string(d.head_dim) + " (at most 512, even)";
+  if (d.kv_heads < 1 || d.heads % d.kv_heads) return "query heads not a multiple of KV heads";
+  for (const LayerWeights& l : w.layers) {
+    for (const NestedLinear* x : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) {
+      std::string why = unsupported_linear(*x, "a block linear");
+      if (!why.empty()) return why;
+    }
+    if (l.q.G != l.k.G || l.q.G != l.v.G || l.gate.G != l.up.G) return "q/k/v or gate/up with different group sizes";
+  }
+  if (w.head.base) return unsupported_linear(w.head, "the nested head");
+  return "";
+}
+
+DecoderStep::DecoderStep(const StepDims& dims, const StepWeights& weights, std::vector<KVLayer> kv,
+                         const Kernels* kernels)
+    : d_(dims), w_(weights), kv_(std::move(kv)), k_(kernels), pool_(dims.threads) {
+  if (!k_) throw std::invalid_argument("no kernels for this CPU");
+  const std::string why = unsupported(d_, w_);
+  if (!why.empty()) throw std::invalid_argument(why);
+  const size_t m = size_t(d_.max_tokens), H = d_.hidden, I = d_.intermediate, A = size_t(d_.heads) * d_.head_dim;
+  const size_t qkv = A + 2 * size_t(d_.kv_heads) * d_.head_dim;
+  const size_t widest = std::max({H, I, A});
+  x_.resize(m * H), qkv_.resize(m * qkv), att_.resize(m * A), tmp_.resize(m * H), gate_.resize(m * I), up_.resize(m * I);
+  for (size_t i = 0; i < w_.r4_orders.size(); ++i)
+    r4_.push_back(KronFactor{w_.r4_orders[i], w_.r4_factors[i], is_sylvester(w_.r4_factors[i], w_.r4_orders[i])});
+  scratch_.resize(d_.threads);
+  for (Scratch& sc : scratch_) {
+    sc.h.resize(m * widest), sc.xq.resize(m * widest), sc.xsum.resize(m * widest / kBlock), sc.sx.resize(m);
+    sc.scores.resize(size_t(d_.heads / d_.kv_heads) * w_.rope_positions);
+    if (!r4_.empty()) sc.r4.resize(m * I), sc.r4buf.resize(I);
+  }
+}
+
+size_t DecoderStep::workspace_bytes() const {
+  size_t n = 0;
+  for (const auto* v : {&x_, &qkv_, &att_, &tmp_, &gate_, &up_}) n += v->size() * sizeof(float);
+  for (const Scratch& sc : scratch_)
+    n += (sc.h.size() + sc.sx.size() + sc.scores.size() + sc.r4.size() + sc.r4buf.size()) * sizeof(float) +
+         sc.xq.size() + sc.xsum.size() * sizeof(int32_t);
+  return n;
+}
+
+void DecoderStep::linear_rows(const NestedLinear* ws, int count, bool target, const QActs& a, float* y, int ldy,
+                              int tid, int nt) {
+  int total = 0;
+  for (int i = 0; i < count; ++i) total += ws[i].N;
+  int lo, hi;
+  span(total, tid, nt, &lo, &hi);
+  for (int i = 0, off = 0; i < count; off += ws[i].N, ++i) {
+    const int n0 = std::max(lo, off) - off, n1 = std::min(hi, off + ws[i].N) - off;
+    if (n0 < n1) k_->nested_linear(ws[i], target, a, y + off, ldy, n0, n1);
+  }
+}
+
+// One thread's copy of an input: RMSNorm'd (when `norm`) and quantized, for all M tokens of the chunk. Every thread
+// makes its own (a few microseconds) instead of one thread making it behind a barrier.
+void DecoderStep::prepare(Scratch& sc, const float* x, int ld, int M, int K, int G, const uint16_t* norm) {
+  const float* src = x;
+  if (norm) {
+    for (int t = 0; t < M; ++t) rms_norm(x + size_t(t) * ld, norm, K, d_.eps, &sc.h[size_t(t) * K]);
+    src = sc.h.data(), ld = K;
+  }
+  k_->quantize(src, ld, M, K, G, sc.xq.data(), sc.xsum.data(), sc.sx.data());
+  sc.acts = QActs{sc.xq.data(), sc.xsum.data(), sc.sx.data(), M, K, G};
+}
+
+// Rows [n0, n1) of `w` applied to the thread's prepared input, added into x (the residual stream).
+void DecoderStep::residual_rows(const NestedLinear& w, bool target, const QActs& a, int M, int tid, int nt) {
+  const int H = d_.hidden;
+  int n0, n1;
+  span(H, tid, nt, &n0, &n1);
+  if (n0 >= n1) return;
+  k_->nested_linear(w, target, a, tmp_.data(), H, n0, n1);
+  for (int t = 0; t < M; ++t)
+    for (int n = n0; n < n1; ++n) x_[size_t(t) * H + n] += tmp_[size_t(t) * H + n];
+}
+
+// Five barriers a layer: after q/k/v, after attention, after each residual update and after gate/up.
+void DecoderStep::layer(int l, int M, bool target, const KVRange& r, int tid, int nt) {
+  const LayerWeights& L = w_.layers[l];
+  const int H = d_.hidden, I = d_.intermediate, D = d_.head_dim, hpk = d_.heads / d_.kv_heads;
+  const int A = d_.heads * D, KVW = d_.kv_heads * D, Q = A + 2 * KVW;
+  Scratch& sc = scratch_[tid];
+  prepare(sc, x_.data(), H, M, H, L.q.G, L.input_norm);
+  const NestedLinear qkv[3] = {L.q, L.k, L.v};
+  linear_rows(qkv, 3, target, sc.acts, qkv_.data(), Q, tid, nt);
+pool_.barrier();
+  {  // each thread owns whole KV heads: RoPE on their keys and queries, KV writes, then attention over them
+    int j0, j1;
+    const int per = d_.kv_heads / nt, extra = d_.kv_heads % nt;
+    j0 = tid * per + std::min(tid, extra), j1 = j0 + per + (tid < extra ? 1 : 0);
+    const KVLayer& kv = kv_[l];
+    for (int j = j0; j < j1; ++j) {
+      for (int t = 0; t < M; ++t) {
+        const int pos = r.first + t;
+        const float *c = w_.rope_cos + size_t(pos) * D, *s = w_.rope_sin + size_t(pos) * D;
+        float* row = &qkv_[size_t(t) * Q];
+        for (int h = j * hpk; h < (j + 1) * hpk; ++h) rope(row + size_t(h) * D, c, s, D);
+        rope(row + A + size_t(j) * D, c, s, D);
+        for (int which = 0; which < 2; ++which) {
+          const bool main = !r.draft;
+          const size_t slots = main ? kv.C : kv.S, at = main ? pos : pos - r.committed;
+          const size_t idx = (size_t(which) * kv.Hkv + j) * slots + at;
+          quantize_kv_vector(row + A + size_t(which) * KVW + size_t(j) * D, D, (main ? kv.base : kv.sbase) + idx * (D / 2),
+                             (main ? kv.refine : kv.srefine) + idx * (D / 2), (main ? kv.scale : kv.sscale) + idx);
+        }
+      }
+      k_->attend(kv, r, qkv_.data(), Q, hpk, j, 0, M, att_.data(), A, sc.scores.data());
+    }
+  }
+pool_.barrier();
+  prepare(sc, att_.data(), A, M, A, L.o.G, nullptr);
+  residual_rows(L.o, target, sc.acts, M, tid, nt);
+pool_.barrier();
+  prepare(sc, x_.data(), H, M, H, L.gate.G, L.post_norm);
+  {
+    int n0, n1;
+    span(I, tid, nt, &n0, &n1);
+    if (n0 < n1) {
+      k_->nested_linear(L.gate, target, sc.acts, gate_.data(), I, n0, n1);
+      k_->nested_linear(L.up, target, sc.acts, up_.data(), I, n0, n1);
+      for (int t = 0; t < M; ++t) k_->silu_mul(&gate_[size_t(t) * I + n0], &up_[size_t(t) * I + n0], n1 - n0);
+    }
+  }
+pool_.barrier();
+  const float* g = gate_.data();
+  if (!r4_.empty()) {                   // the online R4 on this thread's copy
+    for (int t = 0; t < M; ++t) {
+      float* row = &sc.r4[size_t(t) * I];
+      std::copy(&gate_[size_t(t) * I], &gate_[size_t(t) * I] + I, row);
+      kron_apply(row, sc.r4buf.data(), I, r4_);
+    }
+    g = sc.r4.data();
+  }
+  prepare(sc, g, I, M, I, L.down.G, nullptr);
+  residual_rows(L.down, target, sc.acts, M, tid, nt);
+pool_.barrier();
+}
+
+// Columns [c0, c1) of the target view of the nested head's row `id`, (16 q4 + qr) s / 16 (+ offset): the input
+// embedding of a checkpoint whose tied head is nested (no float16 copy). Columns come in even/odd pairs per byte.
+void DecoderStep::embed_from_head(int64_t id, int c0, int c1, float* dst) const {
+  const NestedLinear& h = w_.head;
+  const int ng = h.K / h.G;
+  const uint8_t* b = h.base + size_t(id) * (h.K / 2);
+  const uint8_t* r = h.refine + size_t(id) * (h.K / 2);
+  for (int i = c0; i < c1; ++i) {
+    const int sh = (i & 1) * 4;
+    const int q4 = ((b[i / 2] >> sh) & 0xF) - 8, qr = ((r[i / 2] >> sh) & 0xF) - 8;   // this layout: code + 8
+    const size_t g = size_t(id) * ng + i / h.G;
+    float v = float(16 * q4 + qr) * (f16_to_f32(h.scale[g]) / 16.f);
+    if (h.offset) v += f16_to_f32(h.offset[g]);
+    dst[i] = v;
+  }
+}
+
+void DecoderStep::chunk(const int64_t* ids, int M, bool target, const KVRange& r, int rows, float* logits) {
+  const int H = d_.hidden;
+  pool_.run([&](int tid, int nt) {
+    {  // embedding rows (into x, or into tmp for the R1 rotation), this thread's columns
+      int c0, c1;
+      span(H, tid, nt, &c0, &c1);
+      for (int t = 0; t < M; ++t) {
+        float* dst = w_.r1 ? &tmp_[size_t(t) * H] : &x_[size_t(t) * H];
+        if (w_.embed) {
+          const uint16_t* e = w_.embed + size_t(ids[t]) * H;
+          for (int i = c0; i < c1; ++i) dst[i] = f16_to_f32(e[i]);
+        } else {
+          embed_from_head(ids[t], c0, c1, dst);
+        }
+      }
+pool_.barrier();
+      if (w_.r1) {                      // x = embedding @ r1, columns split over threads
+        for (int t = 0; t < M; ++t) {
+          const float* e = &tmp_[size_t(t) * H];
+          float* out = &x_[size_t(t) * H];
+          for (int c = c0; c < c1; ++c) out[c] = 0.f;
+          for (int k = 0; k < H; ++k)
+            for (int c = c0; c < c1; ++c) out[c] += e[k] * w_.r1[size_t(k) * H + c];
+        }
+pool_.barrier();
+      }
+    }
+    for (int l = 0; l < d_.layers; ++l) layer(l, M, target, r, tid, nt);
+    if (rows > 0) head(M, rows, target, logits, tid, nt);
+  });
+}
+
+void DecoderStep::head(int M, int rows, bool target, float* logits, int tid, int nt) {
+  const int H = d_.hidden, V = d_.vocab, first_row = M - rows;
+  if (w_.r1) {                          // back to the original basis: x @ r1^T, columns split over threads
+    int c0, c1;
+    span(H, tid, nt, &c0, &c1);
+    for (int t = first_row; t < M; ++t)
+      for (int c = c0; c < c1; ++c) {
+        float acc = 0.f;
+        for (int k = 0; k < H; ++k) acc += x_[size_t(t) * H + k] * w_.r1[size_t(c) * H + k];
+        tmp_[size_t(t) * H + c] = acc;
+      }
+pool_.barrier();
+  }
+  Scratch& sc = scratch_[tid];
+  const float* src = (w_.r1 ? tmp_.data() : x_.data()) + size_t(first_row) * H;
+  int n0, n1;
+  span(V, tid, nt, &n0, &n1);
+  if (w_.head.base) {
+    prepare(sc, src, H, rows, H, w_.head.G, w_.final_norm);
+    if (n0 < n1) k_->nested_linear(w_.head, target, sc.acts, logits, V, n0, n1);
+  } else {
+    for (int t = 0; t < rows; ++t) rms_norm(src + size_t(t) * H, w_.final_norm, H, d_.eps, &sc.h[size_t(t) * H]);
+    if (n0 < n1) k_->f16_linear(w_.head_f16, H, sc.h.data(), H, rows, logits, V, n0, n1);
+  }
+}
+
+void DecoderStep::forward(const int64_t* ids, int M, bool target, int start, int committed, bool draft, int kv8_from,
+                          bool last_only, float* logits) {
+  if (M < 1) throw std::invalid_argument("a pass needs at least one token");
+  if (start < 0 || start + M > w_.rope_positions)
+    throw std::out_of_range("positions [" + std::to_string(start) + ", " + std::to_string(start + M) +
+                            ") exceed the step's capacity " + std::to_string(w_.rope_positions));
+  if (draft && start + M - committed > kv_[0].S) throw std::out_of_range("draft pass past the scratch slots");
+  for (int t = 0; t < M; ++t)
+    if (ids[t] < 0 || ids[t] >= d_.vocab) throw std::out_of_range("token id " + std::to_string(ids[t]) + " out of range");
+  for (int c0 = 0; c0 < M; c0 += d_.max_tokens) {
+    const int mc = std::min(d_.max_tokens, M - c0);
+    const int rows = last_only ? (c0 + mc == M ? 1 : 0) : mc;     // a chunk before the last one of a prefill: no head
+    chunk(ids + c0, mc, target, KVRange{start + c0, committed, kv8_from, draft}, rows,
+          last_only ? logits : logits + size_t(c0) * d_.vocab);
+  }
+}
+
+}  // namespace bitnest

@@ -1,0 +1,96 @@
+// The decoder step: one whole pass of a Llama/Qwen2 decoder over the nested planes, built once at load with a
+// pointer to every plane, the KV cache and a workspace sized for the largest pass, then called once per pass.
+// Semantics are edge/model/decoder.py's with the reference ops (docs/contracts.md): RMSNorm, per-token INT8
+// activations into every nested linear, RoPE, the online R1 / R4 rotations, nested-KV attention, SiLU * up.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "native.h"
+#include "pool.h"
+
+namespace bitnest {
+
+struct LayerWeights {
+  NestedLinear q, k, v, o, gate, up, down;
+  const uint16_t* input_norm = nullptr;   // float16 [H]
+  const uint16_t* post_norm = nullptr;    // float16 [H]
+};
+
+struct StepDims {
+  int layers = 0, hidden = 0, intermediate = 0, heads = 0, kv_heads = 0, head_dim = 0, vocab = 0;
+  float eps = 1e-5f;
+  int max_tokens = 1;   // rows of the workspace: the largest chunk one call computes at once
+  int threads = 1;
+};
+
+struct StepWeights {
+  std::vector<LayerWeights> layers;
+  const uint16_t* embed = nullptr;        // float16 [V, H], or null: rows of the nested tied head's target view
+  const uint16_t* final_norm = nullptr;   // float16 [H]
+  NestedLinear head;                      // nested head (head.base set), else the float16 `head_f16` [V, H]
+  const uint16_t* head_f16 = nullptr;
+  const float* r1 = nullptr;              // [H, H]: residual = embedding @ r1, undone (@ r1^T) before the final norm
+  std::vector<int> r4_orders;             // Kronecker factors of the online Hadamard before down_proj (empty: none)
+  std::vector<const float*> r4_factors;   // each [order, order], orthonormal
+  const float* rope_cos = nullptr;        // [positions, D] (rotate-half convention)
+  const float* rope_sin = nullptr;
+  int rope_positions = 0;
+};
+
+// One Kronecker factor of an online Hadamard: its order and orthonormal matrix; Sylvester ones run as a fast transform.
+struct KronFactor {
+  int order;
+  const float* matrix;
+  bool sylvester;
+};
+// x [n] @ (F_1 kron F_2 kron ...), buf: n floats of scratch.
+void kron_apply(float* x, float* buf, int n, const std::vector<KronFactor>& factors);
+
+// Checks shapes against what the kernels support; empty when they fit, else the reason (one line).
+std::string unsupported_linear(const NestedLinear& l, const std::string& what);
+std::string unsupported(const StepDims& d, const StepWeights& w);
+
+class DecoderStep {
+ public:
+  DecoderStep(const StepDims& dims, const StepWeights& weights, std::vector<KVLayer> kv, const Kernels* kernels);
+
+  // One pass of M tokens at positions start .. start + M - 1 (see KVRange): writes their KV entries (scratch slots
+  // for a draft pass) and the logits of every token, or of the last one with `last_only`, into logits [rows, V].
+  void forward(const int64_t* ids, int M, bool target, int start, int committed, bool draft, int kv8_from,
+               bool last_only, float* logits);
+
+  const Kernels& kernels() const { return *k_; }
+  // Bytes of this step's own buffers (shared workspace and every thread's), for the memory plan's check.
+  size_t workspace_bytes() const;
+
+ private:
+  // One thread's own buffers: its normed and quantized copy of the current input, attention scores, R4 rows.
+  struct Scratch {
+    std::vector<float> h, sx, scores, r4, r4buf;
+    std::vector<int8_t> xq;
+    std::vector<int32_t> xsum;
+    QActs acts;
+  };
+
+  void chunk(const int64_t* ids, int M, bool target, const KVRange& r, int rows, float* logits);
+  void head(int M, int rows, bool target, float* logits, int tid, int nt);
+  void embed_from_head(int64_t id, int c0, int c1, float* dst) const;
+  void layer(int l, int M, bool target, const KVRange& r, int tid, int nt);
+  void prepare(Scratch& sc, const float* x, int ld, int M, int K, int G, const uint16_t* norm);
+  void residual_rows(const NestedLinear& w, bool target, const QActs& a, int M, int tid, int nt);
+  void linear_rows(const NestedLinear* ws, int count, bool target, const QActs& a, float* y, int ldy, int tid, int nt);
+
+  StepDims d_;
+  StepWeights w_;
+  std::vector<KVLayer> kv_;
+  const Kernels* k_;
+  std::vector<KronFactor> r4_;
+  // shared workspace, [max_tokens, ...] each, and each thread's own
+  std::vector<float> x_, qkv_, att_, tmp_, gate_, up_;
+  std::vector<Scratch> scratch_;
+  Pool pool_;
+};
+
+}  // namespace bitnest

@@ -1,0 +1,108 @@
+"""The native C++ plugins (plugins/native) against the pure-torch oracle on fresh random inputs: the dual-plane
+linear for both views, RTN and top4of8 codes, decode-sized M, every group size the kernels take, on every kernel set
+this CPU runs (AVX2 and the portable C++); rows independent of M bit for bit; the KV write bit-exact against
+plugins.kv; nested-KV attention for every KV view, GQA and scratch slots."""
+
+import pytest
+import torch
+
+from plugins import reference
+from plugins.kv import quantize_kv
+from plugins.nesting import nest_rtn, nest_top4of8
+from plugins.packing import pack_nibbles
+
+native = pytest.importorskip("plugins.native")
+if native.unavailable():
+    pytest.skip(f"native plugins unavailable: {native.unavailable()}", allow_module_level=True)
+
+ISAS = sorted({"generic", native.best_isa().split("-")[0]})
+# float32 group scaling and float sums in the kernels' own order against a float64 oracle with exact integers
+LINEAR_REL = 1e-6
+ATTENTION_REL = 2e-6
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.double() - want).norm() / want.norm())
+
+
+def _planes(gen, n, k, g, method):
+    w = torch.randn(n, k, generator=gen) * 0.05
+    c = nest_rtn(w, g) if method == "rtn" else nest_top4of8(w, g)
+    return pack_nibbles(c.q4), pack_nibbles(c.qr), c.scale, c.offset
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("n, k, g, method", [(96, 576, 64, "rtn"), (37, 1536, 128, "rtn"), (21, 768, 192, "rtn"),
+                                             (40, 512, 256, "rtn"), (50, 576, 64, "top4of8")])
+def test_dual_plane_linear_matches_the_oracle(gen, isa, n, k, g, method):
+    base, refine, scale, offset = _planes(gen, n, k, g, method)
+    for m in (1, 5, 9):
+        x = torch.randn(m, k, generator=gen) * 3
+        for view in ("draft", "target"):
+            want = reference.dual_plane_linear(x, base, refine, scale, view, offset, act_int8=True)
+            got = native.dual_plane_linear(x, base, refine if view == "target" else None, scale, view, offset, isa=isa)
+            assert got.dtype == torch.float32 and got.shape == (m, n)
+            err = _rel(got, want)
+            assert err < LINEAR_REL, f"{isa} N={n} K={k} G={g} {method} M={m} {view}: rel err {err:.2e}"
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_rows_do_not_depend_on_the_number_of_tokens(gen, isa):
+    """What makes verification lossless: a pass over M tokens gives bit for bit what M one-token passes give."""
+    base, refine, scale, offset = _planes(gen, 64, 576, 64, "rtn")
+    x = torch.randn(7, 576, generator=gen)
+    for view in ("draft", "target"):
+        batch = native.dual_plane_linear(x, base, refine, scale, view, offset, isa=isa)
+        rows = torch.cat([native.dual_plane_linear(x[i:i + 1], base, refine, scale, view, offset, isa=isa)
+                          for i in range(7)])
+        assert torch.equal(batch, rows), f"{isa} {view}"
+
+
+def test_draft_never_reads_the_refinement(gen):
+    base, refine, scale, _ = _planes(gen, 32, 576, 64, "rtn")
+    x = torch.randn(3, 576, generator=gen)
+    want = native.dual_plane_linear(x, base, refine, scale, "draft")
+    assert torch.equal(native.dual_plane_linear(x, base, torch.randint(0, 256, refine.shape, dtype=torch.uint8),
+                                                scale, "draft"), want)
+    assert torch.equal(native.dual_plane_linear(x, base, None, scale, "draft"), want)
+
+
+def test_kv_write_is_bit_exact(gen):
+    x = torch.randn(2, 3, 45, 64, generator=gen) * torch.rand(2, 3, 45, 1, generator=gen) * 10
+    x[0, 0, 0] = 0.0                                            # an all-zero vector takes the smallest scale
+    for got, want in zip(native.quantize_kv(x), quantize_kv(x)):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("hq, hkv", [(9, 3), (4, 4), (8, 1)])
+def test_nested_kv_attention_matches_the_oracle(gen, isa, hq, hkv):
+    d, cap, t, length = 64, 48, 5, 37
+    kb, kr, ks = quantize_kv(torch.randn(2, hkv, cap, d, generator=gen))
+    q = torch.randn(hq, t, d, generator=gen)
+    for label, kv8_from in (("kv8", 0), ("kv4", length), ("recent-9", length - 9)):
+        want = reference.nested_kv_attention(q, kb, kr, ks, length, kv8_from)
+        err = _rel(native.nested_kv_attention(q, kb, kr, ks, length, kv8_from, isa=isa), want)
+        assert err < ATTENTION_REL, f"{isa} Hq={hq} Hkv={hkv} {label}: rel err {err:.2e}"
+    split = tuple(p[..., 30:length, :] if p.dim() == 4 else p[..., 30:length] for p in (kb, kr, ks))
+    got = native.nested_kv_attention(q, kb, kr, ks, 30, 4, scratch=tuple(s.contiguous() for s in split),
+                                     scratch_len=length - 30, isa=isa)
+    assert _rel(got, reference.nested_kv_attention(q, kb, kr, ks, length, 4)) < ATTENTION_REL
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_attention_queries_do_not_depend_on_the_pass(gen, isa):
+    kb, kr, ks = quantize_kv(torch.randn(2, 3, 40, 64, generator=gen))
+    q = torch.randn(9, 5, 64, generator=gen)
+    batch = native.nested_kv_attention(q, kb, kr, ks, 33, 0, isa=isa)
+    for i in range(5):           # query i alone, over exactly the positions it saw in the pass
+        alone = native.nested_kv_attention(q[:, i:i + 1], kb, kr, ks, 29 + i, 0, isa=isa)
+        assert torch.equal(batch[:, i:i + 1], alone), f"{isa} query {i}"
+
+
+def test_shapes_the_kernels_do_not_take_are_one_line_errors(gen):
+    base, refine, scale, _ = _planes(gen, 8, 128, 32, "rtn")         # group size 32
+    with pytest.raises(RuntimeError, match="group size 32"):
+        native.dual_plane_linear(torch.randn(1, 128), base, refine, scale, "target")
+    with pytest.raises(RuntimeError, match="unknown weight view"):
+        torch.ops.bitnest.dual_plane_linear(torch.randn(1, 128), base, refine, scale, "half", None, "")
