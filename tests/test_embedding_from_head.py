@@ -12,7 +12,7 @@ from edge.backends import make_backend
 from edge.decode.config import GenerateConfig
 from edge.decode.stats import embedding_row_bytes
 from edge.errors import BitNestError, CheckpointError
-from edge.model.checkpoint import EMBED, HEAD, MANIFEST, WEIGHTS, load_checkpoint
+from edge.model.checkpoint import EMBED, HEAD, MANIFEST, SEAL, WEIGHTS, load_checkpoint, manifest_seal
 from edge.runtime import Runtime
 from plugins.packing import unpack_nibbles
 from plugins.reference import dequantized_weight
@@ -73,6 +73,7 @@ def _copy_with(src, dst, manifest_edit=None, tensors_edit=None):
     if manifest_edit:
         m = json.loads((dst / MANIFEST).read_text())
         manifest_edit(m)
+        m[SEAL] = manifest_seal(m)             # sealed again: the reader's own checks are what is tested here
         (dst / MANIFEST).write_text(json.dumps(m))
     return dst
 

@@ -61,14 +61,27 @@ def policy_run(rt: Runtime, prompts: list[list[int]], cfg: GenerateConfig) -> di
     return merged_summary([generate(rt.engine, p, cfg, eos=set())[1] for p in prompts])
 
 
-def _runners(a, rt: Runtime, prompts: list[list[int]], texts: list[str]) -> dict:
-    """name -> a function returning one repeat's tok/s (and, for policies, their stats)."""
+def _with_threads(threads: int, fn):
+    """`fn` run with torch at `threads` intra-op threads, then torch's count as it was (the native engine keeps
+    torch's at one while its own pool runs the step)."""
+    def run():
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return fn()
+        finally:
+            torch.set_num_threads(before)
+    return run
+
+
+def _runners(a, rt: Runtime, prompts: list[list[int]], texts: list[str], threads: int) -> dict:
+    """name -> a function returning one repeat's tok/s (and, for policies, their stats); every peer runs at
+    `threads` threads, the count this runtime's step uses."""
     runners = {}
     for policy in a.policy or DEFAULT_POLICIES:
         cfg = GenerateConfig(policy=policy, gamma=a.gamma, max_new_tokens=a.max_new_tokens,
                              gate=calibrated_gate(rt, policy, gate_config(a)), adaptive=adaptive_config(a))
         runners[policy] = lambda cfg=cfg: policy_run(rt, prompts, cfg)
-    threads = torch.get_num_threads()
     peers = set(a.peer or ("llamacpp", "hf")) - {"none"}
     if "llamacpp" in peers:
         q41 = shipped_gguf()
@@ -81,25 +94,28 @@ def _runners(a, rt: Runtime, prompts: list[list[int]], texts: list[str]) -> dict
         from transformers import AutoModelForCausalLM
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         model = AutoModelForCausalLM.from_pretrained(rt.ckpt.manifest["source"]["folder"], dtype=torch.float32).eval()
-        runners["hf_fp32"] = lambda: {"tok_s": hf_tok_s(model, prompts, a.max_new_tokens)}
+        runners["hf_fp32"] = _with_threads(threads, lambda: {"tok_s": hf_tok_s(model, prompts, a.max_new_tokens)})
     return runners
 
 
 def bench(a, ckpt: str, command: str = "") -> dict:
     """Medians over interleaved repeats of every runner's decode tok/s, the read probe, and the ratios."""
+    threads = torch.get_num_threads()       # before the runtime: the native engine sets torch's own to one
     rt = Runtime(ckpt, backend=a.backend, max_context=a.max_new_tokens + 1024, scratch=max(17, a.gamma_max + 1))
+    threads = getattr(rt.engine, "threads", threads)
     texts = sharegpt_prompts(a.prompts)
     prompts = [rt.encode(t) for t in texts]
-    runners = _runners(a, rt, prompts, texts)
+    runners = _runners(a, rt, prompts, texts, threads)
     samples = {name: [] for name in runners}
-    probe = [read_bandwidth()]
+    probe_at = _with_threads(threads, read_bandwidth)
+    probe = [probe_at()]
     for _ in range(a.repeats):
         for name, run in runners.items():
             samples[name].append(run())
-        probe.append(read_bandwidth())
+        probe.append(probe_at())
     out = {"command": command, "checkpoint": ckpt, "backend": rt.backend, "isa": getattr(rt.engine, "isa", None),
            "prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "repeats": a.repeats, "gamma": a.gamma,
-           "threads": torch.get_num_threads(), "read_gbps": round(statistics.median(probe), 2),
+           "threads": threads, "read_gbps": round(statistics.median(probe), 2),
            "read_gbps_samples": [round(p, 2) for p in probe], "runs": {}}
     for name, runs in samples.items():
         rates = [r["tok_s"] for r in runs]

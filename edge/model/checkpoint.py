@@ -73,8 +73,8 @@ def sha256_file(path: Path) -> str:
 
 
 SEAL = "manifest_sha256"
-MANIFEST_FIELDS = {"format", "format_version", "config", "method", "refine", "quant", "head", "linears", "rotation",
-                   "calibration", "source", "activations", "export", "files", "tokenizer_files", SEAL}
+MANIFEST_FIELDS = {"format", "format_version", "config", "method", "refine", "quant", "head", "embedding", "linears",
+                   "rotation", "calibration", "source", "activations", "export", "files", "tokenizer_files", SEAL}
 
 
 def manifest_seal(m: dict[str, Any]) -> str:

@@ -135,22 +135,28 @@ BN_AVX2 static void tile_rows(const NestedLinear& w, const QActs& a, int m0, flo
   }
 }
 
-// Tokens in tiles of up to 4 (3 for the two-plane target, whose planes take more registers), then the rest.
+// Rows in blocks small enough to stay in L1 (16 rows of at most 2 x 768 plane bytes) while every token tile reads
+// them, so a pass of M tokens sweeps the weights once; tokens in tiles of up to 4 (3 for the two-plane target, whose
+// planes take more registers), then the rest. A token's arithmetic is the same in any tile (M-invariance).
 template <bool TARGET, int BPG>
 BN_AVX2 static void rows(const NestedLinear& w, const QActs& a, float* y, int ldy, int n0, int n1) {
+  constexpr int kRowBlock = 16;
   const int T = TARGET && !w.int8_target ? 3 : 4;
-  int m = 0;
-  for (; m + T <= a.M; m += T) {
-    if (T == 4)
-      tile_rows<4, TARGET, BPG>(w, a, m, y, ldy, n0, n1);
-    else
-      tile_rows<3, TARGET, BPG>(w, a, m, y, ldy, n0, n1);
-  }
-  switch (a.M - m) {
-    case 3: tile_rows<3, TARGET, BPG>(w, a, m, y, ldy, n0, n1); break;
-    case 2: tile_rows<2, TARGET, BPG>(w, a, m, y, ldy, n0, n1); break;
-    case 1: tile_rows<1, TARGET, BPG>(w, a, m, y, ldy, n0, n1); break;
-    default: break;
+  for (int nb = n0; nb < n1; nb += kRowBlock) {
+    const int ne = std::min(n1, nb + kRowBlock);
+    int m = 0;
+    for (; m + T <= a.M; m += T) {
+      if (T == 4)
+        tile_rows<4, TARGET, BPG>(w, a, m, y, ldy, nb, ne);
+      else
+        tile_rows<3, TARGET, BPG>(w, a, m, y, ldy, nb, ne);
+    }
+    switch (a.M - m) {
+      case 3: tile_rows<3, TARGET, BPG>(w, a, m, y, ldy, nb, ne); break;
+      case 2: tile_rows<2, TARGET, BPG>(w, a, m, y, ldy, nb, ne); break;
+      case 1: tile_rows<1, TARGET, BPG>(w, a, m, y, ldy, nb, ne); break;
+      default: break;
+    }
   }
 }
 
