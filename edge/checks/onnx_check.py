@@ -66,10 +66,17 @@ def check_session(onnx_path, layers: int):
     return open_session(onnx_path, inline_functions=True, expose=exposed(layers))
 
 
+def byte_planes(planes, copy: bool = False) -> tuple:
+    """A layer's (base, refine, scale) as the graph holds them (int32 words [2, Hkv, C, D/8] for the code planes)
+    seen as the contract's packed bytes [2, Hkv, C, D/2], the layout the reference reads; copied where asked."""
+    base, refine, scale = (np.array(a) if copy else a for a in planes)
+    return np.ascontiguousarray(base).view(np.uint8), np.ascontiguousarray(refine).view(np.uint8), scale
+
+
 def compare_pass(ref: StepReference, runner: OnnxStepRunner, tokens: list[int], view: str, end: int,
                  kv8_from: int) -> dict:
     """One pass through the graph, then the reference on the graph's own per-layer inputs and KV planes."""
-    prior = [tuple(a.copy() for a in planes) for planes in runner.planes]
+    prior = [byte_planes(planes, copy=True) for planes in runner.planes]
     logits, ex = runner.run(tokens, view, end, kv8_from, exposed(ref.layers))
     ref.kv, m = prior, len(tokens)
     errs = {"embedded": rel_err(ex[EMBEDDED], ref.embed(tokens))}
@@ -78,7 +85,7 @@ def compare_pass(ref: StepReference, runner: OnnxStepRunner, tokens: list[int], 
         want = ref.block(i, x, view, end, kv8_from)                        # [M, H] from the graph's own input
         got = ex[residual(i)]
         layer_errs.append(rel_err(got, want, want - x))                    # relative to the layer's contribution
-        for j, (mine, graph) in enumerate(zip(ref.new_entries[i][:2], runner.planes[i][:2])):
+        for j, (mine, graph) in enumerate(zip(ref.new_entries[i][:2], byte_planes(runner.planes[i])[:2])):
             a, b = unpack(mine), unpack(np.ascontiguousarray(graph[:, :, end - m:end]))
             codes, flips = codes + a.size, flips + int((a != b).sum())
         x = got.astype(np.float64)

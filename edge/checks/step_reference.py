@@ -65,6 +65,7 @@ class StepReference:
             c["num_kv_heads"]
         self.d, self.eps, self.theta = c["head_dim"], c["rms_norm_eps"], c["rope_theta"]
         self.tied = c["tie_word_embeddings"]
+        self.embedding = m.get("embedding", "float16")
         self.t = load_file(str(folder / "model.safetensors"))
         self.groups = {n: s["group_size"] for n, s in m["linears"].items()}
         rot = m.get("rotation") or {}
@@ -133,7 +134,16 @@ class StepReference:
 
     def embed(self, ids: list[int]) -> np.ndarray:
         """The residual stream entering layer 0: embedding rows (after R1 where the checkpoint has it) [M, H]."""
-        x = self.t["model.embed_tokens.weight"][np.asarray(ids)].astype(np.float64)      # [M, H]
+        rows = np.asarray(ids)
+        if self.embedding == "head_target":   # the head's target view: (16 q4 + qr) s/16 (+ offset) per group
+            t, g = self.t, self.groups["lm_head"]
+            codes = 16.0 * unpack(t["lm_head.base"][rows]) + unpack(t["lm_head.refine"][rows])       # [M, H]
+            step = np.repeat(t["lm_head.scale"][rows].astype(np.float64) / 16.0, g, axis=-1)
+            x = codes * step
+            if "lm_head.offset" in t:
+                x = x + np.repeat(t["lm_head.offset"][rows].astype(np.float64), g, axis=-1)
+        else:
+            x = self.t["model.embed_tokens.weight"][rows].astype(np.float64)                         # [M, H]
         return x @ self.r1 if self.r1 is not None else x
 
     def block(self, i: int, x: np.ndarray, view: str, seq_len: int, kv8_from: int) -> np.ndarray:
