@@ -43,7 +43,8 @@ from plugins.kernels.common import INTERPRET, interp_dot, round_half_even
 CHUNK = 128          # positions per program (absolute boundaries): 32K context = 256 chunks per KV head
 BLOCK_S = 64         # positions per inner step
 MAX_ROWS = 64        # query rows (GQA group x queries) per program; larger groups tile over a grid axis
-QUERY_SLOTS = 8      # queries per row tile for any GQA ratio (γ + 1 <= 8 verifies in one read of the KV)
+QUERY_SLOTS = 5      # queries per row tile for any GQA ratio (γ + 1 <= 5, the default γ = 4, verifies in one read
+                     # of the KV; 8 slots gave d64 GQA 3 a 32-row tile that spills on sm_87 at 4 or 8 warps)
 
 
 def rows_per_tile(r: int) -> int:
@@ -52,9 +53,10 @@ def rows_per_tile(r: int) -> int:
     return min(MAX_ROWS, max(16, triton.next_power_of_2(r * QUERY_SLOTS)))
 
 
-def warps_for(d: int) -> int:
-    """Warps per attention program: 8 for head dim 128 keeps the [rows, D] accumulators out of local memory."""
-    return 8 if d >= 128 else 4
+def warps_for(d: int, r: int) -> int:
+    """Warps per attention program: 8 for a [rows, D] tile of 2048 or more keeps its accumulators out of local
+    memory on sm_87 (`bitnest compile-kernels`: d128 at 16 or 32 rows); 4 below (d64 GQA 3, 16 rows: 199 regs)."""
+    return 8 if rows_per_tile(r) * d >= 2048 else 4
 
 
 @triton.jit
@@ -268,7 +270,7 @@ def _attend(q, base, refine, scale, scratch, main_ptr, seq_ptr, kv8_ptr, n_chunk
         q.contiguous(), base, refine, scale, sb, sr, ss, m_ws, l_ws, acc_ws, main_ptr, seq_ptr, kv8_ptr,
         t, base.shape[2], scap, n_chunks, 1.0 / math.sqrt(d),
         HKV=hkv, R=r, D=d, CHUNK=CHUNK, BLOCK_S=BLOCK_S, BLOCK_M=block_m, INTERP=INTERPRET,
-        num_warps=warps_for(d), enable_fp_fusion=False,
+        num_warps=warps_for(d, r), enable_fp_fusion=False,
     )
     y = out if out is not None else torch.empty(hq, t, d, dtype=torch.float32, device=dev)
     chunk_reduce_kernel[(hkv, r * t)](m_ws, l_ws, acc_ws, y, t, n_chunks, R=r, D=d, enable_fp_fusion=False)
