@@ -52,10 +52,14 @@ def test_evaluate(small, capsys):
     assert set(out["ppl"]["draft"]) == {"sharegpt", "shakespeare", "code"}
 
 
-def test_bench_with_its_default_policies(small, capsys):
+def test_bench_with_its_default_policies_beside_llamacpp(small, capsys):
+    """The default policies, and llama.cpp (the bench extra's xllamacpp, on the shipped Q4_1 GGUF and a Q8_0 made
+    from it) timed in the same run at the step's thread count."""
     out = bitnest(capsys, "bench", "--checkpoint", small, "--prompts", 1, "--max-new-tokens", 6, "--repeats", 1,
-                  "--json")
-    assert list(out["policies"]) == ["speculative", "target", "draft"] and out["hf_fp32"]["tok_s_median"] > 0
+                  "--peer", "llamacpp", "--json")
+    assert list(out["runs"]) == ["target", "speculative", "adaptive", "draft", "llamacpp_q4_1", "llamacpp_q8_0"]
+    assert all(r["tok_s"] > 0 for r in out["runs"].values()) and out["threads"] >= 1 and out["read_gbps"] > 0
+    assert {"speculative_vs_target", "target_vs_llamacpp_q8", "target_vs_llamacpp_q4_1"} <= set(out["ratios"])
 
 
 def test_lossless(small, capsys):
@@ -90,7 +94,7 @@ def test_calibrate_replay_and_compare(small, capsys):
     assert rep["prompts"] == 2
     cmp = bitnest(capsys, "compare", "--checkpoint", small, "--prompts", 2, "--max-new-tokens", 6, "--match-tokens", 4,
                   "--phase-prompts", 1, "--phase-tokens", 12, "--resamples", 50, "--json")
-    assert set(cmp["policies"]) <= set(POLICIES) | {"gate-random"} and "target" in cmp["policies"] and "phase" in cmp
+    assert set(cmp["policies"]) <= set(POLICIES) | {"gate-random", "gate-random@repair"} and "target" in cmp["policies"] and "phase" in cmp
 
 
 def test_quality_table_writes_only_where_told(small_llama_folder, tmp_path, capsys):
@@ -118,6 +122,17 @@ def test_bench_kernels_without_a_gpu_is_one_line(capsys):
     if rc == 0:
         pytest.skip("a CUDA GPU is here")
     assert rc == 2 and len(err) == 1 and "GPU" in err[0]
+
+
+def test_tables_check_finds_the_docs_current(capsys):
+    assert commands.main(["tables", "--check"]) == 0, capsys.readouterr().err
+
+
+def test_device_check_table_of_a_missing_file_is_one_line(tmp_path, capsys):
+    """(The checks themselves run in tests/test_device_check.py, --dry in the Triton interpreter.)"""
+    rc = commands.main(["device-check", "--table", str(tmp_path / "none.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc != 0 and len(err) == 1 and "none.json does not exist" in err[0]
 
 
 def test_replay_tegrastats(capsys):
