@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from edge.analysis import calibrate, compare, replay
+from edge.backends import resolve_backend
 from edge.analysis.phase_prompts import phase_candidates
 from edge.decode import thresholds
 from edge.decode.config import GenerateConfig
@@ -32,7 +33,7 @@ def _last_json(capsys) -> dict:
 
 def test_calibrate_writes_thresholds_beside_the_checkpoint(calibrated):
     data = json.loads((calibrated / thresholds.THRESHOLDS_FILE).read_text())
-    entry = data["backends"]["cpu"]
+    entry = data["backends"][resolve_backend("auto")]       # the chat's default backend, calibrated by default
     assert set(entry["entropy"]) == set(entry["margin"]) == {"0.03", "0.07", "0.15", "0.3"}
     assert entry["steps"] >= 10
 

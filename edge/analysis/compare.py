@@ -32,7 +32,7 @@ STAT_KEYS = ("acceptance", "tokens_per_round", "escalation_rate", "weight_bytes_
 @dataclass(frozen=True)
 class CompareOptions:
     checkpoint: str
-    backend: str = "cpu"
+    backend: str = "auto"
     prompts: int = 24
     max_new_tokens: int = 24
     match_tokens: int = 8              # the binary outcome: the first K tokens equal the target's
@@ -187,7 +187,7 @@ def compare(o: CompareOptions) -> dict:
     t0 = time.time()
     rt = Runtime(o.checkpoint, backend=o.backend, max_context=4096, scratch=max(17, o.adaptive.gamma_max + 1))
     prompts = [rt.encode(p) for p in sharegpt_prompts(o.prompts)]
-    out = {"checkpoint": str(rt.ckpt.path), "method": rt.ckpt.method, "backend": o.backend, "prompts": len(prompts),
+    out = {"checkpoint": str(rt.ckpt.path), "method": rt.ckpt.method, "backend": rt.backend, "prompts": len(prompts),
            "max_new_tokens": o.max_new_tokens, "match_tokens": o.match_tokens, "gate_rate": o.rate,
            "gamma": o.gamma, "adaptive": asdict(o.adaptive),
            "task": f"reproduce the target's greedy continuation of held-out ShareGPT requests: match = first "

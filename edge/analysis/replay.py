@@ -211,7 +211,7 @@ def _clean(x):
 @dataclass(frozen=True)
 class ReplayOptions:
     checkpoint: str
-    backend: str = "cpu"
+    backend: str = "auto"
     prompts_file: Optional[str] = None
     prompts: int = 12                  # held-out ShareGPT requests when no prompts file is given
     max_new_tokens: int = 96
@@ -237,9 +237,9 @@ def replay(opts: ReplayOptions) -> dict:
         raise BitNestError("the trajectories hold no decode steps: raise --max-new-tokens")
     traced = time.time() - t0
     out = {"checkpoint": str(rt.ckpt.path), "method": rt.ckpt.method, "rotation": rt.ckpt.manifest["rotation"]["kind"],
-           "backend": opts.backend, "max_new_tokens": opts.max_new_tokens,
+           "backend": rt.backend, "max_new_tokens": opts.max_new_tokens,
            "prompt_source": opts.prompts_file or "ShareGPT held-out first user turns (chat template)",
-           **analyse(traces, rt.ckpt, read_thresholds(rt.ckpt).get(opts.backend), opts.resamples, opts.seed),
+           **analyse(traces, rt.ckpt, read_thresholds(rt.ckpt).get(rt.backend), opts.resamples, opts.seed),
            "trace_seconds": round(traced, 1)}
     if opts.plots:
         from edge.analysis.replay_plots import save_plots

@@ -15,7 +15,8 @@ from edge.errors import BitNestError
 def tool_parser(prog: str, description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--checkpoint", help="nested checkpoint folder (default: the embedded SmolLM2 export)")
-    p.add_argument("--backend", choices=BACKENDS, default="cpu")
+    p.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: native where it builds, else cpu "
+                   "(the chat's default: thresholds are calibrated per backend)")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
     return p
 
