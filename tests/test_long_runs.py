@@ -100,7 +100,9 @@ def _read_until(stream, needle: bytes, seconds: float = 300) -> bytes:
 
 
 def test_ctrl_c_stops_an_answer_and_the_chat_goes_on(small_llama_checkpoint):
-    p = _chat(small_llama_checkpoint, "--max-new-tokens", 120, "--max-context", 1024)
+    # the chat's default backend (native where it builds) writes hundreds of tokens a second on this small model:
+    # an answer of thousands of tokens is still streaming when the signal comes
+    p = _chat(small_llama_checkpoint, "--max-new-tokens", 6000, "--max-context", 8192)
     p.stdin.write(b"Tell me a long story.\n")
     p.stdin.flush()
     out = _read_until(p.stdout, b"bot> ")
