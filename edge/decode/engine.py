@@ -156,4 +156,5 @@ class PassEngine(Engine):
 
     def _forward(self, ids, view, start, kv, draft_slot, last_only):
         att = CachedAttention(self.cache, start, kv, draft_slot)
-        return self.decoder.forward(torch.tensor(ids, dtype=torch.long), view, att, start, last_only).cpu()
+        logits = self.decoder.forward(torch.tensor(ids, dtype=torch.long), view, att, start, last_only)
+        return logits if logits.is_meta else logits.cpu()    # meta: the planner's shape-only dry run
