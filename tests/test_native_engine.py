@@ -75,15 +75,18 @@ def _layers(path, n):
 @pytest.mark.parametrize("view", ["draft", "target"])
 def test_the_step_agrees_with_the_torch_reference(rotated_checkpoint, view):
     """Two real layers (R1, R2, R4 online) of the default model: the same logits up to float32 summation order.
-    Deeper, a last-bit difference before a per-token INT8 quantizer can flip a code (docs/runtime.md), so the whole
-    model is compared in bitnest lossless (share of equal tokens and the largest logit difference)."""
+    A last-bit difference before a per-token INT8 quantizer can flip one code of one token (docs/runtime.md): that
+    token's row moves by ~1e-3 (measured: the 12th token at the target view, 5.5e-4, the same in every chunking),
+    the others stay at float32 rounding (~5e-7). A wrong op body moves every row by far more. The whole model is
+    compared in bitnest lossless (share of equal tokens and the largest logit difference)."""
     native = NativeEngine(_layers(rotated_checkpoint, 2), 64)
     ck = _layers(rotated_checkpoint, 2)
     ref = PassEngine(ck, TorchBackend(ck), 64)
     native.prefill(IDS[:6])
     ref.prefill(IDS[:6])
-    got, want = native.forward(IDS[6:], view), ref.forward(IDS[6:], view)
-    assert float((got - want).norm() / want.norm()) < 1e-4
+    got, want = native.forward(IDS[6:], view), ref.forward(IDS[6:], view)                     # [6, V]
+    rows = sorted(float((g - w).norm() / w.norm()) for g, w in zip(got, want))
+    assert rows[-2] < 1e-5 and rows[-1] < 5e-3, rows
 
 
 def test_bytes_are_counted_by_the_engine_interface(native_rt):
