@@ -12,6 +12,7 @@ from edge.decode.config import GenerateConfig
 from edge.decode.generate import generate
 from edge.checks.step_reference import StepReference
 from edge.model.checkpoint import HEAD, load_checkpoint
+from tests.conftest import KERNEL_DEVICE
 from tests.test_onnx import assert_checked, check
 
 PROMPT = [1, 504, 3458, 314, 253, 1789, 282, 260, 4150, 30, 378, 1096]
@@ -56,7 +57,7 @@ def speculative_equals_target(ck, backend: str, max_new_tokens: int = 8):
 @pytest.mark.parametrize("backend", ["cpu", "torch", "native", "onnxruntime"])
 def test_speculative_equals_target(exported, backend):
     if exported[0] == "nested-head" and backend == "onnxruntime":
-        pytest.skip("the ONNX step graph gathers a float16 embedding; see test_onnx_export_refuses_a_head_embedding")
+        pytest.skip("the ONNX step graph gathers a float16 embedding; refused in one line: test_embedding_from_head")
     speculative_equals_target(exported[1], backend)
 
 
@@ -64,22 +65,14 @@ def test_speculative_equals_target(exported, backend):
 def test_speculative_equals_target_on_triton(exported):
     """Whole passes through the Triton kernels (the interpreter here: the nested head's 49152-row GEMV alone takes
     seconds a pass, hence the slow mark and 4 tokens)."""
+    if exported[0] == "nested-head" and KERNEL_DEVICE == "cpu":
+        pytest.skip("on a GPU only: in the interpreter the 49152-row head takes ~20 s a pass (the triton backend "
+                    "reads embedding rows through the reference's nested_embedding: tests/test_embedding_from_head)")
     speculative_equals_target(exported[1], "triton", max_new_tokens=4)
-
-
-def test_onnx_export_refuses_a_head_embedding(method_exports, tmp_path):
-    """A checkpoint whose embedding rows live in the nested head's planes gets a one-line refusal naming the fix,
-    and no half-written graph beside it."""
-    from edge.errors import BitNestError
-    from export.onnx_export import export_onnx
-    ck = method_exports["nested-head"]
-    with pytest.raises(BitNestError, match="without --quantize-head"):
-        export_onnx(ck)
-    assert not list(ck.glob("decoder_step.onnx*"))
 
 
 def test_onnx_graph_passes_the_independent_check(exported):
     name, ck = exported
     if name == "nested-head":
-        pytest.skip("no ONNX graph for an embedding read from the head: see test_onnx_export_refuses_a_head_embedding")
+        pytest.skip("no ONNX graph for an embedding read from the head: refused in one line: test_embedding_from_head")
     assert_checked(check(ck, ck / "decoder_step.onnx", modes=("target-kv8", "draft-kv8", "draft-kv4")))

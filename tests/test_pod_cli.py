@@ -115,7 +115,7 @@ def test_phase_comparison_on_its_tagged_prompt_set(calibrated):
     """The phase set and both phase gates with the tag taken from the target's own continuation of the first
     candidate: the candidate is kept, and the reversed gate (target view until the tag) writes the target's
     tokens, so it switches exactly where the target wrote the tag, on any machine."""
-    rt = Runtime(calibrated, backend="cpu", max_context=4096)
+    rt = Runtime(calibrated, backend="auto", max_context=4096)       # the backend the fixture calibrated
     first = next(phase_candidates(rt))
     tokens = rt.generate(first, GenerateConfig(policy="target", max_new_tokens=40))["tokens"]
     tag, at = tag_from_output(rt.tokenizer, tokens)
