@@ -291,7 +291,7 @@ def bench_ratios(bench: dict) -> str:
 
 
 # -- the README's headline --------------------------------------------------------------------------------------
-def headline_table(sweep: dict, quality: dict, mc: dict, verify: dict, replay: dict) -> str:
+def headline_table(sweep: dict, quality: dict, mc: dict, verify: dict, replay: dict, bench: dict) -> str:
     """One row per headline result, each with the command that measured it."""
     sw = sweep["speculation_sweep"]
     t, g4 = sw["target"], sw["fixed-g4"]
@@ -302,7 +302,15 @@ def headline_table(sweep: dict, quality: dict, mc: dict, verify: dict, replay: d
     ppl = q["ppl"]
     c = mc["configs"]
     v = verify["verify"]
+    runs, ratios = bench["runs"], bench["ratios"]
     rows = [
+        [f"decode speed, {bench['backend']} backend ({bench['isa']}, {bench['threads']} threads) beside llama.cpp",
+         f"target AR {runs['target']['tok_s']:g} tok/s ({_pct(bench['target_roofline_fraction'])} of the read probe), "
+         f"speculative {runs['speculative']['tok_s']:g}, draft AR {runs['draft']['tok_s']:g}; llama.cpp Q8_0 "
+         f"{runs['llamacpp_q8_0']['tok_s']:g}, Q4_1 {runs['llamacpp_q4_1']['tok_s']:g}: `target_vs_llamacpp_q8` "
+         f"{ratios['target_vs_llamacpp_q8']:g}, `speculative_vs_target` {ratios['speculative_vs_target']:g}, "
+         f"`speculative_vs_llamacpp_q8` {ratios['speculative_vs_llamacpp_q8']:g} ([runtime](docs/runtime.md))",
+         f"`{bench['command']}`"],
         ["greedy speculation is lossless",
          f"{g4['identical_to_target']} / {n} outputs identical to the target's at γ = 4 (acceptance "
          f"{_pct(g4['acceptance'])}, {g4['tokens_per_round']:.2f} tokens / round)",
@@ -339,7 +347,7 @@ class Table:
 
 FIXED = {
     "headline": Table(("sweep-bitnest.json", "quality.json", "max_context_orin-nx-16gb_llama-2-7b-32k.json",
-                       "verify_local_llama-2-7b-32k.json", "replay-bitnest.json"), headline_table),
+                       "verify_local_llama-2-7b-32k.json", "replay-bitnest.json", "bench.json"), headline_table),
     "quality": Table(("quality.json",), quality_table),
     "bench": Table(("bench.json",), bench_table),
     "bench-ratios": Table(("bench.json",), bench_ratios),
