@@ -290,6 +290,28 @@ def bench_ratios(bench: dict) -> str:
                   [["`target_roofline_fraction`", f"{bench['target_roofline_fraction']:g}"]])
 
 
+LOSSLESS_POLICIES = {"target": "target AR", "speculative": "speculative (γ = {g})", "adaptive": "adaptive speculation"}
+
+
+def lossless_table(run: dict) -> str:
+    """One `bitnest lossless` run: per corpus and policy, acceptance, tokens per round, weight bytes per token
+    (and against the FP16 AR baseline), KV bytes per token and tok/s; identical outputs in the last column."""
+    rows = []
+    for corpus, by_policy in run["stats"].items():
+        for policy, label in LOSSLESS_POLICIES.items():
+            if policy not in by_policy:
+                continue
+            s = by_policy[policy]
+            same = run["identical_by_policy"].get(policy)
+            rows.append([corpus, label.format(g=run["gamma"]), _pct(s.get("acceptance")),
+                         "" if s.get("tokens_per_round") is None else f"{s['tokens_per_round']:.2f}",
+                         _mb(s["weight_bytes_per_token"]), f"{s['weight_bytes_vs_fp16']:.2f}",
+                         _mb(s["kv_bytes_per_token"]), f"{s['tok_s']:g}",
+                         "" if same is None else f"{same} / {run['prompts']}"])
+    return _table(["prompts", "policy", "acceptance", "tokens / round", "weight MB / token", "vs FP16 AR",
+                   "KV MB / token", "tok/s", "identical to target (all prompts)"], rows)
+
+
 # -- the README's headline --------------------------------------------------------------------------------------
 def headline_table(sweep: dict, quality: dict, mc: dict, verify: dict, replay: dict, bench: dict) -> str:
     """One row per headline result, each with the command that measured it."""
@@ -359,6 +381,7 @@ PER_FILE = {  # NAME prefix -> (file pattern, renderer); longest prefix first
     "compare-phase-": ("compare-{}.json", compare_phase_table),
     "history-phase-": ("compare-{}.json", history_phase_table),
     "max-context-": ("max_context_{}.json", max_context_table),
+    "lossless-": ("lossless-{}.json", lossless_table),
     "compare-": ("compare-{}.json", compare_table),
     "history-": ("compare-{}.json", history_table),
     "replay-": ("replay-{}.json", replay_block),
