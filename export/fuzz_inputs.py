@@ -157,7 +157,9 @@ def disk_full_export(earlier: Path, model: str, work: Path) -> dict:
     with a one-line error and leave the earlier checkpoint as it was (root only: it mounts the tmpfs)."""
     if os.geteuid() != 0:
         return {"skipped": "needs root to mount a small tmpfs"}
-    size = sum(f.stat().st_size for f in earlier.iterdir())
+    from plugins.step_contract import ONNX_FILE
+    graph = shutil.ignore_patterns(ONNX_FILE + "*")      # an export writes no graph: room for the checkpoint alone
+    size = sum(f.stat().st_size for f in earlier.iterdir() if not f.name.startswith(ONNX_FILE))
     mnt = work / "tmpfs"
     mnt.mkdir(exist_ok=True)
     m = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size * 3 // 2 + (1 << 20)}", "tmpfs", str(mnt)],
@@ -166,7 +168,7 @@ def disk_full_export(earlier: Path, model: str, work: Path) -> dict:
         return {"skipped": f"mount failed: {m.stderr.strip()[:200]}"}
     try:
         out = mnt / "ckpt"
-        shutil.copytree(earlier, out)
+        shutil.copytree(earlier, out, ignore=graph)
         want = load_checkpoint(out).manifest
         p = subprocess.run(_export_cmd(model, out), capture_output=True, text=True, cwd=ROOT)
         lines = p.stderr.strip().splitlines()

@@ -141,6 +141,23 @@ def test_replay_tegrastats(capsys):
     assert rc == 0 and capsys.readouterr().out.count("VDD_IN") == 2
 
 
+def test_the_fuzzer_mutates_a_sealed_copy(small, tmp_path):
+    """A checkpoint exported before manifests carried a seal loads unsealed; the fuzzer seals its private copy, so
+    a mutated manifest that keeps the exported seal must be refused (run on an unsealed subject, it counted a
+    dropped `offset` field as a wrong load), and it leaves the subject's ONNX graph out of the copy."""
+    from edge.analysis.fuzz_readers import fuzz_copy
+    from edge.model.checkpoint import SEAL, manifest_seal
+    old = tmp_path / "old"
+    shutil.copytree(small, old)
+    m = json.loads((old / "manifest.json").read_text())
+    del m[SEAL]
+    (old / "manifest.json").write_text(json.dumps(m))
+    (old / "decoder_step.onnx").write_bytes(b"graph")
+    copy = fuzz_copy(old, tmp_path / "work")
+    sealed = json.loads((copy / "manifest.json").read_text())
+    assert sealed[SEAL] == manifest_seal(sealed) and not (copy / "decoder_step.onnx").exists()
+
+
 def test_fuzz_inputs_finds_no_crash_hang_or_wrong_load(small, capsys):
     """A short run of the fuzzer over the readers that take seconds (its full run, 500 cases a reader with the ONNX
     graph, command-line values and killed and disk-full exports, is in README): only clear errors and correct

@@ -12,6 +12,7 @@ import numpy as np
 
 from edge.analysis.fuzz import JUNK, Tally, attempt, case_dir, json_text, mutate_bytes, quiet, write_text
 from edge.model.checkpoint import MANIFEST, SEAL, WEIGHTS, load_checkpoint, manifest_seal, sha256_file
+from plugins.step_contract import ONNX_FILE
 
 
 def _same_checkpoint(a, b) -> bool:
@@ -227,7 +228,6 @@ def fuzz_onnx(base: Path, work: Path, n: int, rng: random.Random, seconds: float
     import onnx
 
     from edge.backends import make_engine
-    from plugins.step_contract import ONNX_FILE
     t = Tally()
     data = (base / ONNX_FILE).read_bytes()
     ids = [1, 504, 3145]
@@ -283,9 +283,15 @@ def _mutate_graph(rng: random.Random, m) -> None:
 
 
 def fuzz_copy(base: Path, work: Path) -> Path:
+    """A private copy of `base` to mutate, its manifest sealed: a checkpoint exported before manifests carried a
+    seal loads unsealed, and mutating an unsealed manifest would test nothing the reader promises."""
     out = work / "base"
     if not out.exists():
-        shutil.copytree(base, out)
+        shutil.copytree(base, out, ignore=shutil.ignore_patterns(ONNX_FILE + "*"))
+        m = json.loads((out / MANIFEST).read_text())
+        if SEAL not in m:
+            m[SEAL] = manifest_seal(m)
+            write_text(out / MANIFEST, json.dumps(m, indent=1))
     return out
 
 
