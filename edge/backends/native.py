@@ -17,6 +17,7 @@ from plugins.contracts import TARGET
 from plugins.hadamard import hadamard_factor_matrices
 
 PLANES = (".base", ".refine")
+QUERY_TILE = 8               # plugins/native/native.h kQueryTile: queries sharing one dequantized K/V entry
 MAX_PREFILL_CHUNK = 64       # rows of the step's workspace for prefill; a longer pass runs in chunks of its rows
 _threads: int | None = None
 
@@ -43,7 +44,7 @@ def workspace_bytes(cfg, rows: int, threads: int, capacity: int, r4: bool) -> di
     widest = max(h, i, a)
     shared = 4 * rows * (h + q + a + h + 2 * i)
     per_thread = 4 * rows * widest + rows * widest + 4 * (rows * widest // 64) + 4 * rows \
-        + 4 * (cfg.num_heads // cfg.num_kv_heads) * capacity + (4 * (rows * i + i) if r4 else 0)
+        + 4 * min(rows, QUERY_TILE) * (cfg.num_heads // cfg.num_kv_heads) * capacity + (4 * (rows * i + i) if r4 else 0)
     return {"step_buffers": shared + threads * per_thread, "rope_tables": 2 * capacity * d * 4,
             "logits": rows * cfg.vocab_size * 4}
 

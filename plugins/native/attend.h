@@ -4,6 +4,7 @@
 // of queries in the pass, so each query's result does not depend on it.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 
 #include "native.h"
@@ -38,39 +39,50 @@ inline void dequant_kv(const uint8_t* b, const uint8_t* rf, float s, int D, bool
   }
 }
 
+// Queries in tiles of up to kQueryTile: each cached K and V entry is dequantized once per tile and used by every
+// query of the tile that sees it. Each query's scores, softmax and weighted sum are the same operations in the
+// same order (positions increasing) as for a query alone, so the result does not depend on the tile.
+// scores: [kQueryTile, hpk, positions] floats.
 template <class Dot, class Axpy>
 inline void attend_with(Dot dot, Axpy axpy, const KVLayer& kv, const KVRange& r, const float* q, int ldq, int hpk,
                         int hkv, int t0, int t1, float* out, int ldo, float* scores) {
   const int D = kv.D;
   const float scale = 1.f / std::sqrt(float(D));
   alignas(32) float vec[512];
-  for (int t = t0; t < t1; ++t) {
-    const int n = r.first + t + 1;                        // positions this query sees
-    const float* qt = q + size_t(t) * ldq + size_t(hkv) * hpk * D;
-    float* ot = out + size_t(t) * ldo + size_t(hkv) * hpk * D;
+  for (int ts = t0; ts < t1; ts += kQueryTile) {
+    const int te = std::min(t1, ts + kQueryTile);
+    const int n = r.first + te;                           // positions the tile's last query sees
+    auto query = [&](int t) { return q + size_t(t) * ldq + size_t(hkv) * hpk * D; };
+    auto output = [&](int t) { return out + size_t(t) * ldo + size_t(hkv) * hpk * D; };
+    auto row = [&](int t, int j) { return scores + (size_t(t - ts) * hpk + j) * n; };
     for (int pos = 0; pos < n; ++pos) {
       const uint8_t *b, *rf;
       uint16_t sh;
       kv_entry(kv, r, 0, hkv, pos, &b, &rf, &sh);
       dequant_kv(b, rf, f16_to_f32(sh), D, pos >= r.kv8_from, vec);
-      for (int j = 0; j < hpk; ++j) scores[size_t(j) * n + pos] = dot(qt + size_t(j) * D, vec, D) * scale;
+      for (int t = std::max(ts, pos - r.first); t < te; ++t)    // the queries that see pos
+        for (int j = 0; j < hpk; ++j) row(t, j)[pos] = dot(query(t) + size_t(j) * D, vec, D) * scale;
     }
-    for (int j = 0; j < hpk; ++j) {                       // softmax over the visible positions
-      float* sc = scores + size_t(j) * n;
-      float mx = sc[0];
-      for (int pos = 1; pos < n; ++pos) mx = std::fmax(mx, sc[pos]);
-      float sum = 0.f;
-      for (int pos = 0; pos < n; ++pos) sum += (sc[pos] = std::exp(sc[pos] - mx));
-      const float inv = 1.f / sum;
-      for (int pos = 0; pos < n; ++pos) sc[pos] *= inv;
-      for (int d = 0; d < D; ++d) ot[size_t(j) * D + d] = 0.f;
+    for (int t = ts; t < te; ++t) {
+      const int seen = r.first + t + 1;
+      for (int j = 0; j < hpk; ++j) {                     // softmax over the query's visible positions
+        float* sc = row(t, j);
+        float mx = sc[0];
+        for (int pos = 1; pos < seen; ++pos) mx = std::fmax(mx, sc[pos]);
+        float sum = 0.f;
+        for (int pos = 0; pos < seen; ++pos) sum += (sc[pos] = std::exp(sc[pos] - mx));
+        const float inv = 1.f / sum;
+        for (int pos = 0; pos < seen; ++pos) sc[pos] *= inv;
+        for (int d = 0; d < D; ++d) output(t)[size_t(j) * D + d] = 0.f;
+      }
     }
     for (int pos = 0; pos < n; ++pos) {
       const uint8_t *b, *rf;
       uint16_t sh;
       kv_entry(kv, r, 1, hkv, pos, &b, &rf, &sh);
       dequant_kv(b, rf, f16_to_f32(sh), D, pos >= r.kv8_from, vec);
-      for (int j = 0; j < hpk; ++j) axpy(scores[size_t(j) * n + pos], vec, ot + size_t(j) * D, D);
+      for (int t = std::max(ts, pos - r.first); t < te; ++t)
+        for (int j = 0; j < hpk; ++j) axpy(row(t, j)[pos], vec, output(t) + size_t(j) * D, D);
     }
   }
 }

@@ -92,7 +92,7 @@ at::Tensor nested_kv_attention(const at::Tensor& q, const at::Tensor& base, cons
   }
   const at::Tensor qt = q.to(at::kFloat).transpose(0, 1).contiguous();               // [T, Hq, D]
   at::Tensor out = at::empty({T, Hq, D}, at::kFloat);
-  std::vector<float> scores(size_t(Hq / Hkv) * S);
+  std::vector<float> scores(size_t(std::min<int64_t>(T, kQueryTile)) * (Hq / Hkv) * S);
   const KVRange r{S - T, int(main_len), int(kv8_from), scratch_len > 0};
   const Kernels* k = kernels_or_throw(isa);
   for (int h = 0; h < Hkv; ++h)

@@ -14,6 +14,7 @@
 namespace bitnest {
 
 constexpr int kBlock = 64;        // columns per plane block: 32 bytes of nibbles
+constexpr int kQueryTile = 8;     // queries whose attention shares one dequantization of each cached K/V entry
 constexpr int kMaxGroup = 256;    // int16 partial sums stay exact up to this group size (8 blocks x 2 x 15 x 127 x 2)
 
 // Weight planes in this backend's layout: the canonical signed nibbles (docs/contracts.md, weights) XOR 0x88 in

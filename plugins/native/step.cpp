@@ -138,7 +138,7 @@ DecoderStep::DecoderStep(const StepDims& dims, const StepWeights& weights, std::
   scratch_.resize(d_.threads);
   for (Scratch& sc : scratch_) {
     sc.h.resize(m * widest), sc.xq.resize(m * widest), sc.xsum.resize(m * widest / kBlock), sc.sx.resize(m);
-    sc.scores.resize(size_t(d_.heads / d_.kv_heads) * w_.rope_positions);
+    sc.scores.resize(size_t(std::min(int(m), kQueryTile)) * (d_.heads / d_.kv_heads) * w_.rope_positions);
     if (!r4_.empty()) sc.r4.resize(m * I), sc.r4buf.resize(I);
   }
 }

@@ -112,7 +112,7 @@ static void check_elementwise(const Kernels& k, std::mt19937& rng) {
 
 static void check_attention(const Kernels& k, std::mt19937& rng) {
   std::normal_distribution<float> nd(0.f, 1.f);
-  const int hkv = 3, hpk = 3, D = 64, C = 40, first = 28, T = 5;
+  const int hkv = 3, hpk = 3, D = 64, C = 40, first = 28, T = 12;   // T > kQueryTile: two query tiles
   std::vector<uint8_t> b(size_t(2) * hkv * C * D / 2), r(b.size());
   std::vector<uint16_t> s(size_t(2) * hkv * C);
   std::vector<float> v(D);
@@ -122,7 +122,7 @@ static void check_attention(const Kernels& k, std::mt19937& rng) {
   }
   KVLayer kv;
   kv.base = b.data(), kv.refine = r.data(), kv.scale = s.data(), kv.C = C, kv.Hkv = hkv, kv.D = D;
-  std::vector<float> q(size_t(T) * hkv * hpk * D), want(q.size()), got(q.size()), scores(size_t(hpk) * C);
+  std::vector<float> q(size_t(T) * hkv * hpk * D), want(q.size()), got(q.size()), scores(size_t(std::min(T, kQueryTile)) * hpk * C);
   for (auto& x : q) x = nd(rng);
   for (int kv8 : {0, first + T, first - 3}) {
     const KVRange range{first, first, kv8, false};
