@@ -60,6 +60,8 @@ def test_bench_with_its_default_policies_beside_llamacpp(small, capsys):
     assert list(out["runs"]) == ["target", "speculative", "adaptive", "draft", "llamacpp_q4_1", "llamacpp_q8_0"]
     assert all(r["tok_s"] > 0 for r in out["runs"].values()) and out["threads"] >= 1 and out["read_gbps"] > 0
     assert {"speculative_vs_target", "target_vs_llamacpp_q8", "target_vs_llamacpp_q4_1"} <= set(out["ratios"])
+    ms = out["pass_times"]["ms"]
+    assert set(ms) == {"draft", "target"} and all(v > 0 for view in ms.values() for v in view.values())
 
 
 def test_lossless(small, capsys):

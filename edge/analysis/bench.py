@@ -61,6 +61,28 @@ def policy_run(rt: Runtime, prompts: list[list[int]], cfg: GenerateConfig) -> di
     return merged_summary([generate(rt.engine, p, cfg, eos=set())[1] for p in prompts])
 
 
+PASS_WIDTHS = (1, 2, 3, 4, 5, 8)
+
+
+def pass_times(rt: Runtime, prompt: list[int], repeats: int = 15) -> dict:
+    """Median ms of one pass of W tokens per view, after `prompt` (real passes at its end, not committed): how a
+    pass's cost grows with its width, which decides what a verification costs against a single-token step."""
+    eng = rt.engine
+    eng.reset("pass-times")
+    eng.prefill(prompt)
+    out = {}
+    for view in ("draft", "target"):
+        out[view] = {}
+        for w in PASS_WIDTHS:
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                eng.forward(prompt[-w:], view)
+                times.append(time.perf_counter() - t0)
+            out[view][str(w)] = round(statistics.median(times) * 1e3, 2)
+    return {"context": len(prompt), "ms": out}
+
+
 def _with_threads(threads: int, fn):
     """`fn` run with torch at `threads` intra-op threads, then torch's count as it was (the native engine keeps
     torch's at one while its own pool runs the step)."""
@@ -134,6 +156,7 @@ def bench(a, ckpt: str, command: str = "") -> dict:
                      if mine in tok and peer in tok and mine != peer}
     if "target" in out["runs"]:
         out["target_roofline_fraction"] = out["runs"]["target"]["roofline_fraction"]
+    out["pass_times"] = pass_times(rt, prompts[0])
     return out
 
 

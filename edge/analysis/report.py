@@ -282,6 +282,15 @@ def bench_table(bench: dict) -> str:
                    f"of the read probe ({bench['read_gbps']:g} GB/s)"], rows)
 
 
+def bench_passes(bench: dict) -> str:
+    """Median ms of one pass per view and width, from the same run."""
+    p = bench["pass_times"]
+    widths = list(p["ms"]["target"])
+    return _table(["tokens per pass"] + widths,
+                  [[f"{view} view (ms, {p['context']} positions of context)"] + [f"{p['ms'][view][w]:g}" for w in widths]
+                   for view in ("draft", "target")])
+
+
 def bench_ratios(bench: dict) -> str:
     r = bench["ratios"]
     keys = [k for k in ("speculative_vs_target", "adaptive_vs_target", "target_vs_llamacpp_q8", "speculative_vs_llamacpp_q8",
@@ -373,6 +382,7 @@ FIXED = {
     "quality": Table(("quality.json",), quality_table),
     "bench": Table(("bench.json",), bench_table),
     "bench-ratios": Table(("bench.json",), bench_ratios),
+    "bench-passes": Table(("bench.json",), bench_passes),
     "sm87-kernels": Table(("sm87_kernels.json",), sm87_table),
     "verify-local": Table(("verify_local_llama-2-7b-32k.json", "verify_local_default.json"), verify_table),
     "replay-exports": Table(("replay-bitnest.json", "replay-top4of8.json", "replay-rtn.json"), replay_exports_table),
