@@ -119,20 +119,22 @@ def interactive(rt: Runtime, energy: EnergySession, cfg: GenerateConfig, stops) 
             break
         history.append({"role": "user", "content": user})
         print("bot> ", end="", flush=True)
-        shown = []
+        shown, answered = [], False
         try:
             r = ask(rt, energy, ids, cfg, stops, on_text=lambda t: (shown.append(t), print(t, end="", flush=True)))
+            answered = True
+            history.append({"role": "assistant", "content": r["text"]})
+            all_stats.append(r["stats"])
+            s = r["stats"].summary()
+            print("\n" + answer_line(s), file=sys.stderr)
+            if s.get("stopped") == CONTEXT_FULL:
+                stopped = CONTEXT_FULL
+                print(context_full_message(rt), file=sys.stderr)
         except KeyboardInterrupt:
+            if answered:     # the answer was complete: Ctrl-C on the way back to the prompt quits, as at the prompt
+                break
             history.append({"role": "assistant", "content": "".join(shown)})
             print("\n[answer interrupted]", file=sys.stderr)
-            continue
-        history.append({"role": "assistant", "content": r["text"]})
-        s = r["stats"].summary()
-        print("\n" + answer_line(s), file=sys.stderr)
-        all_stats.append(r["stats"])
-        if s.get("stopped") == CONTEXT_FULL:
-            stopped = CONTEXT_FULL
-            print(context_full_message(rt), file=sys.stderr)
     return {"turns": len(all_stats), "stopped": stopped, "stats": merged(all_stats, energy) if all_stats else {}}
 
 
