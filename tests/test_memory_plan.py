@@ -109,10 +109,11 @@ def test_verify_on_the_real_model(rtn_checkpoint, capsys):
     assert abs(v["measured_bytes"] / v["planned_bytes"] - 1) <= 0.02, v
     # the independent figure, resident memory (edge/memory/verify.py says what it holds beyond the plan): all of it
     # within plan + the mapped checkpoint file + 160 MiB of code and heap, and the anonymous part (tensors, heap)
-    # within plan + 64 MiB; a second copy of the weights held in memory (158 MB) breaks either
+    # within plan + 96 MiB (CI measured 74 MiB over the plan on a fresh install, 64 was too tight); a second copy of
+    # the weights held in memory (158 MB) breaks either
     if v["rss_peak_delta_bytes"] is not None:
         assert v["rss_within_bound"], v
-        assert v["rss_anon_delta_bytes"] <= v["planned_bytes"] + (64 << 20), v
+        assert v["rss_anon_delta_bytes"] <= v["planned_bytes"] + (96 << 20), v
 
 
 def test_max_context_cli_errors(capsys):
