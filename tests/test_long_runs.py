@@ -70,6 +70,7 @@ def test_ctrl_c_mid_generation_leaves_the_runtime_usable(rt):
     rt.generate(ids, cfg)
     took = time.perf_counter() - t0
     interrupted = 0
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)     # even where launched with it ignored
     for k in range(20):
         timer = threading.Timer(took * (k + 0.5) / 20, os.kill, (os.getpid(), signal.SIGINT))
         timer.start()
@@ -81,12 +82,20 @@ def test_ctrl_c_mid_generation_leaves_the_runtime_usable(rt):
             interrupted += 1
             timer.join()
         assert rt.generate(ids, cfg)["tokens"] == want, f"after the interrupt at {k + 0.5}/20 of a generation"
+    signal.signal(signal.SIGINT, previous)
     assert interrupted >= 10
+
+
+def _default_sigint():
+    """SIGINT as a terminal gives it: a run launched in the background of a non-interactive shell inherits it
+    ignored, and Python then installs no KeyboardInterrupt handler (a CI run launched that way failed both tests)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _chat(checkpoint, *args):
     return subprocess.Popen([sys.executable, "scripts/chat.py", "--checkpoint", str(checkpoint), *map(str, args)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+                            preexec_fn=_default_sigint)
 
 
 def _read_until(stream, needle: bytes, seconds: float = 300) -> bytes:
