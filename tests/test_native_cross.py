@@ -1,9 +1,11 @@
-"""The native kernels and decoder step without torch, built as a standalone program (tests/native/check_kernels.cpp):
-on this CPU for every kernel set it runs, and for aarch64 (the Jetson's CPU) under qemu, once on a CPU with the
-dot-product extension (`-cpu max`: the sdot path) and once on a plain ARMv8.0 core (`-cpu cortex-a57`: the widening
-path). Each run checks the kernels against the portable ones, rows independent of M, and a two-layer step whose
-6-token pass equals six one-token passes bit for bit. The aarch64 runs need g++-aarch64-linux-gnu and qemu-user
-(.ci/run installs them) and skip with that reason where they are absent."""
+"""The native kernels and decoder step without torch, built as a standalone program (tests/native/check_kernels.cpp)
+from the library's own sources: on this CPU for every kernel set it runs (the program's CPUID/XCR0 detection checked
+against /proc/cpuinfo), and for aarch64 (the Jetson's CPU) under qemu, once on a CPU with the dot-product extension
+(`-cpu max`: the sdot path) and once on a plain ARMv8.0 core (`-cpu cortex-a57`: the widening path). Each run checks
+the layout, the nested linear against a float64 oracle and bit for bit against the portable kernel (any M, any
+slice), attention against a float64 oracle, the per-token kernels, the whole step (a pass equals one-token passes bit
+for bit; each draft-head setting), a refused pass and a failing pool worker. The aarch64 runs need
+g++-aarch64-linux-gnu and qemu-user (.ci/run installs them) and skip with that reason where they are absent."""
 
 import platform
 import shutil
@@ -12,38 +14,56 @@ from pathlib import Path
 
 import pytest
 
+from plugins.native import KERNEL_SOURCES
+
 ROOT = Path(__file__).resolve().parents[1]
 NATIVE = ROOT / "plugins" / "native"
-SOURCES = [NATIVE / s for s in ("kernels_generic.cpp", "kernels_avx2.cpp", "kernels_neon.cpp", "step.cpp")] + \
-          [ROOT / "tests" / "native" / "check_kernels.cpp"]
-FLAGS = ["-O2", "-std=c++17", "-fopenmp", "-ffp-contract=off", f"-I{NATIVE}"]
+SOURCES = [NATIVE / s for s in KERNEL_SOURCES] + [ROOT / "tests" / "native" / "check_kernels.cpp"]
+FLAGS = ["-O2", "-std=c++17", "-pthread", "-ffp-contract=off", f"-I{NATIVE}"]
+X86_SETS = {"avx512-vnni": {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}, "avx-vnni": {"avx_vnni", "avx2"},
+            "avx2": {"avx2", "fma", "f16c"}}
 
 
 def _build(cxx: str, out: Path, static: bool = False) -> Path:
     r = subprocess.run([cxx, *FLAGS, *(["-static"] if static else []), *map(str, SOURCES), "-o", str(out)],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     return out
 
 
 def _run(cmd: list[str]) -> str:
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, f"{' '.join(cmd)}: {r.stdout}{r.stderr[-1000:]}"
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"{' '.join(cmd)}: {r.stdout[-3000:]}{r.stderr[-1000:]}"
     return r.stdout
+
+
+def _cpu_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64" or shutil.which("g++") is None, reason="needs g++ on x86-64")
 def test_kernels_and_step_on_this_cpu(tmp_path):
     exe = _build("g++", tmp_path / "check")
-    assert "generic: ok" in _run([str(exe), "generic"])
-    if "avx2" in (Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""):
-        assert "avx2: ok" in _run([str(exe), "avx2"])
+    runs = [s.strip() for s in _run([str(exe), "--list"]).split(",")]
+    flags = _cpu_flags()
+    expected = [name for name, need in X86_SETS.items() if need <= flags] + ["generic"]
+    assert runs == expected, f"detected {runs}, /proc/cpuinfo says {expected}"
+    for isa in runs:
+        assert f"{isa}: ok" in _run([str(exe), isa])
+    for isa in set(X86_SETS) - set(runs):    # a set this CPU lacks is refused, never run
+        r = subprocess.run([str(exe), isa], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and "do not run here" in r.stdout, r.stdout
 
 
 @pytest.mark.skipif(shutil.which("aarch64-linux-gnu-g++") is None or shutil.which("qemu-aarch64") is None,
                     reason="needs g++-aarch64-linux-gnu and qemu-user (apt-get install g++-aarch64-linux-gnu qemu-user)")
 def test_kernels_and_step_on_aarch64_under_qemu(tmp_path):
     exe = _build("aarch64-linux-gnu-g++", tmp_path / "check-aarch64", static=True)
-    assert "neon-sdot: ok" in _run(["qemu-aarch64", "-cpu", "max", str(exe), "neon"])
-    assert "neon-widen: ok" in _run(["qemu-aarch64", "-cpu", "cortex-a57", str(exe), "neon"])
+    assert _run(["qemu-aarch64", "-cpu", "max", str(exe), "--list"]).strip() == "neon-sdot, neon-widen, generic"
+    assert "neon-sdot: ok" in _run(["qemu-aarch64", "-cpu", "max", str(exe), "neon-sdot"])
+    assert _run(["qemu-aarch64", "-cpu", "cortex-a57", str(exe), "--list"]).strip() == "neon-widen, generic"
+    assert "neon-widen: ok" in _run(["qemu-aarch64", "-cpu", "cortex-a57", str(exe), "neon-widen"])
     assert "generic: ok" in _run(["qemu-aarch64", "-cpu", "cortex-a57", str(exe), "generic"])

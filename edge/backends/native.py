@@ -1,8 +1,9 @@
-"""`native` backend: the whole decoder step in C++ (plugins.native: AVX2 / NEON kernels, OpenMP over output rows),
-one call per pass. At load the canonical planes are re-laid in place (each nibble + 8, docs/contracts.md allows a
-backend's own layout in place of the canonical one, never beside it) and handed to the step with the norms, the
-head, the online rotations, RoPE tables and this engine's nested KV cache; the step's workspace is allocated once
-for the largest chunk a pass computes at a time. INT8 activations and exact int32 group sums, as the reference."""
+"""`native` backend: the whole decoder step in C++ (plugins.native: AVX-512 VNNI / AVX-VNNI / AVX2 / NEON / portable
+kernels, on the step's own threads), one call per pass. At load the canonical planes are handed to the step, which
+re-lays them in place (offset-binary nibbles, rows interleaved in blocks: docs/contracts.md allows a backend's own
+layout in place of the canonical one, never beside it), with the norms, the head, the online rotations, RoPE tables
+and this engine's nested KV cache; the step's workspace is allocated once for the largest chunk a pass computes at a
+time. INT8 activations and exact int32 group sums, as the reference."""
 
 import platform
 
@@ -18,6 +19,7 @@ from plugins.hadamard import hadamard_factor_matrices
 
 PLANES = (".base", ".refine")
 QUERY_TILE = 8               # plugins/native/native.h kQueryTile: queries sharing one dequantized K/V entry
+DRAFT_HEADS = {"4bit": 0, "8bit": 1, "shortlist": 2}   # plugins/native/step.h DraftHead
 MAX_PREFILL_CHUNK = 64       # rows of the step's workspace for prefill; a longer pass runs in chunks of its rows
 _threads: int | None = None
 
@@ -36,23 +38,38 @@ def workspace_rows(prefill_chunk: int, scratch: int) -> int:
     return max(min(prefill_chunk, MAX_PREFILL_CHUNK), scratch + 1)
 
 
-def workspace_bytes(cfg, rows: int, threads: int, capacity: int, r4: bool) -> dict[str, int]:
+def workspace_bytes(cfg, rows: int, threads: int, capacity: int, r4: bool, shortlist: int = 0) -> dict[str, int]:
     """What the step allocates besides weights and KV (plugins/native/step.cpp, DecoderStep's constructor, and this
-    engine's RoPE tables), and the logits of one verification pass: the memory plan's `native` workspace."""
+    engine's RoPE tables), and the logits of one verification pass: the memory plan's `native` workspace.
+    `shortlist`: the rows a shortlist draft head re-scores (0: no shortlist)."""
     h, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     a, q = cfg.num_heads * d, (cfg.num_heads + 2 * cfg.num_kv_heads) * d
     widest = max(h, i, a)
-    shared = 4 * rows * (h + q + a + h + 2 * i)
+    shared = 4 * rows * (h + q + a + h + 2 * i) + 8 * rows * shortlist
+    own_kv = 2 * cfg.num_kv_heads * rows * (d // 2)                 # this pass's K/V entries: two planes, scales
     per_thread = 4 * rows * widest + rows * widest + 4 * (rows * widest // 64) + 4 * rows \
-        + 4 * min(rows, QUERY_TILE) * (cfg.num_heads // cfg.num_kv_heads) * capacity + (4 * (rows * i + i) if r4 else 0)
+        + 4 * min(rows, QUERY_TILE) * (cfg.num_heads // cfg.num_kv_heads) * capacity + (4 * (rows * i + i) if r4 else 0) \
+        + 4 * d + 2 * own_kv + 2 * (own_kv // (d // 2)) + 4 * rows * shortlist
     return {"step_buffers": shared + threads * per_thread, "rope_tables": 2 * capacity * d * 4,
             "logits": rows * cfg.vocab_size * 4}
+
+
+def draft_head_setting(ckpt: Checkpoint) -> tuple[str, int]:
+    """What the draft pass reads of the head: "4bit" (a nested head's base plane), "8bit" (its target view) or
+    "shortlist" (base plane, then its best `shortlist_k` rows at 8 bits), from the checkpoint (ckpt.draft_head,
+    ckpt.shortlist_k); a float16 head is read whole by both views ("float16", 0)."""
+    if not ckpt.head_nested:
+        return "float16", 0
+    setting = getattr(ckpt, "draft_head", None) or "4bit"
+    if setting not in DRAFT_HEADS:
+        raise BitNestError(f"unknown draft head {setting!r}: use one of {', '.join(DRAFT_HEADS)}")
+    return setting, int(getattr(ckpt, "shortlist_k", 0) or 0) if setting == "shortlist" else 0
 
 
 def native_unavailable() -> str | None:
     """None where the native backend runs here, else the one-line reason."""
     from plugins import native
-    reason = native.unavailable()
+    reason = native.unavailable() or native.isa_problem()
     if reason is None and not native.requested_isa() and platform.machine() in ("x86_64", "AMD64") \
             and native.best_isa() == "generic":
         reason = "this CPU lacks AVX2/FMA/F16C (set BITNEST_NATIVE_ISA=generic to run the slow portable kernels)"
@@ -84,10 +101,11 @@ class NativeEngine(Engine):
         # The step runs on its own threads; torch's idle OpenMP workers spin for a while after every parallel torch
         # op (the sampler's argmax over the vocabulary is one) and would take the cores the step's threads need.
         torch.set_num_threads(1)
+        self.draft_head, shortlist = draft_head_setting(ckpt)
         dims = {"layers": cfg.num_layers, "hidden": cfg.hidden_size, "intermediate": cfg.intermediate_size,
                 "heads": cfg.num_heads, "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
                 "vocab": cfg.vocab_size, "max_tokens": workspace_rows(self.prefill_chunk, scratch),
-                "threads": self.threads}
+                "threads": self.threads, "draft_head": DRAFT_HEADS.get(self.draft_head, 0), "shortlist": shortlist}
         try:
             self.step = torch.classes.bitnest.DecoderStep(tensors, dims, cfg.rms_norm_eps, native.requested_isa())
         except RuntimeError as e:
@@ -97,16 +115,16 @@ class NativeEngine(Engine):
 
     @staticmethod
     def _relaid_tensors(ckpt: Checkpoint) -> dict[str, torch.Tensor]:
-        """Every tensor the step reads; the planes leave the checkpoint and are re-laid in place (code + 8 per
-        nibble), so no canonical copy remains for another reader to misread."""
+        """Every tensor the step reads; the planes, scales and offsets leave the checkpoint (the step re-lays them
+        in place), so no canonical copy remains for another reader to misread."""
         t = ckpt.tensors
         out = {}
         for name in ckpt.linears:
-            for suffix in PLANES:
-                out[name + suffix] = t.pop(name + suffix).bitwise_xor_(0x88)
-            for suffix in (".scale", ".offset", ".bias"):
+            for suffix in PLANES + (".scale", ".offset"):
                 if name + suffix in t:
-                    out[name + suffix] = t[name + suffix]
+                    out[name + suffix] = t.pop(name + suffix).contiguous()
+            if name + ".bias" in t:
+                out[name + ".bias"] = t[name + ".bias"]
         for name, tensor in t.items():
             if name.endswith(".weight") or name == R1_TENSOR:
                 out[name] = tensor if name != R1_TENSOR else tensor.float().contiguous()

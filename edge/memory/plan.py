@@ -216,13 +216,15 @@ def plan(model: str, cfg: ModelConfig, config: RunConfig, device: DeviceProfile,
             return dry.workspace(steps)
         if backend == "native":             # a fixed allocation, sized for the largest chunk (its formula)
             from edge.backends.native import (
+                draft_head_setting,
                 native_threads,
                 workspace_bytes,
                 workspace_rows,
             )
             rows = workspace_rows(workload.prefill_chunk, slots if config.speculative else workload.gamma)
             parts = workspace_bytes(cfg, rows, native_threads(), context,
-                                    r4=ckpt is not None and ckpt.rotations.r4_size is not None)
+                                    r4=ckpt is not None and ckpt.rotations.r4_size is not None,
+                                    shortlist=draft_head_setting(ckpt)[1] if ckpt is not None else 0)
             return {"native_step": sum(parts.values())}     # all held at once, unlike the passes above
         act = 2 if device.compute == "gpu" else 4
         return {s.name: fused_workspace(cfg, s, act, config.weights != "fp16") for s in steps}

@@ -3,9 +3,11 @@
 this machine the first time they are needed (or by scripts/setup.sh) and cached; the launchers below check shapes
 and call them, with the same arguments as plugins.reference.
 
-Kernels: AVX2 + FMA + F16C on x86-64, NEON (with `sdot` where the CPU has it) on aarch64, portable C++ elsewhere,
-chosen at run time, on the step's own threads (pool.h); `BITNEST_NATIVE_ISA=generic|avx2|neon` forces one. Build: gcc/g++ from the distribution and
-ninja from the package index; `BITNEST_CACHE` (default ~/.cache/bitnest-edge) holds the built library.
+Kernels, chosen at run time by what the CPU and its OS support (CPUID and XCR0): AVX-512 VNNI, AVX-VNNI or AVX2 +
+FMA + F16C on x86-64, NEON with `sdot` (or widening multiplies) on aarch64, portable C++ anywhere; every set gives
+the same nested-linear rows bit for bit. They run on the step's own threads (pool.h). `BITNEST_NATIVE_ISA` forces
+one (ISA_NAMES). Build: gcc/g++ from the distribution and ninja from the package index; `BITNEST_CACHE` (default
+~/.cache/bitnest-edge) holds the built library.
 """
 
 import os
@@ -18,10 +20,13 @@ import torch
 
 from plugins.contracts import DUAL_PLANE_LINEAR, NESTED_KV_ATTENTION, check_view
 
-SOURCES = ("kernels_generic.cpp", "kernels_avx2.cpp", "kernels_neon.cpp", "step.cpp", "bindings.cpp")
-HEADERS = ("native.h", "attend.h", "step.h", "pool.h", "neon_linear.inc")
+KERNEL_SOURCES = ("cpu_features.cpp", "layout.cpp", "kernels_generic.cpp", "avx2_tokens.cpp", "kernels_avx2.cpp",
+                  "kernels_avx_vnni.cpp", "kernels_avx512.cpp", "kernels_neon.cpp", "step.cpp")
+SOURCES = KERNEL_SOURCES + ("bindings.cpp",)
+HEADERS = ("native.h", "attend.h", "step.h", "pool.h", "linear_tiles.h", "linear_ymm.h", "linear_neon.h", "x86_avx2.h")
 CFLAGS = ["-O3", "-std=c++17", "-pthread", "-ffp-contract=off", "-fno-math-errno", "-Wall", "-Wno-unused-function"]
 ISA_ENV = "BITNEST_NATIVE_ISA"
+ISA_NAMES = ("avx512-vnni", "avx-vnni", "avx2", "neon-sdot", "neon-widen", "generic")   # native.h isa_names(), best first
 _FOLDER = Path(__file__).resolve().parent
 _loaded: Optional[bool] = None
 _failure: Optional[str] = None
@@ -98,9 +103,28 @@ def requested_isa() -> str:
 
 
 def best_isa() -> str:
-    """Name of the kernels this CPU runs best: avx2, neon-sdot, neon or generic."""
+    """Name of the kernels this CPU runs best (one of ISA_NAMES)."""
     load()
     return torch.ops.bitnest.isa()
+
+
+def runnable_isas() -> list[str]:
+    """The kernel sets this CPU and OS run, best first."""
+    load()
+    return [n.strip() for n in torch.ops.bitnest.runnable_isas().split(",") if n.strip()]
+
+
+def isa_problem() -> Optional[str]:
+    """None where BITNEST_NATIVE_ISA is unset or names a kernel set this CPU runs, else the one-line reason."""
+    isa = requested_isa()
+    if not isa:
+        return None
+    if isa not in ISA_NAMES:
+        return f"{ISA_ENV}={isa} names no kernel set (use one of {', '.join(ISA_NAMES)}, or unset it)"
+    runs = runnable_isas()
+    if isa not in runs:
+        return f"{ISA_ENV}={isa}: this CPU does not run it (it runs {', '.join(runs)}; unset {ISA_ENV} for the best)"
+    return None
 
 
 def dual_plane_linear(x: torch.Tensor, base: torch.Tensor, refine: Optional[torch.Tensor], scale: torch.Tensor,

@@ -10,5 +10,6 @@ if __name__ == "__main__":
     if reason:
         print(f"bitnest-edge: native CPU plugins unavailable ({reason}); the cpu backend will be used", file=sys.stderr)
     else:
-        print(f"bitnest-edge: native CPU plugins built ({native.best_isa()} kernels)")
+        print(f"bitnest-edge: native CPU plugins built ({native.best_isa()} kernels; this CPU runs "
+              f"{', '.join(native.runnable_isas())})")
     sys.exit(0)

@@ -16,7 +16,8 @@ namespace {
 
 const Kernels* kernels_or_throw(const std::string& isa) {
   const Kernels* k = select_kernels(isa.c_str());
-  TORCH_CHECK(k != nullptr, "native kernels '", isa, "' do not run on this CPU");
+  TORCH_CHECK(k != nullptr, "native kernels '", isa, "' do not run on this CPU (", isa_names(), " exist; this CPU runs ",
+              runnable_isas(), ")");
   return k;
 }
 
@@ -28,9 +29,22 @@ void check(const at::Tensor& t, at::ScalarType dtype, const std::string& name) {
               t.defined() ? c10::toString(t.scalar_type()) : "nothing");
 }
 
-// Canonical signed-nibble planes -> this backend's layout (code + 8 in each nibble): a temporary for the op API.
-at::Tensor offset_binary(const at::Tensor& plane) { return plane.bitwise_xor(0x88); }
+// Canonical planes (signed nibbles, row-major) -> this backend's layout (native.h): offset-binary nibbles, rows
+// interleaved in blocks, scales and offsets group-major per block; in place.
+void relayout_plane_(at::Tensor& plane, const std::string& name) {
+  check(plane, at::kByte, name);
+  TORCH_CHECK(plane.dim() == 2, name, " must be [N, K/2], got ", plane.sizes());
+  plane.bitwise_xor_(0x88);
+  interleave_plane(plane.data_ptr<uint8_t>(), plane.size(0), plane.size(1) * 2);
+}
 
+void relayout_groups_(at::Tensor& values, const std::string& name) {
+  check(values, at::kHalf, name);
+  TORCH_CHECK(values.dim() == 2, name, " must be [N, K/G], got ", values.sizes());
+  interleave_groups(reinterpret_cast<uint16_t*>(values.data_ptr<at::Half>()), values.size(0), values.size(1));
+}
+
+// A nested linear over planes already in this backend's layout.
 NestedLinear linear_of(const at::Tensor& base, const at::Tensor& refine, const at::Tensor& scale,
                        const c10::optional<at::Tensor>& offset, const std::string& name) {
   check(base, at::kByte, name + ".base");
@@ -53,8 +67,13 @@ at::Tensor dual_plane_linear(const at::Tensor& x, const at::Tensor& base, const 
   const bool target = view == "target";
   TORCH_CHECK(!target || (refine && refine->defined()), "the target view needs the refinement plane");
   const at::Tensor xf = x.to(at::kFloat).contiguous();
-  const at::Tensor b = offset_binary(base), r = target ? offset_binary(*refine) : at::Tensor();
-  NestedLinear w = linear_of(b, r, scale, offset, "dual_plane_linear");
+  at::Tensor b = base.contiguous().clone(), r = target ? refine->contiguous().clone() : at::Tensor();   // re-laid copies
+  at::Tensor sc = scale.contiguous().clone(), off;
+  relayout_plane_(b, "base");
+  if (target) relayout_plane_(r, "refine");
+  relayout_groups_(sc, "scale");
+  if (offset && offset->defined() && offset->numel()) off = offset->contiguous().clone(), relayout_groups_(off, "offset");
+  NestedLinear w = linear_of(b, r, sc, off.defined() ? c10::optional<at::Tensor>(off) : c10::nullopt, "dual_plane_linear");
   TORCH_CHECK(xf.dim() == 2 && xf.size(1) == w.K, "x ", xf.sizes(), " does not fit planes of K=", w.K);
   const std::string why = unsupported_linear(w, "dual_plane_linear");
   TORCH_CHECK(why.empty(), why);
@@ -96,7 +115,8 @@ at::Tensor nested_kv_attention(const at::Tensor& q, const at::Tensor& base, cons
   const KVRange r{S - T, int(main_len), int(kv8_from), scratch_len > 0};
   const Kernels* k = kernels_or_throw(isa);
   for (int h = 0; h < Hkv; ++h)
-    k->attend(kv, r, qt.data_ptr<float>(), Hq * D, Hq / Hkv, h, 0, T, out.data_ptr<float>(), Hq * D, scores.data());
+    k->attend(kv, r, AttendWork{h, 0, Hq / Hkv, 0, T}, qt.data_ptr<float>(), Hq * D, Hq / Hkv, out.data_ptr<float>(),
+              Hq * D, scores.data());
   return out.transpose(0, 1).contiguous();                                             // [Hq, T, D]
 }
 
@@ -117,6 +137,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_kv(const at::Tensor& x) 
 }
 
 std::string best_isa() { return select_kernels("")->name; }
+std::string runnable() { return runnable_isas(); }
 
 // The decoder step over tensors the caller keeps in `tensors` (names as the checkpoint's, plus rope.cos/sin,
 // rotation.r4.I factors, kv.* and scratch.* cache planes); the holder keeps them alive.
@@ -135,8 +156,11 @@ struct StepHolder : torch::CustomClassHolder {
       return tensors.contains(k) ? c10::optional<at::Tensor>(tensors.at(k)) : c10::nullopt;
     };
     auto num = [&](const std::string& k) -> int { TORCH_CHECK(n.contains(k), "the native step needs ", k); return n.at(k); };
-    auto nested = [&](const std::string& name) {
-      NestedLinear w = linear_of(get(name + ".base"), get(name + ".refine"), get(name + ".scale"), opt(name + ".offset"), name);
+    auto nested = [&](const std::string& name) {   // the canonical planes, re-laid in place (the holder owns them)
+      at::Tensor b = get(name + ".base"), r = get(name + ".refine"), sc = get(name + ".scale");
+      relayout_plane_(b, name + ".base"), relayout_plane_(r, name + ".refine"), relayout_groups_(sc, name + ".scale");
+      if (auto o = opt(name + ".offset")) relayout_groups_(*o, name + ".offset");
+      NestedLinear w = linear_of(b, r, sc, opt(name + ".offset"), name);
       if (auto b = opt(name + ".bias")) check(*b, at::kHalf, name + ".bias"), w.bias = half_ptr(*b);
       return w;
     };
@@ -144,6 +168,8 @@ struct StepHolder : torch::CustomClassHolder {
     d.layers = num("layers"), d.hidden = num("hidden"), d.intermediate = num("intermediate"), d.heads = num("heads");
     d.kv_heads = num("kv_heads"), d.head_dim = num("head_dim"), d.vocab = num("vocab"), d.eps = float(eps);
     d.max_tokens = num("max_tokens"), d.threads = num("threads");
+    d.draft_head = DraftHead(n.contains("draft_head") ? n.at("draft_head") : 0);
+    d.shortlist = n.contains("shortlist") ? int(n.at("shortlist")) : 0;
     vocab = d.vocab;
     StepWeights w;
     for (int l = 0; l < d.layers; ++l) {
@@ -231,6 +257,7 @@ TORCH_LIBRARY(bitnest, m) {
         "str isa='') -> Tensor", &bitnest::nested_kv_attention);
   m.def("quantize_kv(Tensor x) -> (Tensor, Tensor, Tensor)", &bitnest::quantize_kv);
   m.def("isa() -> str", &bitnest::best_isa);
+  m.def("runnable_isas() -> str", &bitnest::runnable);
   m.class_<bitnest::StepHolder>("DecoderStep")
       .def(torch::init<c10::Dict<std::string, at::Tensor>, c10::Dict<std::string, int64_t>, double, std::string>())
       .def("forward", &bitnest::StepHolder::forward)

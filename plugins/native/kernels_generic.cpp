@@ -1,6 +1,7 @@
 // Portable kernels (plain C++, any CPU) and the helpers every instruction set shares: float16 conversion,
-// activation and KV quantization, kernel selection. The portable kernels define the semantics the vector ones
-// reproduce (same integers, float sums in their own fixed order).
+// activation and KV quantization, the portable per-token work, kernel selection by name. The portable kernels
+// define the semantics the vector ones reproduce (the nested linear bit for bit: layout.cpp; float sums of the
+// other kernels in each set's own fixed order).
 #include <cmath>
 #include <cstring>
 
@@ -51,15 +52,6 @@ uint16_t f32_to_f16(float f) {
   return sign | uint16_t(q);
 }
 
-void place_codes(const int32_t* codes, int K, int G, int8_t* xq, int32_t* xsum) {
-  for (int g = 0; g < K / G; ++g) xsum[g] = 0;
-  for (int k = 0; k < K; ++k) {
-    const int b = k / kBlock, j = k % kBlock;            // plane order: even columns, then odd ones
-    xq[b * kBlock + (j & 1) * (kBlock / 2) + j / 2] = int8_t(codes[k]);
-    xsum[k / G] += codes[k];
-  }
-}
-
 void quantize_acts(const float* x, int ldx, int M, int K, int G, int8_t* xq, int32_t* xsum, float* sx) {
   for (int m = 0; m < M; ++m) {
     const float* xm = x + size_t(m) * ldx;
@@ -73,10 +65,8 @@ void quantize_acts(const float* x, int ldx, int M, int K, int G, int8_t* xq, int
     for (int k = 0; k < K; ++k) {
       float v = std::nearbyint(xm[k] / s);                 // round half to even (default rounding mode)
       v = std::fmin(std::fmax(v, -127.f), 127.f);
-      const int c = int(v);
-      const int b = k / kBlock, j = k % kBlock;            // plane order: even columns, then odd ones
-      q[b * kBlock + (j & 1) * (kBlock / 2) + j / 2] = int8_t(c);
-      gs[k / G] += c;
+      q[k] = int8_t(v);
+      gs[k / G] += int(v);
     }
   }
 }
@@ -111,42 +101,37 @@ void quantize_kv_vector(const float* x, int D, uint8_t* base, uint8_t* refine, u
   }
 }
 
-// ---------------------------------------------------------------------------------------------------------------
-// Portable kernels
+void silu_mul_portable(float* g, const float* u, int n) {
+  for (int i = 0; i < n; ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+}
 
-static void nested_linear_generic(const NestedLinear& w, bool target, const QActs& a, float* y, int ldy, int n0,
-                                  int n1) {
-  const int K = w.K, G = w.G, ng = K / G, rb = K / 2;
-  const int corr = target ? 136 : 8;                       // 16 * 8 + 8, or 8: the +8 offset of every nibble
-  for (int n = n0; n < n1; ++n) {
-    const uint8_t* b = w.base + size_t(n) * rb;
-    const uint8_t* r = target ? w.refine + size_t(n) * rb : nullptr;
-    for (int m = 0; m < a.M; ++m) {
-      const int8_t* xq = a.xq + size_t(m) * K;
-      const int32_t* xs = a.xsum + size_t(m) * ng;
-      float acc = 0.f, off = 0.f;
-      for (int g = 0; g < ng; ++g) {
-        int32_t d4 = 0, dr = 0;
-        for (int blk = g * G / kBlock; blk < (g + 1) * G / kBlock; ++blk) {
-          const uint8_t* bb = b + blk * (kBlock / 2);
-          const int8_t* xe = xq + blk * kBlock;            // even columns (low nibbles), then odd (high)
-          for (int j = 0; j < kBlock / 2; ++j) d4 += (bb[j] & 0xF) * xe[j] + (bb[j] >> 4) * xe[j + kBlock / 2];
-          if (target) {
-            const uint8_t* rr = r + blk * (kBlock / 2);
-            for (int j = 0; j < kBlock / 2; ++j) dr += (rr[j] & 0xF) * xe[j] + (rr[j] >> 4) * xe[j + kBlock / 2];
+void rms_norm_portable(const float* x, const uint16_t* w, int n, float eps, float* out) {
+  float ss = 0.f;
+  for (int i = 0; i < n; ++i) ss += x[i] * x[i];
+  const float inv = 1.f / std::sqrt(ss / float(n) + eps);
+  for (int i = 0; i < n; ++i) out[i] = x[i] * inv * f16_to_f32(w[i]);
+}
+
+void fwht_portable(float* x, int pre, int f, int post) {
+  const float scale = 1.f / std::sqrt(float(f));
+  for (int p = 0; p < pre; ++p) {
+    float* slab = x + size_t(p) * f * post;
+    for (int h = 1; h < f; h *= 2)
+      for (int i = 0; i < f; i += 2 * h)
+        for (int j = i; j < i + h; ++j) {
+          float* a = slab + size_t(j) * post;
+          float* b = slab + size_t(j + h) * post;
+          for (int q = 0; q < post; ++q) {
+            const float u = a[q], v = b[q];
+            a[q] = u + v, b[q] = u - v;
           }
         }
-        const int32_t exact = (target ? 16 * d4 + dr : d4) - corr * xs[g];
-        const float step = f16_to_f32(w.scale[size_t(n) * ng + g]) * (target ? 1.f / 16.f : 1.f);
-        acc += float(exact) * step;
-        if (w.offset) off += f16_to_f32(w.offset[size_t(n) * ng + g]) * float(xs[g]);
-      }
-      float v = (acc + off) * a.sx[m];
-      if (w.bias) v += f16_to_f32(w.bias[n]);
-      y[size_t(m) * ldy + n] = v;
-    }
+    for (int i = 0; i < f * post; ++i) slab[i] *= scale;
   }
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// Portable kernels
 
 static void f16_linear_generic(const uint16_t* w, int K, const float* x, int ldx, int M, float* y, int ldy, int n0,
                                int n1) {
@@ -171,32 +156,60 @@ static void axpy_generic(float p, const float* x, float* y, int n) {
   for (int i = 0; i < n; ++i) y[i] += p * x[i];
 }
 
-static void attend_generic(const KVLayer& kv, const KVRange& r, const float* q, int ldq, int hpk, int hkv, int t0,
-                           int t1, float* out, int ldo, float* scores) {
-  attend_with(dot_generic, axpy_generic, kv, r, q, ldq, hpk, hkv, t0, t1, out, ldo, scores);
-}
+namespace {
+struct GenericOps {
+  static void dequant(const uint8_t* b, const uint8_t* rf, float s, int D, bool kv8, float* out) {
+    dequant_kv_portable(b, rf, s, D, kv8, out);
+  }
+  static float dot(const float* a, const float* b, int n) { return dot_generic(a, b, n); }
+  static void axpy(float p, const float* x, float* y, int n) { axpy_generic(p, x, y, n); }
+  static void softmax(float* sc, int n) { softmax_portable(sc, n); }
+};
+}  // namespace
 
-void silu_mul_portable(float* g, const float* u, int n) {
-  for (int i = 0; i < n; ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+static void attend_generic(const KVLayer& kv, const KVRange& r, const AttendWork& u, const float* q, int ldq, int hpk,
+                           float* out, int ldo, float* scores) {
+  attend_unit<GenericOps>(kv, r, u, q, ldq, hpk, out, ldo, scores);
 }
 
 const Kernels& generic_kernels() {
-  static const Kernels k{"generic", nested_linear_generic, f16_linear_generic, attend_generic, quantize_acts,
-                         silu_mul_portable};
+  static const Kernels k{"generic", nested_linear_rows, f16_linear_generic, attend_generic, quantize_acts,
+                         silu_mul_portable, rms_norm_portable, fwht_portable, axpy_generic, dot_generic};
   return k;
+}
+
+// Best first: the first that runs here is the default.
+static const char* const kIsaNames[] = {"avx512-vnni", "avx-vnni", "avx2", "neon-sdot", "neon-widen", "generic"};
+
+const char* isa_names() { return "avx512-vnni, avx-vnni, avx2, neon-sdot, neon-widen, generic"; }
+
+static const Kernels* by_name(const char* isa) {
+  if (std::strcmp(isa, "avx512-vnni") == 0) return avx512_vnni_kernels();
+  if (std::strcmp(isa, "avx-vnni") == 0) return avx_vnni_kernels();
+  if (std::strcmp(isa, "avx2") == 0) return avx2_kernels();
+  if (std::strcmp(isa, "neon-sdot") == 0) {
+    const Kernels* k = neon_kernels();
+    return k && std::strcmp(k->name, "neon-sdot") == 0 ? k : nullptr;
+  }
+  if (std::strcmp(isa, "neon-widen") == 0) return neon_widen_kernels();
+  if (std::strcmp(isa, "generic") == 0) return &generic_kernels();
+  return nullptr;
+}
+
+std::string runnable_isas() {
+  std::string out;
+  for (const char* name : kIsaNames)
+    if (by_name(name)) out += (out.empty() ? "" : ", ") + std::string(name);
+  return out;
 }
 
 const Kernels* select_kernels(const char* isa) {
   if (isa == nullptr || *isa == 0) {
-    if (const Kernels* k = avx2_kernels()) return k;
-    if (const Kernels* k = neon_kernels()) return k;
+    for (const char* name : kIsaNames)
+      if (const Kernels* k = by_name(name)) return k;
     return &generic_kernels();
   }
-  if (std::strcmp(isa, "generic") == 0) return &generic_kernels();
-  if (std::strcmp(isa, "avx2") == 0) return avx2_kernels();
-  if (std::strcmp(isa, "neon") == 0) return neon_kernels();
-  if (std::strcmp(isa, "neon-widen") == 0) return neon_widen_kernels();
-  return nullptr;
+  return by_name(isa);
 }
 
 }  // namespace bitnest

@@ -1,7 +1,10 @@
 // NEON kernels (aarch64: the Jetson Orin's Cortex-A78AE cores), chosen at run time. With the dot-product extension
-// (ARMv8.2 `sdot`, HWCAP_ASIMDDP) each 4 nibble x INT8 products go straight into int32 lanes; without it, widening
-// multiplies into int16 (at most 15 x 127) and pairwise accumulation into int32. The nibbles hold code + 8 (see
-// native.h), so a group's exact integer is dot(x, nibble) - 8 (or 136 for the target) * sum(x), as on x86.
+// (ARMv8.2 `sdot`, HWCAP_ASIMDDP) each 4 INT8 x INT8 products go straight into an int32 lane; without it, widening
+// multiplies into int16 and pairwise sums into int32. The nested linear (linear_neon.h) reads the interleaved layout
+// of native.h: 4 rows x 4 bytes per 16-byte register, the activation dword of 4 columns as a lane of x.
+#include <algorithm>
+#include <type_traits>
+
 #include "native.h"
 
 #if defined(__aarch64__)
@@ -9,36 +12,36 @@
 #include <sys/auxv.h>
 
 #include "attend.h"
+#include "linear_tiles.h"
 
 #ifndef HWCAP_ASIMDDP
 #define HWCAP_ASIMDDP (1 << 20)
 #endif
 
 namespace bitnest {
-
-// The nested linear, written once in neon_linear.inc and compiled twice: with the dot-product extension enabled
-// (sdot) and without it (widening multiplies), each as its own function.
-static inline int32x4_t dot16_widen(int32x4_t acc, uint8x16_t w, int8x16_t x) {
-  const int8x16_t ws = vreinterpretq_s8_u8(w);
-  acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(ws), vget_low_s8(x)));
-  return vpadalq_s16(acc, vmull_high_s8(ws, x));
+namespace widen {
+// acc + the sums of 4 products of each 4-byte row of w with dword `lane` of x, by widening multiplies.
+template <int lane>
+inline int32x4_t dot4_(int32x4_t acc, int8x16_t w, int8x8_t x) {
+  const int8x16_t xr = vreinterpretq_s8_s32(vdupq_lane_s32(vreinterpret_s32_s8(x), lane));
+  const int32x4_t s0 = vpaddlq_s16(vmull_s8(vget_low_s8(w), vget_low_s8(xr)));    // rows 0, 1: pair sums
+  const int32x4_t s1 = vpaddlq_s16(vmull_high_s8(w, xr));                           // rows 2, 3
+  return vaddq_s32(acc, vpaddq_s32(s0, s1));
 }
-#define BN_DOT16 dot16_widen
-#define BN_LINEAR nested_linear_widen
-#include "neon_linear.inc"
-#undef BN_DOT16
-#undef BN_LINEAR
+inline int32x4_t dot4(int32x4_t acc, int8x16_t w, int8x8_t x, int lane) {
+  return lane ? dot4_<1>(acc, w, x) : dot4_<0>(acc, w, x);
+}
+#include "linear_neon.h"
+}  // namespace widen
 
 #pragma GCC push_options
 #pragma GCC target("arch=armv8.2-a+dotprod")
-static inline int32x4_t dot16_sdot(int32x4_t acc, uint8x16_t w, int8x16_t x) {
-  return vdotq_s32(acc, vreinterpretq_s8_u8(w), x);
+namespace sdot {
+inline int32x4_t dot4(int32x4_t acc, int8x16_t w, int8x8_t x, int lane) {
+  return lane ? vdotq_lane_s32(acc, w, x, 1) : vdotq_lane_s32(acc, w, x, 0);
 }
-#define BN_DOT16 dot16_sdot
-#define BN_LINEAR nested_linear_sdot
-#include "neon_linear.inc"
-#undef BN_DOT16
-#undef BN_LINEAR
+#include "linear_neon.h"
+}  // namespace sdot
 #pragma GCC pop_options
 
 static void f16_linear_neon(const uint16_t* w, int K, const float* x, int ldx, int M, float* y, int ldy, int n0,
@@ -66,27 +69,42 @@ static float dot_neon(const float* a, const float* b, int n) {
   return s;
 }
 
-static void axpy_neon(float p, const float* x, float* y, int n) {
+static void axpy_neon(float p, const float* x, float* y, int n) {   // separately rounded: the portable result
+  int i = 0;
+  for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vaddq_f32(vld1q_f32(y + i), vmulq_n_f32(vld1q_f32(x + i), p)));
+  for (; i < n; ++i) y[i] += p * x[i];
+}
+
+static void axpy_fma_neon(float p, const float* x, float* y, int n) {
   int i = 0;
   for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vfmaq_n_f32(vld1q_f32(y + i), vld1q_f32(x + i), p));
   for (; i < n; ++i) y[i] += p * x[i];
 }
 
-static void attend_neon(const KVLayer& kv, const KVRange& r, const float* q, int ldq, int hpk, int hkv, int t0, int t1,
+namespace {
+struct NeonOps {
+  static void dequant(const uint8_t* b, const uint8_t* rf, float s, int D, bool kv8, float* out) {
+    dequant_kv_portable(b, rf, s, D, kv8, out);
+  }
+  static float dot(const float* a, const float* b, int n) { return dot_neon(a, b, n); }
+  static void axpy(float p, const float* x, float* y, int n) { axpy_fma_neon(p, x, y, n); }
+  static void softmax(float* sc, int n) { softmax_portable(sc, n); }
+};
+}  // namespace
+
+static void attend_neon(const KVLayer& kv, const KVRange& r, const AttendWork& u, const float* q, int ldq, int hpk,
                         float* out, int ldo, float* scores) {
-  attend_with(dot_neon, axpy_neon, kv, r, q, ldq, hpk, hkv, t0, t1, out, ldo, scores);
+  attend_unit<NeonOps>(kv, r, u, q, ldq, hpk, out, ldo, scores);
 }
 
-static const Kernels widen{"neon-widen", nested_linear_widen, f16_linear_neon, attend_neon, quantize_acts,
-                           silu_mul_portable};
+static const Kernels widen_set{"neon-widen", widen::linear, f16_linear_neon, attend_neon, quantize_acts,
+                               silu_mul_portable, rms_norm_portable, fwht_portable, axpy_neon, dot_neon};
+static const Kernels sdot_set{"neon-sdot", sdot::linear, f16_linear_neon, attend_neon, quantize_acts,
+                              silu_mul_portable, rms_norm_portable, fwht_portable, axpy_neon, dot_neon};
 
-const Kernels* neon_kernels() {
-  static const Kernels sdot{"neon-sdot", nested_linear_sdot, f16_linear_neon, attend_neon, quantize_acts,
-                            silu_mul_portable};
-  return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) ? &sdot : &widen;
-}
+const Kernels* neon_kernels() { return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) ? &sdot_set : &widen_set; }
 
-const Kernels* neon_widen_kernels() { return &widen; }
+const Kernels* neon_widen_kernels() { return &widen_set; }
 
 }  // namespace bitnest
 

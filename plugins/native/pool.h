@@ -1,5 +1,6 @@
 // The step's own threads: a fixed team that runs one job per pass (the calling thread is member 0) and meets at
-// barriers inside it. Waiting spins briefly, then yields the core, then sleeps: spinning alone (OpenMP's active
+// barriers inside it. A member that throws does not leave the others waiting: the job is marked failed, every
+// barrier of it returns at once, and run() rethrows the first exception once all members are back. Waiting spins briefly, then yields the core, then sleeps: spinning alone (OpenMP's active
 // policy, and libgomp's default here) turned each of a pass's ~150 barriers into a scheduler time slice once
 // another process shared the two cores (1.1 s a pass instead of 20 ms, measured); sleeping alone costs a wake-up
 // per barrier on an idle machine.
@@ -9,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -46,22 +48,26 @@ class Pool {
 
   int size() const { return n_; }
 
-  // fn(tid, n) on every member, the caller as member 0; returns when all are done.
+  // fn(tid, n) on every member, the caller as member 0; returns when all are done (rethrowing a member's exception).
   void run(const std::function<void(int, int)>& fn) {
     job_ = &fn;
     done_.store(0, std::memory_order_relaxed);
+    failed_.store(false, std::memory_order_relaxed);
+    error_ = nullptr;
     {
       std::lock_guard<std::mutex> lock(mu_);
       epoch_.fetch_add(1, std::memory_order_release);
     }
     cv_.notify_all();
-    fn(0, n_);
+    call(0);
     wait([&] { return done_.load(std::memory_order_acquire) == n_ - 1; });
+    arrived_.store(0, std::memory_order_relaxed);      // a failed job may have left a barrier half-filled
+    if (error_) std::rethrow_exception(error_);
   }
 
-  // Every member calls it; none leaves before all have arrived.
+  // Every member calls it; none leaves before all have arrived (or the job has failed).
   void barrier() {
-    if (n_ == 1) return;
+    if (n_ == 1 || failed_.load(std::memory_order_acquire)) return;
     const uint64_t phase = phase_.load(std::memory_order_acquire);
     if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_) {
       arrived_.store(0, std::memory_order_relaxed);
@@ -71,7 +77,7 @@ class Pool {
       }
       cv_.notify_all();
     } else {
-      wait([&] { return phase_.load(std::memory_order_acquire) != phase; });
+      wait([&] { return phase_.load(std::memory_order_acquire) != phase || failed_.load(std::memory_order_acquire); });
     }
   }
 
@@ -98,9 +104,22 @@ class Pool {
       wait([&] { return epoch_.load(std::memory_order_acquire) != seen; });
       seen = epoch_.load(std::memory_order_acquire);
       if (stop_) return;
-      (*job_)(tid, n_);
+      call(tid);
       if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_ - 1) {
         std::lock_guard<std::mutex> lock(mu_);       // the caller may be asleep on cv_
+      }
+      cv_.notify_all();
+    }
+  }
+
+  void call(int tid) {
+    try {
+      (*job_)(tid, n_);
+    } catch (...) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!error_) error_ = std::current_exception();
+        failed_.store(true, std::memory_order_release);
       }
       cv_.notify_all();
     }
@@ -111,6 +130,8 @@ class Pool {
   const std::function<void(int, int)>* job_ = nullptr;
   std::atomic<uint64_t> epoch_{0}, phase_{0};
   std::atomic<int> done_{0}, arrived_{0};
+  std::atomic<bool> failed_{false};
+  std::exception_ptr error_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;

@@ -1,29 +1,23 @@
 // The decoder step (step.h): every layer and the head in one call. The step's threads (pool.h) split each linear's
-// output rows and the attention's KV heads, and meet at five barriers a layer; the small per-token work between
-// them (norms, quantization, the R4 rotation) each thread does for itself rather than wait for one thread.
+// output rows (in whole row blocks) and the attention's (KV head, query head) pairs, and meet at five barriers a
+// layer; the small per-token work between them (norms, quantization, the R4 rotation) each thread does for itself
+// with the kernel set's vector code rather than wait for one thread.
 #include "step.h"
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
-
 
 namespace bitnest {
 
 namespace {
 
-// Thread `tid`'s share [a, b) of n rows, in runs of 8 (a cache line of float outputs).
-inline void span(int n, int tid, int nt, int* a, int* b) {
-  const int units = (n + 7) / 8, per = units / nt, extra = units % nt;
+// Thread `tid`'s share [a, b) of n items, in runs of `unit` (row blocks of a linear, cache lines of floats).
+inline void span(int n, int tid, int nt, int* a, int* b, int unit = kRowBlock) {
+  const int units = (n + unit - 1) / unit, per = units / nt, extra = units % nt;
   const int u0 = tid * per + std::min(tid, extra), u1 = u0 + per + (tid < extra ? 1 : 0);
-  *a = std::min(n, u0 * 8), *b = std::min(n, u1 * 8);
-}
-
-void rms_norm(const float* x, const uint16_t* w, int H, float eps, float* out) {
-  float ss = 0.f;
-  for (int i = 0; i < H; ++i) ss += x[i] * x[i];
-  const float inv = 1.f / std::sqrt(ss / float(H) + eps);
-  for (int i = 0; i < H; ++i) out[i] = x[i] * inv * f16_to_f32(w[i]);
+  *a = std::min(n, u0 * unit), *b = std::min(n, u1 * unit);
 }
 
 // x [D] of one head at position p, rotate-half RoPE (HF Llama): x * cos + rotate_half(x) * sin.
@@ -37,59 +31,6 @@ void rope(float* x, const float* cos, const float* sin, int D) {
   }
 }
 
-// In-place fast Walsh-Hadamard transform along the middle axis of x [pre, f, post] (f a power of two), scaled by
-// 1/sqrt(f): x @ (Sylvester H_f / sqrt(f)) without the f x f matrix.
-void fwht(float* x, int pre, int f, int post) {
-  const float scale = 1.f / std::sqrt(float(f));
-  for (int p = 0; p < pre; ++p) {
-    float* slab = x + size_t(p) * f * post;
-    for (int h = 1; h < f; h *= 2)
-      for (int i = 0; i < f; i += 2 * h)
-        for (int j = i; j < i + h; ++j) {
-          float* a = slab + size_t(j) * post;
-          float* b = slab + size_t(j + h) * post;
-          for (int q = 0; q < post; ++q) {
-            const float u = a[q], v = b[q];
-            a[q] = u + v, b[q] = u - v;
-          }
-        }
-    for (int i = 0; i < f * post; ++i) slab[i] *= scale;
-  }
-}
-
-}  // namespace
-
-// x [n] @ (F_1 kron F_2 kron ...): contract each factor along its own axis (plugins/hadamard.py apply_hadamard);
-// Sylvester factors by the fast transform, others (Paley) by their matrix.
-void kron_apply(float* x, float* buf, int n, const std::vector<KronFactor>& factors) {
-  int pre = 1;
-  for (const KronFactor& fac : factors) {
-    const int f = fac.order, post = n / (pre * f);
-    if (fac.sylvester) {
-      fwht(x, pre, f, post);
-      pre *= f;
-      continue;
-    }
-    const float* F = fac.matrix;
-    for (int p = 0; p < pre; ++p) {
-      float* out = buf + size_t(p) * f * post;
-      const float* in = x + size_t(p) * f * post;
-      for (int b = 0; b < f; ++b) {
-        float* o = out + size_t(b) * post;
-        for (int j = 0; j < post; ++j) o[j] = 0.f;
-        for (int i = 0; i < f; ++i) {
-          const float c = F[size_t(i) * f + b];
-          const float* src = in + size_t(i) * post;
-          for (int j = 0; j < post; ++j) o[j] += src[j] * c;
-        }
-      }
-    }
-    std::copy(buf, buf + n, x);
-    pre *= f;
-  }
-}
-
-namespace {
 bool is_sylvester(const float* m, int f) {     // the matrix equals Sylvester H_f / sqrt(f)
   if (f & (f - 1)) return false;
   const float v = 1.f / std::sqrt(float(f));
@@ -100,11 +41,50 @@ bool is_sylvester(const float* m, int f) {     // the matrix equals Sylvester H_
     }
   return true;
 }
+
+// Rank of logits for the shortlist: larger first, then lower token id.
+inline bool better(const float* v, int a, int b) { return v[a] > v[b] || (v[a] == v[b] && a < b); }
+
+// The k best of ids (by `better`) into out, best first.
+void best_k(const float* v, const int* ids, int n, int k, int* out) {
+  std::vector<int> tmp(ids, ids + n);
+  k = std::min(k, n);
+  std::partial_sort(tmp.begin(), tmp.begin() + k, tmp.end(), [&](int a, int b) { return better(v, a, b); });
+  std::copy(tmp.begin(), tmp.begin() + k, out);
+}
+
 }  // namespace
 
+// x [n] @ (F_1 kron F_2 kron ...): contract each factor along its own axis (plugins/hadamard.py apply_hadamard);
+// Sylvester factors by the fast transform, others (Paley) by their matrix, output rows as sums of input rows in
+// increasing order (the axpy of the portable loop).
+void kron_apply(const Kernels& k, float* x, float* buf, int n, const std::vector<KronFactor>& factors) {
+  int pre = 1;
+  for (const KronFactor& fac : factors) {
+    const int f = fac.order, post = n / (pre * f);
+    if (fac.sylvester) {
+      k.fwht(x, pre, f, post);
+      pre *= f;
+      continue;
+    }
+    const float* F = fac.matrix;
+    for (int p = 0; p < pre; ++p) {
+      float* out = buf + size_t(p) * f * post;
+      const float* in = x + size_t(p) * f * post;
+      for (int b = 0; b < f; ++b) {
+        float* o = out + size_t(b) * post;
+        std::fill(o, o + post, 0.f);
+        for (int i = 0; i < f; ++i) k.axpy(F[size_t(i) * f + b], in + size_t(i) * post, o, post);
+      }
+    }
+    std::copy(buf, buf + n, x);
+    pre *= f;
+  }
+}
+
 std::string unsupported_linear(const NestedLinear& l, const std::string& what) {
-  if (l.K % kBlock) return what + ": K=" + std::to_string(l.K) + " is not a multiple of 64";
-  if (l.G % kBlock || l.G > kMaxGroup || l.K % l.G)
+  if (l.K % 64) return what + ": K=" + std::to_string(l.K) + " is not a multiple of 64";
+  if (l.G % 64 || l.G > kMaxGroup || l.K % l.G)
     return what + ": group size " + std::to_string(l.G) + " (the native kernels take 64, 128, 192 or 256)";
   return "";
 }
@@ -120,6 +100,9 @@ std::string unsupported(const StepDims& d, const StepWeights& w) {
     if (l.q.G != l.k.G || l.q.G != l.v.G || l.gate.G != l.up.G) return "q/k/v or gate/up with different group sizes";
   }
   if (w.head.base) return unsupported_linear(w.head, "the nested head");
+  if (d.draft_head != DraftHead::kBase && !w.head.base) return "a draft head setting needs a nested head";
+  if (d.draft_head == DraftHead::kShortlist && (d.shortlist < 1 || d.shortlist > d.vocab))
+    return "shortlist of " + std::to_string(d.shortlist) + " rows (1 .. vocabulary)";
   return "";
 }
 
@@ -135,20 +118,26 @@ DecoderStep::DecoderStep(const StepDims& dims, const StepWeights& weights, std::
   x_.resize(m * H), qkv_.resize(m * qkv), att_.resize(m * A), tmp_.resize(m * H), gate_.resize(m * I), up_.resize(m * I);
   for (size_t i = 0; i < w_.r4_orders.size(); ++i)
     r4_.push_back(KronFactor{w_.r4_orders[i], w_.r4_factors[i], is_sylvester(w_.r4_factors[i], w_.r4_orders[i])});
+  const size_t kv_bytes = 2 * size_t(d_.kv_heads) * m * (d_.head_dim / 2);
   scratch_.resize(d_.threads);
   for (Scratch& sc : scratch_) {
-    sc.h.resize(m * widest), sc.xq.resize(m * widest), sc.xsum.resize(m * widest / kBlock), sc.sx.resize(m);
+    sc.h.resize(m * widest), sc.xq.resize(m * widest), sc.xsum.resize(m * widest / 64), sc.sx.resize(m);
     sc.scores.resize(size_t(std::min(int(m), kQueryTile)) * (d_.heads / d_.kv_heads) * w_.rope_positions);
     if (!r4_.empty()) sc.r4.resize(m * I), sc.r4buf.resize(I);
+    sc.krot.resize(d_.head_dim), sc.kvb.resize(kv_bytes), sc.kvr.resize(kv_bytes), sc.kvs.resize(kv_bytes / (d_.head_dim / 2));
+    if (d_.draft_head == DraftHead::kShortlist) sc.cand.resize(m * d_.shortlist);
   }
+  if (d_.draft_head == DraftHead::kShortlist) chosen_.resize(m * d_.shortlist), rescored_.resize(m * d_.shortlist);
 }
 
 size_t DecoderStep::workspace_bytes() const {
   size_t n = 0;
-  for (const auto* v : {&x_, &qkv_, &att_, &tmp_, &gate_, &up_}) n += v->size() * sizeof(float);
+  for (const auto* v : {&x_, &qkv_, &att_, &tmp_, &gate_, &up_, &rescored_}) n += v->size() * sizeof(float);
+  n += chosen_.size() * sizeof(int);
   for (const Scratch& sc : scratch_)
-    n += (sc.h.size() + sc.sx.size() + sc.scores.size() + sc.r4.size() + sc.r4buf.size()) * sizeof(float) +
-         sc.xq.size() + sc.xsum.size() * sizeof(int32_t);
+    n += (sc.h.size() + sc.sx.size() + sc.scores.size() + sc.r4.size() + sc.r4buf.size() + sc.krot.size()) * sizeof(float) +
+         sc.xq.size() + sc.xsum.size() * sizeof(int32_t) + sc.kvb.size() + sc.kvr.size() + sc.kvs.size() * 2 +
+         sc.cand.size() * sizeof(int);
   return n;
 }
 
@@ -169,7 +158,7 @@ void DecoderStep::linear_rows(const NestedLinear* ws, int count, bool target, co
 void DecoderStep::prepare(Scratch& sc, const float* x, int ld, int M, int K, int G, const uint16_t* norm) {
   const float* src = x;
   if (norm) {
-    for (int t = 0; t < M; ++t) rms_norm(x + size_t(t) * ld, norm, K, d_.eps, &sc.h[size_t(t) * K]);
+    for (int t = 0; t < M; ++t) k_->rms_norm(x + size_t(t) * ld, norm, K, d_.eps, &sc.h[size_t(t) * K]);
     src = sc.h.data(), ld = K;
   }
   k_->quantize(src, ld, M, K, G, sc.xq.data(), sc.xsum.data(), sc.sx.data());
@@ -187,43 +176,65 @@ void DecoderStep::residual_rows(const NestedLinear& w, bool target, const QActs&
     for (int n = n0; n < n1; ++n) x_[size_t(t) * H + n] += tmp_[size_t(t) * H + n];
 }
 
+// RoPE, the KV entries of the pass and attention, after the q/k/v barrier. Every thread quantizes the pass's own
+// K/V entries of every KV head into its scratch (a few hundred values) and reads them there; the threads write
+// them into the cache (main planes, or the scratch slots of a draft pass) one KV head each, and nobody reads the
+// cache at those positions in this pass. The (KV head, query head) pairs are split evenly between the threads,
+// each pair's queries RoPE'd by the thread that attends them.
+void DecoderStep::attention(int l, int M, const KVRange& r0, int tid, int nt) {
+  const int D = d_.head_dim, hpk = d_.heads / d_.kv_heads, Hkv = d_.kv_heads;
+  const int A = d_.heads * D, KVW = Hkv * D, Q = A + 2 * KVW, half = D / 2;
+  Scratch& sc = scratch_[tid];
+  const KVLayer& kv = kv_[l];
+  for (int j = 0; j < Hkv; ++j)
+    for (int t = 0; t < M; ++t) {
+      const int pos = r0.first + t;
+      const float* row = &qkv_[size_t(t) * Q];
+      std::copy(row + A + size_t(j) * D, row + A + size_t(j + 1) * D, sc.krot.data());
+      rope(sc.krot.data(), w_.rope_cos + size_t(pos) * D, w_.rope_sin + size_t(pos) * D, D);
+      for (int which = 0; which < 2; ++which) {
+        const size_t at = (size_t(which) * Hkv + j) * M + t;
+        quantize_kv_vector(which ? row + A + KVW + size_t(j) * D : sc.krot.data(), D, &sc.kvb[at * half],
+                           &sc.kvr[at * half], &sc.kvs[at]);
+        if (j % nt != tid) continue;
+        const bool main = !r0.draft;
+        const size_t slots = main ? kv.C : kv.S, idx = (size_t(which) * Hkv + j) * slots + (main ? pos : pos - r0.committed);
+        std::copy(&sc.kvb[at * half], &sc.kvb[(at + 1) * half], (main ? kv.base : kv.sbase) + idx * half);
+        std::copy(&sc.kvr[at * half], &sc.kvr[(at + 1) * half], (main ? kv.refine : kv.srefine) + idx * half);
+        (main ? kv.scale : kv.sscale)[idx] = sc.kvs[at];
+      }
+    }
+  KVRange r = r0;
+  r.local = KVLocal{sc.kvb.data(), sc.kvr.data(), sc.kvs.data(), M};
+  int u0, u1;
+  span(Hkv * hpk, tid, nt, &u0, &u1, 1);
+  for (int u = u0; u < u1;) {
+    const int j = u / hpk, h0 = u % hpk, h1 = std::min(hpk, h0 + (u1 - u));
+    for (int t = 0; t < M; ++t) {
+      const int pos = r.first + t;
+      for (int h = h0; h < h1; ++h)
+        rope(&qkv_[size_t(t) * Q + (size_t(j) * hpk + h) * D], w_.rope_cos + size_t(pos) * D,
+             w_.rope_sin + size_t(pos) * D, D);
+    }
+    k_->attend(kv, r, AttendWork{j, h0, h1, 0, M}, qkv_.data(), Q, hpk, att_.data(), A, sc.scores.data());
+    u += h1 - h0;
+  }
+}
+
 // Five barriers a layer: after q/k/v, after attention, after each residual update and after gate/up.
 void DecoderStep::layer(int l, int M, bool target, const KVRange& r, int tid, int nt) {
   const LayerWeights& L = w_.layers[l];
-  const int H = d_.hidden, I = d_.intermediate, D = d_.head_dim, hpk = d_.heads / d_.kv_heads;
-  const int A = d_.heads * D, KVW = d_.kv_heads * D, Q = A + 2 * KVW;
+  const int H = d_.hidden, I = d_.intermediate, A = d_.heads * d_.head_dim;
   Scratch& sc = scratch_[tid];
   prepare(sc, x_.data(), H, M, H, L.q.G, L.input_norm);
   const NestedLinear qkv[3] = {L.q, L.k, L.v};
-  linear_rows(qkv, 3, target, sc.acts, qkv_.data(), Q, tid, nt);
-pool_.barrier();
-  {  // each thread owns whole KV heads: RoPE on their keys and queries, KV writes, then attention over them
-    int j0, j1;
-    const int per = d_.kv_heads / nt, extra = d_.kv_heads % nt;
-    j0 = tid * per + std::min(tid, extra), j1 = j0 + per + (tid < extra ? 1 : 0);
-    const KVLayer& kv = kv_[l];
-    for (int j = j0; j < j1; ++j) {
-      for (int t = 0; t < M; ++t) {
-        const int pos = r.first + t;
-        const float *c = w_.rope_cos + size_t(pos) * D, *s = w_.rope_sin + size_t(pos) * D;
-        float* row = &qkv_[size_t(t) * Q];
-        for (int h = j * hpk; h < (j + 1) * hpk; ++h) rope(row + size_t(h) * D, c, s, D);
-        rope(row + A + size_t(j) * D, c, s, D);
-        for (int which = 0; which < 2; ++which) {
-          const bool main = !r.draft;
-          const size_t slots = main ? kv.C : kv.S, at = main ? pos : pos - r.committed;
-          const size_t idx = (size_t(which) * kv.Hkv + j) * slots + at;
-          quantize_kv_vector(row + A + size_t(which) * KVW + size_t(j) * D, D, (main ? kv.base : kv.sbase) + idx * (D / 2),
-                             (main ? kv.refine : kv.srefine) + idx * (D / 2), (main ? kv.scale : kv.sscale) + idx);
-        }
-      }
-      k_->attend(kv, r, qkv_.data(), Q, hpk, j, 0, M, att_.data(), A, sc.scores.data());
-    }
-  }
-pool_.barrier();
+  linear_rows(qkv, 3, target, sc.acts, qkv_.data(), A + 2 * d_.kv_heads * d_.head_dim, tid, nt);
+  pool_.barrier();
+  attention(l, M, r, tid, nt);
+  pool_.barrier();
   prepare(sc, att_.data(), A, M, A, L.o.G, nullptr);
   residual_rows(L.o, target, sc.acts, M, tid, nt);
-pool_.barrier();
+  pool_.barrier();
   prepare(sc, x_.data(), H, M, H, L.gate.G, L.post_norm);
   {
     int n0, n1;
@@ -234,32 +245,32 @@ pool_.barrier();
       for (int t = 0; t < M; ++t) k_->silu_mul(&gate_[size_t(t) * I + n0], &up_[size_t(t) * I + n0], n1 - n0);
     }
   }
-pool_.barrier();
+  pool_.barrier();
   const float* g = gate_.data();
   if (!r4_.empty()) {                   // the online R4 on this thread's copy
     for (int t = 0; t < M; ++t) {
       float* row = &sc.r4[size_t(t) * I];
       std::copy(&gate_[size_t(t) * I], &gate_[size_t(t) * I] + I, row);
-      kron_apply(row, sc.r4buf.data(), I, r4_);
+      kron_apply(*k_, row, sc.r4buf.data(), I, r4_);
     }
     g = sc.r4.data();
   }
   prepare(sc, g, I, M, I, L.down.G, nullptr);
   residual_rows(L.down, target, sc.acts, M, tid, nt);
-pool_.barrier();
+  pool_.barrier();
 }
 
 // Columns [c0, c1) of the target view of the nested head's row `id`, (16 q4 + qr) s / 16 (+ offset): the input
-// embedding of a checkpoint whose tied head is nested (no float16 copy). Columns come in even/odd pairs per byte.
+// embedding of a checkpoint whose tied head is nested (no float16 copy), read from the interleaved planes.
 void DecoderStep::embed_from_head(int64_t id, int c0, int c1, float* dst) const {
   const NestedLinear& h = w_.head;
   const int ng = h.K / h.G;
-  const uint8_t* b = h.base + size_t(id) * (h.K / 2);
-  const uint8_t* r = h.refine + size_t(id) * (h.K / 2);
   for (int i = c0; i < c1; ++i) {
-    const int sh = (i & 1) * 4;
-    const int q4 = ((b[i / 2] >> sh) & 0xF) - 8, qr = ((r[i / 2] >> sh) & 0xF) - 8;   // this layout: code + 8
-    const size_t g = size_t(id) * ng + i / h.G;
+    size_t byte;
+    int sh;
+    plane_position(h.N, h.K, int(id), i, &byte, &sh);
+    const int q4 = ((h.base[byte] >> sh) & 0xF) - 8, qr = ((h.refine[byte] >> sh) & 0xF) - 8;   // code + 8 each
+    const size_t g = group_index(h.N, ng, int(id), i / h.G);
     float v = float(16 * q4 + qr) * (f16_to_f32(h.scale[g]) / 16.f);
     if (h.offset) v += f16_to_f32(h.offset[g]);
     dst[i] = v;
@@ -271,7 +282,7 @@ void DecoderStep::chunk(const int64_t* ids, int M, bool target, const KVRange& r
   pool_.run([&](int tid, int nt) {
     {  // embedding rows (into x, or into tmp for the R1 rotation), this thread's columns
       int c0, c1;
-      span(H, tid, nt, &c0, &c1);
+      span(H, tid, nt, &c0, &c1, 8);
       for (int t = 0; t < M; ++t) {
         float* dst = w_.r1 ? &tmp_[size_t(t) * H] : &x_[size_t(t) * H];
         if (w_.embed) {
@@ -281,35 +292,35 @@ void DecoderStep::chunk(const int64_t* ids, int M, bool target, const KVRange& r
           embed_from_head(ids[t], c0, c1, dst);
         }
       }
-pool_.barrier();
-      if (w_.r1) {                      // x = embedding @ r1, columns split over threads
+      pool_.barrier();
+      if (w_.r1 && c0 < c1) {           // x = embedding @ r1: rows of r1 summed in order, columns split over threads
         for (int t = 0; t < M; ++t) {
           const float* e = &tmp_[size_t(t) * H];
           float* out = &x_[size_t(t) * H];
-          for (int c = c0; c < c1; ++c) out[c] = 0.f;
-          for (int k = 0; k < H; ++k)
-            for (int c = c0; c < c1; ++c) out[c] += e[k] * w_.r1[size_t(k) * H + c];
+          std::fill(out + c0, out + c1, 0.f);
+          for (int k = 0; k < H; ++k) k_->axpy(e[k], w_.r1 + size_t(k) * H + c0, out + c0, c1 - c0);
         }
-pool_.barrier();
       }
+      if (w_.r1) pool_.barrier();
     }
     for (int l = 0; l < d_.layers; ++l) layer(l, M, target, r, tid, nt);
     if (rows > 0) head(M, rows, target, logits, tid, nt);
   });
+  if (rows > 0 && !target && d_.draft_head == DraftHead::kShortlist) {
+    const int K = d_.shortlist, V = d_.vocab;
+    for (int t = 0; t < rows; ++t)
+      for (int i = 0; i < K; ++i) logits[size_t(t) * V + chosen_[size_t(t) * K + i]] = rescored_[size_t(t) * K + i];
+  }
 }
 
 void DecoderStep::head(int M, int rows, bool target, float* logits, int tid, int nt) {
   const int H = d_.hidden, V = d_.vocab, first_row = M - rows;
   if (w_.r1) {                          // back to the original basis: x @ r1^T, columns split over threads
     int c0, c1;
-    span(H, tid, nt, &c0, &c1);
+    span(H, tid, nt, &c0, &c1, 8);
     for (int t = first_row; t < M; ++t)
-      for (int c = c0; c < c1; ++c) {
-        float acc = 0.f;
-        for (int k = 0; k < H; ++k) acc += x_[size_t(t) * H + k] * w_.r1[size_t(c) * H + k];
-        tmp_[size_t(t) * H + c] = acc;
-      }
-pool_.barrier();
+      for (int c = c0; c < c1; ++c) tmp_[size_t(t) * H + c] = k_->dot(&x_[size_t(t) * H], w_.r1 + size_t(c) * H, H);
+    pool_.barrier();
   }
   Scratch& sc = scratch_[tid];
   const float* src = (w_.r1 ? tmp_.data() : x_.data()) + size_t(first_row) * H;
@@ -317,11 +328,46 @@ pool_.barrier();
   span(V, tid, nt, &n0, &n1);
   if (w_.head.base) {
     prepare(sc, src, H, rows, H, w_.head.G, w_.final_norm);
-    if (n0 < n1) k_->nested_linear(w_.head, target, sc.acts, logits, V, n0, n1);
+    const bool view = target || d_.draft_head == DraftHead::kTarget;
+    if (n0 < n1) k_->nested_linear(w_.head, view, sc.acts, logits, V, n0, n1);
+    if (!target && d_.draft_head == DraftHead::kShortlist) shortlist_head(rows, logits, tid, nt, n0, n1);
   } else {
-    for (int t = 0; t < rows; ++t) rms_norm(src + size_t(t) * H, w_.final_norm, H, d_.eps, &sc.h[size_t(t) * H]);
+    for (int t = 0; t < rows; ++t) k_->rms_norm(src + size_t(t) * H, w_.final_norm, H, d_.eps, &sc.h[size_t(t) * H]);
     if (n0 < n1) k_->f16_linear(w_.head_f16, H, sc.h.data(), H, rows, logits, V, n0, n1);
   }
+}
+
+// The draft's shortlist head, after each thread wrote the base-plane logits of its rows [n0, n1): each thread keeps
+// the best `shortlist` rows of its slice, one thread merges them into the best of all, the threads re-score those
+// rows at the target view (the portable row kernel: the same bits as the target's head) and set every logit of
+// their slice to -inf; the caller writes the re-scored logits in after the pass (DecoderStep::chunk).
+void DecoderStep::shortlist_head(int rows, float* logits, int tid, int nt, int n0, int n1) {
+  const int K = d_.shortlist, V = d_.vocab;
+  Scratch& sc = scratch_[tid];
+  std::vector<int> ids(std::max(0, n1 - n0));
+  for (int i = 0; i < n1 - n0; ++i) ids[i] = n0 + i;
+  for (int t = 0; t < rows; ++t) {
+    int* mine = &sc.cand[size_t(t) * K];
+    std::fill(mine, mine + K, -1);
+    best_k(logits + size_t(t) * V, ids.data(), int(ids.size()), K, mine);
+  }
+  pool_.barrier();
+  if (tid == 0)
+    for (int t = 0; t < rows; ++t) {
+      std::vector<int> all;
+      for (const Scratch& other : scratch_)
+        for (int i = 0; i < K; ++i)
+          if (other.cand[size_t(t) * K + i] >= 0) all.push_back(other.cand[size_t(t) * K + i]);
+      best_k(logits + size_t(t) * V, all.data(), int(all.size()), K, &chosen_[size_t(t) * K]);
+    }
+  pool_.barrier();
+  int i0, i1;
+  span(rows * K, tid, nt, &i0, &i1, 1);
+  for (int i = i0; i < i1; ++i) {
+    rescored_[i] = nested_linear_row(w_.head, true, sc.acts, i / K, chosen_[i]);
+  }
+  for (int t = 0; t < rows; ++t)
+    std::fill(logits + size_t(t) * V + n0, logits + size_t(t) * V + n1, -std::numeric_limits<float>::infinity());
 }
 
 void DecoderStep::forward(const int64_t* ids, int M, bool target, int start, int committed, bool draft, int kv8_from,
@@ -330,13 +376,18 @@ void DecoderStep::forward(const int64_t* ids, int M, bool target, int start, int
   if (start < 0 || start + M > w_.rope_positions)
     throw std::out_of_range("positions [" + std::to_string(start) + ", " + std::to_string(start + M) +
                             ") exceed the step's capacity " + std::to_string(w_.rope_positions));
+  if (committed < 0 || committed > w_.rope_positions)
+    throw std::out_of_range("committed length " + std::to_string(committed) + " outside the step's capacity");
+  if (draft && start < committed)
+    throw std::out_of_range("a draft pass at position " + std::to_string(start) + " starts before the committed length " +
+                            std::to_string(committed));
   if (draft && start + M - committed > kv_[0].S) throw std::out_of_range("draft pass past the scratch slots");
   for (int t = 0; t < M; ++t)
     if (ids[t] < 0 || ids[t] >= d_.vocab) throw std::out_of_range("token id " + std::to_string(ids[t]) + " out of range");
   for (int c0 = 0; c0 < M; c0 += d_.max_tokens) {
     const int mc = std::min(d_.max_tokens, M - c0);
     const int rows = last_only ? (c0 + mc == M ? 1 : 0) : mc;     // a chunk before the last one of a prefill: no head
-    chunk(ids + c0, mc, target, KVRange{start + c0, committed, kv8_from, draft}, rows,
+    chunk(ids + c0, mc, target, KVRange{start + c0, committed, kv8_from, draft, {}}, rows,
           last_only ? logits : logits + size_t(c0) * d_.vocab);
   }
 }

@@ -18,11 +18,18 @@ struct LayerWeights {
   const uint16_t* post_norm = nullptr;    // float16 [H]
 };
 
+// What the draft view reads of a nested head: its base plane (4-bit), its target view (8-bit, as the target), or
+// a shortlist: the base plane for every row, then the `shortlist` best rows (larger logit first, lower token id
+// first among equals) re-scored at the target view, every other logit -inf.
+enum class DraftHead { kBase = 0, kTarget = 1, kShortlist = 2 };
+
 struct StepDims {
   int layers = 0, hidden = 0, intermediate = 0, heads = 0, kv_heads = 0, head_dim = 0, vocab = 0;
   float eps = 1e-5f;
   int max_tokens = 1;   // rows of the workspace: the largest chunk one call computes at once
   int threads = 1;
+  DraftHead draft_head = DraftHead::kBase;
+  int shortlist = 0;    // rows re-scored by DraftHead::kShortlist
 };
 
 struct StepWeights {
@@ -45,8 +52,9 @@ struct KronFactor {
   const float* matrix;
   bool sylvester;
 };
-// x [n] @ (F_1 kron F_2 kron ...), buf: n floats of scratch.
-void kron_apply(float* x, float* buf, int n, const std::vector<KronFactor>& factors);
+// x [n] @ (F_1 kron F_2 kron ...), buf: n floats of scratch; Sylvester factors by the kernels' fast transform,
+// the others by the kernels' axpy (the portable result bit for bit).
+void kron_apply(const Kernels& k, float* x, float* buf, int n, const std::vector<KronFactor>& factors);
 
 // Checks shapes against what the kernels support; empty when they fit, else the reason (one line).
 std::string unsupported_linear(const NestedLinear& l, const std::string& what);
@@ -66,16 +74,23 @@ class DecoderStep {
   size_t workspace_bytes() const;
 
  private:
-  // One thread's own buffers: its normed and quantized copy of the current input, attention scores, R4 rows.
+  // One thread's own buffers: its normed and quantized copy of the current input, attention scores, R4 rows,
+  // this pass's KV entries (every KV head, read by its attention while one thread writes them to the cache), and
+  // the shortlist candidates of its slice of the vocabulary.
   struct Scratch {
-    std::vector<float> h, sx, scores, r4, r4buf;
+    std::vector<float> h, sx, scores, r4, r4buf, krot;
     std::vector<int8_t> xq;
     std::vector<int32_t> xsum;
+    std::vector<uint8_t> kvb, kvr;
+    std::vector<uint16_t> kvs;
+    std::vector<int> cand;
     QActs acts;
   };
 
   void chunk(const int64_t* ids, int M, bool target, const KVRange& r, int rows, float* logits);
   void head(int M, int rows, bool target, float* logits, int tid, int nt);
+  void shortlist_head(int rows, float* logits, int tid, int nt, int n0, int n1);
+  void attention(int l, int M, const KVRange& r, int tid, int nt);
   void embed_from_head(int64_t id, int c0, int c1, float* dst) const;
   void layer(int l, int M, bool target, const KVRange& r, int tid, int nt);
   void prepare(Scratch& sc, const float* x, int ld, int M, int K, int G, const uint16_t* norm);
@@ -90,6 +105,8 @@ class DecoderStep {
   // shared workspace, [max_tokens, ...] each, and each thread's own
   std::vector<float> x_, qkv_, att_, tmp_, gate_, up_;
   std::vector<Scratch> scratch_;
+  std::vector<int> chosen_;       // [max_tokens, shortlist] rows the shortlist re-scores
+  std::vector<float> rescored_;   // [max_tokens, shortlist] their target-view logits
   Pool pool_;
 };
 

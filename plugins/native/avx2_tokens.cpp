@@ -1,0 +1,246 @@
+// The AVX2 + FMA + F16C per-token kernels (x86_avx2.h): activation quantization, RMSNorm, SiLU * up, the fast
+// Walsh-Hadamard butterflies, axpy and dot, and the attention's pieces (KV dequantization, softmax). Built without
+// -mavx2: the functions after the target pragma are AVX2, the standard headers before it are not.
+#include <algorithm>
+#include <cmath>
+
+#include "native.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+
+#include "x86_avx2.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+
+namespace bitnest {
+namespace {
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline float hmax(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+
+inline int hsum_epi32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+
+// exp(z) for z in [-88, 88] by range reduction (z = n ln2 + r) and a degree-6 polynomial of r (Cephes expf):
+// within 2 ulp of libm's expf.
+inline __m256 exp256(__m256 z) {
+  z = _mm256_min_ps(_mm256_max_ps(z, _mm256_set1_ps(-88.f)), _mm256_set1_ps(88.f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(z, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), z);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// 16 nibbles of 8 bytes (low, high, low, high ... in column order) as sign-extended int8 in column order.
+inline __m128i nibbles_s8(__m128i bytes8) {
+  const __m128i low = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
+  const __m128i lo = _mm_and_si128(bytes8, low), hi = _mm_and_si128(_mm_srli_epi16(bytes8, 4), low);
+  const __m128i v = _mm_unpacklo_epi8(lo, hi);                      // columns 2j (lo), 2j + 1 (hi)
+  return _mm_sub_epi8(_mm_xor_si128(v, eight), eight);              // (n ^ 8) - 8: the signed nibble
+}
+
+}  // namespace
+
+namespace avx2 {
+
+// Per-token INT8 codes as quantize_acts(): max|x|, then round_half_even(x / s) clamped, the same IEEE division;
+// group sums of the codes (exact integers).
+void quantize(const float* x, int ldx, int M, int K, int G, int8_t* xq, int32_t* xsum, float* sx) {
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  for (int m = 0; m < M; ++m) {
+    const float* xm = x + size_t(m) * ldx;
+    int8_t* q = xq + size_t(m) * K;
+    __m256 mx = _mm256_setzero_ps();
+    int k = 0;
+    for (; k + 8 <= K; k += 8) mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_loadu_ps(xm + k), absmask));
+    float amax = hmax(mx);
+    for (; k < K; ++k) amax = std::fmax(amax, std::fabs(xm[k]));
+    const float s = std::fmax(amax / 127.f, 1e-12f);
+    sx[m] = s;
+    const __m256 vs = _mm256_set1_ps(s), lo = _mm256_set1_ps(-127.f), hi = _mm256_set1_ps(127.f);
+    for (int g = 0; g < K / G; ++g) {
+      __m256i gs = _mm256_setzero_si256();
+      for (k = g * G; k < (g + 1) * G; k += 8) {   // G is a multiple of 64
+        __m256 v = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(xm + k), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m256i c = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, lo), hi));
+        gs = _mm256_add_epi32(gs, c);
+        const __m128i c16 = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(q + k), _mm_packs_epi16(c16, c16));
+      }
+      xsum[size_t(m) * (K / G) + g] = hsum_epi32(gs);
+    }
+  }
+}
+
+void silu_mul(float* g, const float* u, int n) {
+  const __m256 one = _mm256_set1_ps(1.f);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 z = _mm256_loadu_ps(g + i);
+    const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), z));
+    _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_div_ps(z, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
+  }
+  for (; i < n; ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+}
+
+void rms_norm(const float* x, const uint16_t* w, int n, float eps, float* out) {
+  __m256 ss8 = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    ss8 = _mm256_fmadd_ps(v, v, ss8);
+  }
+  float ss = hsum(ss8);
+  for (; i < n; ++i) ss += x[i] * x[i];
+  const float inv = 1.f / std::sqrt(ss / float(n) + eps);
+  const __m256 vinv = _mm256_set1_ps(inv);
+  for (i = 0; i + 8 <= n; i += 8) {
+    const __m256 wv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i)));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vinv), wv));
+  }
+  for (; i < n; ++i) out[i] = x[i] * inv * _cvtsh_ss(w[i]);
+}
+
+// fwht_portable's butterflies (u + v, u - v) and final scaling, the same operations on every element: vectorized
+// along `post` where it holds 8 floats, else (post = 1) along the transform with in-register butterflies for the
+// strides 1, 2 and 4 (each lane computes what the portable loop computes for it).
+void fwht(float* x, int pre, int f, int post) {
+  if (!(post % 8 == 0 || (post == 1 && f % 8 == 0))) return fwht_portable(x, pre, f, post);
+  const __m256 scale = _mm256_set1_ps(1.f / std::sqrt(float(f)));
+  for (int p = 0; p < pre; ++p) {
+    float* slab = x + size_t(p) * f * post;
+    if (post == 1) {
+      for (int i = 0; i < f; i += 8) {            // strides 1, 2, 4 inside each 8 floats
+        __m256 v = _mm256_loadu_ps(slab + i);
+        __m256 t = _mm256_permute_ps(v, 0xB1);     // swap neighbours
+        v = _mm256_blend_ps(_mm256_add_ps(v, t), _mm256_sub_ps(t, v), 0xAA);
+        t = _mm256_permute_ps(v, 0x4E);            // swap pairs
+        v = _mm256_blend_ps(_mm256_add_ps(v, t), _mm256_sub_ps(t, v), 0xCC);
+        t = _mm256_permute2f128_ps(v, v, 0x01);    // swap halves
+        v = _mm256_blend_ps(_mm256_add_ps(v, t), _mm256_sub_ps(t, v), 0xF0);
+        _mm256_storeu_ps(slab + i, v);
+      }
+      for (int h = 8; h < f; h *= 2)
+        for (int i = 0; i < f; i += 2 * h)
+          for (int j = i; j < i + h; j += 8) {
+            const __m256 u = _mm256_loadu_ps(slab + j), v = _mm256_loadu_ps(slab + j + h);
+            _mm256_storeu_ps(slab + j, _mm256_add_ps(u, v));
+            _mm256_storeu_ps(slab + j + h, _mm256_sub_ps(u, v));
+          }
+    } else {
+      for (int h = 1; h < f; h *= 2)
+        for (int i = 0; i < f; i += 2 * h)
+          for (int j = i; j < i + h; ++j) {
+            float* a = slab + size_t(j) * post;
+            float* b = slab + size_t(j + h) * post;
+            for (int q = 0; q < post; q += 8) {
+              const __m256 u = _mm256_loadu_ps(a + q), v = _mm256_loadu_ps(b + q);
+              _mm256_storeu_ps(a + q, _mm256_add_ps(u, v));
+              _mm256_storeu_ps(b + q, _mm256_sub_ps(u, v));
+            }
+          }
+    }
+    for (int i = 0; i < f * post; i += 8) _mm256_storeu_ps(slab + i, _mm256_mul_ps(_mm256_loadu_ps(slab + i), scale));
+  }
+}
+
+void axpy(float a, const float* x, float* y, int n) {
+  const __m256 va = _mm256_set1_ps(a);
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_mul_ps(va, _mm256_loadu_ps(x + i))));
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+
+void axpy_fma(float a, const float* x, float* y, int n) {
+  const __m256 va = _mm256_set1_ps(a);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+
+float dot(const float* a, const float* b, int n) {
+  __m256 acc = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  float s = hsum(acc);
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// dequant_kv_portable's values: the integer code (16 q4 + qr, or q4) converted, times s / 16 (or s): one rounding.
+void dequant_kv(const uint8_t* b, const uint8_t* rf, float s, int D, bool kv8, float* out) {
+  if (D % 16) {                                    // every model here has D a multiple of 16: the scalar form
+    for (int j = 0; j < D / 2; ++j) {
+      const int l = int8_t(b[j] << 4) >> 4, h = int8_t(b[j]) >> 4;
+      const int rl = kv8 ? int8_t(rf[j] << 4) >> 4 : 0, rh = kv8 ? int8_t(rf[j]) >> 4 : 0;
+      out[2 * j] = kv8 ? float(16 * l + rl) * (s / 16.f) : float(l) * s;
+      out[2 * j + 1] = kv8 ? float(16 * h + rh) * (s / 16.f) : float(h) * s;
+    }
+    return;
+  }
+  const __m256 step = _mm256_set1_ps(kv8 ? s / 16.f : s);
+  for (int j = 0; j < D / 2; j += 8) {             // 8 bytes: 16 values
+    __m256i c = _mm256_cvtepi8_epi16(nibbles_s8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + j))));
+    if (kv8) {
+      const __m256i r = _mm256_cvtepi8_epi16(nibbles_s8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rf + j))));
+      c = _mm256_add_epi16(_mm256_slli_epi16(c, 4), r);
+    }
+    const __m256i lo = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(c));
+    const __m256i hi = _mm256_cvtepi16_epi32(_mm256_extracti128_si256(c, 1));
+    _mm256_storeu_ps(out + 2 * j, _mm256_mul_ps(_mm256_cvtepi32_ps(lo), step));
+    _mm256_storeu_ps(out + 2 * j + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(hi), step));
+  }
+}
+
+void softmax(float* sc, int n) {
+  __m256 mx8 = _mm256_set1_ps(sc[0]);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) mx8 = _mm256_max_ps(mx8, _mm256_loadu_ps(sc + i));
+  float mx = hmax(mx8);
+  for (; i < n; ++i) mx = std::fmax(mx, sc[i]);
+  const __m256 vmx = _mm256_set1_ps(mx);
+  __m256 sum8 = _mm256_setzero_ps();
+  for (i = 0; i + 8 <= n; i += 8) {
+    const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sc + i), vmx));
+    _mm256_storeu_ps(sc + i, e);
+    sum8 = _mm256_add_ps(sum8, e);
+  }
+  float sum = hsum(sum8);
+  for (; i < n; ++i) sum += (sc[i] = std::exp(sc[i] - mx));
+  const __m256 inv = _mm256_set1_ps(1.f / sum);
+  for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(sc + i, _mm256_mul_ps(_mm256_loadu_ps(sc + i), inv));
+  for (; i < n; ++i) sc[i] *= 1.f / sum;
+}
+
+}  // namespace avx2
+}  // namespace bitnest
+
+#pragma GCC pop_options
+
+#endif

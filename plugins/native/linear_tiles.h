@@ -1,0 +1,51 @@
+// The nested linear's walk over the interleaved layout (native.h), shared by the vector kernel sets: whole row
+// blocks go to the set's block kernel, token tiles of up to kTokenTile tokens each (every weight chunk is loaded
+// once per tile: once per pass for a decode pass), and rows outside whole blocks (a slice edge that is not block
+// aligned, the last partial block) to the portable row kernel, which computes the same bits. Internal linkage: each
+// translation unit compiles its own copy for its instruction set.
+#pragma once
+
+#include <algorithm>
+#include <type_traits>
+
+#include "native.h"
+
+namespace bitnest {
+namespace {
+
+// block(nb, m0, mt) for every whole block [nb, nb + kRowBlock) inside [n0, n1) and every token tile [m0, m0 + mt).
+template <class Block>
+inline void over_blocks(const NestedLinear& w, bool target, const QActs& a, float* y, int ldy, int n0, int n1,
+                        Block block) {
+  const int whole_end = std::min(n1, w.N - w.N % kRowBlock);
+  int nb = std::min(n1, (n0 + kRowBlock - 1) / kRowBlock * kRowBlock);
+  if (n0 < nb) nested_linear_rows(w, target, a, y, ldy, n0, nb);
+  for (; nb + kRowBlock <= whole_end; nb += kRowBlock)
+    for (int m0 = 0; m0 < a.M; m0 += kTokenTile) block(nb, m0, std::min(kTokenTile, a.M - m0));
+  if (nb < n1) nested_linear_rows(w, target, a, y, ldy, nb, n1);
+}
+
+// fn(std::integral_constant<int, MT>{}) with MT the compile-time token count of a tile (1 .. kTokenTile).
+template <class Fn>
+inline void with_tile(int mt, Fn&& fn) {
+  switch (mt) {
+    case 1: fn(std::integral_constant<int, 1>{}); break;
+    case 2: fn(std::integral_constant<int, 2>{}); break;
+    case 3: fn(std::integral_constant<int, 3>{}); break;
+    case 4: fn(std::integral_constant<int, 4>{}); break;
+    case 5: fn(std::integral_constant<int, 5>{}); break;
+    case 6: fn(std::integral_constant<int, 6>{}); break;
+    case 7: fn(std::integral_constant<int, 7>{}); break;
+    default: fn(std::integral_constant<int, 8>{}); break;
+  }
+}
+
+// The dword of 4 INT8 activations at column k (a broadcast operand).
+inline int32_t act4(const int8_t* x, int k) {
+  int32_t v;
+  __builtin_memcpy(&v, x + k, 4);
+  return v;
+}
+
+}  // namespace
+}  // namespace bitnest

@@ -1,0 +1,24 @@
+// Shared by the x86 kernel translation units: the AVX2 per-token kernels (avx2_tokens.cpp), which the AVX-VNNI and
+// AVX-512 sets reuse, and the AVX2 set's table regardless of this CPU. Plain declarations: each function is
+// defined once, in a translation unit built for AVX2.
+#pragma once
+
+#include "native.h"
+
+namespace bitnest {
+
+const Kernels& avx2_table();   // the AVX2 kernels (callers check cpu_features() first)
+
+namespace avx2 {
+void quantize(const float* x, int ldx, int M, int K, int G, int8_t* xq, int32_t* xsum, float* sx);
+void silu_mul(float* g, const float* u, int n);
+void rms_norm(const float* x, const uint16_t* w, int n, float eps, float* out);
+void fwht(float* x, int pre, int f, int post);
+void axpy(float a, const float* x, float* y, int n);       // separately rounded: the portable result
+void axpy_fma(float a, const float* x, float* y, int n);   // fused (attention's weighted sum of V)
+float dot(const float* a, const float* b, int n);
+void dequant_kv(const uint8_t* b, const uint8_t* rf, float s, int D, bool kv8, float* out);
+void softmax(float* sc, int n);
+}  // namespace avx2
+
+}  // namespace bitnest
