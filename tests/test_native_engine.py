@@ -139,3 +139,28 @@ def test_no_compiler_is_one_line_and_auto_falls_back(rtn_checkpoint, tmp_path):
     r = run("auto")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1])["stats"]["backend"] == "cpu"
+
+
+@pytest.mark.parametrize("isa, says", [("avx9000", "names no kernel set"), ("neon-sdot", "this CPU does not run it")])
+def test_a_forced_isa_that_cannot_run_is_one_line(rtn_checkpoint, isa, says):
+    """BITNEST_NATIVE_ISA naming no kernel set, or one this CPU lacks: one line naming the sets that run, exit 2, no
+    traceback, with --backend native and with auto (which must not quietly run another backend)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, BITNEST_NATIVE_ISA=isa)
+    for backend in ("native", "auto"):
+        r = subprocess.run([sys.executable, "scripts/chat.py", "--checkpoint", str(rtn_checkpoint), "--backend", backend,
+                            "--prompt", "Hi.", "--max-new-tokens", "2", "--json"], cwd=root, env=env,
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        line = r.stderr.strip().splitlines()[-1]
+        assert says in line and "generic" in line and "BITNEST_NATIVE_ISA" in line, line
+
+
+def test_the_stats_name_the_kernel_set(native_rt):
+    s = native_rt.generate(native_rt.encode("Hi."), GenerateConfig(policy="target", max_new_tokens=2))["stats"].summary()
+    from plugins import native
+    assert s["isa"] == native.best_isa() and s["threads"] >= 1

@@ -24,6 +24,9 @@ def resolve_backend(name: str) -> str:
     if check_backend(name) != "auto":
         return name
     from edge.backends.native import native_unavailable
+    from plugins import native
+    if native.requested_isa() and native.unavailable() is None and native.isa_problem():
+        raise BitNestError(native.isa_problem())      # a kernel set forced by hand that cannot run: never silently cpu
     return "native" if native_unavailable() is None else "cpu"
 
 

@@ -133,6 +133,9 @@ class NativeEngine(Engine):
                                       else "lm_head.weight"]
         return out
 
+    def numerics(self) -> dict:
+        return {"isa": self.isa, "threads": self.threads, "draft_head": self.draft_head}
+
     def _forward(self, ids, view, start, kv, draft_slot, last_only):
         end = start + len(ids)
         return self.step.forward(torch.tensor(ids, dtype=torch.long), view == TARGET, start, self.length,
