@@ -145,7 +145,8 @@ def nested_kv_attention(q: torch.Tensor, base: torch.Tensor, refine: torch.Tenso
                                                                    scratch_len, isa or requested_isa())
 
 
-def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """plugins.kv.quantize_kv in C++ (the step's KV write): base, refine uint8 [..., D/2], scale float16 [...]."""
+def quantize_kv(x: torch.Tensor, isa: str = "") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """plugins.kv.quantize_kv in C++ (the step's KV write, with the kernel set's vector code): base, refine uint8
+    [..., D/2], scale float16 [...]."""
     load()
-    return torch.ops.bitnest.quantize_kv(x)
+    return torch.ops.bitnest.quantize_kv(x, isa or requested_isa())

@@ -238,6 +238,37 @@ void softmax(float* sc, int n) {
   for (; i < n; ++i) sc[i] *= 1.f / sum;
 }
 
+// quantize_kv_vector()'s bytes: the same IEEE divisions, round-half-even and clamps, 8 values at a time; the scale
+// rounded to float16 by F16C (round to nearest even, as f32_to_f16).
+void quantize_kv(const float* x, int D, uint8_t* base, uint8_t* refine, uint16_t* scale) {
+  if (D % 8) return quantize_kv_vector(x, D, base, refine, scale);
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  __m256 mx = _mm256_setzero_ps();
+  for (int d = 0; d < D; d += 8) mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_loadu_ps(x + d), absmask));
+  const uint16_t h = uint16_t(_cvtss_sh(std::fmax(hmax(mx) / 7.f, 5.9604644775390625e-08f), _MM_FROUND_TO_NEAREST_INT));
+  *scale = h;
+  const float sf = _cvtsh_ss(h);
+  const __m256 s = _mm256_set1_ps(sf), step = _mm256_set1_ps(sf / 16.f);
+  const __m256 lo = _mm256_set1_ps(-8.f), hi = _mm256_set1_ps(7.f);
+  constexpr int rnd = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  for (int d = 0; d < D; d += 8) {
+    const __m256 v = _mm256_loadu_ps(x + d);
+    const __m256 a = _mm256_min_ps(_mm256_max_ps(_mm256_round_ps(_mm256_div_ps(v, s), rnd), lo), hi);
+    const __m256 r = _mm256_sub_ps(v, _mm256_mul_ps(a, s));
+    const __m256 q = _mm256_min_ps(_mm256_max_ps(_mm256_round_ps(_mm256_div_ps(r, step), rnd), lo), hi);
+    // nibbles of 8 values: pairs (2j, 2j + 1) into bytes, low nibble first
+    const __m256i qa = _mm256_and_si256(_mm256_cvtps_epi32(a), _mm256_set1_epi32(0xF));
+    const __m256i qq = _mm256_and_si256(_mm256_cvtps_epi32(q), _mm256_set1_epi32(0xF));
+    alignas(32) int32_t ca[8], cq[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(ca), qa);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(cq), qq);
+    for (int j = 0; j < 4; ++j) {
+      base[(d >> 1) + j] = uint8_t(ca[2 * j] | ca[2 * j + 1] << 4);
+      refine[(d >> 1) + j] = uint8_t(cq[2 * j] | cq[2 * j + 1] << 4);
+    }
+  }
+}
+
 }  // namespace avx2
 }  // namespace bitnest
 

@@ -120,7 +120,7 @@ at::Tensor nested_kv_attention(const at::Tensor& q, const at::Tensor& base, cons
   return out.transpose(0, 1).contiguous();                                             // [Hq, T, D]
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_kv(const at::Tensor& x) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_kv(const at::Tensor& x, const std::string& isa) {
   const at::Tensor xf = x.to(at::kFloat).contiguous();
   const int D = xf.size(-1);
   TORCH_CHECK(D % 2 == 0, "KV vectors need an even length, got ", D);
@@ -130,9 +130,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_kv(const at::Tensor& x) 
   auto plane_shape = lead;
   plane_shape.push_back(D / 2);
   at::Tensor b = at::empty(plane_shape, at::kByte), r = at::empty(plane_shape, at::kByte), s = at::empty(lead, at::kHalf);
+  const Kernels* k = kernels_or_throw(isa);
   for (int64_t i = 0; i < n; ++i)
-    quantize_kv_vector(xf.data_ptr<float>() + i * D, D, b.data_ptr<uint8_t>() + i * (D / 2),
-                       r.data_ptr<uint8_t>() + i * (D / 2), reinterpret_cast<uint16_t*>(s.data_ptr<at::Half>()) + i);
+    k->quantize_kv(xf.data_ptr<float>() + i * D, D, b.data_ptr<uint8_t>() + i * (D / 2),
+                   r.data_ptr<uint8_t>() + i * (D / 2), reinterpret_cast<uint16_t*>(s.data_ptr<at::Half>()) + i);
   return {b, r, s};
 }
 
@@ -255,7 +256,7 @@ TORCH_LIBRARY(bitnest, m) {
   m.def("nested_kv_attention(Tensor q, Tensor base, Tensor refine, Tensor scale, int main_len, int kv8_from, "
         "Tensor? scratch_base=None, Tensor? scratch_refine=None, Tensor? scratch_scale=None, int scratch_len=0, "
         "str isa='') -> Tensor", &bitnest::nested_kv_attention);
-  m.def("quantize_kv(Tensor x) -> (Tensor, Tensor, Tensor)", &bitnest::quantize_kv);
+  m.def("quantize_kv(Tensor x, str isa='') -> (Tensor, Tensor, Tensor)", &bitnest::quantize_kv);
   m.def("isa() -> str", &bitnest::best_isa);
   m.def("runnable_isas() -> str", &bitnest::runnable);
   m.class_<bitnest::StepHolder>("DecoderStep")

@@ -115,6 +115,8 @@ struct Kernels {
   void (*axpy)(float a, const float* x, float* y, int n);
   // a . b in the kernel set's own fixed summation order
   float (*dot)(const float* a, const float* b, int n);
+  // quantize_kv_vector() below, vectorized: the same bytes bit for bit
+  void (*quantize_kv)(const float* x, int D, uint8_t* base, uint8_t* refine, uint16_t* scale);
 };
 
 const Kernels& generic_kernels();

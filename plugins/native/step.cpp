@@ -194,8 +194,8 @@ void DecoderStep::attention(int l, int M, const KVRange& r0, int tid, int nt) {
       rope(sc.krot.data(), w_.rope_cos + size_t(pos) * D, w_.rope_sin + size_t(pos) * D, D);
       for (int which = 0; which < 2; ++which) {
         const size_t at = (size_t(which) * Hkv + j) * M + t;
-        quantize_kv_vector(which ? row + A + KVW + size_t(j) * D : sc.krot.data(), D, &sc.kvb[at * half],
-                           &sc.kvr[at * half], &sc.kvs[at]);
+        k_->quantize_kv(which ? row + A + KVW + size_t(j) * D : sc.krot.data(), D, &sc.kvb[at * half],
+                        &sc.kvr[at * half], &sc.kvs[at]);
         if (j % nt != tid) continue;
         const bool main = !r0.draft;
         const size_t slots = main ? kv.C : kv.S, idx = (size_t(which) * Hkv + j) * slots + (main ? pos : pos - r0.committed);

@@ -19,6 +19,7 @@ void axpy_fma(float a, const float* x, float* y, int n);   // fused (attention's
 float dot(const float* a, const float* b, int n);
 void dequant_kv(const uint8_t* b, const uint8_t* rf, float s, int D, bool kv8, float* out);
 void softmax(float* sc, int n);
+void quantize_kv(const float* x, int D, uint8_t* base, uint8_t* refine, uint16_t* scale);
 }  // namespace avx2
 
 }  // namespace bitnest

@@ -207,6 +207,19 @@ static void check_tokens(const Kernels& k, std::mt19937& rng) {
     for (auto* v : {&want, &got}) (v == &want ? generic_kernels() : k).axpy(0.37f * (i + 1), g.data() + i, v->data(), K - 8);
   }
   expect(same_bits(got, want), "axpy bit for bit the portable one");
+  std::vector<float> kvx(size_t(9) * 64);
+  for (auto& v : kvx) v = nd(rng) * 2;
+  for (int i = 0; i < 64; ++i) kvx[i] = 0.f;                  // an all-zero vector takes the smallest scale
+  kvx[64 + 5] = 7.f, kvx[64 + 6] = -3.5f;                     // exact ties of x / s round half to even
+  bool kv_same = true;
+  for (int v = 0; v < 9; ++v) {
+    uint8_t b1[32], r1[32], b2[32], r2[32];
+    uint16_t s1, s2;
+    quantize_kv_vector(&kvx[size_t(v) * 64], 64, b1, r1, &s1);
+    k.quantize_kv(&kvx[size_t(v) * 64], 64, b2, r2, &s2);
+    kv_same &= s1 == s2 && !std::memcmp(b1, b2, 32) && !std::memcmp(r1, r2, 32);
+  }
+  expect(kv_same, "quantize_kv bit for bit the portable KV write");
   double dd = 0;
   for (int i = 0; i < K; ++i) dd += double(g[i]) * u[i];
   expect(std::fabs(k.dot(g.data(), u.data(), K) - dd) < 1e-4 * std::sqrt(double(K)) * 12, "dot vs float64",
