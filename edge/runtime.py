@@ -10,6 +10,7 @@ from typing import Callable, Optional
 
 from edge.backends import make_engine, resolve_backend
 from edge.decode.config import GenerateConfig
+from edge.decode.costs import SAMPLE_TEXT, CostTable, engine_costs
 from edge.decode.generate import generate
 from edge.decode.stats import DecodeStats, fp16_weight_bytes_per_pass
 from edge.memory.plan import check_request, fit_context, plan_for_runtime
@@ -85,6 +86,12 @@ class Runtime:
                 text = text[: text.index(s)]
         stats.extra.update(self.describe())
         return {"text": text, "tokens": tokens, "stats": stats}
+
+    def cost_table(self, remeasure: bool = False) -> CostTable:
+        """The engine's pass costs for the auto policy (edge.decode.costs): kept on the engine, else read from the
+        cache, else measured at a context of plain English text (seconds) and saved; `remeasure` measures anew.
+        `auto` gets them at its first generation anyway: calling this first moves the measuring out of an answer."""
+        return engine_costs(self.engine, self.encode(SAMPLE_TEXT, chat=False), remeasure)
 
     def describe(self) -> dict:
         return {"activations": self.engine.activations,

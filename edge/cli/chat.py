@@ -18,7 +18,9 @@ from edge.cli.options import (
     make_meter_from,
 )
 from edge.cli.prompts import read_prompts
+from edge.decode.auto import AutoConfig
 from edge.decode.config import DraftKVPolicy, GenerateConfig
+from edge.decode.costs import MAX_GAMMA
 from edge.decode.generate import CONTEXT_FULL
 from edge.decode.registry import POLICIES
 from edge.decode.sampling import SamplingConfig
@@ -31,8 +33,12 @@ def parser(prog: str = "chat.py") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__)
     p.add_argument("--checkpoint", help="nested checkpoint folder (default: the embedded SmolLM2 export)")
     p.add_argument("--backend", default="auto", help=f"{' | '.join(BACKENDS)} (auto: native where it builds, else cpu)")
-    p.add_argument("--policy", default="speculative", help=f"{' | '.join(POLICIES)}")
-    p.add_argument("--gamma", type=int, default=4, help="draft tokens per speculative round")
+    p.add_argument("--policy", default="auto", help=f"{' | '.join(POLICIES)} (auto: γ chosen each round from this "
+                   "machine's measured pass costs, 0 = a target step)")
+    p.add_argument("--gamma", type=int, help=f"draft tokens per speculative round (default {GenerateConfig.gamma}); "
+                   f"with auto, the most it may choose (1..{MAX_GAMMA}, default {MAX_GAMMA})")
+    p.add_argument("--remeasure-costs", action="store_true", help="auto: time the passes again instead of reading "
+                   "this machine's cached cost table")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -59,10 +65,14 @@ def parser(prog: str = "chat.py") -> argparse.ArgumentParser:
 
 
 def generate_config(a) -> GenerateConfig:
-    return GenerateConfig(policy=a.policy, gamma=a.gamma, max_new_tokens=a.max_new_tokens,
+    """The options as typed settings; `--gamma` is the round length of the fixed policies and auto's ceiling."""
+    auto = a.policy == "auto" and a.gamma is not None
+    return GenerateConfig(policy=a.policy, gamma=GenerateConfig.gamma if a.gamma is None or auto else a.gamma,
+                          max_new_tokens=a.max_new_tokens,
                           sampling=SamplingConfig(a.temperature, a.top_k, a.top_p, a.seed),
                           draft_kv=DraftKVPolicy(a.kv8_draft_below, a.long_draft_kv, a.recent),
-                          gate=gate_config(a), adaptive=adaptive_config(a))
+                          gate=gate_config(a), adaptive=adaptive_config(a),
+                          auto=AutoConfig(gamma_max=a.gamma) if auto else AutoConfig())
 
 
 def _result(r: dict) -> dict:
@@ -84,6 +94,8 @@ def answer_line(s: dict) -> str:
     """The line printed after an interactive answer."""
     acc = f", acceptance {s['acceptance']:.0%}, {s['tokens_per_round']} tok/round" if s["acceptance"] is not None else ""
     acc += f", escalated {s['escalation_rate']:.0%}" if s["escalation_rate"] is not None else ""
+    if s.get("gamma_histogram"):
+        acc += ", γ " + " ".join(f"{g}×{n}" for g, n in s["gamma_histogram"].items())
     jpt = s.get("joules_per_token")
     if jpt is None:
         joules = ", J/token n/a" if s.get("meter") in (None, "none") else ", J/token n/a (meter gave no figure)"
@@ -148,6 +160,10 @@ def converse(a, cfg: GenerateConfig) -> dict:
     rt = Runtime(a.checkpoint, backend=a.backend, max_context=a.max_context or (None if a.device else 2048),
                  scratch=max(8, cfg.most_proposals + 1), device=a.device)
     cfg = replace(cfg, gate=resolve_gate(rt.ckpt, rt.backend, cfg.policy, cfg.gate))
+    if cfg.policy == "auto":         # the pass costs before the first answer (read from the cache, or timed once)
+        note = rt.cost_table(remeasure=a.remeasure_costs).note
+        if note:
+            print(f"auto: {note}", file=sys.stderr)
     stops = tuple(a.stop)
     prompts = read_prompts(a.prompts_file) if a.prompts_file else None    # a bad file fails before the meter starts
     energy = EnergySession(make_meter_from(a), a.energy_log, a.idle_seconds)

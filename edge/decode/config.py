@@ -1,11 +1,12 @@
 """Typed settings of a generation: the policy by name, γ, token limit, sampling, the draft's KV read, and the
-gate and adaptive-speculation settings. The policy name is checked against the registry (edge.decode.registry)."""
+gate, adaptive-speculation and auto settings. The policy name is checked against the registry (edge.decode.registry)."""
 
 import math
 from dataclasses import dataclass, field
 from typing import Optional
 
 from edge.decode.adaptive import AdaptiveConfig
+from edge.decode.auto import AutoConfig
 from edge.decode.kv_cache import KV8, KVRead
 from edge.decode.sampling import SamplingConfig
 from edge.decode.signals import SIGNALS
@@ -56,7 +57,10 @@ class GateConfig:
 
 @dataclass(frozen=True)
 class GenerateConfig:
-    """One generation's settings; `policy` names a class of the registry."""
+    """One generation's settings; `policy` names a class of the registry. `gamma` is the round length of the fixed
+    policies (speculative; adaptive's usual length); `auto` chooses its own γ up to `auto.gamma_max` and ignores
+    it. The default stays `speculative`: a library caller gets the same passes on every machine and opts into
+    `auto` (which times passes at its first generation on an engine); the chat's default is `auto`."""
 
     policy: str = "speculative"
     gamma: int = 4
@@ -65,6 +69,7 @@ class GenerateConfig:
     draft_kv: DraftKVPolicy = field(default_factory=DraftKVPolicy)
     gate: GateConfig = field(default_factory=GateConfig)
     adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
+    auto: AutoConfig = field(default_factory=AutoConfig)
 
     def __post_init__(self):
         from edge.decode.registry import policy_class

@@ -4,7 +4,7 @@ PyTorch-pass engine that runs the decoder op by op over a backend's linear and a
 
 import time
 from abc import ABC, abstractmethod
-from typing import Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 import torch
 
@@ -21,6 +21,9 @@ from edge.errors import BitNestError
 from edge.model.checkpoint import Checkpoint
 from edge.model.decoder import Decoder, WeightStore
 from plugins.contracts import DRAFT, TARGET, check_view
+
+if TYPE_CHECKING:
+    from edge.decode.costs import CostTable
 
 
 class Engine(ABC):
@@ -48,6 +51,10 @@ class Engine(ABC):
         # called with the phase each pass belongs to ("prefill", "draft", "verify": a pass of the target view in
         # the decode phase) before it runs: an energy log tags power samples with it (edge.energy.session)
         self.on_phase: Optional[Callable[[str], None]] = None
+        # the nested KV cache, where the engine holds it (a step runner holds its own planes and has no scratch area)
+        self.cache: Optional[NestedKVCache] = None
+        # the auto policy's pass costs on this engine, read or measured once (edge.decode.costs.engine_costs)
+        self.costs: Optional["CostTable"] = None
 
     # -- the committed length -------------------------------------------------------------------------------
     def check_room(self, end: int) -> None:
@@ -63,6 +70,10 @@ class Engine(ABC):
     def room(self) -> int:
         """Positions left past the committed length."""
         return self.capacity - self.length
+
+    def draft_slots(self) -> Optional[int]:
+        """Draft-time entries a round may hold: the cache's scratch slots (None: bounded by the room only)."""
+        return self.cache.scratch_slots if self.cache is not None else None
 
     def reset(self, policy: str = "") -> DecodeStats:
         """Start a new sequence: empty history and fresh statistics (returned)."""

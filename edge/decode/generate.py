@@ -22,6 +22,7 @@ def generate(eng: Engine, prompt: list[int], cfg: GenerateConfig, eos: set[int],
     text) is needed by gate-phase only. A context that fills up ends the run with `stopped` in the stats."""
     sampler = Sampler(cfg.sampling)
     policy = make_policy(cfg, sampler, decode)
+    policy.prepare(eng, prompt)
     stats = eng.reset(cfg.policy)
     out = [sampler.choose(eng.prefill(prompt))]
     if on_tokens:
@@ -37,6 +38,8 @@ def generate(eng: Engine, prompt: list[int], cfg: GenerateConfig, eos: set[int],
             stats.record_round(step.drafted, step.accepted)
         if step.escalated is not None:
             stats.record_gated_step(step.escalated)
+        if step.chosen is not None:
+            stats.record_choice(step.chosen, step.alpha, step.probe)
         emitted = []
         for t in step.tokens:
             out.append(t)

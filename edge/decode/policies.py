@@ -1,14 +1,17 @@
 """Decoding policies as objects, each a short `step(engine, pending, history)` with its rule in a comment:
 autoregressive (`target`, `draft`), BitNest's speculative round (the draft view proposes γ tokens, the target
-view verifies them in one pass) and its confidence-adaptive variant. The gates are in edge.decode.gates; the
-registry that maps names to classes is edge.decode.registry."""
+view verifies them in one pass), its confidence-adaptive variant, and `auto`, which chooses γ (0: a target step)
+before each round from measured pass costs. The gates are in edge.decode.gates; the registry that maps names to
+classes is edge.decode.registry."""
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, ClassVar, Optional
 
 import torch
 
+from edge.decode.auto import PROBE_GAMMA, AcceptanceEstimate, best_gamma, probe_interval
+from edge.decode.costs import engine_costs
 from edge.decode.engine import Engine
 from edge.decode.kv_cache import KV8
 from edge.decode.sampling import Sampler
@@ -26,6 +29,9 @@ class Step:
     drafted: Optional[int] = None     # a speculative round: proposals drafted (None: not a round)
     accepted: int = 0                 # of them, accepted by verification
     escalated: Optional[bool] = None  # a gated step: ran with the target view (None: not a gated step)
+    chosen: Optional[int] = None      # an auto round: the γ it chose (None: not an auto round)
+    alpha: Optional[float] = None     # an auto round: the acceptance estimate after it
+    probe: bool = False               # an auto round: a probe (γ = 0 won, α needed evidence)
 
 
 class Policy(ABC):
@@ -42,6 +48,9 @@ class Policy(ABC):
     def most_proposals(cls, cfg: "GenerateConfig") -> int:
         """Draft proposals one step may hold (draft scratch slots it needs)."""
         return 0
+
+    def prepare(self, eng: Engine, prompt: list[int]) -> None:
+        """Before the generation (the engine is reset right after): set up what the policy needs from the engine."""
 
     @abstractmethod
     def step(self, eng: Engine, pending: int, history: list[int]) -> Step:
@@ -98,8 +107,11 @@ class Speculative(Policy):
         prefix (greedy) or apply rejection sampling; emit the accepted drafts plus one target token; commit the
         pending token and the accepted drafts, so rejected entries fall off the committed length. Near a full
         context γ shrinks to what fits, down to none (a target step over the pending token alone)."""
+        return self.round(eng, pending, min(self.most_proposals(self.cfg), eng.room() - 1))
+
+    def round(self, eng: Engine, pending: int, limit: int) -> Step:
+        """One round of at most `limit` proposals (fewer where `keep_drafting` ends it; 0: a target step)."""
         base = eng.length
-        limit = min(self.most_proposals(self.cfg), eng.room() - 1)
         draft_kv = self.cfg.draft_kv.read(base)
         draft, draft_q, token = [], [], pending
         for slot in range(limit):
@@ -128,3 +140,48 @@ class Adaptive(Speculative):
     @classmethod
     def most_proposals(cls, cfg):
         return cfg.adaptive.most_proposals(cfg.gamma)
+
+
+class Auto(Speculative):
+    """γ chosen before each round from this engine's measured pass costs and a running acceptance estimate
+    (edge.decode.auto; the cost table from edge.decode.costs, measured or read from the cache at the first
+    generation and kept on the engine). γ = 0 is a plain target step; where γ = 0 wins but some α ≤ 1 would let
+    speculation win, a one-proposal probe round runs every few steps so that α can recover."""
+
+    name = "auto"
+
+    def __init__(self, cfg, sampler, decode=None):
+        super().__init__(cfg, sampler, decode)
+        self.alpha = AcceptanceEstimate(cfg.auto)
+        self.costs = None
+        self.idle = 0      # γ = 0 steps since the last round that drafted
+
+    @classmethod
+    def most_proposals(cls, cfg):
+        return cfg.auto.gamma_max
+
+    def prepare(self, eng, prompt):
+        self.costs = engine_costs(eng, prompt)
+
+    def step(self, eng, pending, history):
+        """Rule: bound γ by the ceiling, the widths measured, the room past the pending token and the scratch
+        slots; take the γ of most expected tokens per second at the current α (best_gamma); where that is 0 and
+        `probe_interval` γ = 0 steps have passed, run a probe round of PROBE_GAMMA proposals instead; run the
+        round (Speculative.round: γ = 0 is one target pass over the pending token) and feed its outcome to α."""
+        c = self.costs
+        slots = eng.draft_slots()
+        limit = min(self.cfg.auto.gamma_max, len(c.target) - 1, eng.room() - 1, eng.room() if slots is None else slots)
+        gamma = best_gamma(self.alpha.value, c.draft, c.target, limit)
+        probe = False
+        if gamma == 0 and limit >= PROBE_GAMMA:
+            every = probe_interval(self.alpha.value, c.draft, c.target, limit, self.cfg.auto.probe_budget)
+            self.idle += 1
+            probe = every is not None and self.idle > every
+        if gamma or probe:
+            gamma, self.idle = gamma or PROBE_GAMMA, 0
+        step = self.round(eng, pending, gamma)
+        self.alpha.observe(step.drafted, step.accepted)
+        return replace(step, chosen=gamma, alpha=self.alpha.value, probe=probe)
+
+    def summary(self):
+        return {"cost_table": self.costs.summary()} if self.costs is not None else {}

@@ -4,10 +4,11 @@ object is built."""
 from typing import Callable, Optional
 
 from edge.decode.gates import GATES
-from edge.decode.policies import Adaptive, DraftAR, Policy, Speculative, TargetAR
+from edge.decode.policies import Adaptive, Auto, DraftAR, Policy, Speculative, TargetAR
 from edge.decode.sampling import Sampler
 
-POLICY_CLASSES: dict[str, type[Policy]] = {c.name: c for c in (Speculative, Adaptive, TargetAR, DraftAR) + GATES}
+POLICY_CLASSES: dict[str, type[Policy]] = {c.name: c for c in (Speculative, Adaptive, Auto, TargetAR, DraftAR)
+                                               + GATES}
 POLICIES = tuple(POLICY_CLASSES)
 
 

@@ -93,7 +93,10 @@ class Sampler:
         return int(torch.multinomial(q, 1, generator=self.gen)), q
 
     def accept(self, draft: list[int], draft_q: list[torch.Tensor], target_logits: torch.Tensor) -> tuple[int, int]:
-        """Accepted count and the target's next token for proposals `draft` under target_logits [γ+1, V]."""
+        """Accepted count and the target's next token for proposals `draft` under target_logits [γ+1, V] (no
+        proposals: the target's token chosen as a target step chooses it)."""
+        if not draft:
+            return 0, self.choose(target_logits[0])
         if self.cfg.greedy:
             return accept_greedy(draft, target_logits)
         return accept_sampled(draft, torch.stack(draft_q), target_logits, self.cfg, self.gen)

@@ -67,6 +67,9 @@ class DecodeStats:
     prefill_tokens: int = 0
     prefill_seconds: float = 0.0
     escalated_at: list = field(default_factory=list)   # gated steps run with the target view (step i chose token i + 1)
+    gammas: dict = field(default_factory=dict)         # auto: rounds per γ chosen (γ = 0: a target step)
+    probes: int = 0                                    # auto: of them, probe rounds
+    alpha: float | None = None                         # auto: the acceptance estimate after the last round
     extra: dict = field(default_factory=dict)
 
     def record_pass(self, view: str, weight_bytes: int, kv_bytes: int) -> None:
@@ -95,6 +98,12 @@ class DecodeStats:
         self.steps += 1
         self.escalated += int(escalated)
 
+    def record_choice(self, gamma: int, alpha: float, probe: bool = False) -> None:
+        """One auto round: the γ it chose, the acceptance estimate after it, whether it was a probe."""
+        self.gammas[gamma] = self.gammas.get(gamma, 0) + 1
+        self.probes += int(probe)
+        self.alpha = alpha
+
     def record_decode(self, tokens: int, seconds: float) -> None:
         """The decode phase: tokens emitted after the prefill's, and its wall time."""
         self.tokens, self.decode_seconds = tokens, seconds
@@ -103,6 +112,9 @@ class DecodeStats:
         for f in ("tokens", "rounds", "drafted", "accepted", "steps", "escalated", "draft_passes", "target_passes",
                   "weight_bytes", "kv_bytes", "decode_seconds", "prefill_tokens", "prefill_seconds"):
             setattr(self, f, getattr(self, f) + getattr(other, f))
+        self.gammas = {g: self.gammas.get(g, 0) + other.gammas.get(g, 0) for g in sorted({*self.gammas, *other.gammas})}
+        self.probes += other.probes
+        self.alpha = other.alpha if other.alpha is not None else self.alpha
 
     def summary(self) -> dict:
         per = lambda v: round(v / self.tokens, 1) if self.tokens else None
@@ -121,5 +133,13 @@ class DecodeStats:
             "decode_seconds": round(self.decode_seconds, 3),
             "prefill_tokens": self.prefill_tokens,
             "prefill_tok_s": round(self.prefill_tokens / self.prefill_seconds, 1) if self.prefill_seconds > 0 else None,
+            **self.auto_summary(),
             **self.extra,
         }
+
+    def auto_summary(self) -> dict:
+        """The auto policy's choices (absent for other policies): rounds per γ, probes, the final α estimate."""
+        if not self.gammas:
+            return {}
+        return {"gamma_histogram": {str(g): n for g, n in sorted(self.gammas.items())}, "probe_rounds": self.probes,
+                "alpha_estimate": round(self.alpha, 4) if self.alpha is not None else None}

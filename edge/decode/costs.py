@@ -1,0 +1,186 @@
+"""Pass costs for the `auto` policy: the time of a target pass of 1..9 tokens and of a one-token draft pass on this
+engine, measured once (medians of interleaved repeats after a warm-up, at a real context) and cached per machine,
+checkpoint and backend under the user's cache folder, keyed by a fingerprint of everything that changes them.
+A cached table that is unreadable, of another fingerprint, of the wrong widths or with non-positive times is
+re-measured, never trusted; the reason comes back as one line (`CostTable.note`)."""
+
+import hashlib
+import json
+import math
+import platform
+import re
+import statistics
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from edge.atomic import write_atomic
+from edge.cache import cache_root
+from edge.decode.engine import Engine
+from edge.decode.kv_cache import KV8
+from edge.model.checkpoint import manifest_seal
+from plugins.contracts import DRAFT, TARGET
+
+COSTS_FORMAT = "bitnest-pass-costs"
+COSTS_VERSION = 1            # bump when what is measured or how changes: every cached table is then re-measured
+MAX_GAMMA = 8                # the most proposals `auto` may choose: target passes of 1..MAX_GAMMA + 1 tokens
+CONTEXT = 192                # committed positions the passes are timed at (a modest real context)
+WARMUP, REPEATS = 2, 5       # interleaved sweeps over every (view, width): discarded, then kept (medians)
+# CPU flags that select or speed up kernels (x86 vector extensions, aarch64 SIMD features)
+KERNEL_FLAG = re.compile(r"^(avx|amx|fma|f16c|sse4|bmi2|sve|asimd|i8mm|bf16|dotprod)")
+# a paragraph of plain English: the context the passes are timed at where the caller has no text of its own
+SAMPLE_TEXT = (
+    "The old lighthouse stood at the end of a narrow spit of rock, and for most of the year the only visitors were "
+    "gulls and the supply boat that came every second Tuesday. Its keeper kept a log of the weather, the ships that "
+    "passed and the hours the lamp burned, in a neat hand that never changed in thirty years. When the coast guard "
+    "finally automated the light, they found the logs stacked in the store room, one volume for every year, and a "
+    "note on top asking whoever came next to keep writing them. Nobody did, at first. Then a student who had come "
+    "to count seabirds read a few pages on a stormy night and began to add her own entries: the wind, the birds, "
+    "the boats, and now and then a line about the keeper she had never met."
+)
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """Seconds per pass on one engine: `target[w - 1]` for a target pass of w tokens (w = 1..len(target)),
+    `draft` for a one-token draft pass; where it came from ("cache" or "measured"), its file (None where it
+    was not saved) and `note`, one line where a cached table was refused or could not be saved."""
+
+    target: tuple[float, ...]
+    draft: float
+    source: str
+    path: Optional[Path]
+    context: int
+    note: Optional[str] = None
+
+    def summary(self) -> dict:
+        """The table as the stats report it: milliseconds per view and width."""
+        ms = lambda s: round(s * 1e3, 3)
+        return {"target_ms": {str(w): ms(t) for w, t in enumerate(self.target, 1)}, "draft_ms": {"1": ms(self.draft)},
+                "source": self.source, "path": str(self.path) if self.path else None, "context": self.context,
+                **({"note": self.note} if self.note else {})}
+
+
+def cpu_identity() -> dict:
+    """The CPU's model and its kernel-relevant flags (Linux /proc/cpuinfo; elsewhere what `platform` says)."""
+    model, flags = platform.processor() or platform.machine(), []
+    try:
+        first = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+    except OSError:
+        return {"model": model, "machine": platform.machine(), "flags": flags}
+    fields = dict((k.strip(), v.strip()) for k, _, v in (ln.partition(":") for ln in first.splitlines()) if v)
+    model = fields.get("model name") or " ".join(fields.get(k, "") for k in ("CPU implementer", "CPU part")).strip() \
+        or model
+    flags = sorted(f for f in (fields.get("flags") or fields.get("Features") or "").split() if KERNEL_FLAG.match(f))
+    return {"model": model, "machine": platform.machine(), "flags": flags}
+
+
+def fingerprint(eng: Engine) -> dict:
+    """Everything that changes this engine's pass costs: the CPU, the backend (the native step's ISA, its sources'
+    hash and threads; a GPU's name), torch's version and threads, the checkpoint (its sealed manifest's digest,
+    which covers every weight file's sha256) and the table's format version."""
+    out = {"format": COSTS_FORMAT, "version": COSTS_VERSION, "cpu": cpu_identity(), "torch": torch.__version__,
+           "backend": eng.name, "activations": eng.activations, "threads": torch.get_num_threads(),
+           "checkpoint": manifest_seal(eng.ckpt.manifest), "max_pass_tokens": eng.max_pass_tokens}
+    if eng.name == "native":
+        from plugins import native
+        out.update(isa=eng.isa, threads=eng.threads, native_sources=native.source_hash())
+    if eng.name in ("triton", "tensorrt") and torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name()
+    return out
+
+
+def table_path(fp: dict) -> Path:
+    """The cache file of a fingerprint: one per machine, checkpoint and backend setting."""
+    key = hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_root() / "costs" / f"{fp['backend']}-{key}.json"
+
+
+def widths(eng: Engine) -> int:
+    """Target pass widths the table holds, 1..this: γ + 1 for γ up to MAX_GAMMA, within the engine's pass limit."""
+    return min(MAX_GAMMA + 1, eng.max_pass_tokens or MAX_GAMMA + 1)
+
+
+def read_table(path: Path, fp: dict, width: int) -> tuple[Optional[CostTable], Optional[str]]:
+    """The cached table at `path` if it is sound for `fp`, else (None, why not; None where there is no file)."""
+    if not path.is_file():
+        return None, None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        return None, f"unreadable ({e.__class__.__name__})"
+    if not isinstance(data, dict) or data.get("fingerprint") != fp:
+        return None, "stale (measured for another machine, checkpoint, backend or format)"
+    target, draft = data.get("target_s"), data.get("draft_s")
+    if not isinstance(target, list) or len(target) != width or not isinstance(draft, list) or len(draft) != 1:
+        return None, f"of the wrong widths (want target passes of 1..{width} tokens and a draft pass of 1)"
+    times = target + draft
+    if not all(isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t > 0 for t in times):
+        return None, "holding times that are not positive numbers"
+    context = data.get("context")
+    return CostTable(tuple(map(float, target)), float(draft[0]), "cache", path,
+                     context if isinstance(context, int) else CONTEXT), None
+
+
+def measure(eng: Engine, text: list[int], width: int, repeats: int = REPEATS, warmup: int = WARMUP) -> CostTable:
+    """Time target passes of 1..`width` tokens and one-token draft passes at a context of up to CONTEXT positions of
+    `text` (repeated to length where short), exactly as a round runs them (full logits, KV8, the draft in scratch
+    slot 0, nothing committed): medians of `repeats` sweeps over every pass, after `warmup` sweeps. The engine is
+    reset before and after (nothing leaks into a sequence; its stats are fresh) and its phase callback is off."""
+    if not text:
+        raise ValueError("measuring pass costs needs at least one token of context")
+    context = max(1, min(CONTEXT, eng.capacity - width))
+    tokens = (text * (1 + (context + width) // len(text)))[:context + width]
+    passes = [(TARGET, w) for w in range(1, width + 1)] + [(DRAFT, 1)]
+    seconds = {p: [] for p in passes}
+    phase, eng.on_phase = eng.on_phase, None
+    try:
+        eng.reset()
+        eng.prefill(tokens[:context])
+        for sweep in range(warmup + repeats):
+            for view, w in passes:
+                t0 = time.perf_counter()
+                eng.forward(tokens[context:context + w], view, KV8, draft_slot=0 if view == DRAFT else None)
+                if sweep >= warmup:
+                    seconds[(view, w)].append(time.perf_counter() - t0)
+    finally:
+        eng.reset()
+        eng.on_phase = phase
+    med = {p: statistics.median(s) for p, s in seconds.items()}
+    return CostTable(tuple(med[(TARGET, w)] for w in range(1, width + 1)), med[(DRAFT, 1)], "measured", None, context)
+
+
+def write_table(table: CostTable, path: Path, fp: dict) -> None:
+    """Save a measured table atomically (OSError where the cache folder cannot be written)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"fingerprint": fp, "context": table.context, "repeats": REPEATS, "target_s": list(table.target),
+            "draft_s": [table.draft], "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    write_atomic((json.dumps(data, indent=1) + "\n").encode(), path)
+
+
+def engine_costs(eng: Engine, text: list[int], remeasure: bool = False) -> CostTable:
+    """This engine's cost table, kept on the engine (`eng.costs`) so that every generation shares it: read from the
+    cache where a sound table for its fingerprint is there, else measured at a context of `text` (token ids) and
+    saved. `remeasure` measures even where one is cached or kept. A table measured at a shorter context than
+    CONTEXT (an engine of small capacity) is used but not saved."""
+    if eng.costs is not None and not remeasure:
+        return eng.costs
+    fp, width = fingerprint(eng), widths(eng)
+    path = table_path(fp)
+    table, refused = (None, None) if remeasure else read_table(path, fp, width)
+    if table is None:
+        table = measure(eng, text, width)
+        note = f"the cost table {path} is {refused}: re-measured" if refused else None
+        if table.context == CONTEXT:
+            try:
+                write_table(table, path, fp)
+                table = replace(table, path=path)
+            except OSError as e:
+                unsaved = f"the cost table could not be saved to {path} ({e.strerror or e}): measured for this run only"
+                note = f"{note}; {unsaved}" if note else unsaved
+        table = replace(table, note=note)
+    eng.costs = table
+    return table
