@@ -117,6 +117,14 @@ def ratios(tok: dict, mine=MINE, peers=RATIO_PEERS) -> dict:
             for m in mine for p, label in peers.items() if m in tok and p in tok and m != p}
 
 
+def pass_ratios(passes: dict, gamma: int) -> dict:
+    """What a verification (γ + 1 tokens) and a draft pass cost against a 1-token target pass, from the pass times."""
+    ms = passes["ms"]
+    verify = ms["target"].get(str(gamma + 1))
+    return {"verification_pass_vs_target_pass": None if verify is None else round(verify / ms["target"]["1"], 3),
+            "draft_pass_vs_target_pass": round(ms["draft"]["1"] / ms["target"]["1"], 3)}
+
+
 def bench(a, ckpt: str, command: str = "") -> dict:
     """Medians over interleaved repeats of every runner's decode tok/s, each runner in its own process, the read
     probe, the pass times and the ratios."""
@@ -155,6 +163,7 @@ def bench(a, ckpt: str, command: str = "") -> dict:
     if "target" in out["runs"]:
         out["target_roofline_fraction"] = out["runs"]["target"].get("roofline_fraction")
     out["pass_times"] = passes
+    out["ratios"].update(pass_ratios(passes, a.gamma))
     return out
 
 

@@ -151,6 +151,7 @@ def main() -> None:
         protocol.write(json.dumps(obj) + "\n")
         protocol.flush()
 
+    import edge.analysis.bench_runners  # noqa: F401  (torch: imported while the other workers start, not in turn)
     serve(sys.stdin, reply)
 
 

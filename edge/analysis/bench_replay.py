@@ -13,7 +13,7 @@ from edge.decode.sampling import Sampler, SamplingConfig
 from edge.decode.stats import DecodeStats
 from plugins.contracts import DRAFT, TARGET
 
-GAMMAS = tuple(range(0, 9))          # γ = 0: a plain target step
+GAMMAS = tuple(range(0, 8))          # γ = 0: a plain target step; up to 7: pass times reach width 8
 
 
 def replay_round(eng: Engine, pending: int, gamma: int, accepted: int, sampler: Sampler,

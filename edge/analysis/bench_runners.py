@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 PASS_WIDTHS = tuple(range(1, 9))
-WARMUP_TOKENS = 4
+WARMUP_TOKENS = 8
 
 
 def pass_times(eng, prompt: list[int], widths=PASS_WIDTHS, repeats: int = 15) -> dict:
@@ -125,7 +125,7 @@ class SyntheticRunner:
         cfg = ModelConfig.from_dict(config)
         self.backend = resolve_backend(backend)
         ckpt = synthetic_checkpoint(cfg, "cpu", seed=seed)
-        capacity = max(len(p) for p in prompts) + max_new_tokens + gamma + 2
+        capacity = max(len(p) for p in prompts) + max(max_new_tokens, WARMUP_TOKENS) + gamma + 2
         self.eng = make_engine(self.backend, ckpt, capacity, scratch=gamma + 1)
         self.mode, self.prompts, self.rounds, self.n = mode, prompts, rounds, max_new_tokens
         self._one(0, WARMUP_TOKENS)

@@ -15,6 +15,7 @@ from edge.analysis.bench import (
     cache_folder,
     default_threads,
     llama_spec,
+    pass_ratios,
     policy_spec,
     probe_entry,
     probe_spec,
@@ -108,9 +109,7 @@ def bench_shape(a, cfg: ModelConfig, name: str, checkpoint: str, command: str = 
         r["target_vs_llamacpp_q8"] = round(tok["target"] / tok["llamacpp_q8_0"], 3)
         if method == "projected":        # no replay ran: the projection's speed against the peer
             r["projected_speculative_vs_llamacpp_q8"] = round(proj["speculative_tok_s"] / tok["llamacpp_q8_0"], 3)
-    r["draft_pass_vs_target_pass"] = round(passes["ms"]["draft"]["1"] / passes["ms"]["target"]["1"], 3)
-    r["target_pass_5_vs_1"] = round(passes["ms"]["target"]["5"] / passes["ms"]["target"]["1"], 3) \
-        if "5" in passes["ms"]["target"] else None
+    r.update(pass_ratios(passes, a.gamma))
     best = max((k for k in LOSSLESS if k in tok), key=tok.get)
     out = {"command": command, "shape": name, "config": cfg.to_dict(), "checkpoint": checkpoint,
            "backend": loaded["target"]["backend"], "isa": loaded["target"]["isa"], "isolation": ISOLATION,
