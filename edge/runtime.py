@@ -23,6 +23,14 @@ def load_tokenizer(folder: Path):
     return AutoTokenizer.from_pretrained(str(folder))
 
 
+def encode(tokenizer, prompt: str | list[dict], chat: bool = True) -> list[int]:
+    """Token ids of a prompt: with `chat`, through the model's chat template (a str is one user turn)."""
+    if not chat:
+        return tokenizer(prompt)["input_ids"]
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+
+
 class Runtime:
     """Loads a checkpoint once; `generate` runs one prompt (or a chat history) at a time."""
 
@@ -49,11 +57,7 @@ class Runtime:
 
     def encode(self, prompt: str | list[dict], chat: bool = True) -> list[int]:
         """Token ids of a prompt: with `chat`, through the model's chat template (a str is one user turn)."""
-        if not chat:
-            return self.tokenizer(prompt)["input_ids"]
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                       return_dict=False))
+        return encode(self.tokenizer, prompt, chat)
 
     def generate(self, prompt_ids: list[int], cfg: GenerateConfig, stop_strings: tuple[str, ...] = (),
                  on_text: Optional[Callable[[str], None]] = None,

@@ -53,15 +53,28 @@ def test_evaluate(small, capsys):
 
 
 def test_bench_with_its_default_policies_beside_llamacpp(small, capsys):
-    """The default policies, and llama.cpp (the bench extra's xllamacpp, on the shipped Q4_1 GGUF and a Q8_0 made
-    from it) timed in the same run at the step's thread count."""
-    out = bitnest(capsys, "bench", "--checkpoint", small, "--prompts", 1, "--max-new-tokens", 6, "--repeats", 1,
-                  "--peer", "llamacpp", "--json")
-    assert list(out["runs"]) == ["target", "speculative", "adaptive", "draft", "llamacpp_q4_1", "llamacpp_q8_0"]
+    """The default policies (`auto` among them where the registry has it) and llama.cpp (the bench extra's
+    xllamacpp, on the shipped Q4_1 GGUF and a Q8_0 made from it), each runner in a fresh process of its own at the
+    step's thread count, with the read probe past the last-level cache and the pass times of the target's process."""
+    import os
+
+    from edge.analysis.bench import DEFAULT_POLICIES
+    out = bitnest(capsys, "bench", "--checkpoint", small, "--prompts", 1, "--max-new-tokens", 4, "--repeats", 1,
+                  "--pass-repeats", 1, "--peer", "llamacpp", "--json")
+    assert list(out["runs"]) == list(DEFAULT_POLICIES) + ["llamacpp_q4_1", "llamacpp_q8_0"]
     assert all(r["tok_s"] > 0 for r in out["runs"].values()) and out["threads"] >= 1 and out["read_gbps"] > 0
-    assert {"speculative_vs_target", "target_vs_llamacpp_q8", "target_vs_llamacpp_q4_1"} <= set(out["ratios"])
+    assert {"speculative_vs_target", "target_vs_llamacpp_q8", "target_vs_llamacpp_q4_1",
+            "verification_pass_vs_target_pass", "draft_pass_vs_target_pass"} <= set(out["ratios"])
+    assert ("auto_vs_target" in out["ratios"]) == ("auto" in POLICIES)
+    assert out["isolation"] == "process per runner" and out["isa"] and out["machine"]["threads"] == out["threads"]
+    pids = [r["pid"] for r in out["runs"].values()] + [out["probe"]["pid"]]
+    assert len(set(pids)) == len(pids) and os.getpid() not in pids
+    assert out["probe"]["bytes"] >= 4 * out["machine"]["llc"]["bytes"] > 0
+    assert out["pass_times"]["pid"] == out["runs"]["target"]["pid"]
     ms = out["pass_times"]["ms"]
-    assert set(ms) == {"draft", "target"} and all(v > 0 for view in ms.values() for v in view.values())
+    assert set(ms) == {"draft", "target"} and all(set(v) == {str(w) for w in range(1, 9)} for v in ms.values())
+    assert all(v > 0 for view in ms.values() for v in view.values())
+    assert [len(r) for r in out["runs"]["speculative"]["rounds"]] and out["runs"]["speculative"]["acceptance"] is not None
 
 
 def test_lossless(small, capsys):

@@ -1,6 +1,7 @@
 """The peers a benchmark measures this runtime against, in the same run: llama.cpp (the `xllamacpp` wheel, the `bench`
-extra) on the default model's own GGUF (Q4_1 as shipped, and a Q8_0 made from it once and cached), and a read
-bandwidth probe of this machine (the roofline a bandwidth-bound pass can reach)."""
+extra) on the default model's own GGUF (Q4_1 as shipped, and a Q8_0 made from it once and cached; a GGUF of another
+shape is edge.analysis.synthetic_gguf's), and a read bandwidth probe of this machine (the roofline a bandwidth-bound
+pass can reach)."""
 
 import json
 import os
@@ -87,8 +88,9 @@ class LlamaCpp:
         p.cpuparams_batch.n_threads = threads
         self.server, self.name = xllamacpp.Server(p), gguf.name
 
-    def decode_tok_s(self, messages: list[dict], tokens: int) -> float:
-        """Decode-phase tok/s of one greedy chat completion of exactly `tokens` tokens (llama.cpp's own timing)."""
+    def decode(self, messages: list[dict], tokens: int) -> tuple[int, float]:
+        """Tokens and seconds of the decode phase of one greedy chat completion of exactly `tokens` tokens (EOS
+        ignored; llama.cpp's own timing, prompt processing excluded)."""
         r = self.server.handle_chat_completions({"messages": messages, "max_tokens": tokens, "temperature": 0,
                                                  "ignore_eos": True, "cache_prompt": False})
         if isinstance(r, str):
@@ -96,16 +98,23 @@ class LlamaCpp:
         timings = r.get("timings") if isinstance(r, dict) else None
         if not timings or not timings.get("predicted_n"):
             raise BitNestError(f"llama.cpp returned no timings: {str(r)[:200]}")
-        return float(timings["predicted_per_second"])
+        return int(timings["predicted_n"]), float(timings["predicted_ms"]) / 1e3
 
 
-def read_bandwidth(nbytes: int = 1 << 29, repeats: int = 5) -> float:
-    """Median GB/s of summing an `nbytes` buffer (torch, this process's threads): the read roofline of the run."""
-    import torch
-    buf = torch.ones(nbytes // 4, dtype=torch.float32)
-    rates = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        float(buf.sum())
-        rates.append(nbytes / (time.perf_counter() - t0) / 1e9)
-    return statistics.median(rates)
+class ReadProbe:
+    """The read roofline: a float32 buffer of `nbytes` (allocated and touched once) summed by torch on this process's
+    threads. Sized past the last-level cache (edge.analysis.machine.probe_bytes), it reads DRAM."""
+
+    def __init__(self, nbytes: int):
+        import torch
+        self.nbytes = nbytes // 4 * 4
+        self.buf = torch.ones(self.nbytes // 4, dtype=torch.float32)
+
+    def gbps(self, repeats: int = 5) -> float:
+        """Median GB/s over `repeats` sums of the whole buffer."""
+        rates = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            float(self.buf.sum())
+            rates.append(self.nbytes / (time.perf_counter() - t0) / 1e9)
+        return statistics.median(rates)

@@ -4,9 +4,11 @@ the text between the markers (atomically) and, with `check`, only names the tabl
 
     bitnest tables [--check] [--json]        (python scripts/results_tables.py)
 
-NAME is a fixed table (`headline`, `quality`, `sm87-kernels`, `verify-local`, `replay-exports`) or KIND-STEM for one
-results file: `replay-STEM` (replay-STEM.json), `compare-STEM`, `compare-phase-STEM`, `history-STEM`,
-`history-phase-STEM` (compare-STEM.json), `sweep-STEM` (sweep-STEM.json), `max-context-STEM` (max_context_STEM.json).
+NAME is a fixed table (`headline`, `quality`, `bench`, `bench-ratios`, `bench-passes`, `sm87-kernels`, `verify-local`,
+`replay-exports`) or KIND-STEM for one results file: `replay-STEM` (replay-STEM.json), `compare-STEM`,
+`compare-phase-STEM`, `history-STEM`, `history-phase-STEM` (compare-STEM.json), `sweep-STEM` (sweep-STEM.json),
+`max-context-STEM` (max_context_STEM.json), `lossless-STEM`, `bench-STEM` (bench-STEM.json: `bench --shape STEM`).
+The bench tables are edge.analysis.report_bench's.
 """
 
 import argparse
@@ -17,6 +19,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from edge.analysis.report_bench import (
+    bench_passes,
+    bench_ratios,
+    bench_table,
+    headline_bench_row,
+    headline_shape_row,
+    shape_block,
+)
+from edge.analysis.report_cells import mb as _mb
+from edge.analysis.report_cells import mib as _mib
+from edge.analysis.report_cells import pct as _pct
+from edge.analysis.report_cells import table as _table
 from edge.atomic import write_atomic
 from edge.errors import BitNestError
 
@@ -29,26 +43,6 @@ OPEN = re.compile(r"^<!-- (/?)table:([\w.-]+) -->$", re.M)
 
 
 # -- cells ------------------------------------------------------------------------------------------------------
-def _row(cells) -> str:
-    return "| " + " | ".join(cells) + " |"
-
-
-def _table(head, rows) -> str:
-    return "\n".join([_row(head), _row(["---"] * len(head))] + [_row(r) for r in rows])
-
-
-def _pct(x, digits: int = 1) -> str:
-    return "" if x is None else f"{100 * x:.{digits}f}%"
-
-
-def _mb(b) -> str:
-    return f"{b / 1e6:.1f}"
-
-
-def _mib(b) -> str:
-    return f"{b / 2 ** 20:,.1f} MiB"
-
-
 def _pts(d: dict) -> str:
     """A paired difference in points with its 95% interval: +66.7 (+45.8 to +83.3)."""
     return f"{100 * d['value']:+.1f} ({100 * d['low']:+.1f} to {100 * d['high']:+.1f})"
@@ -261,44 +255,6 @@ def sweep_table(d: dict) -> str:
                    "tok/s", "identical to target"], rows)
 
 
-# -- decode speed against the peers (bitnest bench) -------------------------------------------------------------
-BENCH_RUNS = {"target": "target AR", "draft": "draft AR", "speculative": "speculative (fixed γ)",
-              "adaptive": "adaptive speculation", "llamacpp_q8_0": "llama.cpp Q8_0", "llamacpp_q4_1": "llama.cpp Q4_1",
-              "hf_fp32": "transformers float32"}
-
-
-def bench_table(bench: dict) -> str:
-    """tok/s of every runner of one `bitnest bench` run, with bytes, roofline fraction and the ratios."""
-    runs, rows = bench["runs"], []
-    for name, label in BENCH_RUNS.items():
-        if name not in runs:
-            continue
-        r = runs[name]
-        rows.append([label, f"{r['tok_s']:g}", _pct(r["acceptance"]) if r.get("acceptance") is not None else "",
-                     "" if r.get("weight_bytes_per_token") is None else _mb(r["weight_bytes_per_token"]),
-                     "" if r.get("weight_gbps") is None else f"{r['weight_gbps']:g}",
-                     "" if r.get("roofline_fraction") is None else _pct(r["roofline_fraction"])])
-    return _table(["runner", "decode tok/s (median)", "acceptance", "weight MB / token", "weight GB/s",
-                   f"of the read probe ({bench['read_gbps']:g} GB/s)"], rows)
-
-
-def bench_passes(bench: dict) -> str:
-    """Median ms of one pass per view and width, from the same run."""
-    p = bench["pass_times"]
-    widths = list(p["ms"]["target"])
-    return _table(["tokens per pass"] + widths,
-                  [[f"{view} view (ms, {p['context']} positions of context)"] + [f"{p['ms'][view][w]:g}" for w in widths]
-                   for view in ("draft", "target")])
-
-
-def bench_ratios(bench: dict) -> str:
-    r = bench["ratios"]
-    keys = [k for k in ("speculative_vs_target", "adaptive_vs_target", "target_vs_llamacpp_q8", "speculative_vs_llamacpp_q8",
-                        "adaptive_vs_llamacpp_q8", "speculative_vs_hf_fp32") if k in r]
-    return _table(["ratio", "value"], [[f"`{k}`", f"{r[k]:g}"] for k in keys] +
-                  [["`target_roofline_fraction`", f"{bench['target_roofline_fraction']:g}"]])
-
-
 LOSSLESS_POLICIES = {"target": "target AR", "speculative": "speculative (γ = {g})", "adaptive": "adaptive speculation"}
 
 
@@ -322,7 +278,7 @@ def lossless_table(run: dict) -> str:
 
 
 # -- the README's headline --------------------------------------------------------------------------------------
-def headline_table(sweep: dict, quality: dict, mc: dict, verify: dict, replay: dict, bench: dict) -> str:
+def headline_table(sweep: dict, quality: dict, mc: dict, verify: dict, replay: dict, bench: dict, shape: dict) -> str:
     """One row per headline result, each with the command that measured it."""
     sw = sweep["speculation_sweep"]
     t, g4 = sw["target"], sw["fixed-g4"]
@@ -333,15 +289,9 @@ def headline_table(sweep: dict, quality: dict, mc: dict, verify: dict, replay: d
     ppl = q["ppl"]
     c = mc["configs"]
     v = verify["verify"]
-    runs, ratios = bench["runs"], bench["ratios"]
     rows = [
-        [f"decode speed, {bench['backend']} backend ({bench['isa']}, {bench['threads']} threads) beside llama.cpp",
-         f"target AR {runs['target']['tok_s']:g} tok/s ({_pct(bench['target_roofline_fraction'])} of the read probe), "
-         f"speculative {runs['speculative']['tok_s']:g}, draft AR {runs['draft']['tok_s']:g}; llama.cpp Q8_0 "
-         f"{runs['llamacpp_q8_0']['tok_s']:g}, Q4_1 {runs['llamacpp_q4_1']['tok_s']:g}: `target_vs_llamacpp_q8` "
-         f"{ratios['target_vs_llamacpp_q8']:g}, `speculative_vs_target` {ratios['speculative_vs_target']:g}, "
-         f"`speculative_vs_llamacpp_q8` {ratios['speculative_vs_llamacpp_q8']:g} ([runtime](docs/runtime.md))",
-         f"`{bench['command']}`"],
+        headline_bench_row(bench),
+        headline_shape_row(shape),
         ["greedy speculation is lossless",
          f"{g4['identical_to_target']} / {n} outputs identical to the target's at γ = 4 (acceptance "
          f"{_pct(g4['acceptance'])}, {g4['tokens_per_round']:.2f} tokens / round)",
@@ -378,7 +328,8 @@ class Table:
 
 FIXED = {
     "headline": Table(("sweep-bitnest.json", "quality.json", "max_context_orin-nx-16gb_llama-2-7b-32k.json",
-                       "verify_local_llama-2-7b-32k.json", "replay-bitnest.json", "bench.json"), headline_table),
+                       "verify_local_llama-2-7b-32k.json", "replay-bitnest.json", "bench.json",
+                       "bench-smollm2-1.7b.json"), headline_table),
     "quality": Table(("quality.json",), quality_table),
     "bench": Table(("bench.json",), bench_table),
     "bench-ratios": Table(("bench.json",), bench_ratios),
@@ -396,6 +347,7 @@ PER_FILE = {  # NAME prefix -> (file pattern, renderer); longest prefix first
     "history-": ("compare-{}.json", history_table),
     "replay-": ("replay-{}.json", replay_block),
     "sweep-": ("sweep-{}.json", sweep_table),
+    "bench-": ("bench-{}.json", shape_block),
 }
 
 

@@ -1,0 +1,221 @@
+"""The runners of `bitnest bench`, each living alone in its worker process (edge.analysis.bench_process): a decoding
+policy on a checkpoint, a synthetic checkpoint of a real model's shapes (target or draft AR, or speculation replayed
+from recorded rounds), llama.cpp on a GGUF, transformers float32, and the read probe. A runner sets the run's thread
+count before anything loads, loads its model once and warms up before the first timed repeat; `run` is one repeat
+over every prompt, every generation exactly `max_new_tokens` tokens (EOS ignored)."""
+
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+PASS_WIDTHS = tuple(range(1, 9))
+WARMUP_TOKENS = 8
+
+
+def pass_times(eng, prompt: list[int], widths=PASS_WIDTHS, repeats: int = 15) -> dict:
+    """Median ms of one pass of W tokens per view, after `prompt` (real passes at its end, not committed): how a
+    pass's cost grows with its width, which decides what a verification costs against a single-token step."""
+    eng.reset("pass-times")
+    eng.prefill(prompt)
+    out = {}
+    for view in ("draft", "target"):
+        eng.forward(prompt[-1:], view)                     # warm-up
+        out[view] = {}
+        for w in widths:
+            ids = (prompt * w)[-w:]
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                eng.forward(ids, view)
+                times.append(time.perf_counter() - t0)
+            out[view][str(w)] = round(statistics.median(times) * 1e3, 2)
+    return {"context": len(prompt), "repeats": repeats, "ms": out}
+
+
+def _recording(eng, rounds: list) -> None:
+    """Record every speculative round's [drafted, accepted] per generation into `rounds` (one list per reset), as
+    the generation loop reports them to the stats (edge.decode.generate): the real model's acceptance sequence
+    that a replay at another shape follows."""
+    reset = eng.reset
+
+    def recorded_reset(policy: str = ""):
+        stats = reset(policy)
+        record, mine = stats.record_round, []
+        rounds.append(mine)
+
+        def record_round(drafted: int, accepted: int) -> None:
+            mine.append([drafted, accepted])
+            record(drafted, accepted)
+        stats.record_round = record_round
+        return stats
+    eng.reset = recorded_reset
+
+
+STANDARD = {"policy", "backend", "tokens", "acceptance", "tokens_per_round", "escalation_rate", "draft_passes",
+            "target_passes", "weight_bytes_per_token", "kv_bytes_per_token", "tok_s", "decode_seconds",
+            "prefill_tokens", "prefill_tok_s"}
+
+
+def _policy_result(summaries: list, rounds: list | None) -> dict:
+    """One repeat's merged statistics, the policy's own figures apart (`policy_stats`), recorded rounds if any."""
+    from edge.runtime import merged_summary
+    s = merged_summary(summaries)
+    out = {k: s[k] for k in STANDARD if k in s}
+    out["policy_stats"] = {k: v for k, v in s.items() if k not in STANDARD and k != "escalated_at"}
+    if rounds is not None:
+        out["rounds"] = rounds
+    return out
+
+
+class PolicyRunner:
+    """One policy of this runtime on a real checkpoint."""
+
+    OPS = ("run", "pass_times")
+
+    def __init__(self, checkpoint: str, backend: str, policy: str, gamma: int, max_new_tokens: int, prompts: list,
+                 max_context: int, scratch: int, gate: dict, adaptive: dict, record_rounds: bool = False):
+        from edge.analysis.calibrate import calibrated_gate
+        from edge.decode.adaptive import AdaptiveConfig
+        from edge.decode.config import GateConfig, GenerateConfig
+        from edge.runtime import Runtime
+        self.rt = Runtime(checkpoint, backend=backend, max_context=max_context, scratch=scratch)
+        self.prompts, self.rounds = prompts, [] if record_rounds else None
+        gate_cfg = calibrated_gate(self.rt, policy, GateConfig(**gate))
+        self.cfg = GenerateConfig(policy=policy, gamma=gamma, max_new_tokens=max_new_tokens, gate=gate_cfg,
+                                  adaptive=AdaptiveConfig(**adaptive))
+        self._generate(self.prompts[0], WARMUP_TOKENS)
+        if self.rounds is not None:
+            _recording(self.rt.engine, self.rounds)
+        self.info = {"backend": self.rt.backend, "isa": getattr(self.rt.engine, "isa", None),
+                     "engine_threads": getattr(self.rt.engine, "threads", None)}
+
+    def _generate(self, prompt: list[int], n: int):
+        from dataclasses import replace
+
+        from edge.decode.generate import generate
+        return generate(self.rt.engine, prompt, replace(self.cfg, max_new_tokens=n), eos=set())[1]
+
+    def run(self) -> dict:
+        if self.rounds is not None:
+            self.rounds.clear()
+        stats = [self._generate(p, self.cfg.max_new_tokens) for p in self.prompts]
+        return _policy_result(stats, None if self.rounds is None else list(self.rounds))
+
+    def pass_times(self, repeats: int = 15) -> dict:
+        return pass_times(self.rt.engine, self.prompts[0], repeats=repeats)
+
+
+class SyntheticRunner:
+    """A synthetic nested checkpoint of `config`'s shapes (edge.memory.synthetic: random planes, built in this
+    process) on a backend: `mode` target or draft (AR), or replay (speculation at γ following recorded rounds)."""
+
+    OPS = ("run", "pass_times")
+
+    def __init__(self, config: dict, backend: str, mode: str, max_new_tokens: int, prompts: list, gamma: int,
+                 rounds: list | None = None, seed: int = 0):
+        from edge.backends import make_engine, resolve_backend
+        from edge.memory.synthetic import synthetic_checkpoint
+        from edge.model.arch import ModelConfig
+        if mode not in ("target", "draft", "replay"):
+            raise ValueError(f"unknown synthetic mode {mode!r}")
+        if mode == "replay" and (not rounds or len(rounds) != len(prompts)):
+            raise ValueError("a replay needs one recorded list of rounds per prompt")
+        cfg = ModelConfig.from_dict(config)
+        self.backend = resolve_backend(backend)
+        ckpt = synthetic_checkpoint(cfg, "cpu", seed=seed)
+        capacity = max(len(p) for p in prompts) + max(max_new_tokens, WARMUP_TOKENS) + gamma + 2
+        self.eng = make_engine(self.backend, ckpt, capacity, scratch=gamma + 1)
+        self.mode, self.prompts, self.rounds, self.n = mode, prompts, rounds, max_new_tokens
+        self._one(0, WARMUP_TOKENS)
+        self.info = {"backend": self.backend, "isa": getattr(self.eng, "isa", None),
+                     "engine_threads": getattr(self.eng, "threads", None)}
+
+    def _one(self, i: int, n: int):
+        from edge.analysis.bench_replay import replay_generation
+        from edge.decode.config import GenerateConfig
+        from edge.decode.generate import generate
+        if self.mode == "replay":
+            return replay_generation(self.eng, self.prompts[i], self.rounds[i], n)
+        return generate(self.eng, self.prompts[i], GenerateConfig(policy=self.mode, max_new_tokens=n), eos=set())[1]
+
+    def run(self) -> dict:
+        return _policy_result([self._one(i, self.n) for i in range(len(self.prompts))], None)
+
+    def pass_times(self, repeats: int = 15) -> dict:
+        return pass_times(self.eng, self.prompts[0], repeats=repeats)
+
+
+class LlamaRunner:
+    """llama.cpp (xllamacpp's in-process server) on one GGUF, greedy chat completions of the prompts' texts."""
+
+    OPS = ("run",)
+
+    def __init__(self, gguf: str, threads: int, texts: list[str], max_new_tokens: int, n_ctx: int = 2048):
+        from edge.analysis.peers import LlamaCpp
+        self.llama, self.n = LlamaCpp(Path(gguf), threads, n_ctx), max_new_tokens
+        self.messages = [[{"role": "user", "content": t}] for t in texts]
+        self.llama.decode(self.messages[0], WARMUP_TOKENS)
+        self.info = {"gguf": Path(gguf).name}
+
+    def run(self) -> dict:
+        done = [self.llama.decode(m, self.n) for m in self.messages]
+        tokens, seconds = sum(d[0] for d in done), sum(d[1] for d in done)
+        return {"tok_s": round(tokens / seconds, 2), "tokens": tokens}
+
+
+class HfRunner:
+    """transformers' greedy `generate`, float32, on the checkpoint's source folder: decode tok/s as (time for n new
+    tokens - time for 1) / (n - 1), summed over prompts."""
+
+    OPS = ("run",)
+
+    def __init__(self, folder: str, prompts: list, max_new_tokens: int):
+        from transformers import AutoModelForCausalLM
+        self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        self.prompts, self.n = prompts, max_new_tokens
+        self._generate(self.prompts[0], 2)
+        self.info = {}
+
+    def _generate(self, ids: list[int], n: int) -> float:
+        kw = dict(do_sample=False, pad_token_id=self.model.config.eos_token_id)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            self.model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, **kw)
+        return time.perf_counter() - t0
+
+    def run(self) -> dict:
+        seconds = sum(self._generate(p, self.n) - self._generate(p, 1) for p in self.prompts)
+        return {"tok_s": round(len(self.prompts) * (self.n - 1) / seconds, 2)}
+
+
+class ProbeRunner:
+    """The read probe (edge.analysis.peers.ReadProbe) of `nbytes`."""
+
+    OPS = ("run",)
+
+    def __init__(self, nbytes: int, repeats: int = 5):
+        from edge.analysis.peers import ReadProbe
+        self.probe, self.repeats = ReadProbe(nbytes), repeats
+        self.probe.gbps(1)
+        self.info = {"bytes": self.probe.nbytes}
+
+    def run(self) -> dict:
+        return {"gbps": round(self.probe.gbps(self.repeats), 2)}
+
+
+RUNNERS = {"policy": PolicyRunner, "synthetic": SyntheticRunner, "llamacpp": LlamaRunner, "hf": HfRunner,
+           "probe": ProbeRunner}
+
+
+def make_runner(spec: dict):
+    """The runner `spec["kind"]` names, built from the rest of `spec` after torch takes the run's thread count."""
+    spec = dict(spec)
+    kind, threads = spec.pop("kind"), spec.pop("threads")
+    torch.set_num_threads(threads)            # before any engine: the native step takes torch's count as its own
+    if kind == "llamacpp":
+        spec["threads"] = threads
+    runner = RUNNERS[kind](**spec)
+    runner.info = {"kind": kind, "threads": threads, **runner.info}
+    return runner

@@ -1,0 +1,134 @@
+"""The result tables of `bitnest bench` (scripts/results/bench.json) and `bitnest bench --shape NAME`
+(scripts/results/bench-NAME.json), rendered for edge.analysis.report: every runner's decode speed with the machine,
+its ISA path and the isolation noted; pass times per view and width; the ratios; one block per shape with what was
+measured, replayed or projected marked; and the README's headline rows for both regimes."""
+
+from edge.analysis.report_cells import mb, pct, table
+
+BENCH_RUNS = {"target": "target AR", "draft": "draft AR", "speculative": "speculative (fixed γ = {g})",
+              "adaptive": "adaptive speculation", "auto": "auto (γ from measured costs)",
+              "llamacpp_q8_0": "llama.cpp Q8_0", "llamacpp_q4_1": "llama.cpp Q4_1", "hf_fp32": "transformers float32"}
+RATIO_KEYS = ("speculative_vs_target", "adaptive_vs_target", "auto_vs_target", "target_vs_llamacpp_q8",
+              "speculative_vs_llamacpp_q8", "adaptive_vs_llamacpp_q8", "auto_vs_llamacpp_q8", "speculative_vs_hf_fp32",
+              "verification_pass_vs_target_pass", "draft_pass_vs_target_pass")
+SHAPE_RATIO_KEYS = ("target_vs_llamacpp_q8", "replayed_speculative_vs_target", "projected_speculative_vs_target",
+                    "projected_best_gamma_vs_target", "best_policy_vs_llamacpp_q8", "draft_vs_target",
+                    "verification_pass_vs_target_pass", "draft_pass_vs_target_pass")
+
+
+def _mib(b: int) -> str:
+    return f"{b / 2 ** 20:,.0f} MiB"
+
+
+def machine_note(d: dict) -> str:
+    """One line: CPU, the ISA path the step took, the CPU's ISA flags, LLC and probe sizes, threads, isolation."""
+    m = d["machine"]
+    flags = ", ".join(f for f, on in m["isa_flags"].items() if on) or "none of note"
+    llc = m["llc"]
+    seen = _mib(llc["sysfs_bytes"]) + (f" (getconf: {_mib(llc['getconf_bytes'])})"
+                                      if llc["getconf_bytes"] and llc["getconf_bytes"] != llc["sysfs_bytes"] else "")
+    return (f"Machine: {m['cpu']} ({m['arch']}, {m['cores']} cores), {d['threads']} threads for every runner; the "
+            f"native step's ISA path: {d['isa']} (CPU flags: {flags}); last-level cache {seen}, read probe "
+            f"{_mib(d['probe']['bytes'])}; {d['isolation']}, {d['repeats']} interleaved repeats, medians.")
+
+
+def _run_row(label: str, r: dict, extra: list[str] | None = None) -> list[str]:
+    return [label] + (extra or []) + [
+        f"{r['tok_s']:g}", pct(r.get("acceptance")),
+        "" if r.get("weight_bytes_per_token") is None else mb(r["weight_bytes_per_token"]),
+        "" if r.get("weight_gbps") is None else f"{r['weight_gbps']:g}",
+        "" if r.get("roofline_fraction") is None else pct(r["roofline_fraction"])]
+
+
+def bench_table(bench: dict) -> str:
+    """tok/s of every runner of one `bitnest bench` run, with bytes and roofline fraction; the machine noted."""
+    runs = bench["runs"]
+    rows = [_run_row(label.format(g=bench["gamma"]), runs[name]) for name, label in BENCH_RUNS.items() if name in runs]
+    return table(["runner", "decode tok/s (median)", "acceptance", "weight MB / token", "weight GB/s",
+                  f"of the read probe ({bench['read_gbps']:g} GB/s)"], rows) + "\n\n" + machine_note(bench)
+
+
+def passes_table(p: dict) -> str:
+    """Median ms of one pass per view and width, and each target width over the 1-token target pass."""
+    widths = list(p["ms"]["target"])
+    one = p["ms"]["target"][widths[0]]
+    rows = [[f"{view} view (ms)"] + [f"{p['ms'][view][w]:g}" for w in widths] for view in ("draft", "target")]
+    rows.append(["target, × its 1-token pass"] + [f"{p['ms']['target'][w] / one:.2f}" for w in widths])
+    return table([f"tokens per pass ({p['context']} positions of context, median of {p.get('repeats', 15)})"] + widths,
+                 rows)
+
+
+def bench_passes(bench: dict) -> str:
+    return passes_table(bench["pass_times"])
+
+
+def _ratio_table(r: dict, keys, extra=()) -> str:
+    return table(["ratio", "value"], [[f"`{k}`", f"{r[k]:g}"] for k in keys if r.get(k) is not None] +
+                 [[f"`{k}`", f"{v:g}"] for k, v in extra if v is not None])
+
+
+def bench_ratios(bench: dict) -> str:
+    return _ratio_table(bench["ratios"], RATIO_KEYS, [("target_roofline_fraction", bench.get("target_roofline_fraction"))])
+
+
+def shape_block(d: dict) -> str:
+    """One `bench --shape` run: what each runner measured (or what was replayed, or projected), its pass times and
+    its ratios, and where the acceptance came from."""
+    runs, proj, acc, g = d["runs"], d["projection"], d["acceptance_source"], d["gamma"]
+    source = "this run" if acc["source"] == "this run" else f"`{acc['source']}`"
+    rows = [_run_row("target AR", runs["target"], ["measured"]), _run_row("draft AR", runs["draft"], ["measured"])]
+    if "speculative_replayed" in runs:
+        rows.append(_run_row(f"speculative (γ = {g})", runs["speculative_replayed"],
+                             ["replayed: real passes, accept decisions recorded on the default model"]))
+    blank = ["", "", "", ""]
+    rows.append([f"speculative (γ = {g})", f"projected: pass times, α = {pct(proj['alpha'])}",
+                 f"{proj['speculative_tok_s']:g}"] + blank)
+    if proj["best_gamma"] != g:
+        rows.append([f"best γ by the projection (γ = {proj['best_gamma']})", "projected",
+                     f"{proj['tok_s_by_gamma'][str(proj['best_gamma'])]:g}"] + blank)
+    if "llamacpp_q8_0" in runs:
+        rows.append(_run_row("llama.cpp Q8_0 (random blocks, same shapes)", runs["llamacpp_q8_0"], ["measured"]))
+    head = ["runner", "how", "decode tok/s (median)", "acceptance", "weight MB / token", "weight GB/s",
+            f"of the read probe ({d['read_gbps']:g} GB/s)"]
+    c = d["config"]
+    lead = (f"Shape {d['shape']}: hidden {c['hidden_size']}, intermediate {c['intermediate_size']}, {c['num_layers']} "
+            f"layers, {c['num_heads']} heads / {c['num_kv_heads']} KV heads, vocabulary {c['vocab_size']} (synthetic "
+            f"nested checkpoint, random planes). Speculation: **{d['speculative_method']}**; acceptance from "
+            f"{source} ({acc['checkpoint'].rsplit('/', 1)[-1] if acc.get('checkpoint') else 'default model'}, "
+            f"γ = {acc['gamma']}: {pct(acc['acceptance'])}"
+            + (f", {acc['rounds']} rounds" if acc.get("rounds") else "") + "). Best lossless policy measured: "
+            f"{d['best_policy']}.")
+    ratios = _ratio_table(d["ratios"], SHAPE_RATIO_KEYS, [("target_roofline_fraction", d.get("target_roofline_fraction"))])
+    return "\n\n".join([lead, table(head, rows), passes_table(d["pass_times"]), ratios, machine_note(d)])
+
+
+# -- the README's headline rows -----------------------------------------------------------------------------------
+def headline_bench_row(bench: dict) -> list[str]:
+    """The cache-resident regime: the default model's policies beside llama.cpp."""
+    runs, r = bench["runs"], bench["ratios"]
+    auto = f", auto {runs['auto']['tok_s']:g} (`auto_vs_target` {r['auto_vs_target']:g})" if "auto" in runs else ""
+    p = bench["pass_times"]["ms"]["target"]
+    return [f"decode speed, cache-resident (SmolLM2-135M), {bench['backend']} backend ({bench['isa']}, "
+            f"{bench['threads']} threads), every runner in its own process",
+            f"target AR {runs['target']['tok_s']:g} tok/s ({pct(bench['target_roofline_fraction'])} of the read "
+            f"probe), speculative (γ = {bench['gamma']}) {runs['speculative']['tok_s']:g}{auto}, draft AR "
+            f"{runs['draft']['tok_s']:g}; llama.cpp Q8_0 {runs['llamacpp_q8_0']['tok_s']:g}, Q4_1 "
+            f"{runs['llamacpp_q4_1']['tok_s']:g}: `target_vs_llamacpp_q8` {r['target_vs_llamacpp_q8']:g}, "
+            f"`speculative_vs_target` {r['speculative_vs_target']:g}; {bench['gamma'] + 1}-token target pass "
+            f"{p[str(bench['gamma'] + 1)] / p['1']:.2f}× a 1-token pass ([runtime](docs/runtime.md))",
+            f"`{bench['command']}`"]
+
+
+def headline_shape_row(d: dict) -> list[str]:
+    """The memory-bound regime: a synthetic checkpoint of a larger model's shapes beside llama.cpp Q8_0."""
+    runs, r, p = d["runs"], d["ratios"], d["pass_times"]["ms"]
+    method = d["speculative_method"]
+    spec = r.get(f"{method}_speculative_vs_target")
+    return [f"decode speed, memory-bound ({d['shape']} shapes, random weights), {d['backend']} backend ({d['isa']}, "
+            f"{d['threads']} threads)",
+            f"target AR {runs['target']['tok_s']:g} tok/s ({pct(d['target_roofline_fraction'])} of the read probe), "
+            f"draft AR {runs['draft']['tok_s']:g}; llama.cpp Q8_0 {runs['llamacpp_q8_0']['tok_s']:g}: "
+            f"`target_vs_llamacpp_q8` {r['target_vs_llamacpp_q8']:g}; speculative (γ = {d['gamma']}, {method}) "
+            f"{spec:g}× target; {d['gamma'] + 1}-token target pass {p['target'][str(d['gamma'] + 1)] / p['target']['1']:.2f}"
+            f"× a 1-token pass, draft pass {r['draft_pass_vs_target_pass']:g}× ([runtime](docs/runtime.md))",
+            f"`{d['command']}`"]

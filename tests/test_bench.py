@@ -1,0 +1,208 @@
+"""`bitnest bench` is fair and its memory-bound path runs: runners in processes of their own (edge.analysis.bench_process),
+a read probe past the last-level cache (edge.analysis.machine), speculation replayed from recorded rounds with real
+passes (edge.analysis.bench_replay), a GGUF of a model's shapes that llama.cpp loads (edge.analysis.synthetic_gguf),
+`--shape` at a tiny made-up shape through every runner, and bad input as one line. No timing is asserted: speed is
+the benchmark's to report (scripts/bench.py), never a test's."""
+
+import argparse
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from edge.analysis import bench_shape as shape_mod
+from edge.analysis.bench import DEFAULT_POLICIES
+from edge.analysis.bench_replay import expected_tokens, projected, replay_generation
+from edge.analysis.machine import PROBE_LLC_MULTIPLE, llc_bytes, machine, probe_bytes
+from edge.analysis.peers import shipped_gguf
+from edge.analysis.synthetic_gguf import SCALE, synthetic_gguf, tensor_shapes
+from edge.model.arch import ModelConfig
+from export import commands
+
+TINY = ModelConfig(architecture="LlamaForCausalLM", family="llama", hidden_size=128, intermediate_size=256,
+                   num_layers=2, num_heads=2, num_kv_heads=1, head_dim=64, vocab_size=49152, rms_norm_eps=1e-5,
+                   rope_theta=1e5, tie_word_embeddings=True, attention_bias=False, max_position_embeddings=2048)
+
+
+@pytest.fixture(scope="module")
+def small(small_llama_checkpoint, tmp_path_factory):
+    ck = tmp_path_factory.mktemp("bench") / "small"
+    shutil.copytree(small_llama_checkpoint, ck)
+    return ck
+
+
+def _cli(capsys, *argv) -> tuple[int, str, str]:
+    rc = commands.main(["bench", *map(str, argv)])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def _my_children() -> list[int]:
+    """Live processes whose parent is this one (a worker left behind would be one)."""
+    me, found = os.getpid(), []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+# -- the machine and the probe ------------------------------------------------------------------------------------
+def test_the_probe_is_sized_past_the_last_level_cache():
+    m = machine(2)
+    assert m["threads"] == 2 and set(m["isa_flags"]) >= {"avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8"}
+    assert m["llc"]["bytes"] >= max([c["bytes"] for c in m["caches"]] + [m["llc"]["getconf_bytes"]])
+    assert m["probe_bytes"] >= PROBE_LLC_MULTIPLE * m["llc"]["bytes"]
+    for llc in (0, 1 << 20, 300 << 20, (300 << 20) + 1):
+        assert probe_bytes(llc) >= PROBE_LLC_MULTIPLE * llc and probe_bytes(llc) % (64 << 20) == 0
+
+
+def test_the_llc_is_the_deepest_data_cache():
+    found = [{"level": 1, "type": "Data", "bytes": 48 << 10}, {"level": 1, "type": "Instruction", "bytes": 1 << 30},
+             {"level": 2, "type": "Unified", "bytes": 1 << 20}, {"level": 3, "type": "Unified", "bytes": 32 << 20}]
+    llc = llc_bytes(found)
+    assert llc["sysfs_bytes"] == 32 << 20 and llc["sysfs_level"] == 3      # not the (larger) instruction cache
+    assert llc["bytes"] == max(32 << 20, llc["getconf_bytes"])
+
+
+# -- speculation at a shape without meaningful acceptance -----------------------------------------------------------
+def test_expected_tokens_and_the_projection():
+    assert expected_tokens(0.0, 4) == 1.0 and expected_tokens(1.0, 4) == 5.0
+    assert abs(expected_tokens(0.5, 4) - 1.9375) < 1e-12
+    compute_bound = {"draft": {"1": 5.0}, "target": {str(w): 10.0 + (w - 1) for w in range(1, 9)}}
+    p = projected(compute_bound, 0.5)
+    assert p["tok_s_by_gamma"]["0"] == 100.0                                 # a target step: 1 token in 10 ms
+    assert p["tok_s_by_gamma"]["4"] == round(1.9375 / ((4 * 5 + 14) / 1e3), 2)
+    assert p["best_gamma"] == 0 and p["vs_target_by_gamma"]["0"] == 1.0
+    memory_bound = {"draft": {"1": 2.0}, "target": {str(w): 10.0 for w in range(1, 9)}}   # width costs nothing
+    p = projected(memory_bound, 0.8)
+    assert p["best_gamma"] == 4 and p["vs_target_by_gamma"]["4"] == round(expected_tokens(0.8, 4) * 10 / 18, 3)
+
+
+def test_a_replay_follows_the_recorded_rounds_with_real_passes(small):
+    """Every round runs γ draft passes and one verification, keeps exactly the recorded count and rolls the rest
+    back: the committed length ends past the prompt and every emitted token but the pending one."""
+    from edge.backends import make_engine
+    from edge.model.checkpoint import load_checkpoint
+    ckpt = load_checkpoint(small)
+    eng = make_engine("auto", ckpt, 256, scratch=5)
+    prompt = list(range(100, 120))
+    rounds = [[4, 0], [4, 4], [4, 2]]                      # 1 + 5 + 3 tokens after the prefill's
+    stats = replay_generation(eng, prompt, rounds, 10)
+    assert (stats.rounds, stats.drafted, stats.accepted) == (3, 12, 6)
+    assert (stats.draft_passes, stats.target_passes, stats.tokens) == (12, 3, 9)
+    assert eng.length == len(prompt) + 9
+    stats = replay_generation(eng, prompt, [[3, 3]], 9)    # cycled: two rounds of 4 tokens
+    assert (stats.rounds, stats.accepted, eng.length) == (2, 6, len(prompt) + 8)
+
+
+# -- the synthetic GGUF -------------------------------------------------------------------------------------------
+def test_the_synthetic_gguf_has_the_shapes_and_the_tokenizer(tmp_path):
+    import gguf
+    path = synthetic_gguf(TINY, "tiny", shipped_gguf(), tmp_path)
+    assert synthetic_gguf(TINY, "tiny", shipped_gguf(), tmp_path) == path           # written once
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]                      # no temporary left
+    r, src = gguf.GGUFReader(str(path)), gguf.GGUFReader(str(shipped_gguf()))
+    value = lambda rd, k: rd.fields[k].parts[-1].tolist()[0]
+    assert (value(r, "llama.embedding_length"), value(r, "llama.block_count"), value(r, "llama.feed_forward_length"),
+            value(r, "llama.attention.head_count"), value(r, "llama.attention.head_count_kv")) == (128, 2, 256, 2, 1)
+    assert bytes(r.fields["tokenizer.chat_template"].parts[-1]) == bytes(src.fields["tokenizer.chat_template"].parts[-1])
+    assert len(r.fields["tokenizer.ggml.tokens"].data) == 49152
+    want = tensor_shapes(TINY)
+    assert {t.name: tuple(int(x) for x in reversed(t.shape)) for t in r.tensors} == want
+    q80 = gguf.GGMLQuantizationType.Q8_0
+    for t in r.tensors:
+        assert (t.tensor_type == q80) == (len(want[t.name]) == 2), t.name
+    w = next(t for t in r.tensors if t.name == "blk.1.ffn_down.weight")
+    x = gguf.quants.dequantize(w.data, q80)                                         # [128, 256]
+    assert x.shape == (128, 256) and 0 < abs(x).max() <= 127 * SCALE + 1e-9 and abs(x).std() > 10 * SCALE
+
+
+def test_a_gguf_shape_llamacpp_cannot_take_is_one_line(tmp_path):
+    from dataclasses import replace
+
+    from edge.errors import BitNestError
+    with pytest.raises(BitNestError, match="vocabulary 1000"):
+        synthetic_gguf(replace(TINY, vocab_size=1000), "x", shipped_gguf(), tmp_path)
+    with pytest.raises(BitNestError, match="multiple of 32"):
+        synthetic_gguf(replace(TINY, intermediate_size=200), "x", shipped_gguf(), tmp_path)
+
+
+# -- --shape through every runner ---------------------------------------------------------------------------------
+def _shape_args(**kw) -> argparse.Namespace:
+    base = dict(backend="auto", prompts=1, max_new_tokens=4, repeats=1, gamma=4, gamma_max=8, threads=None,
+                pass_repeats=1, policy=None, peer=None, acceptance_from=None, gate_threshold=None, gate_rate=0.15,
+                gate_signal="entropy", gate_seed=0, phase_tag="</think>", phase_order="low-high",
+                adaptive_signal="margin", adaptive_stop=1.0, adaptive_extend=6.0)
+    return argparse.Namespace(**(base | kw))
+
+
+def test_a_shape_bench_measures_replays_and_projects_in_separate_processes(small, tmp_path, monkeypatch):
+    """A tiny made-up shape through the --shape path: the real model's rounds recorded in their own process, the
+    synthetic target, draft and replayed runners, llama.cpp on a GGUF of the same shapes and the probe, each in a
+    process of its own; the JSON says which speculation figure is replayed and which projected."""
+    monkeypatch.setattr(shape_mod, "cache_folder", lambda: tmp_path)
+    d = shape_mod.bench_shape(_shape_args(), TINY, "tiny", str(small), "test")
+    assert d["shape"] == "tiny" and d["speculative_method"] == "replayed" and d["isolation"] == "process per runner"
+    assert set(d["runs"]) == {"target", "draft", "speculative_replayed", "llamacpp_q8_0"}
+    assert all(r["tok_s"] > 0 for r in d["runs"].values())
+    pids = [r["pid"] for r in d["runs"].values()] + [d["probe"]["pid"], d["acceptance_source"]["pid"]]
+    assert len(set(pids)) == len(pids) and os.getpid() not in pids
+    assert d["pass_times"]["pid"] == d["runs"]["target"]["pid"]
+    assert set(d["pass_times"]["ms"]["target"]) == {str(w) for w in range(1, 9)}
+    acc = d["acceptance_source"]
+    assert acc["source"] == "this run" and acc["rounds"] >= 1
+    rep = d["runs"]["speculative_replayed"]
+    assert rep["acceptance"] == acc["acceptance"] and rep["draft_passes"] == 4 * rep["target_passes"]
+    assert {"target_vs_llamacpp_q8", "projected_speculative_vs_target", "replayed_speculative_vs_target",
+            "best_policy_vs_llamacpp_q8"} <= set(d["ratios"])
+    assert d["best_policy"] in ("target", "speculative_replayed")
+    assert d["probe"]["bytes"] >= PROBE_LLC_MULTIPLE * d["machine"]["llc"]["bytes"]
+    assert d["gguf"] and (tmp_path / "gguf" / d["gguf"]).is_file()
+    assert not _my_children()
+    # the same rounds read back from a results file replay the same decisions; an older file without rounds projects
+    f = tmp_path / "bench.json"
+    f.write_text(json.dumps({"gamma": 4, "prompts": 1, "max_new_tokens": 4, "checkpoint": str(small),
+                             "runs": {"speculative": {"acceptance": 0.5, "tokens_per_round": 2.0}}}))
+    d = shape_mod.bench_shape(_shape_args(acceptance_from=str(f), peer=["none"]), TINY, "tiny", str(small), "test")
+    assert d["speculative_method"] == "projected" and set(d["runs"]) == {"target", "draft"}
+    assert d["projection"]["alpha"] == 0.5 and "replayed_speculative_vs_target" not in d["ratios"]
+
+
+# -- bad input ----------------------------------------------------------------------------------------------------
+def test_an_unknown_shape_is_one_line_naming_the_known_ones(capsys):
+    rc, out, err = _cli(capsys, "--shape", "smollm2-7b")
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and "Traceback" not in err
+    assert "smollm2-7b" in lines[0] and "smollm2-360m" in lines[0] and "smollm2-1.7b" in lines[0]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--shape", "smollm2-360m", "--peer", "hf"], "no transformers peer"),
+    (["--shape", "smollm2-360m", "--policy", "target"], "leave out --policy"),
+    (["--acceptance-from", "x.json"], "goes with --shape"),
+    (["--shape", "smollm2-360m", "--acceptance-from", "/nonexistent/bench.json"], "no such file"),
+])
+def test_bad_bench_options_are_one_line(small, capsys, argv, says):
+    rc, out, err = _cli(capsys, "--checkpoint", small, *argv)
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and says in lines[0] and "Traceback" not in err, err
+
+
+def test_a_runner_that_cannot_load_is_one_line_and_leaves_no_process(small, capsys):
+    """The TensorRT backend cannot run here: its runner's process reports it, every worker is closed."""
+    rc, out, err = _cli(capsys, "--checkpoint", small, "--backend", "tensorrt", "--policy", "target", "--peer", "none",
+                        "--prompts", 1, "--max-new-tokens", 4, "--repeats", 1)
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and "bench runner target" in lines[0] and "Traceback" not in err, err
+    assert not _my_children()
+
+
+def test_default_policies_include_auto_where_the_registry_has_it():
+    from edge.decode.registry import POLICIES
+    assert ("auto" in DEFAULT_POLICIES) == ("auto" in POLICIES)
