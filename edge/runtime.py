@@ -12,9 +12,9 @@ from edge.backends import make_engine, resolve_backend
 from edge.decode.config import GenerateConfig
 from edge.decode.costs import SAMPLE_TEXT, CostTable, engine_costs
 from edge.decode.generate import generate
-from edge.decode.stats import DecodeStats, fp16_weight_bytes_per_pass
+from edge.decode.stats import DecodeStats, draft_head_summary, fp16_weight_bytes_per_pass
 from edge.memory.plan import check_request, fit_context, plan_for_runtime
-from edge.model.checkpoint import load_checkpoint
+from edge.model.checkpoint import load_checkpoint, set_draft_head
 
 
 def load_tokenizer(folder: Path):
@@ -35,9 +35,12 @@ class Runtime:
     """Loads a checkpoint once; `generate` runs one prompt (or a chat history) at a time."""
 
     def __init__(self, checkpoint, backend: str = "auto", max_context: int | None = 2048, prefill_chunk: int = 256,
-                 scratch: int = 17, device: Optional[str] = None):
+                 scratch: int = 17, device: Optional[str] = None, draft_head: Optional[str] = None,
+                 shortlist_k: Optional[int] = None):
+        """`draft_head` / `shortlist_k` override what the draft reads of a nested head (edge.model.draft_head;
+        None: the checkpoint's setting)."""
         backend = resolve_backend(backend)
-        self.ckpt = load_checkpoint(checkpoint)
+        self.ckpt = set_draft_head(load_checkpoint(checkpoint), draft_head, shortlist_k)
         self.tokenizer = load_tokenizer(self.ckpt.path)
         self.plan = None
         if device is not None:  # allocate from the memory plan (docs/memory.md): max_context None = the largest that fits
@@ -100,7 +103,7 @@ class Runtime:
     def describe(self) -> dict:
         return {"activations": self.engine.activations,
                 "fp16_weight_bytes_per_token": self.fp16_bytes_per_token,
-                "method": self.ckpt.method, **self.engine.numerics()}
+                "method": self.ckpt.method, **draft_head_summary(self.ckpt), **self.engine.numerics()}
 
 
 def merged_summary(stats: list[DecodeStats]) -> dict:

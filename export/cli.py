@@ -6,6 +6,7 @@ from edge.cli.common import run_cli
 from edge.errors import BitNestError
 from export.pipeline import DEFAULT_ROTATION, ExportOptions, run_export
 from export.quantize import METHODS, REFINES, QuantOptions
+from edge.model.draft_head import DRAFT_HEAD_EXPORT_DEFAULT, DRAFT_HEADS, SHORTLIST_K
 from export.rotation import ROTATIONS, LearnOptions
 
 
@@ -28,7 +29,14 @@ def parse(argv=None) -> argparse.Namespace:
                         "(default 0.1; `none` = unconstrained GPTQ)")
     p.add_argument("--calib-samples", type=int, default=64, help="ShareGPT calibration windows")
     p.add_argument("--calib-seq-len", type=int, default=512, help="tokens per calibration window")
-    p.add_argument("--quantize-head", action="store_true", help="store the LM head nested (RTN base) instead of float16")
+    p.add_argument("--head", choices=("nested", "float16"), default="nested", help="nested (default): the LM head "
+                   "stored as two 4-bit planes like any linear (GPTQ base with the bitnest method), the tied embedding "
+                   "read from them; float16: a float16 head that both views read in full")
+    p.add_argument("--draft-head", choices=DRAFT_HEADS, help="what the draft reads of the nested head, recorded in "
+                   f"the manifest (default {DRAFT_HEAD_EXPORT_DEFAULT}: the target's 8-bit view; 4bit: its base plane; "
+                   "shortlist: the base plane's top K rows re-scored at 8 bits)")
+    p.add_argument("--shortlist-k", type=int, help=f"rows the shortlist re-scores, recorded in the manifest "
+                   f"(default {SHORTLIST_K})")
     p.add_argument("--seed", type=int, default=0, help="rotation seed")
     learn = LearnOptions()
     p.add_argument("--rotation-steps", type=int, default=learn.steps, help="--rotation learned: Cayley SGD steps")
@@ -68,18 +76,24 @@ def main(argv=None) -> int:
         if a.existing:
             if not (a.onnx or a.engine):
                 raise ValueError("--existing builds from a checkpoint already exported: add --onnx or --engine")
+            if a.shortlist_k is not None:
+                raise ValueError("--shortlist-k is recorded by an export; the step graph does not serve the shortlist")
             result = {"checkpoint": a.out}
         else:
+            if a.head == "float16" and (a.draft_head or a.shortlist_k is not None):
+                raise ValueError("--draft-head and --shortlist-k set what the draft reads of a nested head: drop them "
+                                 "or drop --head float16")
             quant = QuantOptions(method=a.method, refine=a.refine, group_size=a.group_size, act_order=not a.no_act_order,
-                                 damp=a.damp, base_trust=a.base_trust, quantize_head=a.quantize_head)
+                                 damp=a.damp, base_trust=a.base_trust, quantize_head=a.head == "nested")
             learn = LearnOptions(steps=a.rotation_steps, samples=a.rotation_samples, seq_len=a.rotation_seq_len,
                                  lr=a.rotation_lr, target_weight=a.rotation_target_weight)
             result = run_export(ExportOptions(out=a.out, model=a.model, rotation=a.rotation, seed=a.seed,
                                               calib_samples=a.calib_samples, calib_seq_len=a.calib_seq_len, quant=quant,
-                                              learn=learn))
+                                              learn=learn, draft_head=a.draft_head or DRAFT_HEAD_EXPORT_DEFAULT,
+                                              shortlist_k=SHORTLIST_K if a.shortlist_k is None else a.shortlist_k))
         if a.onnx or a.engine:
             from export.onnx_export import export_onnx
-            result["onnx"] = export_onnx(a.out)
+            result["onnx"] = export_onnx(a.out, draft_head=a.draft_head)
         if a.engine:
             from export.trt_build import build_engine
             result["engine"] = build_engine(result["onnx"]["onnx"], profile)

@@ -18,23 +18,29 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edge.atomic import write_atomic
 from edge.errors import BitNestError
-from edge.model.checkpoint import HEAD, Checkpoint, load_checkpoint
+from edge.model.checkpoint import HEAD, Checkpoint, load_checkpoint, set_draft_head
 from edge.model.decoder import rope_tables
+from edge.model.draft_head import DRAFT_HEAD_8BIT, DRAFT_HEAD_SHORTLIST
 from export.onnx_functions import (
     hadamard_rows_function,
     rms_norm_function,
     rotate_rows_function,
     silu_mul_function,
 )
+from export.onnx_rows import nested_rows
 from plugins.contracts import (
     DOMAIN,
     DOMAIN_VERSION,
     DUAL_PLANE_LINEAR,
     NESTED_KV_ATTENTION,
+    TARGET,
+    view_code,
 )
 from plugins.onnx_schemas import bitnest_node_counts, register_schemas
 from plugins.step_contract import (
+    DRAFT_HEAD_META,
     EMBEDDED,
+    FLOAT16_HEAD,
     ONNX_DIGEST_SUFFIX,
     HADAMARD_ROWS,
     INPUT_IDS,
@@ -94,11 +100,12 @@ class _StepGraph:
         self.ckpt, self.cfg, self.b = ckpt, ckpt.config, _Builder()
 
     # -- pieces -------------------------------------------------------------------------------------
-    def linear(self, name: str, x: str) -> str:
+    def linear(self, name: str, x: str, view: str = VIEW) -> str:
+        """`name` applied to x at the view the graph input `view` carries (or a constant view's initializer)."""
         b, t = self.b, self.ckpt.tensors
         base, refine, scale, offset = self.ckpt.planes(name)                    # uint8 [N, K/2] -> int32 [N, K/8]
         ins = [x, b.init(name + ".base", as_words(base)), b.init(name + ".refine", as_words(refine)),
-               b.init(name + ".scale", scale), VIEW]
+               b.init(name + ".scale", scale), view]
         if offset is not None:
             ins.append(b.init(name + ".offset", offset))
         y = b.op(DUAL_PLANE_LINEAR.graph, ins, domain=DOMAIN)                                   # [M, N]
@@ -126,8 +133,12 @@ class _StepGraph:
         return b.op("Add", [b.op("Mul", [x, cos]), b.op("Mul", [rot, sin])])
 
     def head(self, x: str) -> str:
+        """Logits [M, V]. A nested head at the view its draft-head setting gives each pass (edge.model.draft_head):
+        `8bit` reads it at the target view in both views (a constant view input), `4bit` at the pass's view."""
         b, t, cfg = self.b, self.ckpt.tensors, self.cfg
         if self.ckpt.head_nested:
+            if self.ckpt.draft_head == DRAFT_HEAD_8BIT:
+                return self.linear(HEAD, x, b.init("view_target", np.asarray([view_code(TARGET)], np.int64)))
             return self.linear(HEAD, x)
         name = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
         w = b.op("Cast", [b.init(name, t[name])], to=TensorProto.FLOAT)                     # [V, H]
@@ -166,10 +177,14 @@ class _StepGraph:
         cos_t, sin_t = rope_tables(cfg, torch.arange(cfg.max_position_embeddings), torch.float32)
         cos = b.op("Gather", [b.init("rope.cos", cos_t), pos], axis=0)                     # [M, D]
         sin = b.op("Gather", [b.init("rope.sin", sin_t), pos], axis=0)
-        emb = b.init("model.embed_tokens.weight", t["model.embed_tokens.weight"])         # float16 [V, H]
         r1 = self.ckpt.rotations.r1
-        x = b.op("Cast", [b.op("Gather", [emb, INPUT_IDS], axis=0)], to=TensorProto.FLOAT,
-                 out=None if r1 is not None else EMBEDDED)                                  # [M, H]
+        if self.ckpt.embedding_from_head:   # rows of the nested head's int32-word planes, target view (onnx_rows)
+            x = nested_rows(b, HEAD, self.ckpt.planes(HEAD), self.ckpt.linears[HEAD].group_size, INPUT_IDS,
+                            out=None if r1 is not None else EMBEDDED)                     # [M, H]
+        else:
+            emb = b.init("model.embed_tokens.weight", t["model.embed_tokens.weight"])     # float16 [V, H]
+            x = b.op("Cast", [b.op("Gather", [emb, INPUT_IDS], axis=0)], to=TensorProto.FLOAT,
+                     out=None if r1 is not None else EMBEDDED)                              # [M, H]
         if r1 is not None:
             x = b.op(ROTATE_ROWS, [x, b.init("rotation.r1", r1.float())], domain=DOMAIN, out=EMBEDDED)
         for layer in range(cfg.num_layers):
@@ -210,16 +225,19 @@ class _StepGraph:
 
 
 def build_step_model(ckpt: Checkpoint) -> onnx.ModelProto:
-    """The checked step graph of a loaded checkpoint (metadata ties it to the checkpoint's weights)."""
-    if ckpt.embedding_from_head:
-        raise BitNestError("the step graph gathers a float16 embedding and this checkpoint reads its embedding from "
-                           "the nested head's planes: export it without --quantize-head for ONNX/TensorRT")
+    """The checked step graph of a loaded checkpoint (metadata ties it to the checkpoint's weights and records the
+    draft head it serves, `ckpt.draft_head`)."""
+    if ckpt.draft_head == DRAFT_HEAD_SHORTLIST:
+        raise BitNestError("the step graph does not serve the shortlist draft head (the view is a run-time input, so "
+                           "the graph would read the whole 8-bit head in draft passes too): export the graph with "
+                           "`--draft-head 8bit`")
     register_schemas()
     model = _StepGraph(ckpt).build()
     meta = {"bitnest.format_version": str(ckpt.manifest["format_version"]),
             "bitnest.weights_sha256": ckpt.manifest["files"]["model.safetensors"],
             "bitnest.method": ckpt.method,
-            "bitnest.activations": "int8 per token (W4A8 draft, W8A8 target)"}
+            "bitnest.activations": "int8 per token (W4A8 draft, W8A8 target)",
+            DRAFT_HEAD_META: ckpt.draft_head or FLOAT16_HEAD}
     helper.set_model_props(model, meta)
     return model
 
@@ -245,11 +263,12 @@ def save_model_atomic(model: onnx.ModelProto, out: Path, external: bool) -> None
         tmp.rmdir()
 
 
-def export_onnx(checkpoint, out=None, external=None) -> dict:
+def export_onnx(checkpoint, out=None, external=None, draft_head: str | None = None) -> dict:
     """Export the step graph of the checkpoint folder `checkpoint` to `out` (default: beside its weights,
-    CHECKPOINT/decoder_step.onnx); `external` None = external data only past EXTERNAL_DATA_BYTES."""
+    CHECKPOINT/decoder_step.onnx); `external` None = external data only past EXTERNAL_DATA_BYTES; `draft_head` the
+    draft head the graph serves (None: the checkpoint's)."""
     t0 = time.time()
-    ckpt = load_checkpoint(checkpoint)
+    ckpt = set_draft_head(load_checkpoint(checkpoint), draft_head)
     model = build_step_model(ckpt)
     init_bytes = sum(len(i.raw_data) for i in model.graph.initializer)
     if external is None:

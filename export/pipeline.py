@@ -13,6 +13,7 @@ from edge.model.decoder import OnlineRotations
 from export.calibration import calibration_windows
 from export.quantize import QuantOptions, nest_model
 from export.rotation import LearnOptions, RotationPlan, rotate
+from edge.model.draft_head import DRAFT_HEAD_EXPORT_DEFAULT, SHORTLIST_K, check_draft_head, check_shortlist_k
 from export.sources import load_source
 from export.writer import check_output_dir, nested_tensors, write_checkpoint
 from plugins.contracts import FORMAT_VERSION, bits_per_weight
@@ -32,6 +33,13 @@ class ExportOptions:
     calib_seq_len: int = 512
     quant: QuantOptions = field(default_factory=QuantOptions)
     learn: LearnOptions = field(default_factory=LearnOptions)   # --rotation learned
+    draft_head: str = DRAFT_HEAD_EXPORT_DEFAULT   # recorded in the manifest of a nested head (edge.model.draft_head)
+    shortlist_k: int = SHORTLIST_K
+
+    def __post_init__(self):
+        check_draft_head(self.draft_head)
+        if not isinstance(self.shortlist_k, int) or self.shortlist_k < 1:
+            raise ValueError(f"--shortlist-k must be a positive integer, got {self.shortlist_k!r}")
 
 
 def _progress():
@@ -49,10 +57,15 @@ def _bits(codes) -> dict:
     return {"linear": linear_bits / linear_n}
 
 
+# The folder names the default export's settings: an export cached under an older name (a float16 head until issue
+# 21) is never reused as the default after the default changed.
+DEFAULT_CHECKPOINT_NAME = "smollm2-135m-instruct-bitnest-head8"
+
+
 def default_checkpoint_path() -> Path:
     """Where the embedded default model's nested export lives ($BITNEST_CACHE/checkpoints/...)."""
     from export.sources import cache_root
-    return cache_root() / "checkpoints" / "smollm2-135m-instruct-bitnest"
+    return cache_root() / "checkpoints" / DEFAULT_CHECKPOINT_NAME
 
 
 def ensure_default_checkpoint() -> Path:
@@ -73,6 +86,8 @@ def run_export(opts: ExportOptions) -> dict:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     src = load_source(opts.model)
     cfg = src.config
+    if opts.quant.quantize_head:
+        check_shortlist_k(opts.shortlist_k, cfg.vocab_size)
     for k in {k for n, (_, k) in cfg.linear_shapes().items()}:
         opts.quant.group_for(k)
     plan = RotationPlan(opts.rotation, opts.seed, opts.learn)
@@ -110,6 +125,7 @@ def run_export(opts: ExportOptions) -> dict:
         "quant": asdict(opts.quant),
         "head": "nested" if HEAD in codes else "float16",
         "embedding": embedding,
+        **({"draft_head": opts.draft_head, "shortlist_k": opts.shortlist_k} if HEAD in codes else {}),
         "linears": {n: {"shape": list(c.q4.shape), "group_size": c.group_size, "offset": c.offset is not None}
                     for n, c in codes.items()},
         "rotation": rot_record,
@@ -128,6 +144,8 @@ def run_export(opts: ExportOptions) -> dict:
         "method": opts.quant.method,
         "refine": manifest["refine"],
         "rotation": opts.rotation,
+        "head": manifest["head"],
+        **({"draft_head": opts.draft_head} if HEAD in codes else {}),
         "bits_per_weight": {**_bits(codes), "total": 8.0 * total_bytes / n_params},
         "bytes": total_bytes,
         "seconds": round(time.time() - t0, 1),

@@ -13,13 +13,13 @@ edge.analysis.report, as `bitnest tables` does); other results files leave the d
 import argparse
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
 from edge.analysis.evaluate import EvalOptions, evaluate
-from edge.analysis.report import update_tables
+from edge.analysis.report import DEFAULT_ROW, update_tables
 from edge.atomic import write_atomic
 from edge.cli.common import run_cli
 from edge.model.checkpoint import is_checkpoint_dir, read_manifest
@@ -27,23 +27,48 @@ from export.pipeline import ExportOptions, run_export
 from export.quantize import QuantOptions
 from export.rotation import LearnOptions
 
-# name -> (rotation, QuantOptions[, LearnOptions of a learned rotation])
+@dataclass(frozen=True)
+class Row:
+    """One row of the table: how it is exported, and the draft head it is evaluated with (rows that differ only in
+    the draft head share one export: the setting changes what the draft reads, not the weights)."""
+
+    rotation: str
+    quant: QuantOptions
+    learn: LearnOptions = LearnOptions()
+    draft_head: str | None = None          # None: a float16 head
+    shortlist_k: int | None = None
+
+    @property
+    def export_key(self) -> tuple:
+        return self.rotation, self.quant, self.learn
+
+
+F16 = dict(quantize_head=False)            # the float16 head of every row measured before issue 21
 LEARNED_12 = LearnOptions(steps=12, samples=13)
+NESTED = QuantOptions("bitnest", "closed", base_trust=0.1, quantize_head=True)
 CONFIGS = {
-    "bitnest closed, trust 0.1": ("none", QuantOptions("bitnest", "closed", base_trust=0.1)),
-    "bitnest gptq, trust 0.15": ("none", QuantOptions("bitnest", "gptq", base_trust=0.15)),
-    "bitnest closed, no trust": ("none", QuantOptions("bitnest", "closed", base_trust=None)),
-    "bitnest gptq, no trust": ("none", QuantOptions("bitnest", "gptq", base_trust=None)),
-    "rtn": ("none", QuantOptions("rtn")),
-    "top4of8": ("none", QuantOptions("top4of8")),
-    "bitnest closed, trust 0.1 + rot (default)": ("r1r2r4", QuantOptions("bitnest", "closed", base_trust=0.1)),
-    "bitnest gptq, trust 0.15 + rot": ("r1r2r4", QuantOptions("bitnest", "gptq", base_trust=0.15)),
-    "rtn + rot": ("r1r2r4", QuantOptions("rtn")),
-    "top4of8 + rot": ("r1r2r4", QuantOptions("top4of8")),
-    "bitnest closed, trust 0.1 + learned rot (12 steps)": ("learned", QuantOptions("bitnest", "closed", base_trust=0.1),
-                                                           LEARNED_12),
-    "bitnest closed, trust 0.1 + rot + nested head": ("r1r2r4", QuantOptions("bitnest", "closed", base_trust=0.1,
-                                                                           quantize_head=True)),
+    "bitnest closed, trust 0.1": Row("none", QuantOptions("bitnest", "closed", base_trust=0.1, **F16)),
+    "bitnest gptq, trust 0.15": Row("none", QuantOptions("bitnest", "gptq", base_trust=0.15, **F16)),
+    "bitnest closed, no trust": Row("none", QuantOptions("bitnest", "closed", base_trust=None, **F16)),
+    "bitnest gptq, no trust": Row("none", QuantOptions("bitnest", "gptq", base_trust=None, **F16)),
+    "rtn": Row("none", QuantOptions("rtn", **F16)),
+    "top4of8": Row("none", QuantOptions("top4of8", **F16)),
+    "bitnest closed, trust 0.1 + rot, float16 head": Row("r1r2r4", QuantOptions("bitnest", "closed", base_trust=0.1,
+                                                                                 **F16)),
+    "bitnest gptq, trust 0.15 + rot": Row("r1r2r4", QuantOptions("bitnest", "gptq", base_trust=0.15, **F16)),
+    "rtn + rot": Row("r1r2r4", QuantOptions("rtn", **F16)),
+    "top4of8 + rot": Row("r1r2r4", QuantOptions("top4of8", **F16)),
+    "bitnest closed, trust 0.1 + learned rot (12 steps)": Row("learned", QuantOptions("bitnest", "closed",
+                                                                                      base_trust=0.1, **F16),
+                                                              LEARNED_12),
+    "bitnest closed, trust 0.1 + rot + nested head, draft head 4bit": Row("r1r2r4", NESTED, draft_head="4bit"),
+    DEFAULT_ROW: Row("r1r2r4", NESTED, draft_head="8bit"),
+    "bitnest closed, trust 0.1 + rot + nested head, draft head shortlist 32": Row("r1r2r4", NESTED,
+                                                                                  draft_head="shortlist",
+                                                                                  shortlist_k=32),
+    "bitnest closed, trust 0.1 + rot + nested head, draft head shortlist 64": Row("r1r2r4", NESTED,
+                                                                                  draft_head="shortlist",
+                                                                                  shortlist_k=64),
 }
 RESULTS = ROOT / "scripts" / "results" / "quality.json"
 
@@ -58,8 +83,10 @@ def _learned_matches(record: dict, learn: LearnOptions) -> bool:
 
 
 def _export(name: str, work: Path, model: str) -> Path:
-    rotation, quant, learn = (CONFIGS[name] + (LearnOptions(),))[:3]
-    out = work / _folder(name)
+    row = CONFIGS[name]
+    rotation, quant, learn = row.export_key
+    first = next(n for n, r in CONFIGS.items() if r.export_key == row.export_key)   # rows sharing the export
+    out = work / _folder(first)
     if is_checkpoint_dir(out):
         m = read_manifest(out)
         if m.get("quant") == json.loads(json.dumps(quant.__dict__)) and m["rotation"]["kind"] == rotation and \
@@ -86,12 +113,14 @@ def run(a) -> dict:
         ck = _export(name, work, a.model)
         ref = results.get("_reference", {})
         have_ref = ref.get("tokens") == a.tokens
-        ev = evaluate(EvalOptions(str(ck), tokens=a.tokens, with_reference=not have_ref))
+        row = CONFIGS[name]
+        ev = evaluate(EvalOptions(str(ck), tokens=a.tokens, with_reference=not have_ref, draft_head=row.draft_head,
+                                  shortlist_k=row.shortlist_k))
         if have_ref:   # the float reference does not depend on the export: evaluated once
             ev["ppl"]["reference"] = ref["ppl"]
         else:
             results["_reference"] = {"tokens": a.tokens, "ppl": ev["ppl"]["reference"]}
-        results[name] = {"rotation": CONFIGS[name][0], "eval": ev}
+        results[name] = {"rotation": row.rotation, "eval": ev}
         results = _ordered(results)
         results_file.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(json.dumps(results, indent=1).encode(), results_file)

@@ -19,6 +19,9 @@ WeightsContext.cpp, onnxOpImporters.cpp and its operator list, operators.md):
   given tensor is requested to be aliased by two different plugins, this may result in divergent copies");
   anything between them (an Identity) would be a copy of the whole plane per pass.
 - `opset`: the default-domain opset is within what the parser imports (9..20).
+- `op`: every standard op is one the parser imports: onnx-tensorrt docs/operators.md (10.1-GA, the newest in this
+  index; 10.3 imports the same set for these ops) marks those in UNSUPPORTED_OPS "N" (BitShift and the Bitwise* ops
+  among them, which is why the embedding gather unpacks nibbles by int32 division: export.onnx_rows).
 """
 
 from dataclasses import dataclass
@@ -33,6 +36,15 @@ from plugins.step_contract import INPUT_IDS, RUNTIME_SCALARS
 from plugins.trt_plugins import PLUGIN_IO, TRT_PLUGIN_TYPES
 
 PARSER_OPSETS = (9, 20)
+# Standard ops the parser does not import (docs/operators.md, "Supported: N"), by name.
+UNSUPPORTED_OPS = frozenset((
+    "AffineGrid", "Bernoulli", "BitShift", "BitwiseAnd", "BitwiseNot", "BitwiseOr", "BitwiseXor", "BlackmanWindow",
+    "CenterCropPad", "Compress", "ConcatFromSequence", "ConvInteger", "DFT", "Det", "DynamicQuantizeLinear",
+    "HammingWindow", "HannWindow", "ImageDecoder", "MatMulInteger", "MaxRoiPool", "MaxUnpool", "MelWeightMatrix",
+    "Multinomial", "NegativeLogLikelihoodLoss", "Optional", "OptionalGetElement", "OptionalHasElement", "QLinearConv",
+    "QLinearMatMul", "RegexFullMatch", "STFT", "SequenceAt", "SequenceConstruct", "SequenceEmpty", "SequenceErase",
+    "SequenceInsert", "SequenceLength", "SequenceMap", "SoftmaxCrossEntropyLoss", "SplitToSequence", "StringConcat",
+    "StringNormalizer", "StringSplit", "TfIdfVectorizer", "Unique"))
 
 # Inputs the parser imports as shape tensors, by op type and input position (None: every input).
 SHAPE_INPUTS = {
@@ -109,6 +121,9 @@ def check_graph(model: onnx.ModelProto) -> list[Violation]:
     for opset in model.opset_import:
         if opset.domain in ("", "ai.onnx") and not PARSER_OPSETS[0] <= opset.version <= PARSER_OPSETS[1]:
             out.append(Violation("opset", "model", f"opset {opset.version} outside the parser's {PARSER_OPSETS}"))
+    for n in g.node:
+        if n.domain in ("", "ai.onnx") and n.op_type in UNSUPPORTED_OPS:
+            out.append(Violation("op", n.name, f"{n.op_type} is not imported by the TensorRT 10.3 ONNX parser"))
     out += _plugin_rules(g, types, _shapes(model))
     shapes = shape_tensors(model)
     for name in (*RUNTIME_SCALARS, INPUT_IDS):

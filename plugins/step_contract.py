@@ -46,6 +46,10 @@ EMBEDDED = "embedded"
 OPSET = 17
 IR_VERSION = 8
 
+# Metadata key naming the draft head a graph serves (8bit: the head's target view in both weight views; 4bit: the
+# head at the pass's view; float16: a float16 head); the runners refuse a checkpoint set to another.
+DRAFT_HEAD_META, FLOAT16_HEAD = "bitnest.draft_head", "float16"
+
 ONNX_FILE = "decoder_step.onnx"
 # Beside the graph: {file name: sha256} of the graph and its external data, written by the export, checked on open.
 ONNX_DIGEST_SUFFIX = ".sha256"

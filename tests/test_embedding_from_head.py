@@ -1,6 +1,6 @@
-"""A nested tied head serves the input embedding too (manifest `embedding: head_target`): no float16 copy is stored,
-every backend looks rows up from the head's planes at the target view, the reader refuses inconsistent
-checkpoints, and speculation stays lossless."""
+"""A nested tied head serves the input embedding too (manifest `embedding: head_target`, the default export since
+issue 21): no float16 copy is stored, every backend and the ONNX step graph (tests/test_onnx.py) look rows up from the
+head's planes at the target view, the reader refuses inconsistent checkpoints, and speculation stays lossless."""
 
 import json
 import shutil
@@ -11,7 +11,7 @@ import torch
 from edge.backends import make_backend
 from edge.decode.config import GenerateConfig
 from edge.decode.stats import embedding_row_bytes
-from edge.errors import BitNestError, CheckpointError
+from edge.errors import CheckpointError
 from edge.model.checkpoint import EMBED, HEAD, MANIFEST, SEAL, WEIGHTS, load_checkpoint, manifest_seal
 from edge.runtime import Runtime
 from plugins.packing import unpack_nibbles
@@ -19,13 +19,9 @@ from plugins.reference import dequantized_weight
 
 
 @pytest.fixture(scope="module")
-def head_checkpoint(tmp_path_factory):
-    """A real RTN export of the default model with the nested head and R1/R2/R4."""
-    from export.pipeline import ExportOptions, run_export
-    from export.quantize import QuantOptions
-    out = tmp_path_factory.mktemp("ckpt") / "rtn-head"
-    run_export(ExportOptions(out=str(out), rotation="r1r2r4", quant=QuantOptions(method="rtn", quantize_head=True)))
-    return out
+def head_checkpoint(rotated_checkpoint):
+    """A real RTN export of the default model with R1/R2/R4 and the default head: nested, embedding from its planes."""
+    return rotated_checkpoint
 
 
 def _ids(gen, n=40, vocab=49152):
@@ -103,12 +99,6 @@ def test_speculation_stays_lossless_and_counts_row_bytes(head_checkpoint):
     s = target["stats"]
     row = embedding_row_bytes(rt.ckpt)
     assert s.weight_bytes == s.target_passes * (rt.engine.pass_weight_bytes["target"] + row)
-
-
-def test_onnx_export_refuses_in_one_line(head_checkpoint):
-    from export.onnx_export import export_onnx
-    with pytest.raises(BitNestError, match="nested head's planes"):
-        export_onnx(head_checkpoint)
 
 
 def test_native_step_rows_from_the_head(head_checkpoint):

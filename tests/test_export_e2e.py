@@ -29,7 +29,11 @@ def gptq_checkpoint(tmp_path_factory):
 def test_export_summary(gptq_checkpoint):
     out, summary = gptq_checkpoint
     assert summary["checkpoint"] == str(out) and summary["method"] == "bitnest"
-    assert summary["bits_per_weight"]["linear"] == pytest.approx(8.21875)   # 576-wide rows in groups of 64, 1536 in 128
+    # block linears: 576-wide rows in groups of 64, 1536 in 128 (8.21875 bits over 106,168,320 weights); the nested
+    # head (the default): 49152 x 576 in groups of 64 (8.25 bits)
+    assert summary["bits_per_weight"]["linear"] == pytest.approx((8.21875 * 106168320 + 8.25 * 49152 * 576) /
+                                                                 (106168320 + 49152 * 576))
+    assert summary["head"] == "nested" and summary["draft_head"] == "8bit"
     assert summary["seconds"] > 0
     m = load_checkpoint(out).manifest
     assert m["calibration"] == {"corpus": "sharegpt", "samples": 4, "seq_len": 128}

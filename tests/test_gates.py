@@ -48,7 +48,7 @@ def _run(rt, prompt, chat=True, **kw):
 
 
 def _bytes(rt, draft_passes, target_passes):
-    emb = rt.ckpt.config.hidden_size * 2
+    emb = rt.engine.embed_row_bytes              # a row of the nested head's planes (the default export)
     w = rt.engine.pass_weight_bytes
     return draft_passes * (w["draft"] + emb) + target_passes * (w["target"] + emb)
 

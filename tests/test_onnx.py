@@ -42,7 +42,7 @@ def test_export_checks_and_stores_each_plane_once(rotated_checkpoint, rotated_on
     from edge.model.checkpoint import load_checkpoint
     ckpt = load_checkpoint(rotated_checkpoint)
     layers = ckpt.config.num_layers
-    assert rotated_onnx["nodes"]["DualPlaneGemv"] == 7 * layers
+    assert rotated_onnx["nodes"]["DualPlaneGemv"] == 7 * layers + 1                    # and the nested head
     assert rotated_onnx["nodes"]["NestedKvAttention"] == layers
     assert rotated_onnx["nodes"]["HadamardRows"] == layers and rotated_onnx["nodes"]["RotateRows"] == 1
     model = onnx.load(rotated_onnx["onnx"])
@@ -73,7 +73,70 @@ def test_graph_matches_the_independent_reference_rotated_both_views(rotated_chec
     for mode, m in r["modes"].items():
         assert_checked(m, mode)
         assert m["passes"] == 2, (mode, m)  # 5 prompt tokens in one pass (γ+1), then one single-token pass
-    assert r["nodes"]["DualPlaneGemv"] == 210 and r["nodes"]["NestedKvAttention"] == 30
+    assert r["nodes"]["DualPlaneGemv"] == 211 and r["nodes"]["NestedKvAttention"] == 30
+    assert r["draft_head"] == "8bit"                  # the draft-kv4 mode read the head at 8 bits, as the graph does
+
+
+def test_graph_embedding_is_the_head_target_view(rotated_checkpoint, rotated_onnx):
+    """The default export's graph gathers its embedding rows from the nested head's int32-word planes (no float16
+    copy in the graph): the residual stream entering layer 0 equals the torch backend's embedding (target-view rows,
+    then R1) bit for bit in the session whose functions run the torch backend's math. Rows gathered from the base
+    plane alone, or nibbles unpacked in the wrong order or sign, differ at once."""
+    from edge.backends.onnxruntime_step import OnnxStepRunner
+    from edge.backends.torch_ref import TorchBackend
+    from edge.model.checkpoint import load_checkpoint
+    from edge.model.decoder import Decoder
+    from plugins.ort_ops import ort_session
+    from plugins.step_contract import EMBEDDED, StepShapes
+    ckpt = load_checkpoint(rotated_checkpoint)
+    assert ckpt.embedding_from_head
+    model = onnx.load(rotated_onnx["onnx"], load_external_data=False)
+    assert "model.embed_tokens.weight" not in {i.name for i in model.graph.initializer}
+    ids = [0, 1, 504, 3145, 49151, 3145, 7]
+    runner = OnnxStepRunner(ort_session(rotated_onnx["onnx"], expose=(EMBEDDED,)), StepShapes.of(ckpt.config), 16)
+    got = runner.run(ids, "draft", len(ids), 0, (EMBEDDED,))[1][EMBEDDED]
+    want = Decoder(ckpt.config, TorchBackend(ckpt), ckpt.rotations).embed(torch.tensor(ids))
+    assert torch.equal(torch.from_numpy(got), want)
+
+
+# The onnxruntime engine against the torch backend (PassEngine) on the nested-head export, whole model, both views.
+# The graph's functions run the torch backend's own float math, but its standard ops (RoPE, residual adds, the R1
+# inverse MatMul) are onnxruntime's kernels: one ulp before an INT8 quantizer can flip one code somewhere, which moves
+# logits by ~1e-3 relative; a head read at the wrong view (4 bits for the 8bit draft) moves them by ~0.1 or more.
+ROUND_TRIP_REL_ERR = 2e-2
+
+
+def test_graph_round_trips_both_views_against_the_torch_backend(rotated_checkpoint, rotated_onnx):
+    from edge.backends.onnxruntime_step import onnxruntime_engine
+    from edge.backends.torch_ref import TorchBackend
+    from edge.decode.engine import PassEngine
+    from edge.model.checkpoint import load_checkpoint
+    ckpt = load_checkpoint(rotated_checkpoint)
+    assert ckpt.draft_head == "8bit"
+    ort = onnxruntime_engine(ckpt, 32, rotated_onnx["onnx"])
+    ref = PassEngine(ckpt, TorchBackend(ckpt), 32)
+    prompt = [1, 504, 3145, 282, 260, 3622]
+    for view in ("target", "draft"):
+        for eng in (ort, ref):
+            eng.reset()
+            eng.prefill(prompt)
+        got, want = ort.forward([30, 5000], view), ref.forward([30, 5000], view)            # [2, V]
+        err = float((got - want).norm() / want.norm())
+        assert err < ROUND_TRIP_REL_ERR and torch.equal(got.argmax(-1), want.argmax(-1)), (view, err)
+
+
+def test_graph_refuses_the_shortlist_and_a_different_setting(rotated_checkpoint, rotated_onnx, tmp_path):
+    """The step graph serves 8bit (the default) or 4bit; the shortlist is refused in one line naming the fix, and a
+    runtime set to another draft head than its graph's is refused too."""
+    from edge.backends.onnxruntime_step import onnxruntime_engine
+    from edge.errors import BitNestError
+    from edge.model.checkpoint import load_checkpoint, set_draft_head
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "export.py"), "--out", str(rotated_checkpoint),
+                          "--existing", "--onnx", "--draft-head", "shortlist"], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--draft-head 8bit" in out.stderr, out.stderr
+    with pytest.raises(BitNestError, match="serves draft head 8bit and the checkpoint is set to 4bit"):
+        onnxruntime_engine(set_draft_head(load_checkpoint(rotated_checkpoint), "4bit"), 16, rotated_onnx["onnx"])
 
 
 def small_onnx(checkpoint, tmp_path):

@@ -34,6 +34,21 @@ def test_exported_step_graph_follows_tensorrt_10_3_rules(step_model):
     assert check_graph(step_model) == []
 
 
+def test_the_embedding_gather_is_standard_int32_ops(step_model):
+    """The default export's graph gathers embedding rows from the head's word planes: Gather by token id, then only
+    ops the 10.3 parser imports on int32. Putting back a BitShift (the obvious nibble unpacking, which the parser does
+    not import) is named."""
+    ops = {n.op_type for n in step_model.graph.node}
+    assert {"Less", "Where", "Div"} <= ops and "model.embed_tokens.weight" not in \
+        {i.name for i in step_model.graph.initializer}
+    m = _copy(step_model)
+    div = next(n for n in m.graph.node if n.op_type == "Div" and n.input[1] == "rows.nibble_divisors")
+    div.op_type = "BitShift"
+    div.attribute.append(helper.make_attribute("direction", "RIGHT"))
+    found = [v for v in check_graph(m) if v.rule == "op"]
+    assert [v.where for v in found] == [div.name], found
+
+
 def test_uint8_planes_are_named(step_model):
     m = _copy(step_model)
     init = next(i for i in m.graph.initializer if i.name.endswith("q_proj.base"))

@@ -8,15 +8,15 @@ import time
 from edge.analysis.corpora import sharegpt_prompts
 from edge.analysis.trace import StepTrace, trace_prompt
 from edge.cli.common import run_cli
-from edge.cli.options import checkpoint_arg, tool_parser
+from edge.cli.options import checkpoint_arg, draft_head_options, tool_parser
 from edge.decode.config import GateConfig
 from edge.decode.signals import SIGNALS
 from edge.decode.thresholds import (
     RATES,
     rate_key,
-    read_thresholds,
     resolve_gate,
     save_thresholds,
+    thresholds_entry,
 )
 from edge.errors import BitNestError
 from edge.runtime import Runtime
@@ -60,7 +60,8 @@ def calibrate(rt, prompts: int = 12, max_new_tokens: int = 64, rates=RATES) -> d
     """Thresholds for `rates` on `rt` (a Runtime): its checkpoint and backend, greedy target trajectories."""
     t0 = time.time()
     traces = calibration_traces(rt, prompts, max_new_tokens)
-    return {"backend": rt.backend, "prompts": len(traces), "max_new_tokens": max_new_tokens,
+    return {"backend": rt.backend, "draft_head": rt.ckpt.draft_head, "prompts": len(traces),
+            "max_new_tokens": max_new_tokens,
             "source": "ShareGPT conversations [0, 10000) (calibration range), first user turns, chat template; "
                       "target greedy trajectories, low pass on the target's history",
             **thresholds_from_traces(traces, rates), "seconds": round(time.time() - t0, 1)}
@@ -68,7 +69,7 @@ def calibrate(rt, prompts: int = 12, max_new_tokens: int = 64, rates=RATES) -> d
 
 def ensure_thresholds(rt, **calib) -> dict:
     """This runtime's calibrated entry, calibrating (about a minute on 2 cores) and saving it if absent."""
-    entry = read_thresholds(rt.ckpt).get(rt.backend)
+    entry = thresholds_entry(rt.ckpt, rt.backend)
     if entry is None:
         print(f"calibrating gate thresholds for {rt.ckpt.path} on the {rt.backend} backend (once)...", file=sys.stderr)
         entry = calibrate(rt, **calib)
@@ -94,7 +95,7 @@ def main(argv=None, default_checkpoint=None) -> int:
 
     def body():
         ckpt = checkpoint_arg(a, default_checkpoint)
-        rt = Runtime(ckpt, backend=a.backend, max_context=a.max_new_tokens + 2048)
+        rt = Runtime(ckpt, backend=a.backend, max_context=a.max_new_tokens + 2048, **draft_head_options(a))
         entry = calibrate(rt, a.prompts, a.max_new_tokens)
         return dict(entry, file=str(save_thresholds(rt.ckpt, entry)))
     return run_cli(body, a.json, "calibrate_gates.py")

@@ -14,8 +14,10 @@ from edge.analysis.corpora import CORPORA, eval_text
 from edge.backends import BACKENDS, make_backend
 from edge.backends.torch_ref import TorchBackend
 from edge.cli.common import run_cli
+from edge.cli.options import add_draft_head_arguments
+from edge.decode.stats import draft_head_summary
 from edge.errors import BitNestError
-from edge.model.checkpoint import Checkpoint, load_checkpoint
+from edge.model.checkpoint import Checkpoint, load_checkpoint, set_draft_head
 from edge.model.decoder import Decoder
 from edge.model.float_store import FloatWeights
 from edge.model.hf_folder import load_hf_folder
@@ -32,6 +34,8 @@ class EvalOptions:
     reference: str | None = None   # HF folder of the float reference; default: the manifest's source folder
     with_reference: bool = True    # False: views only (a caller that already has the reference's figures)
     backend: str = "torch"         # torch (reference semantics, activations per act_int8) or cpu
+    draft_head: str | None = None  # what the draft reads of a nested head (None: the checkpoint's setting)
+    shortlist_k: int | None = None
 
     def __post_init__(self):
         if self.tokens < 2 or self.window < 2:
@@ -58,11 +62,11 @@ def _windows(ids: torch.Tensor, window: int):
 def evaluate(opts: EvalOptions) -> dict:
     """{"ppl": {"reference"|"draft"|"target": {corpus: x}}, "agreement": {corpus: x}, ...}."""
     t0 = time.time()
-    ckpt = load_checkpoint(opts.checkpoint)
+    ckpt = set_draft_head(load_checkpoint(opts.checkpoint), opts.draft_head, opts.shortlist_k)
     tok = load_tokenizer(ckpt.path)
     weights = TorchBackend(ckpt, act_int8=opts.act_int8) if opts.backend == "torch" \
         else make_backend(opts.backend, ckpt)
-    nested = Decoder(ckpt.config, weights, ckpt.rotations)
+    nested = Decoder(ckpt.config, weights, ckpt.rotations, ckpt.draft_head, ckpt.shortlist_k)
     ref = reference_decoder(ckpt, opts.reference) if opts.with_reference else None
     ppl = {"reference": {}, "draft": {}, "target": {}} if ref else {"draft": {}, "target": {}}
     agreement, target_vs_ref, counted = {}, {}, {}
@@ -89,7 +93,7 @@ def evaluate(opts: EvalOptions) -> dict:
             target_vs_ref[corpus] = round(tref / n, 4)
         counted[corpus] = n
     return {"checkpoint": str(ckpt.path), "method": ckpt.method, "refine": ckpt.manifest.get("refine"),
-            "rotation": ckpt.manifest["rotation"]["kind"], "backend": opts.backend,
+            "rotation": ckpt.manifest["rotation"]["kind"], "backend": opts.backend, **draft_head_summary(ckpt),
             "activations": getattr(weights, "activations", "float32"),
             "ppl": ppl, "agreement": agreement, "target_reference_agreement": target_vs_ref,
             "tokens": counted, "window": opts.window, "seconds": round(time.time() - t0, 1)}
@@ -104,8 +108,9 @@ def main(argv=None) -> int:
     p.add_argument("--act", choices=("float", "int8"), default="float", help="activations of the torch backend's views")
     p.add_argument("--backend", choices=BACKENDS, default="torch", help="backend that runs the nested views")
     p.add_argument("--reference", help="HF folder of the float reference (default: the export's source)")
+    add_draft_head_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object last")
     a = p.parse_args(argv)
     opts = lambda: EvalOptions(a.checkpoint, tuple(a.corpus or CORPORA), a.tokens, a.window, a.act == "int8",
-                               a.reference, backend=a.backend)
+                               a.reference, backend=a.backend, draft_head=a.draft_head, shortlist_k=a.shortlist_k)
     return run_cli(lambda: evaluate(opts()), a.json, "bitnest-evaluate")

@@ -18,8 +18,9 @@ import torch
 from edge.analysis.corpora import shakespeare_prompts, sharegpt_prompts
 from edge.backends import BACKENDS
 from edge.cli.common import run_cli
-from edge.cli.options import checkpoint_arg
+from edge.cli.options import add_draft_head_arguments, checkpoint_arg, draft_head_options
 from edge.decode.config import GenerateConfig
+from edge.decode.stats import draft_head_summary, weight_bytes_per_pass
 from edge.runtime import Runtime, merged_summary
 
 
@@ -55,7 +56,7 @@ def against_reference(rt: Runtime, ref: Runtime, runs: list[tuple[list[int], lis
 
 def lossless(a, ckpt: str) -> dict:
     """Speculative against target greedy output on every prompt, divergences with their logit gaps, and stats."""
-    rt = Runtime(ckpt, backend=a.backend, max_context=a.max_new_tokens + 1024)
+    rt = Runtime(ckpt, backend=a.backend, max_context=a.max_new_tokens + 1024, **draft_head_options(a))
     half = a.prompts // 2
     prompts = [("sharegpt", p, True) for p in sharegpt_prompts(a.prompts - half)] + \
               [("shakespeare", p, False) for p in shakespeare_prompts(half)]
@@ -84,10 +85,11 @@ def lossless(a, ckpt: str) -> dict:
             print(f"{policy}: divergence at token {i} of {text[:40]!r}: top-2 gap {gap:.3g}", file=sys.stderr)
     summaries = {c: {p: _with_fp16_ratio(merged_summary(v)) for p, v in d.items() if v} for c, d in stats.items()}
     out = {"checkpoint": ckpt, "backend": rt.backend, "prompts": len(prompts), "max_new_tokens": a.max_new_tokens,
-           "gamma": a.gamma, "identical": same["speculative"], "identical_by_policy": same,
+           "gamma": a.gamma, **draft_head_summary(rt.ckpt), "weight_bytes_per_pass": {
+               v: weight_bytes_per_pass(rt.ckpt, v) for v in ("draft", "target")}, "identical": same["speculative"], "identical_by_policy": same,
            "divergences": divergences, "lossless": all(d["near_tie"] for d in divergences), "stats": summaries}
     if a.reference != "none" and a.reference != rt.backend:
-        ref = Runtime(ckpt, backend=a.reference, max_context=a.max_new_tokens + 1024)
+        ref = Runtime(ckpt, backend=a.reference, max_context=a.max_new_tokens + 1024, **draft_head_options(a))
         out["reference"] = against_reference(rt, ref, outputs)
     return out
 
@@ -111,6 +113,7 @@ def main(argv=None, default_checkpoint=None) -> int:
     p.add_argument("--reference", default="none", choices=("none",) + BACKENDS,
                    help="also compare the target view with this backend's, teacher-forced on the outputs (torch: the "
                         "reference semantics)")
+    add_draft_head_arguments(p)
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     return run_cli(lambda: lossless(a, checkpoint_arg(a, default_checkpoint)), a.json, "lossless.py")

@@ -15,10 +15,10 @@ import numpy as np
 from edge.analysis.corpora import sharegpt_prompts
 from edge.analysis.significance import bootstrap_ci, roc_auc
 from edge.analysis.trace import StepTrace, trace_prompt
-from edge.decode.stats import linear_bytes_per_pass, weight_bytes_per_pass
-from edge.decode.thresholds import RATES, rate_key, read_thresholds
+from edge.decode.stats import head_bytes_per_pass, head_row_bytes_per_token, weight_bytes_per_pass
+from edge.decode.thresholds import RATES, rate_key, thresholds_entry
 from edge.errors import BitNestError
-from edge.model.checkpoint import HEAD, Checkpoint
+from edge.model.checkpoint import Checkpoint
 
 SPEC_K = (2, 4, 6, 8)
 HEAD_BITS = (16, 8, 4)
@@ -142,12 +142,9 @@ def speculation_replay(traces: list[StepTrace], cost: dict) -> dict:
 def cost_model(ckpt: Checkpoint) -> dict:
     """Bytes one pass reads (paper §3.3): blocks (nested linears, norms, biases) at each view and the head,
     which every pass reads in full; embedding rows are per token and left out."""
-    cfg = ckpt.config
     high, low = weight_bytes_per_pass(ckpt, "target"), weight_bytes_per_pass(ckpt, "draft")
-    if ckpt.head_nested:
-        head_high, head_low = (linear_bytes_per_pass(ckpt.linears[HEAD], v) for v in ("target", "draft"))
-    else:
-        head_high = head_low = cfg.vocab_size * cfg.hidden_size * 2
+    head_high, head_low = (head_bytes_per_pass(ckpt, v) + head_row_bytes_per_token(ckpt, v)
+                           for v in ("target", "draft"))                # a one-token pass, as `high` and `low`
     return {"high_pass": high, "low_pass": low, "blocks_high": high - head_high, "blocks_low": low - head_low,
             "head_high": head_high, "head_low": head_low, "low_share_of_high": low / high,
             "blocks_low_share": (low - head_low) / (high - head_high), "head_share_of_high": head_high / high,
@@ -218,6 +215,8 @@ class ReplayOptions:
     resamples: int = 1000
     seed: int = 0
     plots: Optional[str] = None        # folder for the PNG figures
+    draft_head: Optional[str] = None   # what the draft reads of a nested head (None: the checkpoint's setting)
+    shortlist_k: Optional[int] = None
 
     def __post_init__(self):
         if self.prompts < 1 or self.max_new_tokens < 2 or self.resamples < 10:
@@ -231,7 +230,8 @@ def replay(opts: ReplayOptions) -> dict:
     t0 = time.time()
     prompts = read_prompts(opts.prompts_file) if opts.prompts_file else \
         [(p, True) for p in sharegpt_prompts(opts.prompts)]
-    rt = Runtime(opts.checkpoint, backend=opts.backend, max_context=opts.max_new_tokens + 2048)
+    rt = Runtime(opts.checkpoint, backend=opts.backend, max_context=opts.max_new_tokens + 2048,
+                 draft_head=opts.draft_head, shortlist_k=opts.shortlist_k)
     traces = [trace_prompt(rt.engine, rt.encode(p, chat), opts.max_new_tokens, rt.eos) for p, chat in prompts]
     if not any(len(t) for t in traces):
         raise BitNestError("the trajectories hold no decode steps: raise --max-new-tokens")
@@ -239,7 +239,7 @@ def replay(opts: ReplayOptions) -> dict:
     out = {"checkpoint": str(rt.ckpt.path), "method": rt.ckpt.method, "rotation": rt.ckpt.manifest["rotation"]["kind"],
            "backend": rt.backend, "max_new_tokens": opts.max_new_tokens,
            "prompt_source": opts.prompts_file or "ShareGPT held-out first user turns (chat template)",
-           **analyse(traces, rt.ckpt, read_thresholds(rt.ckpt).get(rt.backend), opts.resamples, opts.seed),
+           **analyse(traces, rt.ckpt, thresholds_entry(rt.ckpt, rt.backend), opts.resamples, opts.seed),
            "trace_seconds": round(traced, 1)}
     if opts.plots:
         from edge.analysis.replay_plots import save_plots
@@ -263,5 +263,5 @@ def main(argv=None, default_checkpoint=None) -> int:
     def body():
         ckpt = checkpoint_arg(a, default_checkpoint)
         return replay(ReplayOptions(ckpt, a.backend, a.prompts_file, a.prompts, a.max_new_tokens, a.resamples,
-                                    a.seed, a.plots))
+                                    a.seed, a.plots, a.draft_head, a.shortlist_k))
     return run_cli(body, a.json, "replay.py")

@@ -58,6 +58,7 @@ def _ci(d: dict, sep: str = " to ") -> str:
 
 # -- quality (export.quality writes quality.json) -----------------------------------------------------------------
 CORPORA = ("sharegpt", "shakespeare", "code")
+DEFAULT_ROW = "bitnest closed, trust 0.1 + rot + nested head, draft head 8bit (default)"  # the default export
 
 
 def quality_table(results: dict) -> str:
@@ -285,7 +286,7 @@ def headline_table(sweep: dict, quality: dict, mc: dict, verify: dict, replay: d
     ad = sw.get("adaptive-g4-stop", g4)
     target_bytes = t["weight_bytes_per_token"]
     n = sweep["prompts"]
-    q = quality["bitnest closed, trust 0.1 + rot (default)"]["eval"]
+    q = quality[DEFAULT_ROW]["eval"]
     ppl = q["ppl"]
     c = mc["configs"]
     v = verify["verify"]

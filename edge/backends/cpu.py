@@ -15,6 +15,7 @@ import torch
 from edge.backends.row_check import RowInvariance
 from edge.errors import BitNestError
 from edge.model.checkpoint import EMBED, HEAD, Checkpoint
+from edge.model.draft_head import DRAFT_HEAD_SHORTLIST
 from plugins.contracts import REFINE_DIVISOR
 from plugins.packing import unpack_nibbles
 
@@ -69,9 +70,10 @@ class CpuInt4Backend:
             # the refinement reuses the base scales on x/16 (exact in bf16) unless an offset must be left out
             sz_ref = sz_base if offset is None else _scales_and_zeros(scale, None)
             self.layout[name] = (_relay(base), _relay(refine), sz_base, sz_ref, spec.group_size)
-        if ckpt.embedding_from_head and ckpt.linears[HEAD].shape[0] % _ROW_BLOCK:
-            raise BitNestError(f"the cpu backend reads embedding rows from the head's planes in blocks of {_ROW_BLOCK} "
-                               "rows, and this vocabulary is not a multiple of it: use --backend torch")
+        rows_read = ckpt.embedding_from_head or ckpt.draft_head == DRAFT_HEAD_SHORTLIST
+        if rows_read and ckpt.linears[HEAD].shape[0] % _ROW_BLOCK:
+            raise BitNestError(f"the cpu backend reads rows of the head's planes (embedding, shortlist) in blocks of "
+                               f"{_ROW_BLOCK} rows, and this vocabulary is not a multiple of it: use --backend torch")
         self.head_w = None if ckpt.head_nested else \
             t[EMBED if ckpt.config.tie_word_embeddings else "lm_head.weight"]
         self.rows = RowInvariance()
@@ -79,8 +81,11 @@ class CpuInt4Backend:
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         if not self.ckpt.embedding_from_head:
             return self.ckpt.tensors[EMBED][ids].float()
-        # target-view rows of the nested head from the re-laid planes, as this backend's target linear computes
-        # them: (q4 s + zero) + qr s/16 with its bfloat16 scales
+        return self._head_target_rows(ids)
+
+    def _head_target_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """float32 [T, K]: target-view rows `ids` [T] of the nested head from the re-laid planes, as this backend's
+        target linear computes them: (q4 s + zero) + qr s/16 with its bfloat16 scales."""
         base, refine, sz_base, sz_ref, g = self.layout[HEAD]
         k = self.ckpt.linears[HEAD].shape[1]
         q4 = (_relaid_rows(base, ids, k) - 8).float()                           # [T, K]
@@ -89,6 +94,14 @@ class CpuInt4Backend:
         zero = sz_base[:, ids, 1].T.float().repeat_interleave(g, dim=1)
         ref_scale = sz_ref[:, ids, 0].T.float().repeat_interleave(g, dim=1)
         return q4 * scale + zero + qr * ref_scale / REFINE_DIVISOR
+
+    def head_rows(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """[M, K]: token m (at this backend's bfloat16 activations) against the head's rows ids[m] at the target view,
+        read back from the re-laid planes (K rows per token), in float32."""
+        m, k = ids.shape
+        rows = self._head_target_rows(ids.reshape(-1)).view(m, k, -1)          # [M, K, H]
+        xb = x.to(torch.bfloat16).float()                                      # [M, H]
+        return torch.bmm(rows, xb.unsqueeze(-1)).squeeze(-1)                   # [M, K]
 
     def norm(self, name: str) -> torch.Tensor:
         return self.ckpt.tensors[name + ".weight"].float()

@@ -12,6 +12,8 @@ from edge.errors import BitNestError
 from edge.model.checkpoint import Checkpoint
 from plugins.contracts import view_code
 from plugins.step_contract import (
+    DRAFT_HEAD_META,
+    FLOAT16_HEAD,
     INPUT_IDS,
     ONNX_DIGEST_SUFFIX,
     KV8_FROM,
@@ -65,6 +67,17 @@ def check_digests(path: Path) -> None:
                            "export it again with `python scripts/export.py --out CKPT --existing --onnx`")
 
 
+def check_graph_draft_head(meta: dict, ckpt: Checkpoint, path) -> None:
+    """The graph serves the draft head `ckpt` is set to (edge.model.draft_head), else a one-line error. A graph
+    exported before the setting existed read the head at the pass's view: `4bit` (or a float16 head)."""
+    want = ckpt.draft_head or FLOAT16_HEAD
+    got = meta.get(DRAFT_HEAD_META, "4bit" if ckpt.head_nested else FLOAT16_HEAD)
+    if got != want:
+        raise BitNestError(f"{path} serves draft head {got} and the checkpoint is set to {want}: pass --draft-head "
+                           f"{got}, or export the graph again with `python scripts/export.py --out {ckpt.path} "
+                           f"--existing --onnx --draft-head {want}`")
+
+
 class OnnxStepRunner:
     """One sequence's KV planes (numpy int32 words [2, Hkv, C, D/8] and float16 scales per layer) and passes
     through an ORT session."""
@@ -109,5 +122,6 @@ def onnxruntime_engine(ckpt: Checkpoint, capacity: int, onnx_path=None, max_toke
         if meta.get("bitnest.weights_sha256") != ckpt.manifest["files"]["model.safetensors"]:
             raise BitNestError(f"{path} was exported from other weights than {ckpt.path}: export it again with "
                                f"`python scripts/export.py --out {ckpt.path} --existing --onnx`")
+        check_graph_draft_head(meta, ckpt, path)
     runner = OnnxStepRunner(session, StepShapes.of(ckpt.config), capacity, max_tokens)
     return StepEngine(ckpt, runner, "onnxruntime")

@@ -31,15 +31,24 @@ class TorchBackend:
         return self.ckpt.tensors[name + ".weight"].float()
 
     def linear(self, name: str, x: torch.Tensor, view: str) -> torch.Tensor:
-        base, refine, scale, offset = self.ckpt.planes(name)
-        refine = refine if view == "target" else None   # the draft never reads the refinement plane
-        if self.act_int8:
-            y = dual_plane_linear_int8(x, base, refine, scale, offset)
-        else:
-            w = dequantized_weight(base, refine, scale, view, offset)
-            y = rowwise(lambda r: r.float() @ w.T, x)
+        y = self._planes_linear(x, *self.ckpt.planes(name), view)
         bias = self.ckpt.tensors.get(name + ".bias")
         return y if bias is None else y + bias.float()
+
+    def _planes_linear(self, x, base, refine, scale, offset, view: str) -> torch.Tensor:
+        refine = refine if view == "target" else None   # the draft never reads the refinement plane
+        if self.act_int8:
+            return dual_plane_linear_int8(x, base, refine, scale, offset)
+        w = dequantized_weight(base, refine, scale, view, offset)
+        return rowwise(lambda r: r.float() @ w.T, x)
+
+    def head_rows(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """[M, K]: token m against the head's rows ids[m] at the target view, by the same op as the whole head (each
+        output row is computed alone: these equal the whole head's logits at those rows bit for bit)."""
+        base, refine, scale, offset = self.ckpt.planes(HEAD)
+        pick = lambda t, r: None if t is None else t[r]
+        return torch.cat([self._planes_linear(x[m:m + 1], base[r], refine[r], scale[r], pick(offset, r), "target")
+                          for m, r in enumerate(ids)])
 
     def head(self, x: torch.Tensor, view: str) -> torch.Tensor:
         if self.ckpt.head_nested:

@@ -65,6 +65,14 @@ class TritonBackend:
         bias = self.ckpt.tensors.get(name + ".bias")
         return y if bias is None else y + bias.float()
 
+    def head_rows(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """[M, K]: token m against the head's rows ids[m] at the target view (their planes gathered on the device,
+        K rows each, through the same GEMV as the whole head)."""
+        base, refine, scale, offset = self.ckpt.planes(HEAD)
+        pick = lambda t, r: None if t is None else t[r]
+        return torch.cat([self.k.dual_plane_linear(x[m:m + 1], base[r], refine[r], scale[r], "target", pick(offset, r))
+                          for m, r in enumerate(ids)])
+
     def head(self, x: torch.Tensor, view: str) -> torch.Tensor:
         """Logits [M, V] on the kernel device (the engine copies them to the CPU, where the sampler runs)."""
         if self.ckpt.head_nested:

@@ -21,8 +21,9 @@ from edge.backends.onnxruntime_step import OnnxStepRunner, open_session
 from edge.checks.step_reference import StepReference, unpack
 from edge.decode.kv_cache import KVRead
 from edge.errors import BitNestError
-from edge.model.checkpoint import Checkpoint
-from plugins.step_contract import EMBEDDED, StepShapes, residual
+from edge.model.checkpoint import Checkpoint, set_draft_head
+from edge.model.draft_head import DRAFT_HEADS
+from plugins.step_contract import DRAFT_HEAD_META, EMBEDDED, StepShapes, residual
 
 # (weight view, KV view): verification (target, KV8), drafting at short context (draft, KV8) and at long
 # context (draft, KV4).
@@ -99,7 +100,7 @@ def compare_prompt(ckpt: Checkpoint, session, ids: list[int], mode: str, opts: C
     """One prompt in one mode: chunked prompt passes, then greedy passes (the reference's token fed back)."""
     view, kv = MODES[mode]
     capacity = len(ids) + opts.new_tokens + 1
-    ref = StepReference(ckpt.path, capacity)
+    ref = StepReference(ckpt.path, capacity, ckpt.draft_head)
     runner = OnnxStepRunner(session, StepShapes.of(ckpt.config), capacity)
     passes, length = [], 0
     chunks = [ids[i:i + opts.chunk] for i in range(0, len(ids), opts.chunk)]
@@ -129,6 +130,9 @@ def compare(ckpt: Checkpoint, session, prompts: list[list[int]], opts: CheckOpti
     the same input, relative to the layer's own contribution (a flipped INT8 or KV code moves one layer by up to
     ~1e-2; float32 rounding alone gives ~1e-6); `kv_code_flip_rate`: new KV codes that differ. `session` comes
     from `check_session`."""
+    served = session.get_modelmeta().custom_metadata_map.get(DRAFT_HEAD_META)
+    if ckpt.head_nested and served in DRAFT_HEADS:     # check the head as the graph serves it (its export's setting)
+        set_draft_head(ckpt, served)
     modes = {}
     for mode in opts.modes:
         rs = [compare_prompt(ckpt, session, ids, mode, opts) for ids in prompts]
@@ -139,7 +143,8 @@ def compare(ckpt: Checkpoint, session, prompts: list[list[int]], opts: CheckOpti
                        "kv_code_flip_rate": sum(r["kv_code_flips"] for r in rs) / sum(r["kv_codes"] for r in rs),
                        "passes": sum(r["passes"] for r in rs)}
     worst = lambda k, f=max: f(m[k] for m in modes.values())
-    return {"max_rel_err": worst("max_rel_err"), "layer_err_median": worst("layer_err_median"),
+    return {"draft_head": ckpt.draft_head, "max_rel_err": worst("max_rel_err"),
+            "layer_err_median": worst("layer_err_median"),
             "layer_err_max": worst("layer_err_max"), "argmax_agreement": worst("argmax_agreement", min),
             "kv_code_flip_rate": worst("kv_code_flip_rate"), "modes": modes}
 

@@ -54,9 +54,11 @@ def dequantize_kv(base: np.ndarray, refine: np.ndarray, scale: np.ndarray, kv8_f
 
 class StepReference:
     """One sequence's decoder steps over a checkpoint folder, with its own nested KV planes: `step(ids, view,
-    seq_len, kv8_from)` has the step graph's semantics (plugins.step_contract) and returns logits [M, V]."""
+    seq_len, kv8_from)` has the step graph's semantics (plugins.step_contract) and returns logits [M, V]. A nested
+    head is read at the view its draft head gives the pass (docs/contracts.md, the draft head): `8bit` the target
+    view in both views, `4bit` the pass's view; `draft_head` None takes the manifest's (absent: `4bit`)."""
 
-    def __init__(self, checkpoint, capacity: int):
+    def __init__(self, checkpoint, capacity: int, draft_head: str | None = None):
         from safetensors.numpy import load_file
         folder = Path(checkpoint)
         m = json.loads((folder / "manifest.json").read_text())
@@ -66,6 +68,9 @@ class StepReference:
         self.d, self.eps, self.theta = c["head_dim"], c["rms_norm_eps"], c["rope_theta"]
         self.tied = c["tie_word_embeddings"]
         self.embedding = m.get("embedding", "float16")
+        self.draft_head = draft_head or m.get("draft_head", "4bit")
+        if self.draft_head not in ("8bit", "4bit"):
+            raise ValueError(f"the step reference reads the head at 8 or 4 bits, not {self.draft_head!r}")
         self.t = load_file(str(folder / "model.safetensors"))
         self.groups = {n: s["group_size"] for n, s in m["linears"].items()}
         rot = m.get("rotation") or {}
@@ -170,7 +175,7 @@ class StepReference:
             x = x @ self.r1.T
         x = self.norm(x, "model.norm")
         if "lm_head.base" in self.t:
-            return self.linear("lm_head", x, view)
+            return self.linear("lm_head", x, "target" if self.draft_head == "8bit" else view)
         w = self.t["model.embed_tokens.weight" if self.tied else "lm_head.weight"]                 # float16 [V, H]
         return np.concatenate([x @ w[i:i + 8192].astype(np.float64).T for i in range(0, w.shape[0], 8192)], -1)
 

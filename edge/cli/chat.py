@@ -11,9 +11,11 @@ from edge.backends import BACKENDS, check_backend
 from edge.cli.common import run_cli
 from edge.cli.options import (
     adaptive_config,
+    add_draft_head_arguments,
     add_meter_arguments,
     add_policy_arguments,
     checkpoint_arg,
+    draft_head_options,
     gate_config,
     make_meter_from,
 )
@@ -55,6 +57,7 @@ def parser(prog: str = "chat.py") -> argparse.ArgumentParser:
     p.add_argument("--recent", type=int, default=256, help="KV8 window of the recent draft KV view")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
+    add_draft_head_arguments(p)
     add_policy_arguments(p)
     add_meter_arguments(p)
     p.add_argument("--energy-log", help="append every power sample with its phase (prefill, draft, verify, idle) "
@@ -158,7 +161,7 @@ def merged(stats: list, energy: EnergySession) -> dict:
 def converse(a, cfg: GenerateConfig) -> dict:
     """The chat command's body: one prompt, a prompts file, or the interactive loop."""
     rt = Runtime(a.checkpoint, backend=a.backend, max_context=a.max_context or (None if a.device else 2048),
-                 scratch=max(8, cfg.most_proposals + 1), device=a.device)
+                 scratch=max(8, cfg.most_proposals + 1), device=a.device, **draft_head_options(a))
     cfg = replace(cfg, gate=resolve_gate(rt.ckpt, rt.backend, cfg.policy, cfg.gate))
     if cfg.policy == "auto":         # the pass costs before the first answer (read from the cache, or timed once)
         note = rt.cost_table(remeasure=a.remeasure_costs).note

@@ -14,7 +14,13 @@ from pathlib import Path
 from edge.analysis.corpora import sharegpt_prompts
 from edge.backends import BACKENDS
 from edge.cli.common import pyplot, run_cli
-from edge.cli.options import add_meter_arguments, checkpoint_arg, make_meter_from
+from edge.cli.options import (
+    add_draft_head_arguments,
+    add_meter_arguments,
+    checkpoint_arg,
+    draft_head_options,
+    make_meter_from,
+)
 from edge.decode.generate import GenerateConfig
 from edge.decode.registry import POLICIES
 from edge.energy.decode_energy import energy_summary, idle_power, metered_generate
@@ -55,11 +61,12 @@ def joules(a, default_checkpoint=None) -> dict:
     if bad:
         raise BitNestError(f"unknown policy {bad[0]!r}: use a comma list of {', '.join(POLICIES)}")
     a.checkpoint = checkpoint_arg(a, default_checkpoint)
-    rt = Runtime(a.checkpoint, backend=a.backend, max_context=a.max_new_tokens + 1024)
+    rt = Runtime(a.checkpoint, backend=a.backend, max_context=a.max_new_tokens + 1024, **draft_head_options(a))
     prompts = [rt.encode(p) for p in sharegpt_prompts(a.prompts)]
     meter = make_meter_from(a)
     out = {"checkpoint": a.checkpoint, "checkpoint_name": Path(a.checkpoint).name, "backend": a.backend,
-           "meter": meter.name, "prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "gamma": a.gamma}
+           "meter": meter.name, "prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "gamma": a.gamma,
+           "draft_head": rt.ckpt.draft_head}
     try:
         out["idle"] = idle_power(meter, a.idle_seconds)
         out["policies"] = {}
@@ -90,5 +97,6 @@ def main(argv=None, default_checkpoint=None) -> int:
     p.add_argument("--plot", help="write a PNG of tok/s and J/token per policy")
     p.add_argument("--json", action="store_true")
     add_meter_arguments(p)
+    add_draft_head_arguments(p)
     a = p.parse_args(argv)
     return run_cli(lambda: joules(a, default_checkpoint), a.json, "joules_per_token.py")

@@ -9,6 +9,7 @@ from edge.backends import BACKENDS
 from edge.decode.adaptive import AdaptiveConfig
 from edge.decode.config import PHASE_ORDERS, GateConfig
 from edge.decode.signals import SIGNALS
+from edge.model.draft_head import DRAFT_HEADS, SHORTLIST_K
 from edge.errors import BitNestError
 
 
@@ -17,8 +18,25 @@ def tool_parser(prog: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", help="nested checkpoint folder (default: the embedded SmolLM2 export)")
     p.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: native where it builds, else cpu "
                    "(the chat's default: thresholds are calibrated per backend)")
+    add_draft_head_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object last")
     return p
+
+
+def add_draft_head_arguments(p: argparse.ArgumentParser) -> None:
+    """--draft-head / --shortlist-k: what the draft reads of a nested LM head (edge.model.draft_head), overriding the
+    checkpoint's setting; a float16 head refuses them in one line."""
+    g = p.add_argument_group("draft head (checkpoints with a nested LM head)")
+    g.add_argument("--draft-head", choices=DRAFT_HEADS, help="8bit: the draft reads the head at the target's 8-bit "
+                   "view; 4bit: its base plane; shortlist: the base plane's top K rows re-scored at 8 bits "
+                   "(default: the checkpoint's setting)")
+    g.add_argument("--shortlist-k", type=int, help=f"rows the shortlist re-scores (default: the checkpoint's, "
+                   f"{SHORTLIST_K} unless it records another)")
+
+
+def draft_head_options(a) -> dict:
+    """The Runtime keyword arguments of the draft-head options."""
+    return {"draft_head": a.draft_head, "shortlist_k": a.shortlist_k}
 
 
 def checkpoint_arg(a, default_checkpoint) -> str:

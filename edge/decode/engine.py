@@ -16,7 +16,7 @@ from edge.decode.kv_cache import (
     NestedKVCache,
     kv_bytes_per_position,
 )
-from edge.decode.stats import DecodeStats, embedding_row_bytes, weight_bytes_per_pass
+from edge.decode.stats import DecodeStats, embedding_row_bytes, head_row_bytes_per_token, weight_bytes_per_pass
 from edge.errors import BitNestError
 from edge.model.checkpoint import Checkpoint
 from edge.model.decoder import Decoder, WeightStore
@@ -44,8 +44,10 @@ class Engine(ABC):
         self.max_pass_tokens = max_pass_tokens
         self.prefill_chunk = min(prefill_chunk, max_pass_tokens or prefill_chunk)
         self.length = 0
-        self.pass_weight_bytes = {v: weight_bytes_per_pass(ckpt, v) for v in (DRAFT, TARGET)}
+        # bytes a pass reads whatever its width, and per token of it (its embedding row, the shortlist's head rows)
+        self.pass_weight_bytes = {v: weight_bytes_per_pass(ckpt, v, tokens=0) for v in (DRAFT, TARGET)}
         self.embed_row_bytes = embedding_row_bytes(ckpt) if embed_row_bytes is None else embed_row_bytes
+        self.token_weight_bytes = {v: self.embed_row_bytes + head_row_bytes_per_token(ckpt, v) for v in (DRAFT, TARGET)}
         self.kv_position_bytes = {True: kv_bytes_per_position(cfg, "nested"), False: kv_bytes_per_position(cfg, "kv4")}
         self.stats = DecodeStats(policy="", backend=backend)
         # called with the phase each pass belongs to ("prefill", "draft", "verify": a pass of the target view in
@@ -95,7 +97,7 @@ class Engine(ABC):
         if self.on_phase is not None:
             self.on_phase("draft" if view == DRAFT else "verify")
         logits = self._forward(ids, view, start, kv, draft_slot, last_only)
-        self.stats.record_pass(view, self.pass_weight_bytes[view] + len(ids) * self.embed_row_bytes,
+        self.stats.record_pass(view, self.pass_weight_bytes[view] + len(ids) * self.token_weight_bytes[view],
                                self.kv_bytes(start + len(ids), kv))
         return logits
 
@@ -157,7 +159,7 @@ class PassEngine(Engine):
         super().__init__(ckpt, capacity, backend.name, backend.activations, prefill_chunk=prefill_chunk)
         cfg = ckpt.config
         self.backend = backend
-        self.decoder = Decoder(cfg, backend, ckpt.rotations)
+        self.decoder = Decoder(cfg, backend, ckpt.rotations, ckpt.draft_head, ckpt.shortlist_k)
         self.cache = NestedKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, capacity, scratch,
                                    device=backend.device, ops=backend.attention_ops)
 

@@ -7,11 +7,13 @@ SIGNALS = ("entropy", "margin")
 
 
 def entropy_and_margin(logits: torch.Tensor) -> tuple[float, float]:
-    """Entropy (nats) of softmax(logits) and the gap between the two largest logits; logits [V]."""
+    """Entropy (nats) of softmax(logits) and the gap between the two largest logits; logits [V]. Tokens at -inf
+    (outside a shortlist draft's candidates, edge.model.draft_head) have probability 0 and add 0 to the entropy."""
     z = logits.double()
     logp = torch.log_softmax(z, dim=-1)
     top = torch.topk(z, 2).values
-    return float(-(logp.exp() * logp).sum()), float(top[0] - top[1])
+    plogp = torch.where(torch.isneginf(logp), 0.0, logp.exp() * logp)
+    return float(-plogp.sum()), float(top[0] - top[1])
 
 
 def is_uncertain(signal: str, value: float, threshold: float) -> bool:

@@ -6,6 +6,7 @@ steps from the generation loop."""
 from dataclasses import dataclass, field
 
 from edge.model.checkpoint import HEAD, Checkpoint, LinearSpec
+from edge.model.draft_head import DRAFT_HEAD_SHORTLIST, head_view
 
 
 def linear_bytes_per_pass(spec: LinearSpec, view: str) -> int:
@@ -15,19 +16,37 @@ def linear_bytes_per_pass(spec: LinearSpec, view: str) -> int:
     return n * k // 2 * (2 if view == "target" else 1) + 2 * groups * (2 if spec.offset else 1)
 
 
-def weight_bytes_per_pass(ckpt: Checkpoint, view: str) -> int:
-    """Bytes of weights one pass of `view` reads by the nested format (docs/contracts.md): the base plane and
-    scales (and offsets) of every nested linear, the refinement plane too for the target, biases, norms
-    and a float16 head, which every pass reads in full. Embedding rows are counted per token apart."""
-    total = sum(linear_bytes_per_pass(spec, view) for spec in ckpt.linears.values())
-    t = ckpt.tensors
-    for name, tensor in t.items():
-        if name.endswith(".bias") or "layernorm" in name or name == "model.norm.weight":
-            total += tensor.numel() * tensor.element_size()
+def head_bytes_per_pass(ckpt: Checkpoint, view: str) -> int:
+    """Bytes of the head a pass of `view` reads whatever its width: a float16 head in full; a nested head at the view
+    its draft-head setting gives the pass (edge.model.draft_head), the shortlist's base plane and scales (its
+    re-scored rows are per token: `head_row_bytes_per_token`)."""
     if not ckpt.head_nested:
         cfg = ckpt.config
-        total += cfg.vocab_size * cfg.hidden_size * 2
-    return total
+        return cfg.vocab_size * cfg.hidden_size * 2
+    at = head_view(ckpt.draft_head, view)
+    return linear_bytes_per_pass(ckpt.linears[HEAD], "draft" if at == DRAFT_HEAD_SHORTLIST else at)
+
+
+def head_row_bytes_per_token(ckpt: Checkpoint, view: str) -> int:
+    """Bytes each token of a pass of `view` reads of the head beyond `head_bytes_per_pass`: for the shortlist draft,
+    its K rows at the target view, i.e. their refinement plane and their scales (and offsets) again; else 0."""
+    if not ckpt.head_nested or head_view(ckpt.draft_head, view) != DRAFT_HEAD_SHORTLIST:
+        return 0
+    spec = ckpt.linears[HEAD]
+    k = spec.shape[1]
+    return ckpt.shortlist_k * (k // 2 + 2 * (k // spec.group_size) * (2 if spec.offset else 1))
+
+
+def weight_bytes_per_pass(ckpt: Checkpoint, view: str, tokens: int = 1) -> int:
+    """Bytes of weights one pass of `view` over `tokens` tokens reads by the nested format (docs/contracts.md): the
+    base plane and scales (and offsets) of every nested linear, the refinement plane too for the target, biases,
+    norms, and the head as the draft-head setting reads it (a float16 head in full; the shortlist's rows per token).
+    Embedding rows are counted per token apart (`embedding_row_bytes`)."""
+    total = sum(linear_bytes_per_pass(spec, view) for name, spec in ckpt.linears.items() if name != HEAD)
+    for name, tensor in ckpt.tensors.items():
+        if name.endswith(".bias") or "layernorm" in name or name == "model.norm.weight":
+            total += tensor.numel() * tensor.element_size()
+    return total + head_bytes_per_pass(ckpt, view) + tokens * head_row_bytes_per_token(ckpt, view)
 
 
 def embedding_row_bytes(ckpt: Checkpoint) -> int:
@@ -38,6 +57,14 @@ def embedding_row_bytes(ckpt: Checkpoint) -> int:
     spec = ckpt.linears[HEAD]
     k = spec.shape[1]
     return k + 2 * (k // spec.group_size) * (2 if spec.offset else 1)
+
+
+def draft_head_summary(ckpt: Checkpoint) -> dict:
+    """What the stats say about the head: `draft_head` (None: a float16 head) and, for the shortlist, `shortlist_k`."""
+    out = {"draft_head": ckpt.draft_head}
+    if ckpt.draft_head == DRAFT_HEAD_SHORTLIST:
+        out["shortlist_k"] = ckpt.shortlist_k
+    return out
 
 
 def fp16_weight_bytes_per_pass(ckpt: Checkpoint) -> int:

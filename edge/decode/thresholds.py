@@ -13,6 +13,7 @@ from edge.decode.config import GateConfig
 from edge.decode.registry import policy_class
 from edge.errors import BitNestError
 from edge.model.checkpoint import WEIGHTS, Checkpoint
+from edge.model.draft_head import DRAFT_HEAD_UNRECORDED
 
 RATES = (0.03, 0.07, 0.15, 0.30)
 THRESHOLDS_FILE = "gate_thresholds.json"
@@ -44,6 +45,20 @@ def read_thresholds(ckpt: Checkpoint) -> dict:
     return backends
 
 
+def recorded_draft_head(ckpt: Checkpoint):
+    """The draft head the manifest records (what an entry without a `draft_head` was calibrated with)."""
+    return ckpt.manifest.get("draft_head", DRAFT_HEAD_UNRECORDED) if ckpt.head_nested else None
+
+
+def thresholds_entry(ckpt: Checkpoint, backend: str) -> dict | None:
+    """The backend's calibrated entry where it was calibrated with the draft head `ckpt` runs now (the draft's
+    logits, hence its entropy and margin, depend on it), else None."""
+    entry = read_thresholds(ckpt).get(backend)
+    if entry is None or entry.get("draft_head", recorded_draft_head(ckpt)) != ckpt.draft_head:
+        return None
+    return entry
+
+
 def save_thresholds(ckpt: Checkpoint, entry: dict) -> Path:
     """Merge one backend's entry into the file beside the checkpoint, atomically (temp file + rename)."""
     backends = read_thresholds(ckpt)
@@ -64,11 +79,13 @@ def resolve_gate(ckpt: Checkpoint, backend: str, policy: str, gate: GateConfig) 
     cls = policy_class(policy)
     if not cls.needs_threshold or gate.threshold is not None:
         return gate
-    entry = read_thresholds(ckpt).get(backend)
+    entry = thresholds_entry(ckpt, backend)
     if entry is None:
+        head = f" --draft-head {ckpt.draft_head}" if ckpt.draft_head != recorded_draft_head(ckpt) else ""
         raise BitNestError(f"{policy} needs a threshold and {ckpt.path} has none calibrated for the {backend} "
-                           f"backend: run `bitnest calibrate --checkpoint {ckpt.path} --backend {backend}` (about a "
-                           "minute), or pass --gate-threshold")
+                           f"backend{' and draft head ' + ckpt.draft_head if head else ''}: run `bitnest calibrate "
+                           f"--checkpoint {ckpt.path} --backend {backend}{head}` (about a minute), or pass "
+                           "--gate-threshold")
     table = entry.get(cls.signal_of(gate))
     if not isinstance(table, dict):
         raise BitNestError(f"{ckpt.path / THRESHOLDS_FILE} holds no {cls.signal_of(gate)} thresholds for the "

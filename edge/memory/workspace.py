@@ -76,7 +76,7 @@ def one_layer_meta(ckpt: Checkpoint) -> Checkpoint:
     meta = lambda t: None if t is None else torch.empty(t.shape, dtype=t.dtype, device="meta")
     rot = replace(ckpt.rotations, r1=meta(ckpt.rotations.r1))
     return Checkpoint(ckpt.path, ckpt.manifest, cfg, {n: s for n, s in ckpt.linears.items() if keep(n)},
-                      {n: meta(t) for n, t in ckpt.tensors.items() if keep(n)}, rot)
+                      {n: meta(t) for n, t in ckpt.tensors.items() if keep(n)}, rot, ckpt.draft_head, ckpt.shortlist_k)
 
 
 class DryRun:

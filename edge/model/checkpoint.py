@@ -11,6 +11,7 @@ import torch
 from edge.errors import BitNestError, CheckpointError
 from edge.model.arch import ARCHITECTURES, BLOCK_LINEARS, BLOCK_NORMS, ModelConfig
 from edge.model.decoder import OnlineRotations
+from edge.model.draft_head import DRAFT_HEAD_UNRECORDED, SHORTLIST_K, check_draft_head, check_shortlist_k
 from plugins.contracts import FORMAT_VERSION
 
 FORMAT_NAME = "bitnest-nested"
@@ -36,7 +37,12 @@ class LinearSpec:
 
 @dataclass
 class Checkpoint:
-    """A validated nested checkpoint, tensors loaded (planes stay packed)."""
+    """A validated nested checkpoint, tensors loaded (planes stay packed).
+
+    `draft_head` is what the draft pass reads of a nested head (edge.model.draft_head: `8bit`, `4bit` or
+    `shortlist`; None for a float16 head) and `shortlist_k` the rows the shortlist re-scores: the manifest's
+    (`draft_head` absent: `4bit`), or a runtime's override (`set_draft_head`) made before any engine is built.
+    Every engine reads these two attributes and nothing else."""
 
     path: Path
     manifest: dict[str, Any]
@@ -44,6 +50,12 @@ class Checkpoint:
     linears: dict[str, LinearSpec]
     tensors: dict[str, torch.Tensor]
     rotations: OnlineRotations
+    draft_head: Optional[str] = None
+    shortlist_k: int = SHORTLIST_K
+
+    def __post_init__(self):
+        if self.draft_head is None and self.head_nested:    # built in memory (edge.memory.synthetic): as a manifest
+            self.draft_head = self.manifest.get("draft_head", DRAFT_HEAD_UNRECORDED)
 
     @property
     def method(self) -> str:
@@ -73,8 +85,9 @@ def sha256_file(path: Path) -> str:
 
 
 SEAL = "manifest_sha256"
-MANIFEST_FIELDS = {"format", "format_version", "config", "method", "refine", "quant", "head", "embedding", "linears",
-                   "rotation", "calibration", "source", "activations", "export", "files", "tokenizer_files", SEAL}
+MANIFEST_FIELDS = {"format", "format_version", "config", "method", "refine", "quant", "head", "embedding", "draft_head",
+                   "shortlist_k", "linears", "rotation", "calibration", "source", "activations", "export", "files",
+                   "tokenizer_files", SEAL}
 
 
 def manifest_seal(m: dict[str, Any]) -> str:
@@ -225,6 +238,37 @@ def validate_tensors(cfg: ModelConfig, specs: dict[str, LinearSpec], tensors: di
         _check_tensor(tensors, R1_TENSOR, torch.float32, (h, h))
 
 
+def _draft_head(cfg: ModelConfig, m: dict[str, Any]) -> tuple[Optional[str], int]:
+    """(draft head, shortlist size) the manifest records: None for a float16 head, `4bit` where a nested head's
+    manifest predates the field."""
+    if m.get("head") != "nested":
+        if "draft_head" in m or "shortlist_k" in m:
+            raise CheckpointError("the manifest sets a draft head but the head is float16: re-export the checkpoint")
+        return None, SHORTLIST_K
+    try:
+        return (check_draft_head(m.get("draft_head", DRAFT_HEAD_UNRECORDED)),
+                check_shortlist_k(m.get("shortlist_k", SHORTLIST_K), cfg.vocab_size))
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"manifest: {str(e)[:120]}: re-export the checkpoint") from None
+
+
+def set_draft_head(ckpt: Checkpoint, draft_head: Optional[str] = None, shortlist_k: Optional[int] = None) -> Checkpoint:
+    """Override what the draft reads of the head (before any engine is built from `ckpt`); None keeps the
+    manifest's. BitNestError in one line for a float16 head or a bad value."""
+    if draft_head is None and shortlist_k is None:
+        return ckpt
+    if not ckpt.head_nested:
+        raise BitNestError(f"--draft-head needs a nested LM head, and {ckpt.path} has a float16 head (both views read "
+                           "it in full): export the checkpoint with the nested head (the default)")
+    try:
+        ckpt.draft_head = check_draft_head(draft_head) if draft_head is not None else ckpt.draft_head
+        ckpt.shortlist_k = check_shortlist_k(shortlist_k, ckpt.config.vocab_size) if shortlist_k is not None \
+            else ckpt.shortlist_k
+    except ValueError as e:
+        raise BitNestError(str(e)) from None
+    return ckpt
+
+
 def load_checkpoint(path, verify: bool = True) -> Checkpoint:
     """Read and validate a nested checkpoint folder; raises CheckpointError (one line) on any defect."""
     from safetensors import SafetensorError
@@ -250,4 +294,5 @@ def load_checkpoint(path, verify: bool = True) -> Checkpoint:
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"{path}/{WEIGHTS} cannot be read ({str(e).splitlines()[0][:120]}): re-export it")
     validate_tensors(cfg, specs, tensors, m)
-    return Checkpoint(path, m, cfg, specs, tensors, _rotations(m, tensors, cfg))
+    draft_head, shortlist_k = _draft_head(cfg, m)
+    return Checkpoint(path, m, cfg, specs, tensors, _rotations(m, tensors, cfg), draft_head, shortlist_k)

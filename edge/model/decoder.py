@@ -7,6 +7,7 @@ from typing import Optional, Protocol
 import torch
 
 from edge.model.arch import ModelConfig
+from edge.model.draft_head import DRAFT_HEAD_SHORTLIST, SHORTLIST_K, head_view, shortlist_logits
 from plugins.decoder_math import (
     attention,
     hadamard_rows,
@@ -26,6 +27,8 @@ class WeightStore(Protocol):
     def norm(self, name: str) -> torch.Tensor: ...                     # [H]
     def linear(self, name: str, x: torch.Tensor, view: str) -> torch.Tensor: ...  # [M, K] -> [M, N]
     def head(self, x: torch.Tensor, view: str) -> torch.Tensor: ...    # [M, H] -> [M, V]
+    # logits [M, K] of the nested head's rows ids[m] for token m, at the target view (the shortlist's re-scoring)
+    def head_rows(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor: ...  # [M, H], [M, K] -> [M, K]
 
 
 @dataclass(frozen=True)
@@ -53,10 +56,13 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Decoder:
-    """Full-sequence causal forward of a Llama/Qwen2 decoder; each linear reads the store at `view`."""
+    """Full-sequence causal forward of a Llama/Qwen2 decoder; each linear reads the store at `view`, the head at the
+    view `draft_head` gives a pass of that view (edge.model.draft_head; None: a float16 head, read in full)."""
 
-    def __init__(self, cfg: ModelConfig, weights: WeightStore, rotations: OnlineRotations = OnlineRotations()):
+    def __init__(self, cfg: ModelConfig, weights: WeightStore, rotations: OnlineRotations = OnlineRotations(),
+                 draft_head: str | None = None, shortlist_k: int = SHORTLIST_K):
         self.cfg, self.weights, self.rot = cfg, weights, rotations
+        self.draft_head, self.shortlist_k = draft_head, shortlist_k
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.weights.embed(ids)                                   # [T, H]
@@ -91,7 +97,16 @@ class Decoder:
 
     def final(self, x: torch.Tensor, view: str) -> torch.Tensor:
         """Residual [T, H] -> logits [T, V]."""
-        return self.weights.head(self.final_norm(x), view)
+        return self.head(self.final_norm(x), view)
+
+    def head(self, h: torch.Tensor, view: str) -> torch.Tensor:
+        """The head's logits [T, V] for a pass of `view` on its input h [T, H]: read at the view the draft-head setting
+        gives; the shortlist re-scores its base-plane top K at the target view (-inf elsewhere)."""
+        at = head_view(self.draft_head, view)
+        if at != DRAFT_HEAD_SHORTLIST:
+            return self.weights.head(h, at)
+        w = self.weights
+        return shortlist_logits(w.head(h, "draft"), self.shortlist_k, lambda ids: w.head_rows(h, ids))
 
     def rope(self, t: int, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = rope_tables(self.cfg, torch.arange(start, start + t), self.weights.dtype)
