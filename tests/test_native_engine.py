@@ -92,7 +92,7 @@ def test_the_step_agrees_with_the_torch_reference(rotated_checkpoint, view):
 def test_bytes_are_counted_by_the_engine_interface(native_rt):
     s = native_rt.generate(native_rt.encode("Name three colours."), GenerateConfig(policy="target", max_new_tokens=6))
     eng, stats = native_rt.engine, s["stats"]
-    emb = native_rt.ckpt.config.hidden_size * 2
+    emb = native_rt.ckpt.config.hidden_size * 2 if not native_rt.ckpt.embedding_from_head else eng.embed_row_bytes
     assert stats.weight_bytes == stats.target_passes * (eng.pass_weight_bytes["target"] + emb) > 0
     assert stats.kv_bytes > 0 and stats.summary()["backend"] == "native"
 
