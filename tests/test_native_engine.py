@@ -15,7 +15,7 @@ from edge.backends.torch_ref import TorchBackend
 from edge.decode.config import DraftKVPolicy, GenerateConfig
 from edge.decode.engine import PassEngine
 from edge.errors import BitNestError
-from edge.model.checkpoint import load_checkpoint
+from edge.model.checkpoint import load_checkpoint, set_draft_head
 from edge.runtime import Runtime
 
 pytestmark = pytest.mark.skipif(native_unavailable() is not None, reason=f"native backend: {native_unavailable()}")
@@ -87,6 +87,41 @@ def test_the_step_agrees_with_the_torch_reference(rotated_checkpoint, view):
     got, want = native.forward(IDS[6:], view), ref.forward(IDS[6:], view)                     # [6, V]
     rows = sorted(float((g - w).norm() / w.norm()) for g, w in zip(got, want))
     assert rows[-2] < 1e-5 and rows[-1] < 5e-3, rows
+
+
+@pytest.mark.parametrize("setting", ["8bit", "4bit", "shortlist"])
+def test_each_draft_head_is_lossless_on_real_prompts(rtn_checkpoint, setting):
+    rt = Runtime(rtn_checkpoint, backend="native", max_context=256, draft_head=setting, shortlist_k=32)
+    assert rt.engine.draft_head == setting
+    for i, text in enumerate(sharegpt_prompts(4)):
+        ids = rt.encode(text)[-120:]
+        target = rt.generate(ids, GenerateConfig(policy="target", max_new_tokens=20))
+        spec = rt.generate(ids, GenerateConfig(policy="speculative", gamma=4, max_new_tokens=20))
+        assert spec["tokens"] == target["tokens"], f"{setting}, prompt {i}"
+        assert spec["stats"].summary()["draft_head"] == setting
+
+
+@pytest.mark.parametrize("setting", ["8bit", "4bit", "shortlist"])
+def test_the_draft_head_agrees_with_the_torch_reference(rotated_checkpoint, setting):
+    """Two real layers at the draft view, each draft-head setting, native against the torch backend: the same
+    logits up to float32 summation order (as the test above), and for the shortlist the same re-scored rows (a
+    near-tie at the shortlist's edge may swap one row) with -inf everywhere else."""
+    k = 32
+    native = NativeEngine(set_draft_head(_layers(rotated_checkpoint, 2), setting, k), 64)
+    ck = set_draft_head(_layers(rotated_checkpoint, 2), setting, k)
+    ref = PassEngine(ck, TorchBackend(ck), 64)
+    native.prefill(IDS[:6])
+    ref.prefill(IDS[:6])
+    for t, token in enumerate(IDS[6:9]):
+        got, want = native.forward([token], "draft")[0], ref.forward([token], "draft")[0]       # [V]
+        native.commit(native.length + 1), ref.commit(ref.length + 1)
+        if setting != "shortlist":
+            assert float((got - want).norm() / want.norm()) < 5e-3, (setting, t)
+            continue
+        g_ids, w_ids = set(torch.isfinite(got).nonzero().flatten().tolist()), set(torch.isfinite(want).nonzero().flatten().tolist())
+        assert len(g_ids) == len(w_ids) == k and len(g_ids & w_ids) >= k - 1, (t, g_ids ^ w_ids)
+        common = sorted(g_ids & w_ids)
+        assert float((got[common] - want[common]).norm() / want[common].norm()) < 5e-3, t
 
 
 def test_bytes_are_counted_by_the_engine_interface(native_rt):
