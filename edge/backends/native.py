@@ -19,6 +19,7 @@ from plugins.hadamard import hadamard_factor_matrices
 
 PLANES = (".base", ".refine")
 QUERY_TILE = 8               # plugins/native/native.h kQueryTile: queries sharing one dequantized K/V entry
+POS_BLOCK = 64               # plugins/native/native.h kPosBlock: cached positions dequantized at a time
 DRAFT_HEADS = {"4bit": 0, "8bit": 1, "shortlist": 2}   # plugins/native/step.h DraftHead
 MAX_PREFILL_CHUNK = 64       # rows of the step's workspace for prefill; a longer pass runs in chunks of its rows
 _threads: int | None = None
@@ -49,7 +50,7 @@ def workspace_bytes(cfg, rows: int, threads: int, capacity: int, r4: bool, short
     own_kv = 2 * cfg.num_kv_heads * rows * (d // 2)                 # this pass's K/V entries: two planes, scales
     per_thread = 4 * rows * widest + rows * widest + 4 * (rows * widest // 64) + 4 * rows \
         + 4 * min(rows, QUERY_TILE) * (cfg.num_heads // cfg.num_kv_heads) * capacity + (4 * (rows * i + i) if r4 else 0) \
-        + 4 * d + 2 * own_kv + 2 * (own_kv // (d // 2)) + 4 * rows * shortlist
+        + 4 * d + 4 * POS_BLOCK * d + 2 * own_kv + 2 * (own_kv // (d // 2)) + 4 * rows * shortlist
     return {"step_buffers": shared + threads * per_thread, "rope_tables": 2 * capacity * d * 4,
             "logits": rows * cfg.vocab_size * 4}
 

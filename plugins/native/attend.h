@@ -56,41 +56,70 @@ inline void softmax_portable(float* sc, int n) {
 }
 
 // One unit of work (native.h AttendWork): query heads [h0, h1) of KV head hkv for queries [t0, t1), in tiles of up
-// to kQueryTile queries that share one dequantization of each cached K and V entry. scores: [kQueryTile, h1 - h0,
-// positions] floats.
+// to kQueryTile queries. For each block of positions, K is dequantized once and every (query, head) of the tile
+// takes its scores from it (Ops::dots: each position's dot in the same order however positions are grouped); an
+// exact softmax per (query, head) over the positions it sees; then V block by block, each (query, head)'s output
+// accumulated over the block's positions in increasing order (Ops::weighted_sum). A query's result therefore does
+// not depend on the other queries of the pass. scores: [kQueryTile, h1 - h0, positions] floats; kvbuf: kPosBlock *
+// D floats.
 template <class Ops>
 void attend_unit(const KVLayer& kv, const KVRange& r, const AttendWork& u, const float* q, int ldq, int hpk,
-                 float* out, int ldo, float* scores) {
+                 float* out, int ldo, float* scores, float* kvbuf) {
   const int D = kv.D, nh = u.h1 - u.h0;
   const float scale = 1.f / std::sqrt(float(D));
-  alignas(64) float vec[512];
   for (int ts = u.t0; ts < u.t1; ts += kQueryTile) {
     const int te = std::min(u.t1, ts + kQueryTile);
     const int n = r.first + te;                           // positions the tile's last query sees
     auto head = [&](int j) { return (size_t(u.hkv) * hpk + u.h0 + j) * D; };
     auto row = [&](int t, int j) { return scores + (size_t(t - ts) * nh + j) * n; };
-    for (int pos = 0; pos < n; ++pos) {
-      const uint8_t *b, *rf;
-      uint16_t sh;
-      kv_entry(kv, r, 0, u.hkv, pos, &b, &rf, &sh);
-      Ops::dequant(b, rf, f16_to_f32(sh), D, pos >= r.kv8_from, vec);
-      for (int t = std::max(ts, pos - r.first); t < te; ++t)    // the queries that see pos
-        for (int j = 0; j < nh; ++j) row(t, j)[pos] = Ops::dot(q + size_t(t) * ldq + head(j), vec, D) * scale;
+    auto load_block = [&](int which, int b0, int b1) {
+      for (int pos = b0; pos < b1; ++pos) {
+        const uint8_t *b, *rf;
+        uint16_t sh;
+        kv_entry(kv, r, which, u.hkv, pos, &b, &rf, &sh);
+        Ops::dequant(b, rf, f16_to_f32(sh), D, pos >= r.kv8_from, kvbuf + size_t(pos - b0) * D);
+      }
+    };
+    for (int b0 = 0; b0 < n; b0 += kPosBlock) {
+      const int b1 = std::min(n, b0 + kPosBlock);
+      load_block(0, b0, b1);
+      for (int t = std::max(ts, b0 - r.first); t < te; ++t) {       // the queries that see position b0
+        const int seen = std::min(b1, r.first + t + 1) - b0;
+        for (int j = 0; j < nh; ++j) {
+          float* sc = row(t, j) + b0;
+          Ops::dots(q + size_t(t) * ldq + head(j), kvbuf, seen, D, sc);
+          for (int i = 0; i < seen; ++i) sc[i] *= scale;
+        }
+      }
     }
     for (int t = ts; t < te; ++t)
       for (int j = 0; j < nh; ++j) {
         Ops::softmax(row(t, j), r.first + t + 1);
         std::fill(out + size_t(t) * ldo + head(j), out + size_t(t) * ldo + head(j) + D, 0.f);
       }
-    for (int pos = 0; pos < n; ++pos) {
-      const uint8_t *b, *rf;
-      uint16_t sh;
-      kv_entry(kv, r, 1, u.hkv, pos, &b, &rf, &sh);
-      Ops::dequant(b, rf, f16_to_f32(sh), D, pos >= r.kv8_from, vec);
-      for (int t = std::max(ts, pos - r.first); t < te; ++t)
-        for (int j = 0; j < nh; ++j) Ops::axpy(row(t, j)[pos], vec, out + size_t(t) * ldo + head(j), D);
+    for (int b0 = 0; b0 < n; b0 += kPosBlock) {
+      const int b1 = std::min(n, b0 + kPosBlock);
+      load_block(1, b0, b1);
+      for (int t = std::max(ts, b0 - r.first); t < te; ++t) {
+        const int seen = std::min(b1, r.first + t + 1) - b0;
+        for (int j = 0; j < nh; ++j) Ops::weighted_sum(out + size_t(t) * ldo + head(j), row(t, j) + b0, kvbuf, seen, D);
+      }
     }
   }
+}
+
+// The portable pieces the vector sets replace: one dot per row, in index order; out += p[i] * v[i] for i in order.
+inline void dots_portable(const float* q, const float* k, int count, int D, float* out) {
+  for (int i = 0; i < count; ++i) {
+    float acc = 0.f;
+    for (int d = 0; d < D; ++d) acc += q[d] * k[size_t(i) * D + d];
+    out[i] = acc;
+  }
+}
+
+inline void weighted_sum_portable(float* out, const float* p, const float* v, int count, int D) {
+  for (int i = 0; i < count; ++i)
+    for (int d = 0; d < D; ++d) out[d] += p[i] * v[size_t(i) * D + d];
 }
 
 }  // namespace

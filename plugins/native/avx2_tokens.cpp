@@ -177,13 +177,6 @@ void axpy(float a, const float* x, float* y, int n) {
   for (; i < n; ++i) y[i] += a * x[i];
 }
 
-void axpy_fma(float a, const float* x, float* y, int n) {
-  const __m256 va = _mm256_set1_ps(a);
-  int i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-  for (; i < n; ++i) y[i] += a * x[i];
-}
-
 float dot(const float* a, const float* b, int n) {
   __m256 acc = _mm256_setzero_ps();
   int i = 0;
@@ -236,6 +229,56 @@ void softmax(float* sc, int n) {
   const __m256 inv = _mm256_set1_ps(1.f / sum);
   for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(sc + i, _mm256_mul_ps(_mm256_loadu_ps(sc + i), inv));
   for (; i < n; ++i) sc[i] *= 1.f / sum;
+}
+
+// Eight rows at a time: per row 8 lanes of partial sums over D, then one transposed reduction of the eight (each
+// row's lanes summed by the same tree: (l0 + l1) + (l2 + l3), then + (l4 + l5) + (l6 + l7) as laid out below). A row
+// outside a whole group of eight is computed in a group padded with copies of the first row: the same tree.
+void dots(const float* q, const float* k, int count, int D, float* out) {
+  if (D % 8) {
+    for (int i = 0; i < count; ++i) {
+      float acc = 0.f;
+      for (int d = 0; d < D; ++d) acc += q[d] * k[size_t(i) * D + d];
+      out[i] = acc;
+    }
+    return;
+  }
+  for (int i0 = 0; i0 < count; i0 += 8) {
+    const float* rows[8];
+    for (int r = 0; r < 8; ++r) rows[r] = k + size_t(i0 + (i0 + r < count ? r : 0)) * D;
+    __m256 a[8];
+    for (int r = 0; r < 8; ++r) a[r] = _mm256_setzero_ps();
+    for (int d = 0; d < D; d += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + d);
+      for (int r = 0; r < 8; ++r) a[r] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[r] + d), a[r]);
+    }
+    const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+    const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);     // [r0..r3 | r0..r3] halves, r4..r7
+    const __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+    alignas(32) float tmp[8];
+    _mm256_store_ps(tmp, s);
+    for (int r = 0; r < 8 && i0 + r < count; ++r) out[i0 + r] = tmp[r];
+  }
+}
+
+void weighted_sum(float* out, const float* p, const float* v, int count, int D) {
+  if (D % 8) {
+    for (int i = 0; i < count; ++i)
+      for (int d = 0; d < D; ++d) out[d] += p[i] * v[size_t(i) * D + d];
+    return;
+  }
+  for (int d0 = 0; d0 < D; d0 += 64) {          // up to 8 registers of the output, kept across the positions
+    const int nv = std::min(8, (D - d0) / 8);
+    __m256 o[8];
+    for (int c = 0; c < nv; ++c) o[c] = _mm256_loadu_ps(out + d0 + 8 * c);
+    for (int i = 0; i < count; ++i) {
+      const __m256 pi = _mm256_set1_ps(p[i]);
+      const float* vi = v + size_t(i) * D + d0;
+      for (int c = 0; c < nv; ++c) o[c] = _mm256_fmadd_ps(pi, _mm256_loadu_ps(vi + 8 * c), o[c]);
+    }
+    for (int c = 0; c < nv; ++c) _mm256_storeu_ps(out + d0 + 8 * c, o[c]);
+  }
 }
 
 // quantize_kv_vector()'s bytes: the same IEEE divisions, round-half-even and clamps, 8 values at a time; the scale

@@ -111,12 +111,13 @@ at::Tensor nested_kv_attention(const at::Tensor& q, const at::Tensor& base, cons
   }
   const at::Tensor qt = q.to(at::kFloat).transpose(0, 1).contiguous();               // [T, Hq, D]
   at::Tensor out = at::empty({T, Hq, D}, at::kFloat);
+  std::vector<float> kvbuf(size_t(kPosBlock) * D);
   std::vector<float> scores(size_t(std::min<int64_t>(T, kQueryTile)) * (Hq / Hkv) * S);
   const KVRange r{S - T, int(main_len), int(kv8_from), scratch_len > 0};
   const Kernels* k = kernels_or_throw(isa);
   for (int h = 0; h < Hkv; ++h)
     k->attend(kv, r, AttendWork{h, 0, Hq / Hkv, 0, T}, qt.data_ptr<float>(), Hq * D, Hq / Hkv, out.data_ptr<float>(),
-              Hq * D, scores.data());
+              Hq * D, scores.data(), kvbuf.data());
   return out.transpose(0, 1).contiguous();                                             // [Hq, T, D]
 }
 

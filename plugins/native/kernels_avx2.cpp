@@ -130,14 +130,16 @@ struct Avx2Ops {
   static void dequant(const uint8_t* b, const uint8_t* rf, float s, int D, bool kv8, float* out) {
     dequant_kv(b, rf, s, D, kv8, out);
   }
-  static float dot(const float* a, const float* b, int n) { return avx2::dot(a, b, n); }
-  static void axpy(float p, const float* x, float* y, int n) { axpy_fma(p, x, y, n); }
+  static void dots(const float* q, const float* k, int count, int D, float* out) { avx2::dots(q, k, count, D, out); }
+  static void weighted_sum(float* out, const float* p, const float* v, int count, int D) {
+    avx2::weighted_sum(out, p, v, count, D);
+  }
   static void softmax(float* sc, int n) { avx2::softmax(sc, n); }
 };
 
 void attend_avx2(const KVLayer& kv, const KVRange& r, const AttendWork& u, const float* q, int ldq, int hpk, float* out,
-                 int ldo, float* scores) {
-  attend_unit<Avx2Ops>(kv, r, u, q, ldq, hpk, out, ldo, scores);
+                 int ldo, float* scores, float* kvbuf) {
+  attend_unit<Avx2Ops>(kv, r, u, q, ldq, hpk, out, ldo, scores, kvbuf);
 }
 
 }  // namespace

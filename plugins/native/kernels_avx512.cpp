@@ -17,6 +17,7 @@
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
 // GCC 12 warns of _mm512_undefined_ps() inside its own conversion intrinsics (a false positive of its headers)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 #include "linear_tiles.h"
 

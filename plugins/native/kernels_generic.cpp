@@ -161,15 +161,17 @@ struct GenericOps {
   static void dequant(const uint8_t* b, const uint8_t* rf, float s, int D, bool kv8, float* out) {
     dequant_kv_portable(b, rf, s, D, kv8, out);
   }
-  static float dot(const float* a, const float* b, int n) { return dot_generic(a, b, n); }
-  static void axpy(float p, const float* x, float* y, int n) { axpy_generic(p, x, y, n); }
+  static void dots(const float* q, const float* k, int count, int D, float* out) { dots_portable(q, k, count, D, out); }
+  static void weighted_sum(float* out, const float* p, const float* v, int count, int D) {
+    weighted_sum_portable(out, p, v, count, D);
+  }
   static void softmax(float* sc, int n) { softmax_portable(sc, n); }
 };
 }  // namespace
 
 static void attend_generic(const KVLayer& kv, const KVRange& r, const AttendWork& u, const float* q, int ldq, int hpk,
-                           float* out, int ldo, float* scores) {
-  attend_unit<GenericOps>(kv, r, u, q, ldq, hpk, out, ldo, scores);
+                           float* out, int ldo, float* scores, float* kvbuf) {
+  attend_unit<GenericOps>(kv, r, u, q, ldq, hpk, out, ldo, scores, kvbuf);
 }
 
 const Kernels& generic_kernels() {

@@ -86,15 +86,19 @@ struct NeonOps {
   static void dequant(const uint8_t* b, const uint8_t* rf, float s, int D, bool kv8, float* out) {
     dequant_kv_portable(b, rf, s, D, kv8, out);
   }
-  static float dot(const float* a, const float* b, int n) { return dot_neon(a, b, n); }
-  static void axpy(float p, const float* x, float* y, int n) { axpy_fma_neon(p, x, y, n); }
+  static void dots(const float* q, const float* k, int count, int D, float* out) {
+    for (int i = 0; i < count; ++i) out[i] = dot_neon(q, k + size_t(i) * D, D);
+  }
+  static void weighted_sum(float* out, const float* p, const float* v, int count, int D) {
+    for (int i = 0; i < count; ++i) axpy_fma_neon(p[i], v + size_t(i) * D, out, D);
+  }
   static void softmax(float* sc, int n) { softmax_portable(sc, n); }
 };
 }  // namespace
 
 static void attend_neon(const KVLayer& kv, const KVRange& r, const AttendWork& u, const float* q, int ldq, int hpk,
-                        float* out, int ldo, float* scores) {
-  attend_unit<NeonOps>(kv, r, u, q, ldq, hpk, out, ldo, scores);
+                        float* out, int ldo, float* scores, float* kvbuf) {
+  attend_unit<NeonOps>(kv, r, u, q, ldq, hpk, out, ldo, scores, kvbuf);
 }
 
 static const Kernels widen_set{"neon-widen", widen::linear, f16_linear_neon, attend_neon, quantize_acts,

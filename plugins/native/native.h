@@ -20,6 +20,7 @@ constexpr int kRowBlock = 16;     // output rows of one interleaved block (layou
 constexpr int kChunk = 8;         // columns of one block chunk: 4 plane bytes a row
 constexpr int kTokenTile = 8;     // tokens sharing one load of every weight chunk
 constexpr int kQueryTile = 8;     // queries whose attention shares one dequantization of each cached K/V entry
+constexpr int kPosBlock = 64;     // cached positions dequantized at a time (into kPosBlock * D floats)
 constexpr int kMaxGroup = 256;    // group sizes the kernels take: 64, 128, 192 or 256 columns
 
 // Weight planes in this backend's layout, made in place at load (layout.cpp) from the canonical planes
@@ -100,9 +101,9 @@ struct Kernels {
   // y[m * ldy + n] = w[n, :] . x[m * ldx + :]  (float16 weights [N, K], natural layout)
   void (*f16_linear)(const uint16_t* w, int K, const float* x, int ldx, int M, float* y, int ldy, int n0, int n1);
   // out[t * ldo + h * D + :] for one unit of causal GQA attention over the nested cache; q [T, Hq*D] (rows ldq
-  // apart); scores: scratch of kQueryTile * hpk * (first + T) floats.
+  // apart); scores: scratch of kQueryTile * hpk * (first + T) floats; kvbuf: kPosBlock * D floats.
   void (*attend)(const KVLayer& kv, const KVRange& r, const AttendWork& u, const float* q, int ldq, int hpk,
-                 float* out, int ldo, float* scores);
+                 float* out, int ldo, float* scores, float* kvbuf);
   // quantize_acts() below, vectorized: the same codes bit for bit
   void (*quantize)(const float* x, int ldx, int M, int K, int G, int8_t* xq, int32_t* xsum, float* sx);
   // g[i] = silu(g[i]) * u[i] for i < n (silu(z) = z / (1 + exp(-z)), exp within 2 ulp of libm's)

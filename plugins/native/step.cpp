@@ -124,7 +124,7 @@ DecoderStep::DecoderStep(const StepDims& dims, const StepWeights& weights, std::
     sc.h.resize(m * widest), sc.xq.resize(m * widest), sc.xsum.resize(m * widest / 64), sc.sx.resize(m);
     sc.scores.resize(size_t(std::min(int(m), kQueryTile)) * (d_.heads / d_.kv_heads) * w_.rope_positions);
     if (!r4_.empty()) sc.r4.resize(m * I), sc.r4buf.resize(I);
-    sc.krot.resize(d_.head_dim), sc.kvb.resize(kv_bytes), sc.kvr.resize(kv_bytes), sc.kvs.resize(kv_bytes / (d_.head_dim / 2));
+    sc.krot.resize(d_.head_dim), sc.kvbuf.resize(size_t(kPosBlock) * d_.head_dim), sc.kvb.resize(kv_bytes), sc.kvr.resize(kv_bytes), sc.kvs.resize(kv_bytes / (d_.head_dim / 2));
     if (d_.draft_head == DraftHead::kShortlist) sc.cand.resize(m * d_.shortlist);
   }
   if (d_.draft_head == DraftHead::kShortlist) chosen_.resize(m * d_.shortlist), rescored_.resize(m * d_.shortlist);
@@ -135,7 +135,8 @@ size_t DecoderStep::workspace_bytes() const {
   for (const auto* v : {&x_, &qkv_, &att_, &tmp_, &gate_, &up_, &rescored_}) n += v->size() * sizeof(float);
   n += chosen_.size() * sizeof(int);
   for (const Scratch& sc : scratch_)
-    n += (sc.h.size() + sc.sx.size() + sc.scores.size() + sc.r4.size() + sc.r4buf.size() + sc.krot.size()) * sizeof(float) +
+    n += (sc.h.size() + sc.sx.size() + sc.scores.size() + sc.r4.size() + sc.r4buf.size() + sc.krot.size() +
+          sc.kvbuf.size()) * sizeof(float) +
          sc.xq.size() + sc.xsum.size() * sizeof(int32_t) + sc.kvb.size() + sc.kvr.size() + sc.kvs.size() * 2 +
          sc.cand.size() * sizeof(int);
   return n;
@@ -216,7 +217,8 @@ void DecoderStep::attention(int l, int M, const KVRange& r0, int tid, int nt) {
         rope(&qkv_[size_t(t) * Q + (size_t(j) * hpk + h) * D], w_.rope_cos + size_t(pos) * D,
              w_.rope_sin + size_t(pos) * D, D);
     }
-    k_->attend(kv, r, AttendWork{j, h0, h1, 0, M}, qkv_.data(), Q, hpk, att_.data(), A, sc.scores.data());
+    k_->attend(kv, r, AttendWork{j, h0, h1, 0, M}, qkv_.data(), Q, hpk, att_.data(), A, sc.scores.data(),
+               sc.kvbuf.data());
     u += h1 - h0;
   }
 }

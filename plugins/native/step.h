@@ -78,7 +78,7 @@ class DecoderStep {
   // this pass's KV entries (every KV head, read by its attention while one thread writes them to the cache), and
   // the shortlist candidates of its slice of the vocabulary.
   struct Scratch {
-    std::vector<float> h, sx, scores, r4, r4buf, krot;
+    std::vector<float> h, sx, scores, r4, r4buf, krot, kvbuf;
     std::vector<int8_t> xq;
     std::vector<int32_t> xsum;
     std::vector<uint8_t> kvb, kvr;

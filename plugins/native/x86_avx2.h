@@ -15,10 +15,13 @@ void silu_mul(float* g, const float* u, int n);
 void rms_norm(const float* x, const uint16_t* w, int n, float eps, float* out);
 void fwht(float* x, int pre, int f, int post);
 void axpy(float a, const float* x, float* y, int n);       // separately rounded: the portable result
-void axpy_fma(float a, const float* x, float* y, int n);   // fused (attention's weighted sum of V)
 float dot(const float* a, const float* b, int n);
 void dequant_kv(const uint8_t* b, const uint8_t* rf, float s, int D, bool kv8, float* out);
 void softmax(float* sc, int n);
+// out[i] = q . k[i*D:] for i < count, each by the same reduction tree however rows are grouped
+void dots(const float* q, const float* k, int count, int D, float* out);
+// out[d] += p[i] * v[i*D + d] for i < count in order (fused)
+void weighted_sum(float* out, const float* p, const float* v, int count, int D);
 void quantize_kv(const float* x, int D, uint8_t* base, uint8_t* refine, uint16_t* scale);
 }  // namespace avx2
 

@@ -271,15 +271,17 @@ static void check_attention(const Kernels& k, std::mt19937& rng) {
   KVLayer kv;
   kv.base = b.data(), kv.refine = r.data(), kv.scale = s.data(), kv.C = C, kv.Hkv = hkv, kv.D = D;
   std::vector<float> q(size_t(T) * hkv * hpk * D), got(q.size()), split(q.size()), scores(size_t(kQueryTile) * hpk * C);
+  std::vector<float> kvbuf(size_t(kPosBlock) * D);
   for (auto& x : q) x = nd(rng);
   for (int kv8 : {0, first + T, first - 3}) {
     const KVRange range{first, first, kv8, false, {}};
     for (int h = 0; h < hkv; ++h) {
-      k.attend(kv, range, AttendWork{h, 0, hpk, 0, T}, q.data(), hkv * hpk * D, hpk, got.data(), hkv * hpk * D, scores.data());
+      k.attend(kv, range, AttendWork{h, 0, hpk, 0, T}, q.data(), hkv * hpk * D, hpk, got.data(), hkv * hpk * D, scores.data(),
+               kvbuf.data());
       for (int h0 = 0; h0 < hpk; ++h0)       // one query head and one query at a time: the same bits
         for (int t = 0; t < T; ++t)
           k.attend(kv, range, AttendWork{h, h0, h0 + 1, t, t + 1}, q.data(), hkv * hpk * D, hpk, split.data(),
-                   hkv * hpk * D, scores.data());
+                   hkv * hpk * D, scores.data(), kvbuf.data());
     }
     const std::vector<double> want = attention_oracle(kv, first, kv8, q, T, hpk);
     expect(rel(got, want) < 1e-5, "attention vs float64 oracle", rel(got, want));
