@@ -1,8 +1,8 @@
-"""`bitnest bench` is fair and its memory-bound path runs: runners in processes of their own (edge.analysis.bench_process),
-a read probe past the last-level cache (edge.analysis.machine), speculation replayed from recorded rounds with real
-passes (edge.analysis.bench_replay), a GGUF of a model's shapes that llama.cpp loads (edge.analysis.synthetic_gguf),
-`--shape` at a tiny made-up shape through every runner, and bad input as one line. No timing is asserted: speed is
-the benchmark's to report (scripts/bench.py), never a test's."""
+"""`bitnest bench` is fair and its memory-bound path runs: runners in processes of their own
+(edge.analysis.bench_process), a read probe past the last-level cache (edge.analysis.machine), speculation replayed
+from recorded rounds with real passes (edge.analysis.bench_replay), a GGUF of a model's shapes that llama.cpp loads
+(edge.analysis.synthetic_gguf), `--shape` at a tiny made-up shape through every runner, and bad input as one line.
+No timing is asserted: speed is the benchmark's to report (scripts/bench.py), never a test's."""
 
 import argparse
 import json
@@ -111,7 +111,8 @@ def test_the_synthetic_gguf_has_the_shapes_and_the_tokenizer(tmp_path):
     value = lambda rd, k: rd.fields[k].parts[-1].tolist()[0]
     assert (value(r, "llama.embedding_length"), value(r, "llama.block_count"), value(r, "llama.feed_forward_length"),
             value(r, "llama.attention.head_count"), value(r, "llama.attention.head_count_kv")) == (128, 2, 256, 2, 1)
-    assert bytes(r.fields["tokenizer.chat_template"].parts[-1]) == bytes(src.fields["tokenizer.chat_template"].parts[-1])
+    template = lambda rd: bytes(rd.fields["tokenizer.chat_template"].parts[-1])
+    assert template(r) == template(src)
     assert len(r.fields["tokenizer.ggml.tokens"].data) == 49152
     want = tensor_shapes(TINY)
     assert {t.name: tuple(int(x) for x in reversed(t.shape)) for t in r.tensors} == want

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from edge.analysis.bench_process import Workers
 from edge.analysis.corpora import sharegpt_prompts
-from edge.analysis.machine import machine
+from edge.analysis.machine import load_average, machine
 from edge.analysis.peers import q8_0_gguf, shipped_gguf
 from edge.backends import BACKENDS
 from edge.cli.common import run_cli
@@ -96,6 +96,7 @@ def run_entry(runs: list[dict], loaded: dict, read_gbps: float | None) -> dict:
     it reached and that over the probe's bandwidth."""
     rates = [r["tok_s"] for r in runs]
     entry = {"tok_s": round(statistics.median(rates), 2), "tok_s_samples": rates, "pid": loaded["pid"]}
+    entry.update({k: loaded[k] for k in ("gguf", "mmap") if k in loaded})
     last = runs[-1]
     entry.update({k: last[k] for k in STAT_KEYS if k in last})
     if last.get("weight_bytes_per_token"):
@@ -149,6 +150,7 @@ def bench(a, ckpt: str, command: str = "") -> dict:
     specs["probe"] = probe_spec(mach)
     pass_runner = "target" if "target" in specs else policies[0]
     loaded, samples, passes = run_all(specs, a.repeats, pass_runner, a.pass_repeats)
+    mach["load_average_after"] = load_average()
     read_gbps, probe = probe_entry(samples.pop("probe"), loaded["probe"])
     first = loaded[pass_runner]
     out = {"command": command, "checkpoint": ckpt, "backend": first["backend"], "isa": first["isa"],
@@ -168,7 +170,8 @@ def bench(a, ckpt: str, command: str = "") -> dict:
 
 
 def main(argv=None, default_checkpoint=None) -> int:
-    p = argparse.ArgumentParser(prog="bench.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="bench.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", help="nested checkpoint folder (default: the embedded SmolLM2 export)")
     p.add_argument("--backend", default="auto", choices=BACKENDS, help="backend that runs the nested views")
     p.add_argument("--prompts", type=int, default=4, help="held-out ShareGPT requests")

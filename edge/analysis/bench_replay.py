@@ -2,7 +2,8 @@
 planes), borrowed from the real model: **replayed**, real passes of the synthetic model (γ draft passes into draft
 slots, one verification pass, the cache committed and rolled back as edge.decode.policies.Speculative does) whose
 accept/reject decisions follow per-round accepted counts recorded on the real model; or **projected** from pass
-times and the real model's acceptance α: E = (1 - α^(γ+1)) / (1 - α) tokens a round, over γ·t_draft(1) + t_target(γ+1)."""
+times and the real model's acceptance α: E = (1 - α^(γ+1)) / (1 - α) tokens a round, over
+γ·t_draft(1) + t_target(γ+1)."""
 
 import time
 
@@ -60,15 +61,16 @@ def replay_generation(eng: Engine, prompt: list[int], rounds: list[list[int]], m
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
-    """Tokens a round emits when each proposal is accepted with probability α, independently: (1 - α^(γ+1))/(1 - α)."""
+    """Tokens a round emits when each proposal is accepted with probability α, independently:
+    (1 - α^(γ+1)) / (1 - α)."""
     if alpha >= 1:
         return gamma + 1.0
     return (1 - alpha ** (gamma + 1)) / (1 - alpha)
 
 
 def projected(ms: dict, alpha: float) -> dict:
-    """tok/s per γ (GAMMAS, where the pass times have width γ + 1) from pass times `ms` ({"draft": {"1": ms}, "target":
-    {"W": ms}}) and acceptance α; the best γ, and each γ's speed over the target's one-token pass."""
+    """tok/s per γ (GAMMAS, where the pass times have width γ + 1) from pass times `ms` ({"draft": {"1": ms},
+    "target": {"W": ms}}) and acceptance α; the best γ, and each γ's speed over the target's one-token pass."""
     target1 = ms["target"]["1"]
     by_gamma = {}
     for g in GAMMAS:

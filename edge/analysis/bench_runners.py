@@ -148,16 +148,18 @@ class SyntheticRunner:
 
 
 class LlamaRunner:
-    """llama.cpp (xllamacpp's in-process server) on one GGUF, greedy chat completions of the prompts' texts."""
+    """llama.cpp (xllamacpp's in-process server) on one GGUF, greedy chat completions of the prompts' texts. Its
+    weights are read into the process's memory (no mmap), as this runtime's are: file pages of a mapped GGUF are the
+    kernel's to drop under memory pressure, and a token that pages its weights back in from disk measures the disk."""
 
     OPS = ("run",)
 
     def __init__(self, gguf: str, threads: int, texts: list[str], max_new_tokens: int, n_ctx: int = 2048):
         from edge.analysis.peers import LlamaCpp
-        self.llama, self.n = LlamaCpp(Path(gguf), threads, n_ctx), max_new_tokens
+        self.llama, self.n = LlamaCpp(Path(gguf), threads, n_ctx, mmap=False), max_new_tokens
         self.messages = [[{"role": "user", "content": t}] for t in texts]
         self.llama.decode(self.messages[0], WARMUP_TOKENS)
-        self.info = {"gguf": Path(gguf).name}
+        self.info = {"gguf": Path(gguf).name, "mmap": self.llama.mmap}
 
     def run(self) -> dict:
         done = [self.llama.decode(m, self.n) for m in self.messages]

@@ -26,7 +26,7 @@ from edge.analysis.bench import (
 )
 from edge.analysis.bench_process import Workers
 from edge.analysis.bench_replay import projected
-from edge.analysis.machine import machine
+from edge.analysis.machine import load_average, machine
 from edge.analysis.peers import shipped_gguf
 from edge.errors import BitNestError
 from edge.model.arch import ModelConfig
@@ -95,6 +95,7 @@ def bench_shape(a, cfg: ModelConfig, name: str, checkpoint: str, command: str = 
         specs["llamacpp_q8_0"] = llama_spec(gguf, texts, a.max_new_tokens, threads)
     specs["probe"] = probe_spec(mach)
     loaded, samples, passes = run_all(specs, a.repeats, "target", a.pass_repeats)
+    mach["load_average_after"] = load_average()
     read_gbps, probe = probe_entry(samples.pop("probe"), loaded["probe"])
     runs = {run: run_entry(s, loaded[run], read_gbps) for run, s in samples.items()}
     proj = dict(projected(passes["ms"], acc["acceptance"]), gamma=a.gamma)

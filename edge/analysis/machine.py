@@ -79,8 +79,17 @@ def probe_bytes(llc: int) -> int:
     return -(-want // (64 << 20)) * (64 << 20)
 
 
+def load_average() -> float | None:
+    """The 1-minute load average (runnable processes, the run's own included): a busy machine says so in the JSON."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
 def machine(threads: int) -> dict:
-    """CPU model, ISA flags (each present or not), caches, the LLC and the probe size, cores and the run's threads."""
+    """CPU model, ISA flags (each present or not), caches, the LLC and the probe size, cores, the run's threads and
+    the load average before it."""
     info = _cpuinfo()
     flags = set((info.get("flags") or info.get("Features") or "").split())
     found = caches()
@@ -88,4 +97,4 @@ def machine(threads: int) -> dict:
     return {"cpu": info.get("model name") or info.get("Hardware") or platform.processor() or platform.machine(),
             "arch": platform.machine(), "isa_flags": {f: f in flags for f in ISA_FLAGS},
             "caches": found, "llc": llc, "probe_bytes": probe_bytes(llc["bytes"]),
-            "cores": os.cpu_count(), "threads": threads}
+            "cores": os.cpu_count(), "threads": threads, "load_average_before": load_average()}

@@ -76,7 +76,7 @@ def _copy_field(writer, field) -> None:
 class LlamaCpp:
     """One llama.cpp model loaded through xllamacpp's in-process server, greedy, `threads` threads."""
 
-    def __init__(self, gguf: Path, threads: int, n_ctx: int = 2048):
+    def __init__(self, gguf: Path, threads: int, n_ctx: int = 2048, mmap: bool = True):
         try:
             import xllamacpp
         except ImportError as e:
@@ -86,6 +86,10 @@ class LlamaCpp:
         p.n_ctx = n_ctx
         p.cpuparams.n_threads = threads
         p.cpuparams_batch.n_threads = threads
+        modes = getattr(xllamacpp, "llama_load_mode", None)
+        self.mmap = mmap or modes is None
+        if not self.mmap:     # weights read into the process's own memory, not file pages the kernel may drop
+            p.load_mode = modes.LLAMA_LOAD_MODE_NONE
         self.server, self.name = xllamacpp.Server(p), gguf.name
 
     def decode(self, messages: list[dict], tokens: int) -> tuple[int, float]:

@@ -27,9 +27,11 @@ def machine_note(d: dict) -> str:
     llc = m["llc"]
     seen = _mib(llc["sysfs_bytes"]) + (f" (getconf: {_mib(llc['getconf_bytes'])})"
                                       if llc["getconf_bytes"] and llc["getconf_bytes"] != llc["sysfs_bytes"] else "")
+    load = "" if m.get("load_average_before") is None else \
+        f"; load average {m['load_average_before']:g} before the run, {m.get('load_average_after', 0):g} after"
     return (f"Machine: {m['cpu']} ({m['arch']}, {m['cores']} cores), {d['threads']} threads for every runner; the "
             f"native step's ISA path: {d['isa']} (CPU flags: {flags}); last-level cache {seen}, read probe "
-            f"{_mib(d['probe']['bytes'])}; {d['isolation']}, {d['repeats']} interleaved repeats, medians.")
+            f"{_mib(d['probe']['bytes'])}; {d['isolation']}, repeats interleaved ({d['repeats']}), medians{load}.")
 
 
 def _run_row(label: str, r: dict, extra: list[str] | None = None) -> list[str]:
@@ -68,7 +70,8 @@ def _ratio_table(r: dict, keys, extra=()) -> str:
 
 
 def bench_ratios(bench: dict) -> str:
-    return _ratio_table(bench["ratios"], RATIO_KEYS, [("target_roofline_fraction", bench.get("target_roofline_fraction"))])
+    return _ratio_table(bench["ratios"], RATIO_KEYS,
+                        [("target_roofline_fraction", bench.get("target_roofline_fraction"))])
 
 
 def shape_block(d: dict) -> str:
@@ -98,7 +101,8 @@ def shape_block(d: dict) -> str:
             f"γ = {acc['gamma']}: {pct(acc['acceptance'])}"
             + (f", {acc['rounds']} rounds" if acc.get("rounds") else "") + "). Best lossless policy measured: "
             f"{d['best_policy']}.")
-    ratios = _ratio_table(d["ratios"], SHAPE_RATIO_KEYS, [("target_roofline_fraction", d.get("target_roofline_fraction"))])
+    ratios = _ratio_table(d["ratios"], SHAPE_RATIO_KEYS,
+                          [("target_roofline_fraction", d.get("target_roofline_fraction"))])
     return "\n\n".join([lead, table(head, rows), passes_table(d["pass_times"]), ratios, machine_note(d)])
 
 
@@ -129,6 +133,6 @@ def headline_shape_row(d: dict) -> list[str]:
             f"target AR {runs['target']['tok_s']:g} tok/s ({pct(d['target_roofline_fraction'])} of the read probe), "
             f"draft AR {runs['draft']['tok_s']:g}; llama.cpp Q8_0 {runs['llamacpp_q8_0']['tok_s']:g}: "
             f"`target_vs_llamacpp_q8` {r['target_vs_llamacpp_q8']:g}; speculative (γ = {d['gamma']}, {method}) "
-            f"{spec:g}× target; {d['gamma'] + 1}-token target pass {p['target'][str(d['gamma'] + 1)] / p['target']['1']:.2f}"
-            f"× a 1-token pass, draft pass {r['draft_pass_vs_target_pass']:g}× ([runtime](docs/runtime.md))",
+            f"{spec:g}× target; {d['gamma'] + 1}-token target pass "
+            f"{p['target'][str(d['gamma'] + 1)] / p['target']['1']:.2f}× a 1-token pass, draft pass {r['draft_pass_vs_target_pass']:g}× ([runtime](docs/runtime.md))",
             f"`{d['command']}`"]

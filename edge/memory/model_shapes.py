@@ -19,8 +19,8 @@ MODEL_PRESETS = {
     # intermediate 2560, 32 layers, 15 heads, 5 KV heads (head_dim 64), vocab 49152, tied, rope_theta 1e5; the
     # default model's tokenizer, so `bitnest bench --shape` feeds it real prompts
     "smollm2-360m": _llama("LlamaForCausalLM", 960, 2560, 32, 15, 5, 49152, 8192, 1e5, tied=True),
-    # HuggingFaceTB/SmolLM2-1.7B-Instruct, config.json (huggingface.co/HuggingFaceTB/SmolLM2-1.7B-Instruct): hidden 2048,
-    # intermediate 8192, 24 layers, 32 heads, 32 KV heads (head_dim 64), vocab 49152, tied, rope_theta 130000; the
+    # HuggingFaceTB/SmolLM2-1.7B-Instruct, config.json (huggingface.co/HuggingFaceTB/SmolLM2-1.7B-Instruct): hidden
+    # 2048, intermediate 8192, 24 layers, 32 heads, 32 KV heads (head_dim 64), vocab 49152, tied, rope_theta 130000; the
     # same tokenizer
     "smollm2-1.7b": _llama("LlamaForCausalLM", 2048, 8192, 24, 32, 32, 49152, 8192, 130000.0, tied=True),
     # togethercomputer/LLaMA-2-7B-32K (linear RoPE scaling x8 over Llama-2-7B's 4096 positions)
