@@ -135,6 +135,7 @@ def measure(eng: Engine, text: list[int], width: int, repeats: Optional[int] = N
     if not text:
         raise ValueError("measuring pass costs needs at least one token of context")
     repeats, warmup = repeats or REPEATS, WARMUP if warmup is None else warmup
+    width = min(width, eng.capacity - 1)              # a tiny engine: the widths that fit past one position
     context = max(1, min(CONTEXT, eng.capacity - width))
     tokens = (text * (1 + (context + width) // len(text)))[:context + width]
     passes = [(TARGET, w) for w in range(1, width + 1)] + [(DRAFT, 1)]
