@@ -1,11 +1,13 @@
 """scripts/chat.py: JSON output shapes, prompts files, and one-line errors for bad input; Ctrl-C exits cleanly."""
 
 import json
+import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from tests.conftest import ROOT
 
@@ -24,7 +26,10 @@ def test_one_prompt_json(rtn_checkpoint):
                 "policy", "backend"):
         assert key in out["stats"], key
     from edge.backends import resolve_backend
-    assert out["stats"]["policy"] == "speculative" and out["stats"]["backend"] == resolve_backend("auto")
+    assert out["stats"]["policy"] == "auto" and out["stats"]["backend"] == resolve_backend("auto")
+    s = out["stats"]
+    assert list(s["cost_table"]["target_ms"]) == [str(w) for w in range(1, 10)] and s["cost_table"]["source"] in \
+        ("measured", "cache") and sum(s["gamma_histogram"].values()) == s["target_passes"]
 
 
 def test_prompts_file_json(rtn_checkpoint, tmp_path):
@@ -35,6 +40,37 @@ def test_prompts_file_json(rtn_checkpoint, tmp_path):
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert len(out["results"]) == 2 and out["stats"]["policy"] == "target" and out["stats"]["acceptance"] is None
+
+
+def test_auto_costs_a_ceiling_a_spoiled_table_and_a_remeasure(rtn_checkpoint, tmp_path):
+    """--gamma caps auto's choice; a corrupt cached table is re-measured with one line on stderr; --remeasure-costs
+    measures though a sound table is cached (a private cache folder, the cpu backend: no native build there)."""
+    env = {**os.environ, "BITNEST_CACHE": str(tmp_path)}
+    run = lambda *a: _chat("--checkpoint", rtn_checkpoint, "--backend", "cpu", "--prompt", "Name three rivers.",
+                           "--max-new-tokens", "12", "--json", *a, env=env)
+    r = run("--gamma", "2")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    s = json.loads(r.stdout.splitlines()[-1])["stats"]
+    path = Path(s["cost_table"]["path"])
+    assert s["cost_table"]["source"] == "measured" and path.is_relative_to(tmp_path) and path.is_file()
+    assert max(map(int, s["gamma_histogram"])) <= 2
+    path.write_text("{half a table")
+    r = run()
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.splitlines() == [f"auto: the cost table {path} is unreadable (JSONDecodeError): re-measured"]
+    assert json.loads(r.stdout.splitlines()[-1])["stats"]["cost_table"]["source"] == "measured"
+    for flags, source in (((), "cache"), (("--remeasure-costs",), "measured")):
+        r = run(*flags)
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        assert json.loads(r.stdout.splitlines()[-1])["stats"]["cost_table"]["source"] == source, flags
+
+
+def test_the_answer_line_shows_the_gamma_mix():
+    from edge.cli.chat import answer_line
+    s = {"tokens": 30, "tok_s": 99.0, "acceptance": 0.75, "tokens_per_round": 2.5, "escalation_rate": None,
+         "gamma_histogram": {"0": 6, "4": 6}}
+    assert answer_line(s).endswith("acceptance 75%, 2.5 tok/round, γ 0×6 4×6]")
+    assert "γ" not in answer_line({**s, "gamma_histogram": None})
 
 
 def _one_line_error(r, needle):
@@ -53,6 +89,8 @@ def test_bad_input_errors(rtn_checkpoint, tmp_path):
     _one_line_error(_chat("--checkpoint", old, "--prompt", "x"), "format version 0")
     _one_line_error(_chat("--checkpoint", rtn_checkpoint, "--prompt", "x", "--policy", "fast"), "unknown policy 'fast'")
     _one_line_error(_chat("--checkpoint", rtn_checkpoint, "--prompt", "x", "--backend", "npu"), "unknown backend 'npu'")
+    _one_line_error(_chat("--checkpoint", rtn_checkpoint, "--prompt", "x", "--gamma", "12"),
+                    "auto chooses γ in 0..8 from the measured pass costs: its ceiling (--gamma) must be in [1, 8]")
     _one_line_error(_chat("--checkpoint", rtn_checkpoint, "--prompt", "word " * 100, "--max-context", "32"),
                     "does not fit the KV cache of 32")
     bad = tmp_path / "bad.jsonl"

@@ -188,8 +188,9 @@ def test_chat_meters_each_answer_and_logs_every_sample_with_its_phase(rtn_checkp
     idle measured first, every sample appended to the energy log with its phase."""
     import shlex
     log = tmp_path / "energy.jsonl"
+    # speculative, not the chat's default auto (which on a CPU may choose target steps only): draft passes to tag
     r = _chat("--checkpoint", rtn_checkpoint, "--prompts-file", _prompts(tmp_path), "--max-new-tokens", "8",
-              "--meter", "tegrastats", "--interval-ms", "20", "--idle-seconds", "0.2",
+              "--policy", "speculative", "--meter", "tegrastats", "--interval-ms", "20", "--idle-seconds", "0.2",
               "--meter-command", shlex.join(REPLAY + ["--interval-ms", "20"]), "--energy-log", log, "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])

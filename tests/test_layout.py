@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("plugins", "edge", "export")
 # The device runtime: everything a chat or an engine needs. Research (edge.analysis) and commands (edge.cli) sit above.
 RUNTIME = ("edge.model", "edge.decode", "edge.backends", "edge.memory", "edge.energy", "edge.checks", "edge.runtime",
-           "edge.errors", "edge.atomic")
+           "edge.errors", "edge.atomic", "edge.cache")
 MAX_LINES = 500
 
 

@@ -125,13 +125,17 @@ def read_table(path: Path, fp: dict, width: int) -> tuple[Optional[CostTable], O
                      context if isinstance(context, int) else CONTEXT), None
 
 
-def measure(eng: Engine, text: list[int], width: int, repeats: int = REPEATS, warmup: int = WARMUP) -> CostTable:
+def measure(eng: Engine, text: list[int], width: int, repeats: Optional[int] = None,
+            warmup: Optional[int] = None) -> CostTable:
     """Time target passes of 1..`width` tokens and one-token draft passes at a context of up to CONTEXT positions of
     `text` (repeated to length where short), exactly as a round runs them (full logits, KV8, the draft in scratch
-    slot 0, nothing committed): medians of `repeats` sweeps over every pass, after `warmup` sweeps. The engine is
-    reset before and after (nothing leaks into a sequence; its stats are fresh) and its phase callback is off."""
+    slot 0, nothing committed): medians of `repeats` (REPEATS) sweeps over every pass, after `warmup` (WARMUP)
+    sweeps. The engine is reset before and after (nothing leaks into a sequence; its stats are fresh) and its phase
+    callback is off meanwhile."""
     if not text:
         raise ValueError("measuring pass costs needs at least one token of context")
+    repeats, warmup = repeats or REPEATS, WARMUP if warmup is None else warmup
+    width = min(width, eng.capacity - 1)              # a tiny engine: the widths that fit past one position
     context = max(1, min(CONTEXT, eng.capacity - width))
     tokens = (text * (1 + (context + width) // len(text)))[:context + width]
     passes = [(TARGET, w) for w in range(1, width + 1)] + [(DRAFT, 1)]
@@ -156,7 +160,7 @@ def measure(eng: Engine, text: list[int], width: int, repeats: int = REPEATS, wa
 def write_table(table: CostTable, path: Path, fp: dict) -> None:
     """Save a measured table atomically (OSError where the cache folder cannot be written)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = {"fingerprint": fp, "context": table.context, "repeats": REPEATS, "target_s": list(table.target),
+    data = {"fingerprint": fp, "context": table.context, "target_s": list(table.target),
             "draft_s": [table.draft], "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     write_atomic((json.dumps(data, indent=1) + "\n").encode(), path)
 
