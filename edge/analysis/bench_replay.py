@@ -7,6 +7,7 @@ times and the real model's acceptance α: E = (1 - α^(γ+1)) / (1 - α) tokens 
 
 import time
 
+from edge.decode.auto import expected_tokens  # the auto policy's rule, shared
 from edge.decode.config import DraftKVPolicy
 from edge.decode.engine import Engine
 from edge.decode.kv_cache import KV8
@@ -58,14 +59,6 @@ def replay_generation(eng: Engine, prompt: list[int], rounds: list[list[int]], m
         out.extend(new[:max_new_tokens - len(out)])
     stats.record_decode(len(out) - 1, time.perf_counter() - t0)
     return stats
-
-
-def expected_tokens(alpha: float, gamma: int) -> float:
-    """Tokens a round emits when each proposal is accepted with probability α, independently:
-    (1 - α^(γ+1)) / (1 - α)."""
-    if alpha >= 1:
-        return gamma + 1.0
-    return (1 - alpha ** (gamma + 1)) / (1 - alpha)
 
 
 def projected(ms: dict, alpha: float) -> dict:

@@ -1,4 +1,4 @@
-"""Check that greedy speculative output (fixed γ and adaptive) equals greedy target output, token for token, on
+"""Check that greedy speculative output (fixed γ, adaptive and auto) equals greedy target output, token for token, on
 real prompts.
 
     python scripts/lossless.py [--checkpoint DIR] [--backend B] [--prompts N] [--max-new-tokens N] [--gamma G]
@@ -60,7 +60,7 @@ def lossless(a, ckpt: str) -> dict:
     half = a.prompts // 2
     prompts = [("sharegpt", p, True) for p in sharegpt_prompts(a.prompts - half)] + \
               [("shakespeare", p, False) for p in shakespeare_prompts(half)]
-    policies = ("speculative",) + (("adaptive",) if a.adaptive else ())
+    policies = ("speculative",) + (("adaptive",) if a.adaptive else ()) + ("auto",)
     same, divergences, outputs = {p: 0 for p in policies}, [], []
     stats = {c: {p: [] for p in ("target",) + policies} for c in ("sharegpt", "shakespeare")}
     for n, (corpus, text, chat) in enumerate(prompts):

@@ -256,7 +256,8 @@ def sweep_table(d: dict) -> str:
                    "tok/s", "identical to target"], rows)
 
 
-LOSSLESS_POLICIES = {"target": "target AR", "speculative": "speculative (γ = {g})", "adaptive": "adaptive speculation"}
+LOSSLESS_POLICIES = {"target": "target AR", "speculative": "speculative (γ = {g})", "adaptive": "adaptive speculation",
+                     "auto": "auto (γ from measured costs)"}
 
 
 def lossless_table(run: dict) -> str:
