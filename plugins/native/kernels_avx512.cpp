@@ -42,27 +42,39 @@ void block16(const NestedLinear& w, const QActs& a, int nb, int m0, float* y, in
     x[m] = a.xq + size_t(m0 + m) * K, xs[m] = a.xsum + size_t(m0 + m) * ng;
     acc[m] = _mm512_setzero_ps(), off[m] = _mm512_setzero_ps();
   }
+  // NA independent int32 accumulators per token (its lo and hi dot products, and alternate chunks for small tiles):
+  // a vpdpbusd waits ~4-5 cycles for its accumulator, so one chain per token left a one-token pass latency-bound.
+  constexpr int NA = MT >= 5 ? 2 : MT >= 3 ? 4 : 8;
   for (int g = 0; g < ng; ++g) {
-    __m512i dot[MT];
-    for (int m = 0; m < MT; ++m) dot[m] = _mm512_set1_epi32(-corr * xs[m][g]);
-    for (int c = g * cpg; c < (g + 1) * cpg; ++c) {
-      const __m512i vb = _mm512_loadu_si512(B + size_t(c) * 64);
-      __m512i lo, hi;
-      if (TARGET) {     // bit select 0xE4: (a & c) | (b & ~c) with c = 0xF0 in every byte
-        const __m512i vr = _mm512_loadu_si512(F + size_t(c) * 64);
-        lo = _mm512_ternarylogic_epi32(_mm512_slli_epi16(vb, 4), vr, high, 0xE4);
-        hi = _mm512_ternarylogic_epi32(vb, _mm512_srli_epi16(vr, 4), high, 0xE4);
-      } else {
-        lo = _mm512_and_si512(vb, low), hi = _mm512_and_si512(_mm512_srli_epi16(vb, 4), low);
-      }
-      for (int m = 0; m < MT; ++m) {
-        dot[m] = _mm512_dpbusd_epi32(dot[m], lo, _mm512_set1_epi32(act4(x[m], c * kChunk)));
-        dot[m] = _mm512_dpbusd_epi32(dot[m], hi, _mm512_set1_epi32(act4(x[m], c * kChunk + 4)));
-      }
+    __m512i dot[MT][NA];
+    for (int m = 0; m < MT; ++m) {
+      dot[m][0] = _mm512_set1_epi32(-corr * xs[m][g]);
+      for (int i = 1; i < NA; ++i) dot[m][i] = _mm512_setzero_si512();
     }
+    for (int c0 = g * cpg; c0 < (g + 1) * cpg; c0 += NA / 2)     // cpg is a multiple of 8: NA / 2 divides it
+      for (int u = 0; u < NA / 2; ++u) {                            // unrolled: accumulators stay in registers
+        const int c = c0 + u;
+        prefetch(B + size_t(c) * 64);
+        if (TARGET) prefetch(F + size_t(c) * 64);
+        const __m512i vb = _mm512_loadu_si512(B + size_t(c) * 64);
+        __m512i lo, hi;
+        if (TARGET) {   // bit select 0xE4: (a & c) | (b & ~c) with c = 0xF0 in every byte
+          const __m512i vr = _mm512_loadu_si512(F + size_t(c) * 64);
+          lo = _mm512_ternarylogic_epi32(_mm512_slli_epi16(vb, 4), vr, high, 0xE4);
+          hi = _mm512_ternarylogic_epi32(vb, _mm512_srli_epi16(vr, 4), high, 0xE4);
+        } else {
+          lo = _mm512_and_si512(vb, low), hi = _mm512_and_si512(_mm512_srli_epi16(vb, 4), low);
+        }
+        for (int m = 0; m < MT; ++m) {
+          dot[m][2 * u] = _mm512_dpbusd_epi32(dot[m][2 * u], lo, _mm512_set1_epi32(act4(x[m], c * kChunk)));
+          dot[m][2 * u + 1] = _mm512_dpbusd_epi32(dot[m][2 * u + 1], hi, _mm512_set1_epi32(act4(x[m], c * kChunk + 4)));
+        }
+      }
+    for (int m = 0; m < MT; ++m)             // exact integers: any order of the partial sums
+      for (int i = 1; i < NA; ++i) dot[m][0] = _mm512_add_epi32(dot[m][0], dot[m][i]);
     const __m512 step = _mm512_mul_ps(
         _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(S + size_t(g) * kRowBlock))), sixteenth);
-    for (int m = 0; m < MT; ++m) acc[m] = _mm512_add_ps(acc[m], _mm512_mul_ps(_mm512_cvtepi32_ps(dot[m]), step));
+    for (int m = 0; m < MT; ++m) acc[m] = _mm512_add_ps(acc[m], _mm512_mul_ps(_mm512_cvtepi32_ps(dot[m][0]), step));
     if (O) {
       const __m512 o = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(O + size_t(g) * kRowBlock)));
       for (int m = 0; m < MT; ++m) off[m] = _mm512_add_ps(off[m], _mm512_mul_ps(o, _mm512_set1_ps(float(xs[m][g]))));

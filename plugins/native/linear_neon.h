@@ -23,6 +23,10 @@ void octet(const NestedLinear& w, const QActs& a, int nb, int oct, int m0, float
     int32x4_t dot[MT][2];
     for (int m = 0; m < MT; ++m) dot[m][0] = dot[m][1] = vdupq_n_s32(0);
     for (int c = g * cpg; c < (g + 1) * cpg; ++c) {
+      if (oct == 0) {                      // the second octet reads the same lines from the cache
+        prefetch(B + size_t(c) * 64);
+        if (MODE) prefetch(F + size_t(c) * 64);
+      }
       int8x16_t lo[2], hi[2], rlo[2], rhi[2];
       for (int q = 0; q < 2; ++q) {
         const uint8x16_t vb = vld1q_u8(B + size_t(c) * 64 + 16 * q);

@@ -40,6 +40,13 @@ inline void with_tile(int mt, Fn&& fn) {
   }
 }
 
+// Bytes ahead of the chunk being read that each plane stream prefetches (into the next block past a block's end):
+// with one or two sequential streams a thread, the hardware prefetcher alone left a single-thread draft pass at
+// ~22 GB/s; prefetching 4 KiB ahead gave 10-20% on the passes of the default model (measured on this AMD machine).
+constexpr int kPrefetch = 4096;
+
+inline void prefetch(const uint8_t* p) { __builtin_prefetch(p + kPrefetch, 0, 3); }
+
 // The dword of 4 INT8 activations at column k (a broadcast operand).
 inline int32_t act4(const int8_t* x, int k) {
   int32_t v;

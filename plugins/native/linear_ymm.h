@@ -34,6 +34,10 @@ void half_block(const NestedLinear& w, const QActs& a, int nb, int half, int m0,
     __m256i dot[MT];
     for (int m = 0; m < MT; ++m) dot[m] = _mm256_set1_epi32(-P::kCorr * xs[m][g]);
     for (int c = g * cpg; c < (g + 1) * cpg; ++c) {
+      if (half == 0) {                     // the second half reads the same lines from the cache
+        prefetch(B + size_t(c) * 64);
+        if (P::kTarget) prefetch(F + size_t(c) * 64);
+      }
       const typename P::W wv = P::load(B + size_t(c) * 64, P::kTarget ? F + size_t(c) * 64 : nullptr);
       for (int m = 0; m < MT; ++m)
         dot[m] = P::dot(dot[m], wv, _mm256_set1_epi32(act4(x[m], c * kChunk)),
