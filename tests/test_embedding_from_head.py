@@ -52,7 +52,7 @@ def test_cpu_backend_rows_from_relaid_planes(head_checkpoint, gen):
     base, refine, scale = (t.clone() for t in ck.planes(HEAD)[:3])
     be = make_backend("cpu", ck)
     assert HEAD + ".base" not in ck.tensors           # no canonical copy beside the re-laid one
-    ids = torch.cat((_ids(gen), torch.tensor([0, 31, 32, 63, 64, 49151])))
+    ids = torch.cat((_ids(gen), torch.tensor([0, 31, 32, 63, 64, 4095, 4096, 49151])))   # blocks and relay chunks
     g = be.layout[HEAD][4]
     s = scale.to(torch.bfloat16).float().repeat_interleave(g, 1)[ids]                  # [T, H]
     want = (16 * unpack_nibbles(base[ids]).float() + unpack_nibbles(refine[ids]).float()) * (s / 16)

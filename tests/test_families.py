@@ -58,7 +58,10 @@ def test_qwen2_exports_and_loads(qwen2_folder, tmp_path):
                                        calib_samples=2, calib_seq_len=32, quant=QuantOptions("bitnest", "gptq")))
     ck = load_checkpoint(out)
     assert ck.config.family == "qwen2" and ck.rotations.r1 is not None and ck.rotations.r4_size == 192
-    assert "model.layers.0.self_attn.q_proj.bias" in ck.tensors and "lm_head.weight" in ck.tensors
+    assert "model.layers.0.self_attn.q_proj.bias" in ck.tensors
+    # the default nested head; the embedding of this untied model stays float16 (rows are not the head's)
+    assert ck.head_nested and "lm_head.weight" not in ck.tensors and not ck.embedding_from_head
+    assert ck.tensors["model.embed_tokens.weight"].dtype == torch.float16
     # K = 96 has no group of 128 or 64: the largest power of two dividing it (32) is used (docs/contracts.md, weights)
     assert ck.linears["model.layers.0.self_attn.q_proj"].group_size == 32
     n = {k: v.shape[0] * v.shape[1] for k, v in ck.linears.items()}

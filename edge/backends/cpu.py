@@ -28,10 +28,18 @@ def cpu_int4_available() -> bool:
         hasattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu")
 
 
+_RELAY_ROWS = 4096  # rows converted at a time: the int32 codes of a 49152-row head would be 113 MB at once
+
+
 def _relay(plane: torch.Tensor) -> torch.Tensor:
-    """Canonical signed-nibble plane uint8 [N, K/2] -> the op's packed layout (same byte count)."""
-    codes = unpack_nibbles(plane).to(torch.int32) + 8                       # [N, K] in [0, 15]
-    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, _INNER_K_TILES)
+    """Canonical signed-nibble plane uint8 [N, K/2] -> the op's packed layout (same byte count), in blocks of rows
+    (the layout is row-block-major: blocks converted apart concatenate to the whole, tests/test_embedding_from_head)."""
+    def convert(rows: torch.Tensor) -> torch.Tensor:
+        codes = unpack_nibbles(rows).to(torch.int32) + 8                    # [n, K] in [0, 15]
+        return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, _INNER_K_TILES)
+    if plane.shape[0] <= _RELAY_ROWS or plane.shape[0] % _ROW_BLOCK:
+        return convert(plane)
+    return torch.cat([convert(plane[i:i + _RELAY_ROWS]) for i in range(0, plane.shape[0], _RELAY_ROWS)])
 
 
 def _relaid_rows(packed: torch.Tensor, ids: torch.Tensor, k: int) -> torch.Tensor:
