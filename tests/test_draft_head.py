@@ -170,3 +170,14 @@ def test_manifest_fields_are_validated(rtn_checkpoint, small_llama_checkpoint, t
         set_draft_head(load_checkpoint(small_llama_checkpoint), "8bit")
     with pytest.raises(BitNestError, match="unknown draft head"):
         set_draft_head(load_checkpoint(rtn_checkpoint, verify=False), "2bit")
+
+
+def test_the_default_export_folder_names_its_settings():
+    """The default export's cache folder is keyed by every default option: the folder of the float16-head default
+    (before issue 21) or of any other head setting is never taken for the current default."""
+    from export.pipeline import ExportOptions, default_checkpoint_path
+    from export.quantize import QuantOptions
+    here = default_checkpoint_path()
+    assert here.name != "smollm2-135m-instruct-bitnest" and here == default_checkpoint_path(ExportOptions(out="x"))
+    assert default_checkpoint_path(ExportOptions(out="", quant=QuantOptions(quantize_head=False))) != here
+    assert default_checkpoint_path(ExportOptions(out="", draft_head="4bit")) != here
