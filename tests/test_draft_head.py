@@ -181,3 +181,19 @@ def test_the_default_export_folder_names_its_settings():
     assert here.name != "smollm2-135m-instruct-bitnest" and here == default_checkpoint_path(ExportOptions(out="x"))
     assert default_checkpoint_path(ExportOptions(out="", quant=QuantOptions(quantize_head=False))) != here
     assert default_checkpoint_path(ExportOptions(out="", draft_head="4bit")) != here
+
+
+def test_bad_head_options_are_one_line_errors(small_llama_checkpoint, tmp_path):
+    """Before any work: a draft head for a float16 head, at export and on a checkpoint whose head is float16."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+    runs = [[str(ROOT / "scripts" / "export.py"), "--out", str(tmp_path / "ck"), "--head", "float16", "--draft-head",
+             "8bit"],
+            [str(ROOT / "scripts" / "chat.py"), "--checkpoint", str(small_llama_checkpoint), "--backend", "torch",
+             "--prompt", "Hi", "--draft-head", "shortlist"]]
+    for argv, says in zip(runs, ("drop --head float16", "needs a nested LM head")):
+        out = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1 and says in out.stderr, out.stderr
+    assert not (tmp_path / "ck").exists()
