@@ -29,7 +29,7 @@ def cpu_backend_row_report(checkpoint, sizes=PASS_SIZES, seed: int = 0) -> dict:
     be = CpuInt4Backend(replace(ck, linears={n: ck.linears[n] for n in kept}, tensors=dict(ck.tensors)))
     gen = torch.Generator().manual_seed(seed)
     failures = []
-    head_views = ("draft", "target") if ck.head_nested else ("target",)     # a nested head's base plane: 4bit, shortlist
+    head_views = ("draft", "target") if ck.head_nested else ("target",)     # 4bit, shortlist: the base plane
     for name, view in [(n, v) for n in names for v in ("draft", "target")] + [(None, v) for v in head_views]:
         k = ck.linears[name].shape[1] if name else ck.config.hidden_size
         x = torch.randn(max(sizes), k, generator=gen) * 2                           # [M, K]
