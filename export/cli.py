@@ -6,7 +6,7 @@ from edge.cli.common import run_cli
 from edge.errors import BitNestError
 from export.pipeline import DEFAULT_ROTATION, ExportOptions, run_export
 from export.quantize import METHODS, REFINES, QuantOptions
-from edge.model.draft_head import DRAFT_HEAD_EXPORT_DEFAULT, DRAFT_HEADS, SHORTLIST_K
+from edge.model.draft_head import DRAFT_HEAD_EXPORT_DEFAULT, DRAFT_HEAD_SHORTLIST, DRAFT_HEADS, SHORTLIST_K
 from export.rotation import ROTATIONS, LearnOptions
 
 
@@ -73,6 +73,9 @@ def main(argv=None) -> int:
             if reason:
                 raise BitNestError(f"--engine: {reason}")
             profile = ProfileSpec(max_tokens=a.max_tokens, max_context=a.max_context)
+        if (a.onnx or a.engine) and a.draft_head == DRAFT_HEAD_SHORTLIST:   # refuse before minutes of export
+            from export.onnx_export import SHORTLIST_REFUSAL
+            raise BitNestError(SHORTLIST_REFUSAL)
         if a.existing:
             if not (a.onnx or a.engine):
                 raise ValueError("--existing builds from a checkpoint already exported: add --onnx or --engine")

@@ -62,6 +62,9 @@ from plugins.step_contract import (
     residual,
 )
 
+SHORTLIST_REFUSAL = ("the step graph does not serve the shortlist draft head (the view is a run-time input, so the "
+                     "graph would read the whole 8-bit head in draft passes too): export the graph with "
+                     "`--draft-head 8bit`")
 # Above this many initializer bytes the weights go to an external data file (protobuf caps a message at 2 GiB).
 EXTERNAL_DATA_BYTES = 1 << 30
 
@@ -228,9 +231,7 @@ def build_step_model(ckpt: Checkpoint) -> onnx.ModelProto:
     """The checked step graph of a loaded checkpoint (metadata ties it to the checkpoint's weights and records the
     draft head it serves, `ckpt.draft_head`)."""
     if ckpt.draft_head == DRAFT_HEAD_SHORTLIST:
-        raise BitNestError("the step graph does not serve the shortlist draft head (the view is a run-time input, so "
-                           "the graph would read the whole 8-bit head in draft passes too): export the graph with "
-                           "`--draft-head 8bit`")
+        raise BitNestError(SHORTLIST_REFUSAL)
     register_schemas()
     model = _StepGraph(ckpt).build()
     meta = {"bitnest.format_version": str(ckpt.manifest["format_version"]),

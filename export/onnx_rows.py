@@ -2,7 +2,7 @@
 linear whose planes travel as int32 words (plugins.step_contract), built from standard ONNX ops that TensorRT 10.3
 imports on int32 (the input embedding of a checkpoint whose tied head is nested, manifest embedding `head_target`).
 
-Why these ops (onnx-tensorrt docs/operators.md at 10.1-GA, the parser 10.3 ships with the same table for these ops):
+Why these ops (onnx-tensorrt operators.md at 10.1-GA, the parser 10.3 ships with the same table for these ops):
 BitShift and BitwiseAnd are "N" (not imported), uint8 only at network I/O; Gather, Less, Where, Add, Sub, Mul, Div
 and Cast take INT32. So a word's eight nibbles come from integer division by powers of 16 of NON-NEGATIVE values
 only (truncating and flooring division agree there, whichever TensorRT's kDIV does on int32): a negative word (its

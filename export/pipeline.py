@@ -1,5 +1,7 @@
 """The export job: source model -> rotations -> nesting (GPTQ/RTN/top4of8) -> validated nested checkpoint."""
 
+import hashlib
+import json
 import os
 import sys
 import time
@@ -57,15 +59,15 @@ def _bits(codes) -> dict:
     return {"linear": linear_bits / linear_n}
 
 
-# The folder names the default export's settings: an export cached under an older name (a float16 head until issue
-# 21) is never reused as the default after the default changed.
-DEFAULT_CHECKPOINT_NAME = "smollm2-135m-instruct-bitnest-head8"
-
-
-def default_checkpoint_path() -> Path:
-    """Where the embedded default model's nested export lives ($BITNEST_CACHE/checkpoints/...)."""
+def default_checkpoint_path(opts: "ExportOptions | None" = None) -> Path:
+    """Where the embedded default model's nested export lives: $BITNEST_CACHE/checkpoints/smollm2-135m-instruct-
+    bitnest-KEY, KEY a digest of every export option's default (or of `opts`), so a cached export made under other
+    defaults (a float16 head until issue 21) is never reused as the default after a default changed."""
     from export.sources import cache_root
-    return cache_root() / "checkpoints" / DEFAULT_CHECKPOINT_NAME
+    settings = asdict(opts or ExportOptions(out=""))
+    settings.pop("out")
+    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
+    return cache_root() / "checkpoints" / f"smollm2-135m-instruct-bitnest-{key}"
 
 
 def ensure_default_checkpoint() -> Path:

@@ -19,7 +19,7 @@ WeightsContext.cpp, onnxOpImporters.cpp and its operator list, operators.md):
   given tensor is requested to be aliased by two different plugins, this may result in divergent copies");
   anything between them (an Identity) would be a copy of the whole plane per pass.
 - `opset`: the default-domain opset is within what the parser imports (9..20).
-- `op`: every standard op is one the parser imports: onnx-tensorrt docs/operators.md (10.1-GA, the newest in this
+- `op`: every standard op is one the parser imports: onnx-tensorrt operators.md (10.1-GA, the newest in this
   index; 10.3 imports the same set for these ops) marks those in UNSUPPORTED_OPS "N" (BitShift and the Bitwise* ops
   among them, which is why the embedding gather unpacks nibbles by int32 division: export.onnx_rows).
 """
@@ -36,7 +36,7 @@ from plugins.step_contract import INPUT_IDS, RUNTIME_SCALARS
 from plugins.trt_plugins import PLUGIN_IO, TRT_PLUGIN_TYPES
 
 PARSER_OPSETS = (9, 20)
-# Standard ops the parser does not import (docs/operators.md, "Supported: N"), by name.
+# Standard ops the parser does not import (onnx-tensorrt operators.md, "Supported: N"), by name.
 UNSUPPORTED_OPS = frozenset((
     "AffineGrid", "Bernoulli", "BitShift", "BitwiseAnd", "BitwiseNot", "BitwiseOr", "BitwiseXor", "BlackmanWindow",
     "CenterCropPad", "Compress", "ConcatFromSequence", "ConvInteger", "DFT", "Det", "DynamicQuantizeLinear",

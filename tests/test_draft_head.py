@@ -170,3 +170,30 @@ def test_manifest_fields_are_validated(rtn_checkpoint, small_llama_checkpoint, t
         set_draft_head(load_checkpoint(small_llama_checkpoint), "8bit")
     with pytest.raises(BitNestError, match="unknown draft head"):
         set_draft_head(load_checkpoint(rtn_checkpoint, verify=False), "2bit")
+
+
+def test_the_default_export_folder_names_its_settings():
+    """The default export's cache folder is keyed by every default option: the folder of the float16-head default
+    (before issue 21) or of any other head setting is never taken for the current default."""
+    from export.pipeline import ExportOptions, default_checkpoint_path
+    from export.quantize import QuantOptions
+    here = default_checkpoint_path()
+    assert here.name != "smollm2-135m-instruct-bitnest" and here == default_checkpoint_path(ExportOptions(out="x"))
+    assert default_checkpoint_path(ExportOptions(out="", quant=QuantOptions(quantize_head=False))) != here
+    assert default_checkpoint_path(ExportOptions(out="", draft_head="4bit")) != here
+
+
+def test_bad_head_options_are_one_line_errors(small_llama_checkpoint, tmp_path):
+    """Before any work: a draft head for a float16 head, at export and on a checkpoint whose head is float16."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+    runs = [[str(ROOT / "scripts" / "export.py"), "--out", str(tmp_path / "ck"), "--head", "float16", "--draft-head",
+             "8bit"],
+            [str(ROOT / "scripts" / "chat.py"), "--checkpoint", str(small_llama_checkpoint), "--backend", "torch",
+             "--prompt", "Hi", "--draft-head", "shortlist"]]
+    for argv, says in zip(runs, ("drop --head float16", "needs a nested LM head")):
+        out = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1 and says in out.stderr, out.stderr
+    assert not (tmp_path / "ck").exists()

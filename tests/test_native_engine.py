@@ -14,6 +14,7 @@ from edge.backends.native import NativeEngine, native_unavailable
 from edge.backends.torch_ref import TorchBackend
 from edge.decode.config import DraftKVPolicy, GenerateConfig
 from edge.decode.engine import PassEngine
+from edge.decode.stats import embedding_row_bytes
 from edge.errors import BitNestError
 from edge.model.checkpoint import load_checkpoint, set_draft_head
 from edge.runtime import Runtime
@@ -127,7 +128,7 @@ def test_the_draft_head_agrees_with_the_torch_reference(rotated_checkpoint, sett
 def test_bytes_are_counted_by_the_engine_interface(native_rt):
     s = native_rt.generate(native_rt.encode("Name three colours."), GenerateConfig(policy="target", max_new_tokens=6))
     eng, stats = native_rt.engine, s["stats"]
-    emb = native_rt.ckpt.config.hidden_size * 2 if not native_rt.ckpt.embedding_from_head else eng.embed_row_bytes
+    emb = embedding_row_bytes(native_rt.ckpt)          # a row of the default nested head's planes and scales
     assert stats.weight_bytes == stats.target_passes * (eng.pass_weight_bytes["target"] + emb) > 0
     assert stats.kv_bytes > 0 and stats.summary()["backend"] == "native"
 

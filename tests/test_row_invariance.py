@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from edge.backends.cpu import CpuInt4Backend
 from edge.backends.row_check import RowInvariance
-from edge.model.checkpoint import load_checkpoint
+from edge.model.checkpoint import HEAD, load_checkpoint
 from plugins.decoder_math import ROWWISE_MAX
 
 PASS_SIZES = (2, 3, 4, 5, 6, 7, 8, 9, 16, 17, ROWWISE_MAX)     # drafting 1, verification γ+1, adaptive up to 9
@@ -25,10 +25,12 @@ def cpu_backend_row_report(checkpoint, sizes=PASS_SIZES, seed: int = 0) -> dict:
     "checks": n, "capability": torch's CPU dispatch}."""
     ck = load_checkpoint(checkpoint)
     names = [n for n in ck.linears if n.startswith("model.layers.0.")]        # every distinct linear shape
-    be = CpuInt4Backend(replace(ck, linears={n: ck.linears[n] for n in names}, tensors=dict(ck.tensors)))
+    kept = names + [HEAD] * ck.head_nested                                   # a nested head reads its own planes
+    be = CpuInt4Backend(replace(ck, linears={n: ck.linears[n] for n in kept}, tensors=dict(ck.tensors)))
     gen = torch.Generator().manual_seed(seed)
     failures = []
-    for name, view in [(n, v) for n in names for v in ("draft", "target")] + [(None, "target")]:
+    head_views = ("draft", "target") if ck.head_nested else ("target",)     # 4bit, shortlist: the base plane
+    for name, view in [(n, v) for n in names for v in ("draft", "target")] + [(None, v) for v in head_views]:
         k = ck.linears[name].shape[1] if name else ck.config.hidden_size
         x = torch.randn(max(sizes), k, generator=gen) * 2                           # [M, K]
         run = (lambda xx: be.linear(name, xx, view)) if name else (lambda xx: be.head(xx, view))
@@ -43,7 +45,7 @@ def test_cpu_backend_gemms_are_row_exact_for_every_pass_size(rtn_checkpoint):
     report = cpu_backend_row_report(rtn_checkpoint)
     print(json.dumps(report))
     assert report["exact_failures"] == []
-    assert report["checks"] >= 15           # every GEMM was checked where it ran (7 linears x 2 views + head)
+    assert report["checks"] >= 16           # every GEMM was checked where it ran (7 linears x 2 views + head x 2)
 
 
 def test_a_gemm_that_is_not_row_invariant_falls_back_row_by_row(rtn_checkpoint):

@@ -7,13 +7,11 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.decode.step_engine import StepEngine
+from edge.decode.step_engine import StepEngine, check_graph_draft_head
 from edge.errors import BitNestError
 from edge.model.checkpoint import Checkpoint
 from plugins.contracts import view_code
 from plugins.step_contract import (
-    DRAFT_HEAD_META,
-    FLOAT16_HEAD,
     INPUT_IDS,
     ONNX_DIGEST_SUFFIX,
     KV8_FROM,
@@ -65,17 +63,6 @@ def check_digests(path: Path) -> None:
     if not isinstance(want, dict) or onnx_digests(path) != want:
         raise BitNestError(f"{path} fails its sha256 check ({sidecar.name}): changed or truncated since export, "
                            "export it again with `python scripts/export.py --out CKPT --existing --onnx`")
-
-
-def check_graph_draft_head(meta: dict, ckpt: Checkpoint, path) -> None:
-    """The graph serves the draft head `ckpt` is set to (edge.model.draft_head), else a one-line error. A graph
-    exported before the setting existed read the head at the pass's view: `4bit` (or a float16 head)."""
-    want = ckpt.draft_head or FLOAT16_HEAD
-    got = meta.get(DRAFT_HEAD_META, "4bit" if ckpt.head_nested else FLOAT16_HEAD)
-    if got != want:
-        raise BitNestError(f"{path} serves draft head {got} and the checkpoint is set to {want}: pass --draft-head "
-                           f"{got}, or export the graph again with `python scripts/export.py --out {ckpt.path} "
-                           f"--existing --onnx --draft-head {want}`")
 
 
 class OnnxStepRunner:

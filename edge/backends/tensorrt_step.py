@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.decode.step_engine import StepEngine
+from edge.decode.step_engine import StepEngine, check_graph_draft_head
 from edge.errors import BitNestError
 from edge.model.checkpoint import Checkpoint
 from plugins.contracts import view_code
@@ -23,6 +23,7 @@ from plugins.step_contract import (
     INPUT_IDS,
     KV8_FROM,
     LOGITS,
+    ONNX_FILE,
     SEQ_LEN,
     VIEW,
     StepShapes,
@@ -127,5 +128,11 @@ class TensorRTStepRunner:
 def tensorrt_engine(ckpt: Checkpoint, capacity: int, engine_path=None, max_tokens: int | None = None) -> StepEngine:
     """A StepEngine over CHECKPOINT/decoder_step.engine (or `engine_path`) for `generate` and the policies;
     passes of up to `max_tokens` (default: the engine profile's largest M)."""
-    runner = TensorRTStepRunner(engine_path or ckpt.path / ENGINE_FILE, StepShapes.of(ckpt.config), capacity, max_tokens)
+    path = Path(engine_path or ckpt.path / ENGINE_FILE)
+    graph = path.with_name(ONNX_FILE)          # the graph the engine was built from, where it sits beside it
+    if graph.is_file():
+        import onnx
+        meta = {p.key: p.value for p in onnx.load(str(graph), load_external_data=False).metadata_props}
+        check_graph_draft_head(meta, ckpt, graph)
+    runner = TensorRTStepRunner(path, StepShapes.of(ckpt.config), capacity, max_tokens)
     return StepEngine(ckpt, runner, "tensorrt")

@@ -55,8 +55,8 @@ def dequantize_kv(base: np.ndarray, refine: np.ndarray, scale: np.ndarray, kv8_f
 class StepReference:
     """One sequence's decoder steps over a checkpoint folder, with its own nested KV planes: `step(ids, view,
     seq_len, kv8_from)` has the step graph's semantics (plugins.step_contract) and returns logits [M, V]. A nested
-    head is read at the view its draft head gives the pass (docs/contracts.md, the draft head): `8bit` the target
-    view in both views, `4bit` the pass's view; `draft_head` None takes the manifest's (absent: `4bit`)."""
+    head is read at the view its draft head gives the pass (docs/contracts.md, weights: the draft head): `8bit` the
+    target view in both views, `4bit` the pass's view; `draft_head` None takes the manifest's (absent: `4bit`)."""
 
     def __init__(self, checkpoint, capacity: int, draft_head: str | None = None):
         from safetensors.numpy import load_file

@@ -8,7 +8,21 @@ import numpy as np
 import torch
 
 from edge.decode.engine import Engine
+from edge.errors import BitNestError
 from edge.model.checkpoint import Checkpoint
+from plugins.step_contract import DRAFT_HEAD_META, FLOAT16_HEAD
+
+
+def check_graph_draft_head(meta: dict, ckpt: Checkpoint, path) -> None:
+    """A step graph's metadata `meta` says it serves the draft head `ckpt` is set to (edge.model.draft_head), else a
+    one-line error naming both fixes. A graph exported before the setting existed read a nested head at the pass's
+    view: `4bit`."""
+    want = ckpt.draft_head or FLOAT16_HEAD
+    got = meta.get(DRAFT_HEAD_META, "4bit" if ckpt.head_nested else FLOAT16_HEAD)
+    if got != want:
+        raise BitNestError(f"{path} serves draft head {got} and the checkpoint is set to {want}: pass --draft-head "
+                           f"{got}, or export the graph again with `python scripts/export.py --out {ckpt.path} "
+                           f"--existing --onnx --draft-head {want}`")
 
 
 class StepRunner(Protocol):

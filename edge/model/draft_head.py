@@ -1,5 +1,6 @@
-"""What the draft pass reads of a nested LM head (docs/contracts.md, the draft head): the setting's names, the head
-view each pass reads, and the shortlist rule (the draft's logits when it re-scores its base-plane top K at 8 bits).
+"""What the draft pass reads of a nested LM head (docs/contracts.md, weights: the draft head): the setting's names,
+the head view each pass reads, and the shortlist rule (the draft's logits when it re-scores its base-plane top K at
+8 bits).
 
 - `8bit`: the draft reads the head at the target view, as the target does (8-bit codes, both planes): the draft's
   argmax is untouched by the head's quantization, and no pass reads a 4-bit head.
