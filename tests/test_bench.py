@@ -139,7 +139,7 @@ def _shape_args(**kw) -> argparse.Namespace:
     base = dict(backend="auto", prompts=1, max_new_tokens=4, repeats=1, gamma=4, gamma_max=8, threads=None,
                 pass_repeats=1, policy=None, peer=None, acceptance_from=None, gate_threshold=None, gate_rate=0.15,
                 gate_signal="entropy", gate_seed=0, phase_tag="</think>", phase_order="low-high",
-                adaptive_signal="margin", adaptive_stop=1.0, adaptive_extend=6.0)
+                adaptive_signal="margin", adaptive_stop=1.0, adaptive_extend=6.0, draft_head=None, shortlist_k=None)
     return argparse.Namespace(**(base | kw))
 
 

@@ -29,13 +29,20 @@ from edge.analysis.machine import load_average, machine
 from edge.analysis.peers import q8_0_gguf, shipped_gguf
 from edge.backends import BACKENDS
 from edge.cli.common import run_cli
-from edge.cli.options import adaptive_config, add_policy_arguments, checkpoint_arg, gate_config
+from edge.cli.options import (
+    adaptive_config,
+    add_draft_head_arguments,
+    add_policy_arguments,
+    checkpoint_arg,
+    draft_head_options,
+    gate_config,
+)
 from edge.decode.registry import POLICIES
 from edge.errors import BitNestError
 from edge.memory.model_shapes import MODEL_PRESETS
 
 PEERS = ("llamacpp", "hf", "none")
-DEFAULT_POLICIES = ("target", "speculative", "adaptive", "draft") + (("auto",) if "auto" in POLICIES else ())
+DEFAULT_POLICIES = ("target", "speculative", "adaptive", "draft", "auto")
 MINE = ("speculative", "adaptive", "auto", "target", "draft")
 # peer run -> its label in ratio names
 RATIO_PEERS = {"target": "target", "llamacpp_q8_0": "llamacpp_q8", "llamacpp_q4_1": "llamacpp_q4_1",
@@ -67,7 +74,8 @@ def policy_spec(a, checkpoint: str, policy: str, prompts: list, threads: int, re
     return {"kind": "policy", "threads": threads, "checkpoint": checkpoint, "backend": a.backend, "policy": policy,
             "gamma": a.gamma, "max_new_tokens": a.max_new_tokens, "prompts": prompts,
             "max_context": max(map(len, prompts)) + a.max_new_tokens + 64, "scratch": max(17, a.gamma_max + 1),
-            "gate": asdict(gate_config(a)), "adaptive": asdict(adaptive_config(a)), "record_rounds": record_rounds}
+            "gate": asdict(gate_config(a)), "adaptive": asdict(adaptive_config(a)), "record_rounds": record_rounds,
+            **draft_head_options(a)}
 
 
 def probe_spec(mach: dict) -> dict:
@@ -189,6 +197,7 @@ def main(argv=None, default_checkpoint=None) -> int:
                    "llama.cpp Q8_0 on a GGUF of the same shapes")
     p.add_argument("--acceptance-from", help="with --shape: a bench JSON whose runs.speculative holds the recorded "
                    "rounds (or at least the acceptance) to follow, instead of recording them in this run")
+    add_draft_head_arguments(p)
     p.add_argument("--json", action="store_true")
     add_policy_arguments(p)
     a = p.parse_args(argv)

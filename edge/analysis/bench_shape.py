@@ -28,6 +28,7 @@ from edge.analysis.bench_process import Workers
 from edge.analysis.bench_replay import projected
 from edge.analysis.machine import load_average, machine
 from edge.analysis.peers import shipped_gguf
+from edge.cli.options import draft_head_options
 from edge.errors import BitNestError
 from edge.model.arch import ModelConfig
 
@@ -67,7 +68,8 @@ def acceptance_from(path: str, a, prompts: list) -> dict:
 
 def synthetic_spec(a, cfg: ModelConfig, mode: str, prompts: list, threads: int, rounds=None) -> dict:
     return {"kind": "synthetic", "threads": threads, "config": cfg.to_dict(), "backend": a.backend, "mode": mode,
-            "max_new_tokens": a.max_new_tokens, "prompts": prompts, "gamma": a.gamma, "rounds": rounds}
+            "max_new_tokens": a.max_new_tokens, "prompts": prompts, "gamma": a.gamma, "rounds": rounds,
+            **draft_head_options(a)}
 
 
 def bench_shape(a, cfg: ModelConfig, name: str, checkpoint: str, command: str = "") -> dict:

@@ -6,19 +6,24 @@ from pathlib import Path
 import torch
 
 from edge.model.arch import BLOCK_NORMS, ModelConfig
-from edge.model.checkpoint import HEAD, Checkpoint, LinearSpec, expected_linears
+from edge.model.checkpoint import EMBED_HEAD_TARGET, HEAD, Checkpoint, LinearSpec, expected_linears
 from edge.model.decoder import OnlineRotations
 from plugins.contracts import group_size_for
 
 
-def synthetic_checkpoint(cfg: ModelConfig, device: str = "meta", seed: int = 0,
-                         head_nested: bool = False) -> Checkpoint:
+def synthetic_checkpoint(cfg: ModelConfig, device: str = "meta", seed: int = 0, head_nested: bool = False,
+                         draft_head: str | None = None) -> Checkpoint:
     """A checkpoint of `cfg`'s shapes (docs/contracts.md, weights tensors, canonical dtypes): on "meta", shapes only; on
     "cpu" (or "cuda", made there: no host copy of a 7B model), random planes and scales (a model that computes
     garbage at the real byte counts)."""
     gen = torch.Generator(device=device if device != "meta" else "cpu").manual_seed(seed)
     on = {} if device == "meta" else {"device": device}
     manifest = {"method": "synthetic", "head": "nested" if head_nested else "float16", "rotation": {}}
+    from_head = head_nested and cfg.tie_word_embeddings     # as an export: the embedding read from the head's planes
+    if from_head:
+        manifest["embedding"] = EMBED_HEAD_TARGET
+    if head_nested and draft_head is not None:
+        manifest["draft_head"] = draft_head
     specs, tensors = {}, {}
 
     def make(shape, dtype, fill):
@@ -34,13 +39,17 @@ def synthetic_checkpoint(cfg: ModelConfig, device: str = "meta", seed: int = 0,
         for plane in (".base", ".refine"):
             tensors[name + plane] = make((n, k // 2), torch.uint8,
                                          lambda s: torch.randint(0, 256, s, dtype=torch.uint8, generator=gen, **on))
+        if device != "meta":        # the symmetric nest's rule (qr >= 0 where q4 = -8): the 8-bit code fits int8
+            base, refine = tensors[name + ".base"], tensors[name + ".refine"]
+            refine &= ~(((base & 0x0F) == 0x08).to(torch.uint8) * 0x08 | ((base & 0xF0) == 0x80).to(torch.uint8) * 0x80)
         tensors[name + ".scale"] = make((n, k // g), torch.float16,
                                         lambda s: torch.rand(s, generator=gen, **on) * 1e-3 + 1e-4)
         if cfg.attention_bias and name.endswith(("q_proj", "k_proj", "v_proj")):
             tensors[name + ".bias"] = make((n,), torch.float16, lambda s: torch.zeros(s, **on))
     h = cfg.hidden_size
     rand = lambda s: torch.randn(s, generator=gen, **on) * 0.02
-    tensors["model.embed_tokens.weight"] = make((cfg.vocab_size, h), torch.float16, rand)
+    if not from_head:
+        tensors["model.embed_tokens.weight"] = make((cfg.vocab_size, h), torch.float16, rand)
     if not cfg.tie_word_embeddings and not head_nested:
         tensors["lm_head.weight"] = make((cfg.vocab_size, h), torch.float16, rand)
     ones = lambda s: torch.ones(s, **on)
