@@ -85,7 +85,7 @@ def lossless(a, ckpt: str) -> dict:
             print(f"{policy}: divergence at token {i} of {text[:40]!r}: top-2 gap {gap:.3g}", file=sys.stderr)
     summaries = {c: {p: _with_fp16_ratio(merged_summary(v)) for p, v in d.items() if v} for c, d in stats.items()}
     per_pass = {v: weight_bytes_per_pass(rt.ckpt, v) for v in ("draft", "target")}       # one-token passes
-    out = {"checkpoint": ckpt, "backend": rt.backend, "prompts": len(prompts), "max_new_tokens": a.max_new_tokens,
+    out = {"checkpoint": ckpt, "backend": rt.backend, "isa": getattr(rt.engine, "isa", None), "prompts": len(prompts), "max_new_tokens": a.max_new_tokens,
            "gamma": a.gamma, **draft_head_summary(rt.ckpt), "weight_bytes_per_pass": per_pass,
            "identical": same["speculative"], "identical_by_policy": same, "divergences": divergences,
            "lossless": all(d["near_tie"] for d in divergences), "stats": summaries}

@@ -25,6 +25,7 @@ from edge.analysis.report_bench import (
     bench_table,
     headline_bench_row,
     headline_shape_row,
+    isa_paths_table,
     shape_block,
 )
 from edge.analysis.report_cells import mb as _mb
@@ -279,6 +280,19 @@ def lossless_table(run: dict) -> str:
                    "KV MB / token", "tok/s", "identical to target (all prompts)"], rows)
 
 
+def lossless_isas_table(*runs: dict) -> str:
+    """`bitnest lossless` once per ISA path of the native step: how many outputs of each policy equal the target's."""
+    rows = []
+    for run in runs:
+        same = run["identical_by_policy"]
+        rows.append([f"{run['isa']}", f"{run['prompts']} x {run['max_new_tokens']}"]
+                    + ["" if p not in same else f"{same[p]} / {run['prompts']}" for p in ("speculative", "adaptive",
+                                                                                         "auto")]
+                    + [str(len(run["divergences"])), "yes" if run["lossless"] else "no"])
+    return _table(["ISA path", "prompts x tokens", f"speculative (γ = {runs[0]['gamma']})", "adaptive", "auto", "divergences",
+                   "lossless"], rows)
+
+
 # -- the README's headline --------------------------------------------------------------------------------------
 def headline_table(sweep: dict, quality: dict, mc: dict, verify: dict, replay: dict, bench: dict, shape: dict) -> str:
     """One row per headline result, each with the command that measured it."""
@@ -336,6 +350,10 @@ FIXED = {
     "bench": Table(("bench.json",), bench_table),
     "bench-ratios": Table(("bench.json",), bench_ratios),
     "bench-passes": Table(("bench.json",), bench_passes),
+    "bench-isas": Table(("bench.json", "bench_avx2.json", "bench-smollm2-1.7b.json", "bench_avx2_smollm2-1.7b.json"),
+                        isa_paths_table),
+    "lossless-isas": Table(("lossless-bitnest.json", "lossless-avx-vnni.json", "lossless-avx2.json",
+                            "lossless-generic.json"), lossless_isas_table),
     "sm87-kernels": Table(("sm87_kernels.json",), sm87_table),
     "verify-local": Table(("verify_local_llama-2-7b-32k.json", "verify_local_default.json"), verify_table),
     "replay-exports": Table(("replay-bitnest.json", "replay-top4of8.json", "replay-rtn.json"), replay_exports_table),

@@ -106,14 +106,38 @@ def shape_block(d: dict) -> str:
     return "\n\n".join([lead, table(head, rows), passes_table(d["pass_times"]), ratios, machine_note(d)])
 
 
+def isa_paths_table(*runs: dict) -> str:
+    """One row per bench run (each ISA path, each regime): the aims of issue 21 side by side: target speed and its
+    share of the read probe, a (γ + 1)-token target pass over a 1-token one, a draft pass over a target pass, auto
+    (or, at a shape, the best γ by the projection) and fixed-γ speculation (replayed at a shape) over the target, and
+    the target against llama.cpp Q8_0."""
+    rows = []
+    for d in runs:
+        r, p, g = d["ratios"], d["pass_times"]["ms"], d["gamma"]
+        shape = d.get("shape")
+        rows.append([f"{shape} shapes (random weights)" if shape else "SmolLM2-135M", d["isa"],
+                     f"{d['runs']['target']['tok_s']:g}", pct(d["target_roofline_fraction"]),
+                     f"{p['target'][str(g + 1)] / p['target']['1']:.2f}", f"{r['draft_pass_vs_target_pass']:g}",
+                     f"{r['projected_best_gamma_vs_target']:g} (projected, best γ {d['projection']['best_gamma']})"
+                     if shape else f"{r['auto_vs_target']:g}",
+                     f"{r.get('replayed_speculative_vs_target', r.get('projected_speculative_vs_target')):g}"
+                     + (f" ({d['speculative_method']})" if shape else "") if shape else f"{r['speculative_vs_target']:g}",
+                     f"{r['target_vs_llamacpp_q8']:g}"])
+    return table(["model", "ISA path", "target tok/s", "of the read probe", f"{runs[0]['gamma'] + 1}-token / 1-token "
+                  "target pass", "draft / target pass", "auto / target", f"speculative (γ = {runs[0]['gamma']}) / target",
+                  "target / llama.cpp Q8_0"], rows)
+
+
 # -- the README's headline rows -----------------------------------------------------------------------------------
 def headline_bench_row(bench: dict) -> list[str]:
     """The cache-resident regime: the default model's policies beside llama.cpp."""
     runs, r = bench["runs"], bench["ratios"]
     auto = f", auto {runs['auto']['tok_s']:g} (`auto_vs_target` {r['auto_vs_target']:g})" if "auto" in runs else ""
     p = bench["pass_times"]["ms"]["target"]
-    return [f"decode speed, cache-resident (SmolLM2-135M), {bench['backend']} backend ({bench['isa']}, "
-            f"{bench['threads']} threads), every runner in its own process",
+    llc = bench["machine"]["llc"]["sysfs_bytes"]
+    where = "within" if runs["target"]["weight_bytes_per_token"] < llc else "past"
+    return [f"decode speed, SmolLM2-135M ({where} this CPU's {_mib(llc)} last-level cache), {bench['backend']} "
+            f"backend ({bench['isa']}, {bench['threads']} threads), every runner in its own process",
             f"target AR {runs['target']['tok_s']:g} tok/s ({pct(bench['target_roofline_fraction'])} of the read "
             f"probe), speculative (γ = {bench['gamma']}) {runs['speculative']['tok_s']:g}{auto}, draft AR "
             f"{runs['draft']['tok_s']:g}; llama.cpp Q8_0 {runs['llamacpp_q8_0']['tok_s']:g}, Q4_1 "
