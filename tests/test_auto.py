@@ -14,6 +14,7 @@ from edge.decode import costs
 from edge.decode.auto import (
     PROBE_MAX,
     PROBE_MIN,
+    WIN_MARGIN,
     AcceptanceEstimate,
     AutoConfig,
     best_gamma,
@@ -86,6 +87,23 @@ def test_probes_only_where_speculation_can_win_and_rarer_the_more_they_lose():
     # a probe of one proposal loses 0.5 + 1.2 - 1 = 0.7 target passes at α = 0: 70 passes keep it to 1%
     assert hopeless == 70
     assert probe_interval(0.0, 0.5, t_target, 0, 0.01) is None                     # a ceiling of 0 cannot probe
+
+
+def test_a_round_must_beat_a_target_step_by_the_margin():
+    # α = 0.8, draft 0.5, t(2) = 1.25: one proposal gives 1.8 tokens in 1.75 against 1 in 1, a 2.9% gain
+    t_target = (1.0, 1.25) + tuple(1.25 + w for w in range(1, MAX_GAMMA))
+    assert rate(0.8, 1, 0.5, t_target) == pytest.approx(1.8 / 1.75)
+    assert best_gamma(0.8, 0.5, t_target, MAX_GAMMA) == 1                        # the bare argmax takes the 2.9%
+    assert best_gamma(0.8, 0.5, t_target, MAX_GAMMA, margin=0.02) == 1
+    assert best_gamma(0.8, 0.5, t_target, MAX_GAMMA, margin=0.03) == 0           # within the margin: a target step
+    assert AutoConfig().margin == WIN_MARGIN > 0.03                              # the policy's default refuses it
+    # ... and never probes where even α = 1 gains less than the margin (2 tokens in 1.75: 14.3%)
+    assert probe_interval(0.5, 0.5, t_target, MAX_GAMMA, 0.01, margin=0.14) is not None
+    assert probe_interval(0.5, 0.5, t_target, MAX_GAMMA, 0.01, margin=0.15) is None
+    # where speculation pays, the margin changes nothing: a flat verification and a cheap draft
+    assert best_gamma(0.95, 0.05, FLAT, MAX_GAMMA, margin=WIN_MARGIN) == MAX_GAMMA
+    with pytest.raises(ValueError, match="margin"):
+        AutoConfig(margin=1.0)
 
 
 def test_the_acceptance_estimate_counts_what_verification_judged():
@@ -161,13 +179,13 @@ def targets(engine, prompts):
 
 
 def test_a_mix_of_target_steps_and_rounds_is_the_target_output(engine, prompts, targets):
-    """γ = 1 wins only for α > 0.81 and the prior is 0.8: the first steps are target steps, a probe round follows
-    within PROBE_MIN + 1 steps, and whatever the draft does from there α crosses back and forth or settles, so
-    one generation holds both kinds; every one of them must emit exactly the target's tokens."""
+    """With no margin, γ = 1 wins only for α > 0.81 and the prior is 0.8: the first steps are target steps, a probe
+    round follows within PROBE_MIN + 1 steps, and whatever the draft does from there α crosses back and forth or
+    settles, so one generation holds both kinds; every one of them must emit exactly the target's tokens."""
     mix = _table(0.81, FLAT)
     seen = {}
     for p, target in zip(prompts, targets):
-        out, stats = _generate(engine, p, mix, policy="auto")
+        out, stats = _generate(engine, p, mix, policy="auto", auto=AutoConfig(margin=0.0))
         assert out == target
         hist = _check_rounds(stats)
         assert hist.get(0, 0) >= PROBE_MIN and stats.probes >= 1, hist
@@ -188,6 +206,16 @@ def test_forced_tables_are_the_target_output(engine, prompts, targets, t_draft, 
             assert set(hist) == expect and stats.draft_passes == 0 and stats.probes == 0
         else:
             assert 0 not in hist and max(hist) >= 4, hist
+
+
+def test_the_policy_keeps_the_margin(engine, prompts, targets):
+    """A draft at 0.98 of a flat target pass: even α = 1 gains under 2% (9 tokens in 8.84 passes), within the
+    default margin, so auto decodes as the target, never drafting or probing; with no margin it probes."""
+    near = _table(0.98, FLAT)
+    out, stats = _generate(engine, prompts[0], near, policy="auto")
+    assert out == targets[0] and set(_check_rounds(stats)) == {0} and stats.draft_passes == stats.probes == 0
+    out, stats = _generate(engine, prompts[0], near, policy="auto", auto=AutoConfig(margin=0.0))
+    assert out == targets[0] and stats.probes >= 1, _check_rounds(stats)
 
 
 def test_the_ceiling_the_room_and_the_scratch_bound_the_choice(rtn_checkpoint, prompts, targets):

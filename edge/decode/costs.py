@@ -25,10 +25,11 @@ from edge.model.checkpoint import manifest_seal
 from plugins.contracts import DRAFT, TARGET
 
 COSTS_FORMAT = "bitnest-pass-costs"
-COSTS_VERSION = 1            # bump when what is measured or how changes: every cached table is then re-measured
+COSTS_VERSION = 2            # bump when what is measured or how changes: every cached table is then re-measured
 MAX_GAMMA = 8                # the most proposals `auto` may choose: target passes of 1..MAX_GAMMA + 1 tokens
 CONTEXT = 192                # committed positions the passes are timed at (a modest real context)
-WARMUP, REPEATS = 2, 5       # interleaved sweeps over every (view, width): discarded, then kept (medians)
+WARMUP, REPEATS = 2, 9       # interleaved sweeps over every (view, width): discarded, then kept (medians; 5 left
+                             # a pass's median ~10% apart between tables measured minutes apart on a shared machine)
 # CPU flags that select or speed up kernels (x86 vector extensions, aarch64 SIMD features)
 KERNEL_FLAG = re.compile(r"^(avx|amx|fma|f16c|sse4|bmi2|sve|asimd|i8mm|bf16|dotprod)")
 # a paragraph of plain English: the context the passes are timed at where the caller has no text of its own

@@ -165,16 +165,18 @@ class Auto(Speculative):
 
     def step(self, eng, pending, history):
         """Rule: bound γ by the ceiling, the widths measured, the room past the pending token and the scratch
-        slots; take the γ of most expected tokens per second at the current α (best_gamma); where that is 0 and
+        slots; take the γ of most expected tokens per second at the current α, a round only where it beats a
+        target step by the configured margin (best_gamma); where that is 0 and
         `probe_interval` γ = 0 steps have passed, run a probe round of PROBE_GAMMA proposals instead; run the
         round (Speculative.round: γ = 0 is one target pass over the pending token) and feed its outcome to α."""
         c = self.costs
         slots = eng.draft_slots()
         limit = min(self.cfg.auto.gamma_max, len(c.target) - 1, eng.room() - 1, eng.room() if slots is None else slots)
-        gamma = best_gamma(self.alpha.value, c.draft, c.target, limit)
+        gamma = best_gamma(self.alpha.value, c.draft, c.target, limit, self.cfg.auto.margin)
         probe = False
         if gamma == 0 and limit >= PROBE_GAMMA:
-            every = probe_interval(self.alpha.value, c.draft, c.target, limit, self.cfg.auto.probe_budget)
+            every = probe_interval(self.alpha.value, c.draft, c.target, limit, self.cfg.auto.probe_budget,
+                                   self.cfg.auto.margin)
             self.idle += 1
             probe = every is not None and self.idle > every
         if gamma or probe:
