@@ -120,8 +120,8 @@ def isa_paths_table(*runs: dict) -> str:
                      f"{p['target'][str(g + 1)] / p['target']['1']:.2f}", f"{r['draft_pass_vs_target_pass']:g}",
                      f"{r['projected_best_gamma_vs_target']:g} (projected, best γ {d['projection']['best_gamma']})"
                      if shape else f"{r['auto_vs_target']:g}",
-                     f"{r.get('replayed_speculative_vs_target', r.get('projected_speculative_vs_target')):g}"
-                     + (f" ({d['speculative_method']})" if shape else "") if shape else f"{r['speculative_vs_target']:g}",
+                     "; ".join(f"{r[f'{m}_speculative_vs_target']:g} ({m})" for m in ("replayed", "projected")
+                               if f"{m}_speculative_vs_target" in r) if shape else f"{r['speculative_vs_target']:g}",
                      f"{r['target_vs_llamacpp_q8']:g}"])
     return table(["model", "ISA path", "target tok/s", "of the read probe", f"{runs[0]['gamma'] + 1}-token / 1-token "
                   "target pass", "draft / target pass", "auto / target", f"speculative (γ = {runs[0]['gamma']}) / target",
@@ -151,12 +151,14 @@ def headline_shape_row(d: dict) -> list[str]:
     """The memory-bound regime: a synthetic checkpoint of a larger model's shapes beside llama.cpp Q8_0."""
     runs, r, p = d["runs"], d["ratios"], d["pass_times"]["ms"]
     method = d["speculative_method"]
-    spec = r.get(f"{method}_speculative_vs_target")
+    spec = f"{r.get(f'{method}_speculative_vs_target'):g}× target"
+    if method != "projected":      # a replay beside what the same run's pass times project
+        spec += f" (projected from the pass times: {r['projected_speculative_vs_target']:g}×)"
     return [f"decode speed, memory-bound ({d['shape']} shapes, random weights), {d['backend']} backend ({d['isa']}, "
             f"{d['threads']} threads)",
             f"target AR {runs['target']['tok_s']:g} tok/s ({pct(d['target_roofline_fraction'])} of the read probe), "
             f"draft AR {runs['draft']['tok_s']:g}; llama.cpp Q8_0 {runs['llamacpp_q8_0']['tok_s']:g}: "
             f"`target_vs_llamacpp_q8` {r['target_vs_llamacpp_q8']:g}; speculative (γ = {d['gamma']}, {method}) "
-            f"{spec:g}× target; {d['gamma'] + 1}-token target pass "
+            f"{spec}; {d['gamma'] + 1}-token target pass "
             f"{p['target'][str(d['gamma'] + 1)] / p['target']['1']:.2f}× a 1-token pass, draft pass {r['draft_pass_vs_target_pass']:g}× ([runtime](docs/runtime.md))",
             f"`{d['command']}`"]
