@@ -150,6 +150,7 @@ def test_a_shape_bench_measures_replays_and_projects_in_separate_processes(small
     monkeypatch.setattr(shape_mod, "cache_folder", lambda: tmp_path)
     d = shape_mod.bench_shape(_shape_args(), TINY, "tiny", str(small), "test")
     assert d["shape"] == "tiny" and d["speculative_method"] == "replayed" and d["isolation"] == "process per runner"
+    assert d["draft_head"] == "8bit"                       # the synthetic checkpoint's head is the default export's
     assert set(d["runs"]) == {"target", "draft", "speculative_replayed", "llamacpp_q8_0"}
     assert all(r["tok_s"] > 0 for r in d["runs"].values())
     pids = [r["pid"] for r in d["runs"].values()] + [d["probe"]["pid"], d["acceptance_source"]["pid"]]

@@ -59,6 +59,7 @@ def test_bench_with_its_default_policies_beside_llamacpp(small, capsys):
     import os
 
     from edge.analysis.bench import DEFAULT_POLICIES
+    from edge.model.checkpoint import load_checkpoint
     out = bitnest(capsys, "bench", "--checkpoint", small, "--prompts", 1, "--max-new-tokens", 4, "--repeats", 1,
                   "--pass-repeats", 1, "--peer", "llamacpp", "--json")
     assert list(out["runs"]) == list(DEFAULT_POLICIES) + ["llamacpp_q4_1", "llamacpp_q8_0"]
@@ -67,6 +68,7 @@ def test_bench_with_its_default_policies_beside_llamacpp(small, capsys):
             "verification_pass_vs_target_pass", "draft_pass_vs_target_pass"} <= set(out["ratios"])
     assert ("auto_vs_target" in out["ratios"]) == ("auto" in POLICIES)
     assert out["isolation"] == "process per runner" and out["isa"] and out["machine"]["threads"] == out["threads"]
+    assert out["draft_head"] == load_checkpoint(small).draft_head          # what the runs' draft read of the head
     pids = [r["pid"] for r in out["runs"].values()] + [out["probe"]["pid"]]
     assert len(set(pids)) == len(pids) and os.getpid() not in pids
     assert out["probe"]["bytes"] >= 4 * out["machine"]["llc"]["bytes"] > 0

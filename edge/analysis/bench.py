@@ -162,7 +162,7 @@ def bench(a, ckpt: str, command: str = "") -> dict:
     read_gbps, probe = probe_entry(samples.pop("probe"), loaded["probe"])
     first = loaded[pass_runner]
     out = {"command": command, "checkpoint": ckpt, "backend": first["backend"], "isa": first["isa"],
-           "isolation": ISOLATION, "prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "repeats": a.repeats,
+           **{k: first[k] for k in ("draft_head", "shortlist_k") if k in first}, "isolation": ISOLATION, "prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "repeats": a.repeats,
            "gamma": a.gamma, "threads": threads, "machine": mach, "read_gbps": read_gbps,
            "read_gbps_samples": probe["gbps_samples"], "probe": probe, "runs": {}}
     for name, runs in samples.items():

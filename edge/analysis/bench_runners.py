@@ -10,27 +10,30 @@ from pathlib import Path
 
 import torch
 
+from edge.decode.stats import draft_head_summary
+
 PASS_WIDTHS = tuple(range(1, 9))
 WARMUP_TOKENS = 8
 
 
 def pass_times(eng, prompt: list[int], widths=PASS_WIDTHS, repeats: int = 15) -> dict:
     """Median ms of one pass of W tokens per view, after `prompt` (real passes at its end, not committed): how a
-    pass's cost grows with its width, which decides what a verification costs against a single-token step."""
+    pass's cost grows with its width, which decides what a verification costs against a single-token step. The
+    repeats are sweeps over every (view, width), so a change in the machine's speed while they run (a neighbour's
+    memory traffic on a shared host) falls on every pass alike instead of on the widths timed last."""
     eng.reset("pass-times")
     eng.prefill(prompt)
-    out = {}
-    for view in ("draft", "target"):
+    views = ("draft", "target")
+    for view in views:
         eng.forward(prompt[-1:], view)                     # warm-up
-        out[view] = {}
-        for w in widths:
+    times = {(view, w): [] for view in views for w in widths}
+    for _ in range(repeats):
+        for (view, w), samples in times.items():
             ids = (prompt * w)[-w:]
-            times = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                eng.forward(ids, view)
-                times.append(time.perf_counter() - t0)
-            out[view][str(w)] = round(statistics.median(times) * 1e3, 2)
+            t0 = time.perf_counter()
+            eng.forward(ids, view)
+            samples.append(time.perf_counter() - t0)
+    out = {view: {str(w): round(statistics.median(times[view, w]) * 1e3, 2) for w in widths} for view in views}
     return {"context": len(prompt), "repeats": repeats, "ms": out}
 
 
@@ -91,7 +94,7 @@ class PolicyRunner:
         if self.rounds is not None:
             _recording(self.rt.engine, self.rounds)
         self.info = {"backend": self.rt.backend, "isa": getattr(self.rt.engine, "isa", None),
-                     "engine_threads": getattr(self.rt.engine, "threads", None)}
+                     "engine_threads": getattr(self.rt.engine, "threads", None), **draft_head_summary(self.rt.ckpt)}
 
     def _generate(self, prompt: list[int], n: int):
         from dataclasses import replace
@@ -136,7 +139,7 @@ class SyntheticRunner:
         self.mode, self.prompts, self.rounds, self.n = mode, prompts, rounds, max_new_tokens
         self._one(0, WARMUP_TOKENS)
         self.info = {"backend": self.backend, "isa": getattr(self.eng, "isa", None),
-                     "engine_threads": getattr(self.eng, "threads", None)}
+                     "engine_threads": getattr(self.eng, "threads", None), **draft_head_summary(ckpt)}
 
     def _one(self, i: int, n: int):
         from edge.analysis.bench_replay import replay_generation

@@ -115,7 +115,9 @@ def bench_shape(a, cfg: ModelConfig, name: str, checkpoint: str, command: str = 
     r.update(pass_ratios(passes, a.gamma))
     best = max((k for k in LOSSLESS if k in tok), key=tok.get)
     out = {"command": command, "shape": name, "config": cfg.to_dict(), "checkpoint": checkpoint,
-           "backend": loaded["target"]["backend"], "isa": loaded["target"]["isa"], "isolation": ISOLATION,
+           "backend": loaded["target"]["backend"], "isa": loaded["target"]["isa"],
+           **{k: loaded["target"][k] for k in ("draft_head", "shortlist_k") if k in loaded["target"]},
+           "isolation": ISOLATION,
            "prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "repeats": a.repeats, "gamma": a.gamma,
            "threads": threads, "machine": mach, "read_gbps": read_gbps, "read_gbps_samples": probe["gbps_samples"],
            "probe": probe, "speculative_method": method,

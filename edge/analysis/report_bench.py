@@ -116,6 +116,7 @@ def isa_paths_table(*runs: dict) -> str:
         r, p, g = d["ratios"], d["pass_times"]["ms"], d["gamma"]
         shape = d.get("shape")
         rows.append([f"{shape} shapes (random weights)" if shape else "SmolLM2-135M", d["isa"],
+                     d.get("draft_head", "8bit (not recorded)"),
                      f"{d['runs']['target']['tok_s']:g}", pct(d["target_roofline_fraction"]),
                      f"{p['target'][str(g + 1)] / p['target']['1']:.2f}", f"{r['draft_pass_vs_target_pass']:g}",
                      f"{r['projected_best_gamma_vs_target']:g} (projected, best γ {d['projection']['best_gamma']})"
@@ -123,7 +124,7 @@ def isa_paths_table(*runs: dict) -> str:
                      "; ".join(f"{r[f'{m}_speculative_vs_target']:g} ({m})" for m in ("replayed", "projected")
                                if f"{m}_speculative_vs_target" in r) if shape else f"{r['speculative_vs_target']:g}",
                      f"{r['target_vs_llamacpp_q8']:g}"])
-    return table(["model", "ISA path", "target tok/s", "of the read probe", f"{runs[0]['gamma'] + 1}-token / 1-token "
+    return table(["model", "ISA path", "draft head", "target tok/s", "of the read probe", f"{runs[0]['gamma'] + 1}-token / 1-token "
                   "target pass", "draft / target pass", "auto / target", f"speculative (γ = {runs[0]['gamma']}) / target",
                   "target / llama.cpp Q8_0"], rows)
 
