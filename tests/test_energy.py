@@ -208,9 +208,11 @@ def test_chat_meters_each_answer_and_logs_every_sample_with_its_phase(rtn_checkp
 
 
 def test_chat_goes_on_when_the_meter_dies(rtn_checkpoint, tmp_path):
+    """The meter dies after 3 readings (~60 ms after it starts); the chat's idle window (1 s, before any answer) lets
+    it die first however fast the answers are (with the native step, two 6-token answers took less than its life)."""
     import shlex
     r = _chat("--checkpoint", rtn_checkpoint, "--prompts-file", _prompts(tmp_path), "--max-new-tokens", "6",
-              "--meter", "tegrastats", "--interval-ms", "20",
+              "--meter", "tegrastats", "--interval-ms", "20", "--idle-seconds", "1",
               "--meter-command", shlex.join(REPLAY + ["--interval-ms", "20", "--exit-after", "3", "--exit-code", "3"]),
               "--json")
     assert r.returncode == 0, r.stderr
