@@ -18,7 +18,7 @@ from packaging.requirements import Requirement
 from tests.conftest import ROOT
 
 try:
-    import tomllib
+    import tomllib  # novm (3.11+, guarded: tomli below)
 except ModuleNotFoundError:              # Python 3.10 (JetPack 6): tomllib is 3.11's; the test extra brings tomli there
     try:
         import tomli as tomllib
