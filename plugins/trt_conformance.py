@@ -195,7 +195,7 @@ def drive(creator, inputs: list[torch.Tensor], namespace: str | None = None, see
     dyn_in = [trt.DynamicPluginTensorDesc(d) for d in in_desc]
     dyn_out = [trt.DynamicPluginTensorDesc(d) for d in out_desc]
     for pos in range(len(inputs) + n_out):
-        if c(build, "supports_format_combination", pos, dyn_in + dyn_out, len(inputs)) is not True:
+        if not c(build, "supports_format_combination", pos, dyn_in + dyn_out, len(inputs)):   # cast<bool>
             raise ConformanceError(f"{type(plugin).__name__}.supports_format_combination() refuses position {pos} "
                                    f"({(in_desc + out_desc)[pos].type.name}, LINEAR), the graph's own type")
     aliases = {}
