@@ -15,17 +15,25 @@ Facts of TensorRT 10.3 this follows (NVIDIA/TensorRT v10.3.0 headers and python/
   getAliasedInput, effective with PreviewFeature::kALIASED_PLUGIN_IO_10_03; "TensorRT may insert copies"): the
   attention plugin's plane outputs alias its plane inputs, and where TensorRT hands distinct buffers the plane is
   copied to the output before the in-place write, so the output is right either way;
-- Python's enqueue return value is not read: an exception becomes -1 (pyPlugin.cpp, enqueue).
+- Python's enqueue return value is not read: an exception becomes -1 (pyPlugin.cpp, enqueue);
+- the Python wrapper has no default for set_tactic, on_shape_change, attach_to_context, get_fields_to_serialize,
+  enqueue, configure_plugin, the output types and shapes, supports_format_combination, get_capability_interface and
+  clone (a missing one fails the build or the engine): plugins.trt_conformance lists them with the evidence and plays
+  TensorRT's calls without TensorRT (tests/test_trt_conformance.py); the classes define every one, and
+  get_valid_tactics / get_workspace_size as NVIDIA's V3 samples do;
+- TensorRT >= 10.10's ONNX parser reads a node's domain as the plugin namespace: the creators are registered under
+  the empty namespace (10.3) and under `bitnest` (the graph's domain), so one graph parses on both.
 """
 
 import importlib.util
 from dataclasses import dataclass, field
 
-from plugins.contracts import DUAL_PLANE_LINEAR, NESTED_KV_ATTENTION
+from plugins.contracts import DOMAIN, DUAL_PLANE_LINEAR, NESTED_KV_ATTENTION
 from plugins.step_contract import as_bytes
 
 PLUGIN_VERSION = "1"
 PLUGIN_NAMESPACE = ""
+PLUGIN_NAMESPACES = (PLUGIN_NAMESPACE, DOMAIN)       # TensorRT 10.3's parser looks in "", >= 10.10's in the domain
 MIN_TENSORRT = (10, 3)
 
 # Element types a TensorRT 10.3 plugin tensor may have (every DataType but kBOOL and kUINT8; FP8 and INT4 left out).
@@ -60,8 +68,9 @@ def tensorrt_unavailable() -> str | None:
         return (f"TensorRT is not installed ({e}); it ships with JetPack 6.1/6.2 (TensorRT 10.3), "
                 "not from PyPI: run on a Jetson or a CUDA machine with TensorRT >= 10.3")
     version = tuple(int(p) for p in trt.__version__.split(".")[:2])
-    if version < MIN_TENSORRT or not hasattr(trt, "IPluginV3"):
-        return f"TensorRT {trt.__version__} lacks Python IPluginV3 plugins: use TensorRT >= 10.3 (JetPack 6.1/6.2)"
+    if version < MIN_TENSORRT or not hasattr(trt, "IPluginV3") or not hasattr(trt, "IPluginV3OneBuildV2"):
+        return (f"TensorRT {trt.__version__} lacks Python IPluginV3 plugins with aliased I/O (IPluginV3OneBuildV2): "
+                "use TensorRT >= 10.3 (JetPack 6.1/6.2)")
     if importlib.util.find_spec("triton") is None:
         return "triton is not installed (the plugins launch Triton kernels): pip install -e .[jetson]"
     import torch
@@ -119,22 +128,42 @@ class _CudaArray:
                                          "data": (int(ptr), False), "version": 3, "strides": None}
 
 
+class _HostArray:
+    """A host pointer seen as an array (numpy array interface v3): the plugins defined for the CPU (the Triton
+    interpreter), which plugins.trt_conformance drives without TensorRT."""
+
+    def __init__(self, ptr: int, shape, typestr: str):
+        self.__array_interface__ = {"shape": tuple(int(d) for d in shape), "typestr": typestr,
+                                    "data": (int(ptr), False), "version": 3, "strides": None}
+
+
 _TYPESTR = {"float32": "<f4", "float16": "<f2", "int32": "<i4", "int64": "<i8"}
 
 
-def _define(trt):
-    """The plugin and creator classes over an imported tensorrt module (built once, lazily)."""
+def define_plugins(trt, device: str = "cuda"):
+    """((DualPlaneGemvPlugin, NestedKvAttentionPlugin), creator class) over a tensorrt module (TensorRT's, or
+    plugins.trt_standin); `device` "cuda" takes TensorRT's addresses as device pointers, "cpu" as host pointers."""
+    import numpy as np
     import torch
 
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"plugins run on 'cuda' or 'cpu', not {device!r}")
     dtype = {"float32": trt.DataType.FLOAT, "float16": trt.DataType.HALF, "int32": trt.DataType.INT32,
              "int64": trt.DataType.INT64}
     names = {v: k for k, v in dtype.items()}
-    # IPluginV3OneBuildV2 (TensorRT >= 10.3) adds get_aliased_input; the bindings accept either build interface
-    build_base = getattr(trt, "IPluginV3OneBuildV2", trt.IPluginV3OneBuild)
+    # the attention plugin writes into its plane inputs: defined only as declared aliasing (get_aliased_input, on
+    # IPluginV3OneBuildV2); on IPluginV3OneBuild the same writes would be undefined, so there is no fallback
+    if not hasattr(trt, "IPluginV3OneBuildV2"):
+        raise RuntimeError(f"TensorRT {getattr(trt, '__version__', '?')} has no IPluginV3OneBuildV2 (aliased plugin "
+                           "I/O): the KV planes are written in place; use TensorRT >= 10.3 (JetPack 6.1/6.2)")
+    build_base = trt.IPluginV3OneBuildV2
 
     def tensor(ptr, desc):
         """torch view of a TensorRT I/O tensor (no copy)."""
-        return torch.as_tensor(_CudaArray(ptr, tuple(desc.dims), _TYPESTR[names[desc.type]]), device="cuda")
+        shape, typestr = tuple(desc.dims), _TYPESTR[names[desc.type]]
+        if device == "cpu":
+            return torch.from_numpy(np.asarray(_HostArray(ptr, shape, typestr)))
+        return torch.as_tensor(_CudaArray(ptr, shape, typestr), device="cuda")
 
     def dims(exprs):
         d = trt.DimsExprs(len(exprs))
@@ -147,13 +176,13 @@ def _define(trt):
 
         name = ""
 
-        def __init__(self, phase=None):
+        def __init__(self, phase=None, namespace: str = PLUGIN_NAMESPACE):
             trt.IPluginV3.__init__(self)
             trt.IPluginV3OneCore.__init__(self)
             build_base.__init__(self)
             trt.IPluginV3OneRuntime.__init__(self)
             self.io = PLUGIN_IO[self.name]
-            self.plugin_name, self.plugin_namespace, self.plugin_version = self.name, PLUGIN_NAMESPACE, PLUGIN_VERSION
+            self.plugin_name, self.plugin_namespace, self.plugin_version = self.name, namespace, PLUGIN_VERSION
             self.num_outputs = len(self.io.outputs)
             self.timing_cache_id = ""
             self.phase = phase
@@ -177,6 +206,15 @@ def _define(trt):
         def configure_plugin(self, inp, out):
             pass
 
+        def get_valid_tactics(self):
+            return []                                  # no custom tactics: TensorRT runs tactic 0
+
+        def get_workspace_size(self, input_desc, output_desc):
+            return 0
+
+        def set_tactic(self, tactic):
+            return 0                                   # 10.3 has no default for it (the engine would terminate)
+
         def on_shape_change(self, inp, out):
             pass
 
@@ -187,7 +225,7 @@ def _define(trt):
             return self.clone()
 
         def clone(self):
-            c = type(self)(self.phase)
+            c = type(self)(self.phase, self.plugin_namespace)
             c.__dict__.update(self.__dict__)
             return c
 
@@ -197,6 +235,8 @@ def _define(trt):
                 return enqueue_op(self.name, [], [], True)
             ins = [tensor(p, d) for p, d in zip(inputs, input_desc)]
             outs = [tensor(p, d) for p, d in zip(outputs, output_desc)]
+            if device == "cpu":
+                return enqueue_op(self.name, ins, outs, False)
             with torch.cuda.stream(torch.cuda.ExternalStream(int(stream))):
                 return enqueue_op(self.name, ins, outs, False)
 
@@ -218,33 +258,51 @@ def _define(trt):
                     trt.DimsExprs(inputs[5])]
 
     class _Creator(trt.IPluginCreatorV3One):
-        def __init__(self, plugin_cls):
+        """Creates one plugin class's plugins in one namespace (they report it: the engine finds this creator)."""
+
+        def __init__(self, plugin_cls, namespace: str = PLUGIN_NAMESPACE):
             trt.IPluginCreatorV3One.__init__(self)
             self.plugin_cls = plugin_cls
-            self.name, self.plugin_namespace, self.plugin_version = plugin_cls.name, PLUGIN_NAMESPACE, PLUGIN_VERSION
+            self.name, self.plugin_namespace, self.plugin_version = plugin_cls.name, namespace, PLUGIN_VERSION
             self.field_names = trt.PluginFieldCollection([])
 
         def create_plugin(self, name, fc, phase):
-            return self.plugin_cls(phase)
+            return self.plugin_cls(phase, self.plugin_namespace)
 
     return (DualPlaneGemvPlugin, NestedKvAttentionPlugin), _Creator
+
+
+def register_creators(trt, registry, device: str = "cuda") -> list:
+    """A creator per plugin and namespace (PLUGIN_NAMESPACES), each checked to define every method TensorRT 10.3's
+    Python wrapper has no default for, registered with `registry`; returns them (keep them alive: the registry does
+    not own Python creators). RuntimeError, one line, where a class lacks a method or the registry refuses one."""
+    from plugins.trt_conformance import ConformanceError, check_required
+    plugins, creator_cls = define_plugins(trt, device)
+    out = []
+    for cls in plugins:
+        try:
+            check_required(cls, creator_cls)
+        except ConformanceError as e:
+            raise RuntimeError(str(e)) from None
+        for namespace in PLUGIN_NAMESPACES:
+            creator = creator_cls(cls, namespace)
+            if registry.register_creator(creator, namespace) is False:
+                raise RuntimeError(f"TensorRT's plugin registry refused {cls.name} v{PLUGIN_VERSION} in namespace "
+                                   f"{namespace!r} (another creator holds it): register the plugins once per process")
+            out.append(creator)
+    return out
 
 
 _creators: list = []
 
 
 def register_plugins() -> list[str]:
-    """Register both creators with TensorRT's plugin registry (once per process); returns their names.
-    Raises RuntimeError with the reason where TensorRT plugins cannot run here."""
+    """Register both plugins' creators with TensorRT's plugin registry under every PLUGIN_NAMESPACES entry (once per
+    process); returns the plugin names. Raises RuntimeError with the reason where TensorRT plugins cannot run here."""
     reason = tensorrt_unavailable()
     if reason:
         raise RuntimeError(reason)
     import tensorrt as trt
     if not _creators:
-        plugins, creator_cls = _define(trt)
-        registry = trt.get_plugin_registry()
-        for cls in plugins:
-            creator = creator_cls(cls)
-            registry.register_creator(creator, PLUGIN_NAMESPACE)
-            _creators.append(creator)  # the registry does not own Python creators: keep them alive
-    return [c.name for c in _creators]
+        _creators.extend(register_creators(trt, trt.get_plugin_registry()))
+    return sorted({c.name for c in _creators})

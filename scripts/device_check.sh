@@ -4,8 +4,11 @@
 # CUDA graphs (135M and Llama-2-7B shapes, random planes built on the GPU: the checkpoint cannot travel), and the
 # speed-up they project at the real model's measured acceptance. Writes $OUT/device_check.json and, generated from
 # it, $OUT/device_check.md (the docs table). TensorRT is reported and skipped where it is not installed.
+# The JSON is rewritten before and after every section (`running`, `complete`), each section has its own time limit
+# (--limits), and the whole run stops after DEVICE_CHECK_TIMEOUT seconds (470): a timeout anywhere leaves the
+# sections done. The 7B shape is skipped by itself on a device with under 12 GiB (an 8 GB Orin).
 #
-#   OUT=/some/dir bash scripts/device_check.sh [--skip-7b] [--repeats N]
+#   OUT=/some/dir bash scripts/device_check.sh [--skip-7b] [--repeats N] [--sections a,b] [--limits kernels=200]
 #   DRY=1 OUT=/tmp/x bash scripts/device_check.sh --repeats 1   # the same code here, Triton interpreter, tiny shapes
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +27,11 @@ if ! "$PY" -c "import tensorrt" >/dev/null 2>&1; then
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >&2 || true
 status=0
-timeout 470 "$PY" -m edge.cli.device_check --out "$OUT/device_check.json" "${ARGS[@]}" "$@" || status=$?
+timeout "${DEVICE_CHECK_TIMEOUT:-470}" "$PY" -m edge.cli.device_check --out "$OUT/device_check.json" "${ARGS[@]}" "$@" \
+  || status=$?
+if [ "$status" = 124 ]; then
+  echo "device_check: stopped after ${DEVICE_CHECK_TIMEOUT:-470} s; $OUT/device_check.json holds the sections done" >&2
+fi
 if [ -f "$OUT/device_check.json" ]; then
   "$PY" -m edge.cli.device_check --table "$OUT/device_check.json" | tee "$OUT/device_check.md"
 fi

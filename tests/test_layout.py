@@ -67,3 +67,14 @@ def test_a_chat_loads_no_research_code():
 def test_modules_stay_readable():
     long = {m: n for m, f in _modules().items() if (n := len(f.read_text().splitlines())) > MAX_LINES}
     assert not long, f"modules past {MAX_LINES} lines (split them): {long}"
+
+
+def test_the_source_runs_on_jetpack6s_python_3_10():
+    """JetPack 6 is Python 3.10: no module may use a later language feature or standard-library name (vermin's static
+    detection: `tomllib`, `datetime.UTC`, `except*`, ...), except behind a guard marked `# novm`. (`tomllib` once kept
+    the whole suite from collecting there.)"""
+    pytest.importorskip("vermin", reason="vermin comes with the test extra: pip install -e .[test]")
+    r = subprocess.run([sys.executable, "-c", "import sys; from vermin.main import main; sys.exit(main())",
+                        "-t=3.10-", "--no-tips", "--violations", "--eval-annotations", *PACKAGES, "tests", "scripts"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"needs a Python newer than 3.10 (JetPack 6):\n{r.stdout[-2000:]}{r.stderr[-500:]}"

@@ -53,3 +53,29 @@ def test_on_a_jetson_a_missing_path_fails(rtn_checkpoint):
     assert r["expected"] == ["onnxruntime", "triton", "tensorrt", "energy:tegrastats"]
     if by["tensorrt"]["status"] == "failed":
         assert out.returncode == 1 and "tensorrt: failed" in out.stderr
+
+
+def test_an_engine_lossless_against_itself_but_wrong_fails_against_the_independent_reference(small_llama_checkpoint):
+    """What the tensorrt path requires beyond losslessness, shown on an engine that runs here (the 2-layer model,
+    seconds): the torch backend agrees with the independent step reference; the same engine over planes with one
+    wrong scale (planted in memory, the files untouched) is still lossless against itself and writes the same greedy
+    tokens, and fails on its prefill logits."""
+    from edge.backends.torch_ref import TorchBackend
+    from edge.checks.reference_agreement import SMALL_MODEL_MAX_REL_ERR
+    from edge.checks.selfcheck import SelfCheckOptions, _Check
+    from edge.decode.engine import PassEngine
+    from edge.model.checkpoint import load_checkpoint
+    c = _Check(SelfCheckOptions(checkpoint=str(small_llama_checkpoint), tokens=3))
+    good = lambda: PassEngine(c.ckpt, TorchBackend(c.ckpt), c.capacity)
+    r = c.against_independent(good, c.lossless(good, "torch"))
+    checked = r.details["independent_reference"]
+    assert r.status == "passed" and checked["reference_tokens"] == c.reference, r
+    assert checked["prefill_bound"] == SMALL_MODEL_MAX_REL_ERR and checked["prefill_rel_err"] < 1e-5
+    wrong = load_checkpoint(small_llama_checkpoint)
+    name = "model.layers.1.self_attn.v_proj.scale"
+    wrong.tensors[name] = wrong.tensors[name] * 1.25                       # a misread scale, one layer
+    bad = lambda: PassEngine(wrong, TorchBackend(wrong), c.capacity)
+    lossless = c.lossless(bad, "tensorrt")
+    assert lossless.status == "passed"                                     # consistent garbage passes this alone
+    r = c.against_independent(bad, lossless)
+    assert r.status == "failed" and "prefill logits" in r.reason and "\n" not in r.reason, r

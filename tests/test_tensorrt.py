@@ -53,23 +53,60 @@ def _trt_or_skip():
         pytest.skip(reason)
 
 
-@pytest.mark.trt
-def test_engine_build_and_decode_match_reference(rtn_checkpoint, tmp_path):
-    """On a TensorRT machine: build the engine and decode a few tokens losslessly."""
+PROMPT = [1, 9690, 198, 2683, 359, 253]
+
+
+@pytest.fixture(scope="module")
+def built_engine(small_llama_checkpoint, tmp_path_factory):
+    """(checkpoint, engine path) of the 2-layer test model's export (free-running, its logits stay within float32
+    rounding of the independent reference: tests/test_methods.py), on a TensorRT machine (skipped elsewhere)."""
     _trt_or_skip()
-    from edge.backends.tensorrt_step import tensorrt_engine
-    from edge.decode.config import GenerateConfig
-    from edge.decode.generate import generate
     from edge.model.checkpoint import load_checkpoint
     from export.onnx_export import export_onnx
     from export.trt_build import build_engine
-    onnx_path = export_onnx(rtn_checkpoint, tmp_path / "decoder_step.onnx")["onnx"]
-    engine = build_engine(onnx_path, ProfileSpec(max_tokens=5, max_context=64))["engine"]
-    ckpt = load_checkpoint(rtn_checkpoint)
-    prompt = [1, 9690, 198, 2683, 359, 253]
-    spec, _ = generate(tensorrt_engine(ckpt, 64, engine), prompt, GenerateConfig(max_new_tokens=6), set())
-    target, _ = generate(tensorrt_engine(ckpt, 64, engine), prompt, GenerateConfig(policy="target", max_new_tokens=6), set())
+    onnx_path = export_onnx(small_llama_checkpoint, tmp_path_factory.mktemp("trt") / "decoder_step.onnx")["onnx"]
+    return load_checkpoint(small_llama_checkpoint), \
+        build_engine(onnx_path, ProfileSpec(max_tokens=5, max_context=64))["engine"]
+
+
+@pytest.mark.trt
+def test_engine_build_and_decode_match_reference(built_engine):
+    """On a TensorRT machine: decode a few tokens losslessly, and agree with the independent step reference
+    (prefill logits and greedy tokens: an engine that computes consistent garbage fails here)."""
+    from edge.backends.tensorrt_step import tensorrt_engine
+    from edge.checks.reference_agreement import SMALL_MODEL_MAX_REL_ERR, compare_with_reference, reference_run
+    from edge.decode.config import GenerateConfig
+    from edge.decode.generate import generate
+    ckpt, engine = built_engine
+    spec, _ = generate(tensorrt_engine(ckpt, 64, engine), PROMPT, GenerateConfig(max_new_tokens=6), set())
+    target, _ = generate(tensorrt_engine(ckpt, 64, engine), PROMPT, GenerateConfig(policy="target", max_new_tokens=6),
+                         set())
     assert spec == target
+    ref = reference_run(ckpt.path, PROMPT, 6, 64)
+    r = compare_with_reference(lambda: tensorrt_engine(ckpt, 64, engine), ref, PROMPT, SMALL_MODEL_MAX_REL_ERR)
+    assert r["agrees"], r
+
+
+@pytest.mark.trt
+def test_graph_replays_equal_eager_passes(built_engine):
+    """Per pass width, a CUDA graph of the context's enqueue replays the same logits as eager enqueues; a width
+    whose capture failed says why in one line and runs eagerly."""
+    import numpy as np
+
+    from edge.backends.tensorrt_step import tensorrt_engine
+    ckpt, engine = built_engine
+    eager, graphed = tensorrt_engine(ckpt, 64, engine, graphs=False), tensorrt_engine(ckpt, 64, engine)
+    for eng in (eager, graphed):
+        eng.prefill(PROMPT)
+    for ids, view in (([7], "draft"), ([7], "target"), ([7, 8, 9, 10, 11], "target"), ([12], "draft")):
+        a, b = (e.forward(ids, view).numpy() for e in (eager, graphed))
+        assert np.array_equal(a, b), (ids, view)
+        for e in (eager, graphed):
+            e.commit(e.length + len(ids))
+    summary = graphed.runner.passes.summary()
+    print("tensorrt graphs", summary)
+    assert sorted(summary["graphs"]) + sorted(summary["eager"]) == [1, 5]
+    assert all("\n" not in r for r in summary["eager"].values())
 
 
 def test_tensorrt_engine_refuses_here(rtn_checkpoint):

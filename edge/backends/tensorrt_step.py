@@ -8,7 +8,10 @@ edge.decode.step_engine.StepEngine turns it into speculative rounds. Imports ten
 Device memory and the stream come from torch.cuda (the plugins launch their kernels through torch in the same
 primary context), so no other CUDA binding is needed (pycuda has no wheel and builds from source only with CUDA on
 PATH). Per pass the host writes the token ids and three scalars into one pinned buffer and copies it in one
-transfer; only the token count M changes an input shape (set when it changes); logits come back in one copy."""
+transfer; only the token count M changes an input shape; logits come back in one copy. By default each width M has
+its own execution context whose enqueue is captured in a CUDA graph after its first pass and replayed
+(edge.backends.tensorrt_graphs; eager, with the reason, where capture fails); `graphs=False` runs one context
+eagerly, setting the shape when M changes."""
 
 from pathlib import Path
 
@@ -45,7 +48,8 @@ def tensorrt_backend_unavailable() -> str | None:
 class TensorRTStepRunner:
     """One sequence's device KV planes and passes through a deserialized step engine."""
 
-    def __init__(self, engine_path, shapes: StepShapes, capacity: int, max_tokens: int | None = None):
+    def __init__(self, engine_path, shapes: StepShapes, capacity: int, max_tokens: int | None = None,
+                 graphs: bool = True):
         reason = tensorrt_backend_unavailable()
         if reason:
             raise BitNestError(f"tensorrt backend: {reason}")
@@ -72,8 +76,8 @@ class TensorRTStepRunner:
             raise BitNestError(f"passes of {max_tokens} tokens exceed the engine's profile ({hi[0]}) or the capacity "
                                f"({capacity}): lower gamma or rebuild with --max-tokens {max_tokens}")
         self.torch, self.shapes, self.capacity, self.max_tokens = torch, shapes, capacity, max_tokens
-        self.context = self.engine.create_execution_context()
         self.stream = torch.cuda.Stream()
+        self.bindings = []    # (I/O tensor name, buffer, shape to set or None): bound once in every context
         dev = torch.device("cuda")
         self.planes = []      # per layer: (base, refine, scale), the KV cache itself
         for layer in range(shapes.layers):
@@ -82,26 +86,34 @@ class TensorRTStepRunner:
                       torch.zeros(shapes.scale_shape(capacity), dtype=torch.float16, device=dev))
             self.planes.append(planes)
             for i, o, t in zip(kv_inputs(layer), kv_outputs(layer), planes):
-                self._bind(i, t, shape=tuple(t.shape))
-                self._bind(o, t)                               # aliased output: the same buffer (in place)
+                self.bindings += [(i, t, tuple(t.shape)), (o, t, None)]   # aliased output: the same buffer (in place)
         # one pinned host staging row: seq_len, kv8_from, view, then the ids, each at a multiple of 256 bytes (the
         # alignment set_tensor_address requires, NvInferRuntime.h); one device copy of its used prefix per pass
         self.host = torch.zeros(_IDS + max_tokens, dtype=torch.int64).pin_memory()
         self.staged = torch.zeros(_IDS + max_tokens, dtype=torch.int64, device=dev)
         for i, name in enumerate((SEQ_LEN, KV8_FROM, VIEW)):
-            self._bind(name, self.staged[i * _SLOT:i * _SLOT + 1], shape=(1,))
-        self._bind(INPUT_IDS, self.staged[_IDS:])
+            self.bindings.append((name, self.staged[i * _SLOT:i * _SLOT + 1], (1,)))
         self.logits = torch.empty(max_tokens, shapes.vocab, dtype=torch.float32, device=dev)
         self.logits_host = torch.empty(max_tokens, shapes.vocab, dtype=torch.float32).pin_memory()
-        self._bind(LOGITS, self.logits)
-        self.width = None
+        self.bindings += [(INPUT_IDS, self.staged[_IDS:], None), (LOGITS, self.logits, None)]
+        self.width, self.context, self.passes = None, None, None
+        if graphs:
+            from edge.backends.tensorrt_graphs import GraphedPasses
+            self.passes = GraphedPasses(trt, self.engine, self._bind_all, self.stream, torch)
+        else:
+            self.context = self.engine.create_execution_context()
+            self._bind_all(self.context, None)
 
-    def _bind(self, name: str, t, shape=None) -> None:
-        """Bind `t` as the address of I/O tensor `name` (once: the addresses never change), and its shape."""
-        if shape is not None and not self.context.set_input_shape(name, shape):
-            raise BitNestError(f"TensorRT refused shape {shape} for {name}")
-        if not self.context.set_tensor_address(name, t.data_ptr()):
-            raise BitNestError(f"TensorRT refused the address of {name}")
+    def _bind_all(self, context, width: int | None) -> None:
+        """Bind every I/O tensor's address and fixed shape in `context` (once: they never change), and the pass
+        width where given."""
+        for name, t, shape in self.bindings:
+            if shape is not None and not context.set_input_shape(name, shape):
+                raise BitNestError(f"TensorRT refused shape {shape} for {name}")
+            if not context.set_tensor_address(name, t.data_ptr()):
+                raise BitNestError(f"TensorRT refused the address of {name}")
+        if width is not None and not context.set_input_shape(INPUT_IDS, (width,)):
+            raise BitNestError(f"TensorRT refused a pass of {width} tokens")
 
     def execute(self, ids: list[int], view: str, seq_len: int, kv8_from: int) -> np.ndarray:
         """Pass over `ids` at positions [seq_len - M, seq_len): logits float32 [M, V] (a host copy)."""
@@ -112,27 +124,30 @@ class TensorRTStepRunner:
         h = self.host
         h[0], h[_SLOT], h[2 * _SLOT] = seq_len, kv8_from, view_code(view)
         h[_IDS:_IDS + m] = self.torch.tensor(ids, dtype=self.torch.int64)
-        if m != self.width:                                   # the only shape that changes between passes
+        if self.passes is None and m != self.width:           # the only shape that changes between passes
             if not self.context.set_input_shape(INPUT_IDS, (m,)):
                 raise BitNestError(f"TensorRT refused a pass of {m} tokens")
             self.width = m
         with self.torch.cuda.stream(self.stream):
             self.staged[:_IDS + m].copy_(h[:_IDS + m], non_blocking=True)
-            if not self.context.execute_async_v3(self.stream.cuda_stream):
+            if self.passes is not None:
+                self.passes.run(m)
+            elif not self.context.execute_async_v3(self.stream.cuda_stream):
                 raise RuntimeError("TensorRT execute_async_v3 failed (see its log)")
             self.logits_host[:m].copy_(self.logits[:m], non_blocking=True)
         self.stream.synchronize()
         return self.logits_host[:m].numpy().copy()
 
 
-def tensorrt_engine(ckpt: Checkpoint, capacity: int, engine_path=None, max_tokens: int | None = None) -> StepEngine:
+def tensorrt_engine(ckpt: Checkpoint, capacity: int, engine_path=None, max_tokens: int | None = None,
+                    graphs: bool = True) -> StepEngine:
     """A StepEngine over CHECKPOINT/decoder_step.engine (or `engine_path`) for `generate` and the policies;
-    passes of up to `max_tokens` (default: the engine profile's largest M)."""
+    passes of up to `max_tokens` (default: the engine profile's largest M), replayed as CUDA graphs (`graphs`)."""
     path = Path(engine_path or ckpt.path / ENGINE_FILE)
     graph = path.with_name(ONNX_FILE)          # the graph the engine was built from, where it sits beside it
     if graph.is_file():
         import onnx
         meta = {p.key: p.value for p in onnx.load(str(graph), load_external_data=False).metadata_props}
         check_graph_draft_head(meta, ckpt, graph)
-    runner = TensorRTStepRunner(path, StepShapes.of(ckpt.config), capacity, max_tokens)
+    runner = TensorRTStepRunner(path, StepShapes.of(ckpt.config), capacity, max_tokens, graphs)
     return StepEngine(ckpt, runner, "tensorrt")

@@ -91,6 +91,8 @@ class _Check:
         self.spec = GenerateConfig(policy="speculative", gamma=4, max_new_tokens=opts.tokens)
         self.reference, _ = generate(PassEngine(self.ckpt, TorchBackend(self.ckpt), self.capacity),
                                      self.prompt, self.target, set())
+        self.independent = None      # edge.checks.reference_agreement.ReferenceRun, computed when a path needs it
+        self.bound = None            # its prefill logits' bound, from the torch backend's own error
 
     def agreement(self, tokens: list[int]) -> float:
         return sum(a == b for a, b in zip(tokens, self.reference)) / len(self.reference)
@@ -104,6 +106,27 @@ class _Check:
         if spec != target:
             return PathResult(name, "failed", "speculative output differs from target-only output", d)
         return PathResult(name, "passed", None, d)
+
+    def against_independent(self, make_engine, r: PathResult) -> PathResult:
+        """`r` failed unless the engine's prefill logits and greedy target-only tokens agree with the independent
+        step reference (edge.checks.reference_agreement): an engine lossless against itself may still be wrong."""
+        from edge.backends.torch_ref import TorchBackend
+        from edge.checks.reference_agreement import (
+            compare_with_reference,
+            prefill_bound,
+            prefill_rel_err,
+            reference_run,
+        )
+        if self.independent is None:
+            self.independent = reference_run(self.ckpt.path, self.prompt, self.opts.tokens, self.capacity)
+            torch_engine = PassEngine(self.ckpt, TorchBackend(self.ckpt), self.capacity)
+            self.bound = prefill_bound(prefill_rel_err(torch_engine, self.independent, self.prompt))
+        a = compare_with_reference(make_engine, self.independent, self.prompt, self.bound)
+        r.details["independent_reference"] = {**{k: v for k, v in a.items() if k != "agrees"},
+                                              "prefill_bound": self.bound}
+        if r.status == "passed" and not a["agrees"]:
+            return PathResult(r.path, "failed", a["reason"], r.details)
+        return r
 
 
 def check_torch(c: _Check) -> PathResult:
@@ -182,9 +205,10 @@ def check_tensorrt(c: _Check) -> PathResult:
     if not engine.is_file():
         return PathResult("tensorrt", "skipped", f"no engine at {engine}: build it with `python scripts/export.py "
                           f"--out {c.ckpt.path} --existing --engine`")
-    r = c.lossless(lambda: tensorrt_engine(c.ckpt, c.capacity, engine), "tensorrt")
-    r.details["note"] = "GPU arithmetic: agreement with the CPU reference is reported, losslessness is required"
-    return r
+    make = lambda: tensorrt_engine(c.ckpt, c.capacity, engine)
+    r = c.lossless(make, "tensorrt")
+    r.details["note"] = "required: lossless, and prefill logits and greedy tokens as the independent reference's"
+    return c.against_independent(make, r)
 
 
 def check_energy(c: _Check) -> list[PathResult]:

@@ -2,7 +2,8 @@
 cannot travel, so random-plane checkpoints of the default model's and Llama-2-7B's shapes are built on the GPU
 (edge.memory.synthetic). It writes one JSON object, from which `--table` prints the docs table.
 
-    python -m edge.cli.device_check --out FILE.json [--dry] [--repeats N] [--skip-7b]
+    python -m edge.cli.device_check --out FILE.json [--dry] [--repeats N] [--skip-7b] [--sections a,b]
+                                    [--limits kernels=120,...] [--hang SECTION (dry only)]
     python -m edge.cli.device_check --table FILE.json
 
 Sections: every kernel against the oracle on the GPU; kernel GB/s against the same run's copy bandwidth; the
@@ -11,16 +12,23 @@ the eager launchers, the static passes and their CUDA-graph replays; the specula
 at the acceptance measured on the real model (tokens per round x target pass / (γ draft passes + 1 verification));
 TensorRT, where present (said so and skipped where not). `--dry` runs the same code in the Triton interpreter on
 the CPU at tiny shapes (a test runs it, so a typo costs no device time); its figures mean nothing.
+
+Evidence survives a timeout: the JSON is written (atomically) before and after every section, with `running`
+naming the section under way and `complete` false until the end; each section has a time limit (LIMITS, SIGALRM:
+a section past it is recorded as timed out and the next one runs); the script's own `timeout` bounds the whole run
+for a section stuck in native code, where no signal handler runs. The Llama-2-7B shape is skipped by itself on a
+device with under SEVEN_B_MIN_GIB of memory (an 8 GB Orin), and the JSON says why.
 """
 
 import argparse
 import json
 import os
 import platform
+import signal
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from edge.atomic import write_atomic
@@ -30,6 +38,10 @@ from edge.errors import BitNestError
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP = ROOT / "scripts" / "results" / "sweep-bitnest.json"    # the real model's speculation sweep (README)
 GAMMA = 4
+SECTIONS = ("kernels", "bandwidth", "lossless", "pass_times")
+# Seconds per section: their sum (450) stays under scripts/device_check.sh's timeout of the whole run (470).
+LIMITS = {"kernels": 120, "bandwidth": 60, "lossless": 120, "pass_times": 150}
+SEVEN_B_MIN_GIB = 12      # the 7B shape's synthetic checkpoint (~7 GB of planes) plus KV, workspace and the context
 
 
 @dataclass(frozen=True)
@@ -38,10 +50,53 @@ class DeviceCheckOptions:
     repeats: int = 7
     new_tokens: int = 32              # the lossless check's tokens
     skip_7b: bool = False
+    sections: tuple = SECTIONS        # which sections run, in SECTIONS order
+    limits: tuple = ()                # ((section, seconds), ...) over LIMITS
+    hang: str | None = None           # dry runs only: this section hangs (a simulated cold compile past its limit)
 
     def __post_init__(self):
         if self.repeats < 1 or self.new_tokens < 2:
             raise ValueError("--repeats must be >= 1 and --new-tokens >= 2")
+        bad = [s for s in (*self.sections, *(k for k, _ in self.limits), self.hang or SECTIONS[0]) if s not in SECTIONS]
+        if bad:
+            raise ValueError(f"unknown section {bad[0]!r}: use {', '.join(SECTIONS)}")
+        if any(v <= 0 for _, v in self.limits):
+            raise ValueError("a section's time limit must be > 0 seconds")
+        if self.hang and not self.dry:
+            raise ValueError("--hang simulates a timeout in a dry run only (--dry)")
+
+    def limit(self, section: str) -> float:
+        return dict(self.limits).get(section, LIMITS[section])
+
+
+def seven_b_skip_reason(total_bytes: int) -> str | None:
+    """Why the 7B shape cannot run on a device with `total_bytes` of memory, or None where it fits."""
+    gib = total_bytes / 2 ** 30
+    if gib < SEVEN_B_MIN_GIB:
+        return f"skipped: the device has {gib:.1f} GiB, the 7B shape needs about {SEVEN_B_MIN_GIB} GiB"
+    return None
+
+
+class SectionTimeout(BaseException):
+    """A section ran past its limit (BaseException: a section's own `except Exception` does not swallow it)."""
+
+
+def _within(seconds: float, fn):
+    """fn() with SIGALRM after `seconds` raising SectionTimeout (Python code only: native code finishes first)."""
+    def expire(signum, frame):
+        raise SectionTimeout(f"timed out after {seconds:g} s (its limit)")
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        return fn()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _hang() -> dict:
+    while True:                                   # a compile that never ends, as far as the limits can tell
+        time.sleep(0.2)
 
 
 def _models(opts: DeviceCheckOptions) -> dict:
@@ -179,38 +234,58 @@ def projection(times: dict) -> dict:
     return out
 
 
-def run_device_check(opts: DeviceCheckOptions) -> dict:
-    """Every section, each timed; a section that raises is recorded with its error and the rest still run."""
+def run_device_check(opts: DeviceCheckOptions, out: Path | None = None) -> dict:
+    """Every chosen section, each timed and within its limit; a section that raises or runs out of time is
+    recorded with its error and the rest still run. With `out`, the JSON is rewritten before and after each one."""
     import torch
     if not opts.dry and not torch.cuda.is_available():
         raise BitNestError("device_check needs a CUDA GPU (none found): run it there, or --dry here")
     if opts.dry and os.environ.get("TRITON_INTERPRET") != "1":
         raise BitNestError("--dry runs the kernels in the Triton interpreter: set TRITON_INTERPRET=1 before Python starts")
     dev = "cpu" if opts.dry else "cuda"
-    result = {"dry": opts.dry, "environment": environment()}
-    for name, section in (("kernels", lambda: kernels(opts)), ("bandwidth", lambda: bandwidth(opts)),
-                          ("lossless", lambda: lossless(opts, dev)), ("pass_times", lambda: pass_times(opts, dev))):
+    result = {"dry": opts.dry, "complete": False, "environment": environment()}
+    if not opts.dry and not opts.skip_7b:
+        reason = seven_b_skip_reason(torch.cuda.get_device_properties(0).total_memory)
+        if reason:
+            opts = replace(opts, skip_7b=True)
+            result["llama-2-7b"] = reason
+
+    def save():
+        if out is not None:
+            write_atomic(json.dumps(result, indent=1).encode(), out)
+
+    run = {"kernels": lambda: kernels(opts), "bandwidth": lambda: bandwidth(opts),
+           "lossless": lambda: lossless(opts, dev), "pass_times": lambda: pass_times(opts, dev)}
+    for name in (s for s in SECTIONS if s in opts.sections):
+        result["running"] = name
+        save()
         t0 = time.time()
         try:
-            result[name] = section()
-        except Exception as e:                               # one broken section must not cost the others
+            result[name] = _within(opts.limit(name), _hang if opts.hang == name else run[name])
+        except (Exception, SectionTimeout) as e:             # one broken section must not cost the others
             result[name] = {"error": f"{e.__class__.__name__}: {e}"}
         result[name + "_seconds"] = round(time.time() - t0, 1)
         print(f"device_check: {name} done in {result[name + '_seconds']} s", file=sys.stderr, flush=True)
-    if "error" not in result["pass_times"]:
+        save()
+    result.pop("running", None)
+    if "error" not in result.get("pass_times", {"error": "not run"}):
         result["projection"] = projection(result["pass_times"])
     reason = result["environment"]["tensorrt"]
     result["tensorrt"] = {"status": "skipped", "reason": reason} if reason != "present" else \
         {"status": "present", "note": "build an engine from an exported checkpoint: scripts/export.py --engine"}
-    result["passed"] = bool(result["kernels"].get("passed")) and bool(result["lossless"].get("identical"))
+    result["passed"] = bool(result.get("kernels", {}).get("passed")) and \
+        bool(result.get("lossless", {}).get("identical"))
+    result["complete"] = True
+    save()
     return result
 
 
 def table(result: dict) -> str:
     """The docs table (markdown) of a device_check JSON object."""
     env = result["environment"]
+    trt = result.get("tensorrt", {"status": "not reached"})
     lines = [f"Device: {env['gpu'] or 'CPU (dry run)'}, torch {env['torch']}, CUDA {env['cuda']}, triton "
-             f"{env['triton']}; TensorRT: {result['tensorrt'].get('reason') or result['tensorrt']['status']}.", "",
+             f"{env['triton']}; TensorRT: {trt.get('reason') or trt['status']}.", "",
              "| model | engine | draft pass (ms) | target pass (ms) | verification pass, γ+1 (ms) | projected speed-up |",
              "| --- | --- | --- | --- | --- | --- |"]
     proj = result.get("projection", {})
@@ -220,7 +295,8 @@ def table(result: dict) -> str:
         for form, t in forms.items():
             lines.append(f"| {model} | {form} | {t['draft_ms']} | {t['target_ms']} | {t['verify_ms']} | "
                          f"{proj.get(model, {}).get(form, '')}× |")
-    k, ll = result["kernels"], result["lossless"]
+    missing = {"error": "not run"}
+    k, ll = result.get("kernels", missing), result.get("lossless", missing)
     bw = result.get("bandwidth", {})
     lines += ["", f"Kernels against the oracle: {'all passed' if k.get('passed') else k.get('error') or 'FAILED'} "
               f"({len(k.get('checks', []))} checks). Lossless (triton, γ = {GAMMA}, {ll.get('model')}): "
@@ -229,6 +305,13 @@ def table(result: dict) -> str:
     if proj:
         lines.append(f"Projection at the real model's {proj['tokens_per_round']} tokens per round (γ = {GAMMA}, "
                      f"{proj['source']}).")
+    if not result.get("complete", True):
+        lines.append(f"INCOMPLETE: stopped during `{result.get('running')}` (the sections above it are recorded).")
+    timed_out = [s for s in SECTIONS if "timed out" in str(result.get(s, {}).get("error", ""))]
+    if timed_out:
+        lines.append(f"Timed out: {', '.join(timed_out)}.")
+    if "llama-2-7b" in result:
+        lines.append(f"Llama-2-7B shape {result['llama-2-7b']}.")
     return "\n".join(lines) + "\n"
 
 
@@ -240,6 +323,10 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--skip-7b", action="store_true", help="only the 135M shape")
+    p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {', '.join(SECTIONS)}")
+    p.add_argument("--limits", default="", help="per-section seconds, e.g. kernels=200,lossless=60 (default: "
+                   + ",".join(f"{k}={v}" for k, v in LIMITS.items()) + ")")
+    p.add_argument("--hang", help="dry runs only: make this section hang (a simulated timeout)")
     p.add_argument("--json", action="store_true", help="print the JSON object last")
     a = p.parse_args(argv)
 
@@ -250,10 +337,13 @@ def main(argv=None) -> int:
                 raise BitNestError(f"{path} does not exist")
             print(table(json.loads(path.read_text())), end="")
             return {}
-        result = run_device_check(DeviceCheckOptions(a.dry, a.repeats, a.new_tokens, a.skip_7b))
-        if a.out:
-            write_atomic(json.dumps(result, indent=1).encode(), Path(a.out))
-        return result
+        try:
+            limits = tuple((k, float(v)) for k, v in (kv.split("=") for kv in a.limits.split(",") if kv))
+        except ValueError:
+            raise ValueError(f"--limits {a.limits!r}: use SECTION=SECONDS[,SECTION=SECONDS...]") from None
+        opts = DeviceCheckOptions(a.dry, a.repeats, a.new_tokens, a.skip_7b,
+                                  tuple(s for s in a.sections.split(",") if s), limits, a.hang)
+        return run_device_check(opts, Path(a.out) if a.out else None)
 
     return run_cli(body, a.json and not a.table, "device_check", echo=False)
 

@@ -1,0 +1,258 @@
+"""TensorRT 10.3's side of a Python IPluginV3 plugin, played without TensorRT: `drive` takes a plugin creator and
+real input tensors, calls the plugin's methods in the order TensorRT 10.3 calls them (build, then deserialization and
+execution), and raises ConformanceError, one line naming the method, wherever 10.3's Python wrapper would fail:
+a method it has no default for is missing, a method raises, or a result has the wrong type or length.
+
+The wrapper (NVIDIA/TensorRT v10.3.0, python/src/infer/pyPlugin.cpp) finds each Python method by name with
+pybind11's get_override. Where it finds none it does one of two things:
+- no default: it raises "no implementation provided for <name>()" inside a noexcept method and returns its error
+  value (-1 or nullptr), which ends the build or the engine. `REQUIRED` lists these, with the lines in that file.
+- a default: get_valid_tactics (getNbTactics: "communicate that no custom tactics are used", 0 tactics),
+  get_workspace_size (0 bytes), get_aliased_input (-1, no aliasing), destroy (nothing). `DEFAULTS` lists these.
+Properties set in __init__ (plugin_name, plugin_version, plugin_namespace, num_outputs; a creator's name,
+plugin_version, plugin_namespace, field_names) raise "<name> not initialized" when read unset.
+
+The call order (include/NvInferRuntime.h at v10.3.0, IPluginV3OneBuild / IPluginV3OneRuntime):
+- build: create_plugin(BUILD), clone, the capability interfaces, num_outputs, get_output_data_types,
+  get_output_shapes, supports_format_combination, get_aliased_input (only with
+  PreviewFeature.ALIASED_PLUGIN_IO_10_03), configure_plugin, get_valid_tactics, get_workspace_size, then per tactic
+  (tactic 0 where none are advertised) set_tactic and on_shape_change at the profile's shapes and enqueue on fake
+  data while the builder times it; get_fields_to_serialize for the engine file.
+- run: create_plugin(RUNTIME) with the serialized fields, attach_to_context (a clone per execution context),
+  set_tactic(0) (the chosen tactic: "if no custom tactics were advertised, this will have a value of 0"),
+  on_shape_change, enqueue on the real device addresses.
+Python's return values of set_tactic, on_shape_change, configure_plugin and enqueue are not read (an exception is
+the failure: the wrapper returns -1, and "a non-zero return terminates the engine").
+
+Addresses are the tensors' data_ptr(): device pointers where the plugins were defined for CUDA, host pointers where
+they were defined for the CPU (plugins.trt_plugins.define_plugins(..., device="cpu"), kernels in Triton's
+interpreter)."""
+
+import torch
+
+from plugins import trt_standin as trt
+
+# 10.3's wrapper has no default for these (pyPlugin.cpp at v10.3.0, "no implementation provided for ...()"):
+REQUIRED = {
+    "IPluginV3": ("get_capability_interface",         # line 776, PyIPluginV3Impl::getCapabilityInterface
+                  "clone"),                           # line 823, PyIPluginV3Impl::clone
+    "IPluginV3OneBuild": ("supports_format_combination",   # line 1069
+                          "get_output_data_types",         # line 1103
+                          "get_output_shapes",             # line 1146
+                          "configure_plugin"),             # line 1196
+    "IPluginV3OneRuntime": ("enqueue",                    # line 1422
+                            "set_tactic",                 # line 1474: returns -1, the engine terminates
+                            "on_shape_change",            # line 1506
+                            "attach_to_context",          # line 1546
+                            "get_fields_to_serialize"),   # line 1572
+    "IPluginCreatorV3One": ("create_plugin",),            # line 1763
+}
+# ...and has a default for these (lines 992-1000, 1232-1236, 1377-1382, 847): the value the wrapper uses.
+DEFAULTS = {"get_valid_tactics": [], "get_workspace_size": 0, "get_aliased_input": -1, "destroy": None}
+PLUGIN_PROPERTIES = ("plugin_name", "plugin_version", "plugin_namespace", "num_outputs")   # lines 976, 1632-1663
+CREATOR_PROPERTIES = ("name", "plugin_version", "plugin_namespace", "field_names")        # lines 1716-1787
+
+_DTYPES = {torch.float32: trt.DataType.FLOAT, torch.float16: trt.DataType.HALF, torch.int8: trt.DataType.INT8,
+           torch.int32: trt.DataType.INT32, torch.int64: trt.DataType.INT64, torch.bfloat16: trt.DataType.BF16,
+           torch.bool: trt.DataType.BOOL, torch.uint8: trt.DataType.UINT8}
+_TORCH = {v: k for k, v in _DTYPES.items()}
+
+
+class ConformanceError(Exception):
+    """Where TensorRT 10.3 would fail the plugin: one line naming the class and the method."""
+
+
+def _is_interface(cls) -> bool:
+    """A class of the API itself (the stand-in's, or a real tensorrt module's: `tensorrt`, `tensorrt_bindings`)."""
+    return cls in trt.INTERFACES or cls.__module__.startswith("tensorrt")
+
+
+def defines(cls, name: str) -> bool:
+    """Whether attribute lookup on `cls` finds `name` in a plugin's own class, not in an interface class's
+    documentation stub (pybind11's get_override: a C++ function found there counts as no override)."""
+    owner = next((k for k in cls.__mro__ if name in k.__dict__), None)
+    return owner is not None and not _is_interface(owner)
+
+
+def _missing(cls, name: str) -> ConformanceError:
+    return ConformanceError(f"{cls.__name__}: no implementation provided for {name}() (TensorRT 10.3's Python "
+                            "wrapper has no default: the build or the engine fails)")
+
+
+def override(obj, name: str):
+    """The Python method `name` of obj, or None where only the interface classes have it (get_override)."""
+    if not defines(type(obj), name):
+        return None
+    fn = getattr(obj, name)
+    if not callable(fn):
+        raise ConformanceError(f"{type(obj).__name__}.{name} is not a method")
+    return fn
+
+
+def call(obj, name: str, *args):
+    """Call obj's `name` as 10.3's wrapper does: missing -> its default or ConformanceError; raising -> error."""
+    fn = override(obj, name)
+    if fn is None:
+        if name in DEFAULTS:
+            return DEFAULTS[name]
+        raise _missing(type(obj), name)
+    try:
+        return fn(*args)
+    except ConformanceError:
+        raise
+    except Exception as e:
+        raise ConformanceError(f"{type(obj).__name__}.{name}() raised {e.__class__.__name__}: "
+                               f"{str(e).splitlines()[0] if str(e) else ''} (TensorRT 10.3 returns -1)") from e
+
+
+def check_required(plugin_cls, creator_cls) -> None:
+    """The classes define every method 10.3's wrapper has no default for (on the stand-in or on a real tensorrt
+    module's classes, before TensorRT calls any): ConformanceError naming the first one missing."""
+    plugin_methods = sum((m for i, m in REQUIRED.items() if i != "IPluginCreatorV3One"), ())
+    for cls, names in ((plugin_cls, plugin_methods), (creator_cls, REQUIRED["IPluginCreatorV3One"])):
+        for name in names:
+            if not defines(cls, name):
+                raise _missing(cls, name)
+
+
+def _prop(obj, name: str):
+    try:
+        return getattr(obj, name)
+    except AttributeError as e:
+        raise ConformanceError(f"{type(obj).__name__}: {e} (set it in __init__: TensorRT 10.3 reads it)") from None
+
+
+def _interface(c, plugin, kind, want: tuple):
+    got = c(plugin, "get_capability_interface", kind)
+    for cls in want:                         # BUILD: IPluginV3OneBuildV2 first, then IPluginV3OneBuild (line 790)
+        if isinstance(got, cls):
+            return got, cls
+    raise ConformanceError(f"{type(plugin).__name__}.get_capability_interface({kind.name}) returned "
+                           f"{type(got).__name__}, not {want[0].__name__}")
+
+
+def _desc(t: torch.Tensor) -> trt.PluginTensorDesc:
+    if t.dtype not in _DTYPES:
+        raise ConformanceError(f"no TensorRT type for {t.dtype}")
+    return trt.PluginTensorDesc(tuple(t.shape), _DTYPES[t.dtype], trt.TensorFormat.LINEAR)
+
+
+def _shapes(c, plugin, build, inputs, num_outputs) -> list[tuple]:
+    """get_output_shapes over the inputs' dims (non-constant expressions, as for dynamic shapes): concrete shapes."""
+    exprs = [trt.DimsExprs([trt.IDimensionExpr(d) for d in t.shape]) for t in inputs]
+    out = c(build, "get_output_shapes", exprs, [], trt.IExprBuilder())
+    if not isinstance(out, (list, tuple)) or len(out) != num_outputs or \
+            not all(isinstance(d, trt.DimsExprs) and all(isinstance(e, trt.IDimensionExpr) for e in d) for d in out):
+        raise ConformanceError(f"{type(plugin).__name__}.get_output_shapes() must return {num_outputs} DimsExprs "
+                               "with every entry set")
+    return [tuple(e.value for e in d) for d in out]
+
+
+def _garbage(shape, dtype, gen) -> torch.Tensor:
+    """Fake data as the builder's timing runs have it: arbitrary bytes."""
+    n = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+    return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=gen).view(dtype).reshape(shape)
+
+
+def drive(creator, inputs: list[torch.Tensor], namespace: str | None = None, seed: int = 0) -> dict:
+    """Build and run one plugin node of `creator` on `inputs` (real data, on the device the plugins launch on) as
+    TensorRT 10.3 does. Returns {"outputs": tensors after the run-time enqueue (an aliased output is its input's
+    buffer), "aliases": {output: input}, "build_interface", "tactics", "calls": [method names in call order]}."""
+    calls = []
+
+    def c(obj, name, *args):
+        calls.append(name)
+        return call(obj, name, *args)
+
+    for p in CREATOR_PROPERTIES:
+        _prop(creator, p)
+    name, version = creator.name, creator.plugin_version
+    namespace = creator.plugin_namespace if namespace is None else namespace
+    fields = creator.field_names
+
+    # -- build phase ----------------------------------------------------------------------------------------------
+    created = c(creator, "create_plugin", name, fields, trt.TensorRTPhase.BUILD)
+    if not isinstance(created, trt.IPluginV3):
+        raise ConformanceError(f"{type(creator).__name__}.create_plugin() returned {type(created).__name__}, "
+                               "not an IPluginV3")
+    plugin = c(created, "clone")                          # the network holds its own copy
+    core, _ = _interface(c, plugin, trt.PluginCapabilityType.CORE, (trt.IPluginV3OneCore,))
+    ident = tuple(_prop(core, p) for p in PLUGIN_PROPERTIES[:3])
+    if ident != (name, version, namespace):
+        raise ConformanceError(f"{type(plugin).__name__} reports (name, version, namespace) {ident}, its creator "
+                               f"{(name, version, namespace)}: the engine could not find its creator again")
+    build, build_cls = _interface(c, plugin, trt.PluginCapabilityType.BUILD,
+                                  (trt.IPluginV3OneBuildV2, trt.IPluginV3OneBuild))
+    n_out = _prop(build, "num_outputs")
+    in_types = [_desc(t).type for t in inputs]
+    out_types = c(build, "get_output_data_types", in_types)
+    if not isinstance(out_types, (list, tuple)) or len(out_types) != n_out or \
+            not all(isinstance(t, trt.DataType) for t in out_types):
+        raise ConformanceError(f"{type(plugin).__name__}.get_output_data_types() must return {n_out} DataTypes")
+    out_shapes = _shapes(c, plugin, build, inputs, n_out)
+    in_desc = [_desc(t) for t in inputs]
+    out_desc = [trt.PluginTensorDesc(s, t, trt.TensorFormat.LINEAR) for s, t in zip(out_shapes, out_types)]
+    dyn_in = [trt.DynamicPluginTensorDesc(d) for d in in_desc]
+    dyn_out = [trt.DynamicPluginTensorDesc(d) for d in out_desc]
+    for pos in range(len(inputs) + n_out):
+        if not c(build, "supports_format_combination", pos, dyn_in + dyn_out, len(inputs)):   # cast<bool>
+            raise ConformanceError(f"{type(plugin).__name__}.supports_format_combination() refuses position {pos} "
+                                   f"({(in_desc + out_desc)[pos].type.name}, LINEAR), the graph's own type")
+    aliases = {}
+    if build_cls is trt.IPluginV3OneBuildV2:
+        for o in range(n_out):
+            i = c(build, "get_aliased_input", o)
+            if not isinstance(i, int) or not -1 <= i < len(inputs):
+                raise ConformanceError(f"{type(plugin).__name__}.get_aliased_input({o}) = {i!r}: not -1 or an input")
+            if i >= 0:
+                if in_desc[i].type != out_types[o] or tuple(in_desc[i].dims) != out_shapes[o] or i in aliases.values():
+                    raise ConformanceError(f"{type(plugin).__name__}: output {o} aliased to input {i} of another type "
+                                           "or shape, or to an input already aliased")
+                aliases[o] = i
+    c(build, "configure_plugin", dyn_in, dyn_out)
+    tactics = c(build, "get_valid_tactics")
+    if not isinstance(tactics, (list, tuple)) or not all(isinstance(t, int) and t != 0 for t in tactics) or \
+            len(set(tactics)) != len(tactics):
+        raise ConformanceError(f"{type(plugin).__name__}.get_valid_tactics() = {tactics!r}: unique non-zero ints")
+    workspace = c(build, "get_workspace_size", dyn_in, dyn_out)
+    if not isinstance(workspace, int) or workspace < 0:
+        raise ConformanceError(f"{type(plugin).__name__}.get_workspace_size() = {workspace!r}: bytes, an int >= 0")
+    runtime, _ = _interface(c, plugin, trt.PluginCapabilityType.RUNTIME, (trt.IPluginV3OneRuntime,))
+    gen = torch.Generator().manual_seed(seed)
+    device = inputs[0].device
+    for tactic in list(tactics) or [0]:
+        c(runtime, "set_tactic", tactic)
+        c(runtime, "on_shape_change", in_desc, out_desc)
+        fake_in = [_garbage(t.shape, t.dtype, gen).to(device) for t in inputs]
+        fake_out = [_garbage(s, _TORCH[t], gen).to(device) for s, t in zip(out_shapes, out_types)]
+        _enqueue(c, runtime, in_desc, out_desc, fake_in, fake_out, workspace, device)
+    fields = c(runtime, "get_fields_to_serialize")
+    if not isinstance(fields, trt.PluginFieldCollection):
+        raise ConformanceError(f"{type(plugin).__name__}.get_fields_to_serialize() returned {type(fields).__name__}, "
+                               "not a PluginFieldCollection")
+    c(plugin, "destroy")
+
+    # -- deserialization and execution -----------------------------------------------------------------------------
+    loaded = c(creator, "create_plugin", name, fields, trt.TensorRTPhase.RUNTIME)
+    runtime_of_loaded, _ = _interface(c, loaded, trt.PluginCapabilityType.RUNTIME, (trt.IPluginV3OneRuntime,))
+    attached = c(runtime_of_loaded, "attach_to_context", trt.IPluginResourceContext())
+    if not isinstance(attached, trt.IPluginV3) or attached is loaded:
+        raise ConformanceError(f"{type(loaded).__name__}.attach_to_context() must return a clone (an IPluginV3)")
+    rt, _ = _interface(c, attached, trt.PluginCapabilityType.RUNTIME, (trt.IPluginV3OneRuntime,))
+    c(rt, "set_tactic", tactics[0] if tactics else 0)
+    c(rt, "on_shape_change", in_desc, out_desc)
+    outs = [inputs[aliases[o]] if o in aliases else torch.empty(s, dtype=_TORCH[t], device=device)
+            for o, (s, t) in enumerate(zip(out_shapes, out_types))]
+    _enqueue(c, rt, in_desc, out_desc, inputs, outs, workspace, device)
+    return {"outputs": outs, "aliases": aliases, "build_interface": build_cls.__name__, "tactics": list(tactics),
+            "calls": calls}
+
+
+def _enqueue(c, runtime, in_desc, out_desc, ins, outs, workspace: int, device) -> None:
+    """enqueue(descs, addresses, workspace address, stream) as the wrapper hands them: ints (intptr_t)."""
+    ws = torch.empty(workspace, dtype=torch.uint8, device=device) if workspace else None
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    c(runtime, "enqueue", in_desc, out_desc, [t.data_ptr() for t in ins], [t.data_ptr() for t in outs],
+      ws.data_ptr() if ws is not None else 0, stream)
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()

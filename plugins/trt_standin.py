@@ -1,0 +1,230 @@
+"""TensorRT 10.3's Python plugin API surface as plain Python, for driving the project's IPluginV3 plugins where
+TensorRT cannot be installed: the names `plugins.trt_plugins.define_plugins` reads from a `tensorrt` module (enums,
+tensor descriptors, shape expressions, field collections, the V3 interface classes, the creator and a registry).
+It computes nothing TensorRT computes; plugins.trt_conformance plays TensorRT's part (which method is called when,
+and what the 10.3 wrapper does where a method is missing).
+
+Written from NVIDIA/TensorRT v10.3.0, python/src/infer/pyPlugin.cpp (the bindings at its end: class names, property
+names, the DimsExprs constructors) and include/NvInferRuntime.h. As in the wrapper, the interface classes define
+none of the plugin's callbacks (the bindings' `def`s there are documentation stubs that pybind11's get_override
+skips), and a property read before it is set raises AttributeError "<name> not initialized"."""
+
+import enum
+
+import numpy as np
+
+__version__ = "10.3.0"
+
+
+class DataType(enum.Enum):
+    """nvinfer1::DataType (the values TensorRT 10.3 has); `itemsize` in bytes (INT4 packs two per byte)."""
+
+    FLOAT = "float32"
+    HALF = "float16"
+    INT8 = "int8"
+    INT32 = "int32"
+    BOOL = "bool"
+    UINT8 = "uint8"
+    FP8 = "fp8"
+    BF16 = "bfloat16"
+    INT64 = "int64"
+    INT4 = "int4"
+
+
+def nptype(t: DataType):
+    """numpy type of a DataType (tensorrt.nptype); TypeError where numpy has none."""
+    if t in (DataType.FP8, DataType.BF16, DataType.INT4):
+        raise TypeError(f"{t} has no numpy type")
+    return np.dtype(t.value).type
+
+
+TensorFormat = enum.Enum("TensorFormat", "LINEAR CHW2 HWC8 CHW4 CHW16 CHW32 DHWC8 CDHW32 HWC DLA_LINEAR DLA_HWC4 "
+                                         "HWC16 DHWC")
+TensorRTPhase = enum.Enum("TensorRTPhase", "BUILD RUNTIME")
+PluginCapabilityType = enum.Enum("PluginCapabilityType", "CORE BUILD RUNTIME")
+DimensionOperation = enum.Enum("DimensionOperation", "SUM PROD MAX MIN SUB EQUAL LESS FLOOR_DIV CEIL_DIV")
+PluginFieldType = enum.Enum("PluginFieldType", "FLOAT16 FLOAT32 FLOAT64 INT8 INT16 INT32 CHAR DIMS UNKNOWN BF16 INT64 "
+                                               "FP8 INT4")
+PreviewFeature = enum.Enum("PreviewFeature", "PROFILE_SHARING_0806 ALIASED_PLUGIN_IO_10_03")
+
+
+class Dims(tuple):
+    """A tensor's dimensions (tensorrt.Dims: len, index, iterate)."""
+
+
+class PluginTensorDesc:
+    """One plugin I/O tensor at run time: dims, type, format, scale."""
+
+    def __init__(self, dims=(), type=DataType.FLOAT, format=TensorFormat.LINEAR, scale=-1.0):
+        self.dims, self.type, self.format, self.scale = Dims(dims), type, format, scale
+
+
+class DynamicPluginTensorDesc:
+    """One plugin I/O tensor at build time: `desc` plus the profile's min / opt / max dims."""
+
+    def __init__(self, desc: PluginTensorDesc, min=None, opt=None, max=None):
+        self.desc = desc
+        self.min, self.opt, self.max = (Dims(desc.dims if d is None else d) for d in (min, opt, max))
+
+
+class IDimensionExpr:
+    """A dimension expression. `value` is what it evaluates to for the shapes the driver chose (TensorRT keeps such
+    values symbolic while building); only constants report `is_constant`."""
+
+    def __init__(self, value: int, constant: bool = False):
+        self.value, self._constant = int(value), constant
+
+    def is_constant(self) -> bool:
+        return self._constant
+
+    def get_constant_value(self) -> int:
+        return self.value if self._constant else -(2 ** 63)
+
+    def is_size_tensor(self) -> bool:
+        return False
+
+
+_OPS = {DimensionOperation.SUM: lambda a, b: a + b, DimensionOperation.PROD: lambda a, b: a * b,
+        DimensionOperation.MAX: max, DimensionOperation.MIN: min, DimensionOperation.SUB: lambda a, b: a - b,
+        DimensionOperation.EQUAL: lambda a, b: int(a == b), DimensionOperation.LESS: lambda a, b: int(a < b),
+        DimensionOperation.FLOOR_DIV: lambda a, b: a // b, DimensionOperation.CEIL_DIV: lambda a, b: -(-a // b)}
+
+
+class IExprBuilder:
+    """Builds dimension expressions (constant, operation)."""
+
+    def constant(self, value: int) -> IDimensionExpr:
+        return IDimensionExpr(value, True)
+
+    def operation(self, op: DimensionOperation, first: IDimensionExpr, second: IDimensionExpr) -> IDimensionExpr:
+        return IDimensionExpr(_OPS[op](first.value, second.value), first.is_constant() and second.is_constant())
+
+
+class DimsExprs:
+    """A shape as dimension expressions: DimsExprs(n) (n unset entries) or DimsExprs(sequence of expressions)."""
+
+    def __init__(self, arg=0):
+        self._d = [None] * arg if isinstance(arg, int) else list(arg)
+        if any(e is not None and not isinstance(e, IDimensionExpr) for e in self._d):
+            raise TypeError("DimsExprs holds IDimensionExpr entries")
+
+    def __len__(self):
+        return len(self._d)
+
+    def __getitem__(self, i):
+        return self._d[i]
+
+    def __setitem__(self, i, e):
+        if not isinstance(e, IDimensionExpr):
+            raise TypeError("DimsExprs holds IDimensionExpr entries")
+        self._d[i] = e
+
+
+class PluginField:
+    def __init__(self, name="", data=None, type=PluginFieldType.UNKNOWN):
+        self.name, self.data, self.type = name, data, type
+        self.size = 0 if data is None else len(data)
+
+
+class PluginFieldCollection(list):
+    """A list of PluginField (tensorrt.PluginFieldCollection accepts any iterable of them)."""
+
+
+class _Settable:
+    """Properties the wrapper stores on the C++ side: reading one before it is set is an error."""
+
+    def _get(self, name):
+        try:
+            return self.__dict__["_trt_" + name]
+        except KeyError:
+            raise AttributeError(f"{name} not initialized") from None
+
+
+def _prop(name):
+    return property(lambda self: self._get(name), lambda self, v: self.__dict__.__setitem__("_trt_" + name, v))
+
+
+class IPluginCapability:
+    """Base of the capability interfaces."""
+
+
+class IPluginV3:
+    """A V3 plugin; the Python class must override get_capability_interface and clone (destroy is optional)."""
+
+    def __init__(self):
+        pass
+
+
+class IPluginV3OneCore(IPluginCapability, _Settable):
+    plugin_name, plugin_version, plugin_namespace = _prop("plugin_name"), _prop("plugin_version"), \
+        _prop("plugin_namespace")
+
+    def __init__(self):
+        pass
+
+
+class IPluginV3OneBuild(IPluginCapability, _Settable):
+    DEFAULT_FORMAT_COMBINATION_LIMIT = 100
+    num_outputs = _prop("num_outputs")
+    timing_cache_id, metadata_string = _prop("timing_cache_id"), _prop("metadata_string")
+    format_combination_limit = _prop("format_combination_limit")
+
+    def __init__(self):
+        pass
+
+
+class IPluginV3OneBuildV2(IPluginV3OneBuild):
+    """The build interface with get_aliased_input (PreviewFeature.ALIASED_PLUGIN_IO_10_03)."""
+
+
+class IPluginV3OneRuntime(IPluginCapability):
+    def __init__(self):
+        pass
+
+
+class IPluginResourceContext:
+    """What attach_to_context receives (no allocator nor error recorder here)."""
+
+    gpu_allocator = None
+    error_recorder = None
+
+
+class IPluginCreatorV3One(_Settable):
+    name, plugin_version, plugin_namespace = _prop("name"), _prop("plugin_version"), _prop("plugin_namespace")
+    field_names = _prop("field_names")
+
+    def __init__(self):
+        pass
+
+
+class IPluginRegistry:
+    """Creators by (name, version, namespace); register_creator refuses a key already present (returns False)."""
+
+    def __init__(self):
+        self.creators = {}
+
+    def register_creator(self, creator, plugin_namespace: str = "") -> bool:
+        key = (creator.name, creator.plugin_version, plugin_namespace)
+        if key in self.creators:
+            return False
+        self.creators[key] = creator
+        return True
+
+    def get_creator(self, type: str, version: str, plugin_namespace: str = ""):
+        return self.creators.get((type, version, plugin_namespace))
+
+    @property
+    def all_creators(self):
+        return list(self.creators.values())
+
+
+_registry = IPluginRegistry()
+
+
+def get_plugin_registry() -> IPluginRegistry:
+    return _registry
+
+
+# The interface classes: plugins.trt_conformance finds a plugin's overrides below these, as get_override does.
+INTERFACES = (IPluginV3, IPluginCapability, IPluginV3OneCore, IPluginV3OneBuild, IPluginV3OneBuildV2,
+              IPluginV3OneRuntime, IPluginCreatorV3One, _Settable, object)

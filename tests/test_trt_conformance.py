@@ -1,0 +1,143 @@
+"""The TensorRT plugins against TensorRT 10.3's Python wrapper without TensorRT: plugins.trt_conformance drives the
+real plugin classes (defined over plugins.trt_standin) through 10.3's build and run-time calls, enqueue included on
+real data (host pointers into the Triton interpreter here, device pointers on a GPU), and names every method 10.3
+has no default for when a plugin lacks it."""
+
+import types
+
+import pytest
+import torch
+
+from plugins import trt_standin
+from plugins.contracts import DOMAIN
+from plugins.step_contract import as_words
+from plugins.trt_conformance import DEFAULTS, REQUIRED, ConformanceError, check_required, drive
+from plugins.trt_plugins import PLUGIN_IO, PLUGIN_VERSION, define_plugins, enqueue_op, register_creators
+from tests.conftest import KERNEL_DEVICE
+from tests.test_trt_rules import _attention_io
+
+# what TensorRT calls on a deserialized plugin before and at its first execution (NvInferRuntime.h, v10.3.0)
+RUN_TIME_CALLS = ["create_plugin", "get_capability_interface", "attach_to_context", "get_capability_interface",
+                  "set_tactic", "on_shape_change", "enqueue"]
+
+
+def _classes():
+    """Fresh plugin and creator classes over the stand-in (a test may delete a method from them)."""
+    (gemv, attention), creator = define_plugins(trt_standin, KERNEL_DEVICE)
+    return {"DualPlaneGemv": gemv, "NestedKvAttention": attention}, creator
+
+
+def _gemv_inputs(gen, code: int = 1):
+    from plugins.nesting import nest_rtn
+    from plugins.packing import pack_nibbles
+    codes = nest_rtn(torch.randn(48, 128, generator=gen), 64)
+    base, refine = pack_nibbles(codes.q4), pack_nibbles(codes.qr)
+    ins = [torch.randn(3, 128, generator=gen), as_words(base), as_words(refine), codes.scale,
+           torch.tensor([code], dtype=torch.int64)]
+    return [t.to(KERNEL_DEVICE) for t in ins], (base, refine, codes.scale)
+
+
+@pytest.mark.parametrize("code,view", [(1, "target"), (0, "draft")])
+def test_gemv_plugin_runs_tensorrt_10_3s_calls_and_matches_the_reference(gen, code, view):
+    from plugins.reference import dual_plane_linear
+    plugins, creator_cls = _classes()
+    ins, (base, refine, scale) = _gemv_inputs(gen, code)
+    r = drive(creator_cls(plugins["DualPlaneGemv"]), ins)
+    assert r["build_interface"] == "IPluginV3OneBuildV2" and r["tactics"] == [] and r["aliases"] == {}
+    assert r["calls"][-len(RUN_TIME_CALLS):] == RUN_TIME_CALLS
+    build = r["calls"][:-len(RUN_TIME_CALLS)]
+    assert build.index("configure_plugin") < build.index("set_tactic") < build.index("enqueue"), build
+    ref = dual_plane_linear(ins[0].cpu(), base, refine, scale, view, None, act_int8=True)
+    y = r["outputs"][0].cpu().double()
+    assert float((y - ref).norm() / ref.norm()) < 1e-5, view
+
+
+def test_attention_plugin_writes_its_planes_in_place_through_declared_aliases(gen):
+    plugins, creator_cls = _classes()
+    ins, outs = _attention_io(gen)
+    ins[6][0], ins[7][0] = 10, 4
+    ins = [t.to(KERNEL_DEVICE) for t in ins]
+    want = [t.clone() for t in ins]
+    want_out = torch.empty_like(outs[0]).to(KERNEL_DEVICE)
+    enqueue_op("NestedKvAttention", want, [want_out, *want[3:6]], building=False)
+    r = drive(creator_cls(plugins["NestedKvAttention"]), ins)
+    assert r["aliases"] == PLUGIN_IO["NestedKvAttention"].aliases and r["build_interface"] == "IPluginV3OneBuildV2"
+    assert all(o is ins[i] for o, i in zip(r["outputs"][1:], (3, 4, 5)))          # the planes' own buffers
+    assert torch.equal(r["outputs"][0], want_out) and all(torch.equal(a, b) for a, b in zip(ins, want))
+
+
+def _definer(cls, name):
+    return next(k for k in cls.__mro__ if name in k.__dict__)
+
+
+@pytest.mark.parametrize("name", sorted({m for i, ms in REQUIRED.items() if i != "IPluginCreatorV3One" for m in ms}))
+def test_a_plugin_without_a_method_10_3_requires_is_named(gen, name):
+    """Remove one method TensorRT 10.3's wrapper has no default for (set_tactic, which the plugins lacked, among
+    them): the harness fails and names it, and so does the check register_creators runs."""
+    plugins, creator_cls = _classes()
+    cls = plugins["DualPlaneGemv"]
+    delattr(_definer(cls, name), name)                        # fresh classes: nothing else sees the removal
+    with pytest.raises(ConformanceError, match=rf"no implementation provided for {name}\(\)") as e:
+        drive(creator_cls(cls), _gemv_inputs(gen)[0])
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConformanceError, match=rf"{name}\(\)"):
+        check_required(cls, creator_cls)
+
+
+def test_a_creator_without_create_plugin_is_named(gen):
+    plugins, creator_cls = _classes()
+    delattr(creator_cls, "create_plugin")
+    with pytest.raises(ConformanceError, match=r"no implementation provided for create_plugin\(\)"):
+        drive(creator_cls(plugins["DualPlaneGemv"]), _gemv_inputs(gen)[0])
+
+
+@pytest.mark.parametrize("name", sorted(DEFAULTS))
+def test_methods_with_a_10_3_default_may_be_absent(gen, name):
+    """The harness is no stricter than the wrapper: without get_valid_tactics, get_workspace_size, get_aliased_input
+    or destroy a plugin still builds and runs (an attention plugin without get_aliased_input loses its aliases)."""
+    plugins, creator_cls = _classes()
+    cls = plugins["NestedKvAttention"]
+    if any(name in k.__dict__ for k in cls.__mro__ if k not in trt_standin.INTERFACES):
+        delattr(_definer(cls, name), name)
+    ins = _attention_io(gen)[0]
+    ins[6][0] = 10
+    r = drive(creator_cls(cls), [t.to(KERNEL_DEVICE) for t in ins])
+    assert r["aliases"] == ({} if name == "get_aliased_input" else PLUGIN_IO["NestedKvAttention"].aliases)
+
+
+def test_the_plugins_answer_tactic_and_workspace_queries_as_nvidias_samples_do():
+    plugins, _ = _classes()
+    for cls in plugins.values():
+        p = cls(trt_standin.TensorRTPhase.RUNTIME)
+        assert p.set_tactic(0) == 0 and p.get_valid_tactics() == [] and p.get_workspace_size([], []) == 0
+
+
+def test_a_method_that_raises_fails_the_engine(gen):
+    plugins, creator_cls = _classes()
+
+    class Broken(plugins["DualPlaneGemv"]):
+        def on_shape_change(self, inp, out):
+            raise ValueError("no shapes here")
+    with pytest.raises(ConformanceError, match=r"Broken.on_shape_change\(\) raised ValueError: no shapes here"):
+        drive(creator_cls(Broken), _gemv_inputs(gen)[0])
+
+
+def test_no_fallback_to_the_non_aliasing_build_interface():
+    """A tensorrt without IPluginV3OneBuildV2 cannot declare the attention plugin's in-place writes: one line."""
+    old = types.SimpleNamespace(**{k: v for k, v in vars(trt_standin).items() if k != "IPluginV3OneBuildV2"})
+    with pytest.raises(RuntimeError, match="IPluginV3OneBuildV2") as e:
+        define_plugins(old, "cpu")
+    assert "\n" not in str(e.value)
+
+
+def test_creators_register_under_the_empty_namespace_and_the_graph_domain(gen):
+    """TensorRT 10.3 looks plugins up in "", >= 10.10 in the node's domain: both resolve, and a plugin created in
+    either reports that namespace (the engine finds its creator again: the harness checks it)."""
+    registry = trt_standin.IPluginRegistry()
+    register_creators(trt_standin, registry, KERNEL_DEVICE)
+    assert sorted(registry.creators) == sorted((n, PLUGIN_VERSION, ns) for n in PLUGIN_IO for ns in ("", DOMAIN))
+    r = drive(registry.get_creator("DualPlaneGemv", PLUGIN_VERSION, DOMAIN), _gemv_inputs(gen)[0], namespace=DOMAIN)
+    assert r["outputs"][0].shape == (3, 48)
+    with pytest.raises(RuntimeError, match="refused DualPlaneGemv") as e:
+        register_creators(trt_standin, registry, KERNEL_DEVICE)
+    assert "\n" not in str(e.value)
