@@ -184,14 +184,16 @@ def _prompts(tmp_path) -> Path:
 
 
 def test_chat_meters_each_answer_and_logs_every_sample_with_its_phase(rtn_checkpoint, tmp_path):
-    """Real recorded tegrastats lines replayed at 20 ms: J/token per answer from the constant VDD_IN (4673 mW),
+    """Real recorded tegrastats lines replayed every 5 ms: J/token per answer from the constant VDD_IN (4673 mW),
     idle measured first, every sample appended to the energy log with its phase."""
     import shlex
     log = tmp_path / "energy.jsonl"
-    # speculative, not the chat's default auto (which on a CPU may choose target steps only): draft passes to tag
-    r = _chat("--checkpoint", rtn_checkpoint, "--prompts-file", _prompts(tmp_path), "--max-new-tokens", "8",
-              "--policy", "speculative", "--meter", "tegrastats", "--interval-ms", "20", "--idle-seconds", "0.2",
-              "--meter-command", shlex.join(REPLAY + ["--interval-ms", "20"]), "--energy-log", log, "--json")
+    # speculative, not the chat's default auto (which on a CPU may choose target steps only): draft passes to tag.
+    # Samples every 5 ms over 48-token answers: with the native step a verification pass takes a few ms, and 8 tokens
+    # sampled every 20 ms could leave no sample inside any verification (seen in CI)
+    r = _chat("--checkpoint", rtn_checkpoint, "--prompts-file", _prompts(tmp_path), "--max-new-tokens", "48",
+              "--policy", "speculative", "--meter", "tegrastats", "--interval-ms", "5", "--idle-seconds", "0.2",
+              "--meter-command", shlex.join(REPLAY + ["--interval-ms", "5"]), "--energy-log", log, "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     for res in out["results"] + [{"stats": out["stats"]}]:
