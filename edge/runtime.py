@@ -10,7 +10,8 @@ from typing import Callable, Optional
 
 from edge.backends import make_engine, resolve_backend
 from edge.decode.config import GenerateConfig
-from edge.decode.costs import SAMPLE_TEXT, CostTable, engine_costs
+from edge.decode.cost_table import CostTable
+from edge.decode.costs import SAMPLE_TEXT, engine_costs
 from edge.decode.generate import generate
 from edge.decode.stats import DecodeStats, draft_head_summary, fp16_weight_bytes_per_pass
 from edge.memory.plan import check_request, fit_context, plan_for_runtime

@@ -2,7 +2,7 @@
 
 import torch
 
-from edge.analysis.corpora import SHAREGPT_EVAL_START, sharegpt_conversations
+from edge.corpora import SHAREGPT_EVAL_START, sharegpt_conversations
 
 
 def calibration_windows(tokenizer, samples: int, seq_len: int) -> torch.Tensor:

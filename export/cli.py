@@ -7,7 +7,8 @@ from edge.errors import BitNestError
 from export.pipeline import DEFAULT_ROTATION, ExportOptions, run_export
 from export.quantize import METHODS, REFINES, QuantOptions
 from edge.model.draft_head import DRAFT_HEAD_EXPORT_DEFAULT, DRAFT_HEAD_SHORTLIST, DRAFT_HEADS, SHORTLIST_K
-from export.rotation import ROTATIONS, LearnOptions
+from export.learned_rotation import LearnOptions
+from export.rotation import ROTATIONS
 
 
 def _trust(text: str):

@@ -5,6 +5,7 @@ calibration windows only, starting from the randomized Hadamards."""
 
 import sys
 import time
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
@@ -13,10 +14,35 @@ import torch.nn.functional as F
 from edge.model.arch import ModelConfig
 from edge.model.decoder import Decoder, OnlineRotations, causal_attention
 from edge.model.float_store import FloatWeights
-from export.rotation import LearnOptions, apply_r1r2
+from export.rotation_ops import apply_r1r2
 from plugins.contracts import Q4_MAX, Q4_MIN, QR_MIN_AT_BASE_MIN, REFINE_DIVISOR
 
 _MIN_SCALE = 2.0 ** -24
+
+
+@dataclass(frozen=True)
+class LearnOptions:
+    """Cayley SGD of R1 and the per-layer R2: `steps` updates, each on `batch` of
+    `samples` calibration windows of `seq_len` tokens; loss = draft-view loss + `target_weight` x target-view
+    loss, each the KL from the float model's next-token distribution (`kl`) or the next-token cross-entropy (`ce`)."""
+
+    steps: int = 32
+    samples: int = 33
+    seq_len: int = 128
+    batch: int = 1
+    lr: float = 1.5
+    momentum: float = 0.9
+    target_weight: float = 0.5
+    loss: str = "kl"
+
+    def __post_init__(self):
+        if self.steps < 1 or self.samples < 2 or self.seq_len < 16 or not 1 <= self.batch < self.samples:
+            raise ValueError("learned rotation needs steps >= 1, samples >= 2 (one is held out), seq_len >= 16 "
+                             "and 1 <= batch < samples")
+        if self.lr <= 0 or not 0 <= self.momentum < 1 or self.target_weight < 0:
+            raise ValueError("learned rotation needs lr > 0, momentum in [0, 1) and target_weight >= 0")
+        if self.loss not in ("kl", "ce"):
+            raise ValueError(f"unknown rotation loss {self.loss!r}: use kl or ce")
 
 
 class _NestViews(torch.autograd.Function):

@@ -14,7 +14,8 @@ from edge.model.checkpoint import EMBED, EMBED_FLOAT16, EMBED_HEAD_TARGET, HEAD,
 from edge.model.decoder import OnlineRotations
 from export.calibration import calibration_windows
 from export.quantize import QuantOptions, nest_model
-from export.rotation import LearnOptions, RotationPlan, rotate
+from export.learned_rotation import LearnOptions
+from export.rotation import RotationPlan, rotate
 from edge.model.draft_head import DRAFT_HEAD_EXPORT_DEFAULT, SHORTLIST_K, check_draft_head, check_shortlist_k
 from export.sources import load_source
 from export.writer import check_output_dir, nested_tensors, write_checkpoint

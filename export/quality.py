@@ -25,7 +25,7 @@ from edge.cli.common import run_cli
 from edge.model.checkpoint import is_checkpoint_dir, read_manifest
 from export.pipeline import ExportOptions, run_export
 from export.quantize import QuantOptions
-from export.rotation import LearnOptions
+from export.learned_rotation import LearnOptions
 
 @dataclass(frozen=True)
 class Row:

@@ -22,9 +22,11 @@ from edge.decode.auto import (
     probe_interval,
 )
 from edge.decode.config import GenerateConfig
-from edge.decode.costs import MAX_GAMMA, CostTable, engine_costs, fingerprint, read_table, table_path
+from edge.decode.cost_table import CostTable
+from edge.decode.costs import MAX_GAMMA, engine_costs, fingerprint, read_table, table_path
 from edge.decode.engine import PassEngine
 from edge.decode.generate import generate
+from edge.decode.registry import most_proposals
 from edge.decode.sampling import SamplingConfig
 from edge.decode.stats import DecodeStats
 from edge.model.checkpoint import load_checkpoint, manifest_seal, read_manifest
@@ -128,7 +130,7 @@ def test_auto_settings_refuse_a_ceiling_past_the_measured_widths():
     for bad in (0, MAX_GAMMA + 1):
         with pytest.raises(ValueError, match=rf"must be in \[1, {MAX_GAMMA}\]"):
             AutoConfig(gamma_max=bad)
-    assert GenerateConfig(policy="auto").most_proposals == MAX_GAMMA
+    assert most_proposals(GenerateConfig(policy="auto")) == MAX_GAMMA
 
 
 def test_stats_merge_the_gamma_mix_and_keep_the_latest_estimate():

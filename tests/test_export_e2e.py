@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from edge.analysis.corpora import eval_text
+from edge.corpora import eval_text
 from edge.analysis.evaluate import EvalOptions, evaluate
 from edge.backends.torch_ref import TorchBackend
 from edge.model.checkpoint import load_checkpoint

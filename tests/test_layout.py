@@ -46,6 +46,7 @@ RULES = [  # (modules the rule covers, modules they must not import, why)
     (("plugins",), ("edge", "export"), "plugins know no edge or export"),
     (("edge",), ("export",), "edge knows no export"),
     (RUNTIME, ("edge.analysis", "edge.cli"), "the runtime knows no analysis or command-line code"),
+    (("edge.cli",), ("edge.analysis",), "the runtime's commands know no research code"),
 ]
 
 
@@ -54,6 +55,65 @@ def test_imports_run_downward(covered, banned, why):
     bad = [f"{m} imports {i}" for m, f in _modules().items() if _under(m, covered)
            for i in sorted(_imports(f)) if _under(i, banned)]
     assert not bad, f"{why}: " + "; ".join(bad)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the project's modules it imports (`from a import b` names a.b where that is a module, else a), every
+    import counted: at the top, inside functions and under TYPE_CHECKING alike."""
+    mods = _modules()
+    return {m: {i for i in _imports(f) if i in mods and i != m} for m, f in mods.items()}
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected set of more than one module (Tarjan's algorithm, iterative), each sorted."""
+    index, low, on_stack, stack, found = {}, {}, set(), [], []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, children = work[-1]
+            w = next(children, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    found.append(sorted(comp))
+    return found
+
+
+def test_the_cycle_finder_finds_a_circle_through_a_lazy_import():
+    """The finder itself, on a graph with a three-module circle beside an acyclic branch."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"d"}}
+    assert import_cycles(graph) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles():
+    """No two modules import each other, directly or around a circle, even lazily: a circle means neither sits below
+    the other, so neither can be read, tested or moved alone."""
+    cycles = import_cycles(import_graph())
+    assert not cycles, "import cycles (move what both need below both): " + "; ".join(" <-> ".join(c) for c in cycles)
 
 
 def test_a_chat_loads_no_research_code():

@@ -11,8 +11,8 @@ import torch
 from edge.model.checkpoint import load_checkpoint
 from edge.model.decoder import Decoder, OnlineRotations
 from edge.model.float_store import FloatWeights
-from export.learned_rotation import cayley_step, nest_views
-from export.rotation import LearnOptions, RotationPlan, rotate
+from export.learned_rotation import LearnOptions, cayley_step, nest_views
+from export.rotation import RotationPlan, rotate
 from plugins.nesting import dequantize, nest_rtn
 from plugins.hadamard import random_orthogonal
 from tests.conftest import ROOT, save_small_hf_model

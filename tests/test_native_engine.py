@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from edge.analysis.corpora import shakespeare_prompts, sharegpt_prompts
+from edge.corpora import shakespeare_prompts, sharegpt_prompts
 from edge.backends import make_engine, resolve_backend
 from edge.backends.native import NativeEngine, native_unavailable
 from edge.backends.torch_ref import TorchBackend

@@ -114,7 +114,7 @@ def test_cuda_graph_replays_equal_eager_passes_gpu(small_llama_checkpoint):
 @GPU_ONLY
 def test_triton_lossless_on_the_default_model_gpu(rtn_checkpoint):
     """On a CUDA GPU: greedy speculative output equals greedy target output on the real model, four prompts."""
-    from edge.analysis.corpora import sharegpt_prompts
+    from edge.corpora import sharegpt_prompts
     from edge.runtime import Runtime
     rt = Runtime(rtn_checkpoint, backend="triton", max_context=1024)
     for prompt in sharegpt_prompts(4):

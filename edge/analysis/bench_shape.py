@@ -10,7 +10,7 @@ from --acceptance-from FILE) and **projected** from the pass times and the real 
 import json
 from pathlib import Path
 
-from edge.analysis.bench import (
+from edge.analysis.bench_common import (
     ISOLATION,
     cache_folder,
     default_threads,

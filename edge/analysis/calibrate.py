@@ -5,7 +5,7 @@ low-pass signal crosses on 3, 7, 15 and 30% of steps, saved beside the checkpoin
 import sys
 import time
 
-from edge.analysis.corpora import sharegpt_prompts
+from edge.corpora import sharegpt_prompts
 from edge.analysis.trace import StepTrace, trace_prompt
 from edge.cli.common import run_cli
 from edge.cli.options import checkpoint_arg, draft_head_options, tool_parser

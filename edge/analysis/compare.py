@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from edge.analysis.calibrate import calibrated_gate
-from edge.analysis.corpora import sharegpt_prompts
+from edge.corpora import sharegpt_prompts
 from edge.analysis.phase_prompts import TAG, phase_prompts
 from edge.analysis.significance import mcnemar_exact, paired_bootstrap_diff
 from edge.decode.adaptive import AdaptiveConfig

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from edge.analysis.corpora import CORPORA, eval_text
+from edge.corpora import CORPORA, eval_text
 from edge.backends import BACKENDS, make_backend
 from edge.backends.torch_ref import TorchBackend
 from edge.cli.common import run_cli

@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from edge.analysis.corpora import shakespeare_prompts, sharegpt_prompts
+from edge.corpora import shakespeare_prompts, sharegpt_prompts
 from edge.backends import BACKENDS
 from edge.cli.common import run_cli
 from edge.cli.options import add_draft_head_arguments, checkpoint_arg, draft_head_options

@@ -7,7 +7,7 @@ closes the span."""
 
 import re
 
-from edge.analysis.corpora import SHAREGPT_EVAL_START, sharegpt_conversations
+from edge.corpora import SHAREGPT_EVAL_START, sharegpt_conversations
 from edge.decode.config import GenerateConfig
 
 TAG = "</think>"

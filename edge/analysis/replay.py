@@ -12,7 +12,7 @@ from typing import Optional
 
 import numpy as np
 
-from edge.analysis.corpora import sharegpt_prompts
+from edge.corpora import sharegpt_prompts
 from edge.analysis.significance import bootstrap_ci, roc_auc
 from edge.analysis.trace import StepTrace, trace_prompt
 from edge.decode.stats import head_bytes_per_pass, head_row_bytes_per_token, weight_bytes_per_pass

@@ -24,7 +24,7 @@ from edge.decode.auto import AutoConfig
 from edge.decode.config import DraftKVPolicy, GenerateConfig
 from edge.decode.costs import MAX_GAMMA
 from edge.decode.generate import CONTEXT_FULL
-from edge.decode.registry import POLICIES
+from edge.decode.registry import POLICIES, most_proposals
 from edge.decode.sampling import SamplingConfig
 from edge.decode.thresholds import resolve_gate
 from edge.energy.session import EnergySession
@@ -161,7 +161,7 @@ def merged(stats: list, energy: EnergySession) -> dict:
 def converse(a, cfg: GenerateConfig) -> dict:
     """The chat command's body: one prompt, a prompts file, or the interactive loop."""
     rt = Runtime(a.checkpoint, backend=a.backend, max_context=a.max_context or (None if a.device else 2048),
-                 scratch=max(8, cfg.most_proposals + 1), device=a.device, **draft_head_options(a))
+                 scratch=max(8, most_proposals(cfg) + 1), device=a.device, **draft_head_options(a))
     cfg = replace(cfg, gate=resolve_gate(rt.ckpt, rt.backend, cfg.policy, cfg.gate))
     if cfg.policy == "auto":         # the pass costs before the first answer (read from the cache, or timed once)
         note = rt.cost_table(remeasure=a.remeasure_costs).note

@@ -11,7 +11,7 @@ where no meter works, the J/token fields are null and `reason` says why: nothing
 import argparse
 from pathlib import Path
 
-from edge.analysis.corpora import sharegpt_prompts
+from edge.corpora import sharegpt_prompts
 from edge.backends import BACKENDS
 from edge.cli.common import pyplot, run_cli
 from edge.cli.options import (

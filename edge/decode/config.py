@@ -57,7 +57,8 @@ class GateConfig:
 
 @dataclass(frozen=True)
 class GenerateConfig:
-    """One generation's settings; `policy` names a class of the registry. `gamma` is the round length of the fixed
+    """One generation's settings; `policy` names a class of the registry (edge.decode.registry, which refuses an
+    unknown name when it builds the policy: settings know no policy classes). `gamma` is the round length of the fixed
     policies (speculative; adaptive's usual length); `auto` chooses its own γ up to `auto.gamma_max` and ignores
     it. The default stays `speculative`: a library caller gets the same passes on every machine and opts into
     `auto` (which times passes at its first generation on an engine); the chat's default is `auto`."""
@@ -72,15 +73,7 @@ class GenerateConfig:
     auto: AutoConfig = field(default_factory=AutoConfig)
 
     def __post_init__(self):
-        from edge.decode.registry import policy_class
-        policy_class(self.policy)                      # one-line error naming the policies
         if not 1 <= self.gamma <= 16:
             raise ValueError(f"gamma must be in [1, 16], got {self.gamma}")
         if self.max_new_tokens < 1:
             raise ValueError("max new tokens must be at least 1")
-
-    @property
-    def most_proposals(self) -> int:
-        """Draft proposals one step of this policy may hold (draft scratch slots it needs)."""
-        from edge.decode.registry import policy_class
-        return policy_class(self.policy).most_proposals(self)

@@ -11,7 +11,7 @@ import platform
 import re
 import statistics
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -19,6 +19,7 @@ import torch
 
 from edge.atomic import write_atomic
 from edge.cache import cache_root
+from edge.decode.cost_table import CostTable
 from edge.decode.engine import Engine
 from edge.decode.kv_cache import KV8
 from edge.model.checkpoint import manifest_seal
@@ -42,27 +43,6 @@ SAMPLE_TEXT = (
     "to count seabirds read a few pages on a stormy night and began to add her own entries: the wind, the birds, "
     "the boats, and now and then a line about the keeper she had never met."
 )
-
-
-@dataclass(frozen=True)
-class CostTable:
-    """Seconds per pass on one engine: `target[w - 1]` for a target pass of w tokens (w = 1..len(target)),
-    `draft` for a one-token draft pass; where it came from ("cache" or "measured"), its file (None where it
-    was not saved) and `note`, one line where a cached table was refused or could not be saved."""
-
-    target: tuple[float, ...]
-    draft: float
-    source: str
-    path: Optional[Path]
-    context: int
-    note: Optional[str] = None
-
-    def summary(self) -> dict:
-        """The table as the stats report it: milliseconds per view and width."""
-        ms = lambda s: round(s * 1e3, 3)
-        return {"target_ms": {str(w): ms(t) for w, t in enumerate(self.target, 1)}, "draft_ms": {"1": ms(self.draft)},
-                "source": self.source, "path": str(self.path) if self.path else None, "context": self.context,
-                **({"note": self.note} if self.note else {})}
 
 
 def cpu_identity() -> dict:

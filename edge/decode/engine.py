@@ -23,7 +23,7 @@ from edge.model.decoder import Decoder, WeightStore
 from plugins.contracts import DRAFT, TARGET, check_view
 
 if TYPE_CHECKING:
-    from edge.decode.costs import CostTable
+    from edge.decode.cost_table import CostTable
 
 
 class Engine(ABC):

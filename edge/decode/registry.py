@@ -19,6 +19,11 @@ def policy_class(name: str) -> type[Policy]:
     return POLICY_CLASSES[name]
 
 
+def most_proposals(cfg) -> int:
+    """Draft proposals one step of `cfg`'s policy may hold (the draft scratch slots an engine needs for it)."""
+    return policy_class(cfg.policy).most_proposals(cfg)
+
+
 def make_policy(cfg, sampler: Sampler, decode: Optional[Callable[[list[int]], str]] = None) -> Policy:
     """A fresh policy object for one generation under `cfg` (an edge.decode.config.GenerateConfig)."""
     return policy_class(cfg.policy)(cfg, sampler, decode)

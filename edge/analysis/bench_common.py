@@ -1,0 +1,101 @@
+"""What both modes of `bitnest bench` share (edge.analysis.bench at the default model, edge.analysis.bench_shape at a
+real model's shapes): the runners' specs, running them each in its own process with interleaved repeats, and the
+JSON entries and ratios made from their samples."""
+
+import os
+import statistics
+from dataclasses import asdict
+from pathlib import Path
+
+from edge.analysis.bench_process import Workers
+from edge.corpora import sharegpt_prompts
+from edge.cli.options import adaptive_config, draft_head_options, gate_config
+
+MINE = ("speculative", "adaptive", "auto", "target", "draft")
+# peer run -> its label in ratio names
+RATIO_PEERS = {"target": "target", "llamacpp_q8_0": "llamacpp_q8", "llamacpp_q4_1": "llamacpp_q4_1",
+               "hf_fp32": "hf_fp32"}
+ISOLATION = "process per runner"
+STAT_KEYS = ("acceptance", "tokens_per_round", "weight_bytes_per_token", "kv_bytes_per_token", "draft_passes",
+             "target_passes", "policy_stats")
+
+
+def cache_folder() -> Path:
+    return Path(os.environ.get("BITNEST_CACHE", Path.home() / ".cache" / "bitnest-edge"))
+
+
+def default_threads() -> int:
+    import torch
+    return torch.get_num_threads()
+
+
+def prompt_set(checkpoint: str, n: int) -> tuple[list[str], list[list[int]]]:
+    """The first `n` held-out ShareGPT requests and their token ids through the checkpoint's chat template."""
+    from edge.runtime import encode, load_tokenizer
+    texts = sharegpt_prompts(n)
+    tok = load_tokenizer(Path(checkpoint))
+    return texts, [encode(tok, t) for t in texts]
+
+
+def policy_spec(a, checkpoint: str, policy: str, prompts: list, threads: int, record_rounds: bool = False) -> dict:
+    return {"kind": "policy", "threads": threads, "checkpoint": checkpoint, "backend": a.backend, "policy": policy,
+            "gamma": a.gamma, "max_new_tokens": a.max_new_tokens, "prompts": prompts,
+            "max_context": max(map(len, prompts)) + a.max_new_tokens + 64, "scratch": max(17, a.gamma_max + 1),
+            "gate": asdict(gate_config(a)), "adaptive": asdict(adaptive_config(a)), "record_rounds": record_rounds,
+            **draft_head_options(a)}
+
+
+def probe_spec(mach: dict) -> dict:
+    return {"kind": "probe", "threads": mach["threads"], "nbytes": mach["probe_bytes"]}
+
+
+def llama_spec(gguf: Path, texts: list[str], n: int, threads: int) -> dict:
+    return {"kind": "llamacpp", "threads": threads, "gguf": str(gguf), "texts": texts, "max_new_tokens": n}
+
+
+def run_all(specs: dict, repeats: int, pass_runner: str | None, pass_repeats: int) -> tuple[dict, dict, dict | None]:
+    """Start every runner in its own process, load them one at a time, interleave `repeats` repeats across them, then
+    time passes in `pass_runner`'s process: ({name: what it reported on loading}, {name: [results]}, pass times)."""
+    with Workers(specs) as w:
+        loaded = w.load_all(specs)
+        samples = w.interleave(repeats)
+        passes = None
+        if pass_runner is not None:
+            passes = dict(w[pass_runner].request("pass_times", repeats=pass_repeats), runner=pass_runner,
+                          pid=loaded[pass_runner]["pid"])
+    return loaded, samples, passes
+
+
+def run_entry(runs: list[dict], loaded: dict, read_gbps: float | None) -> dict:
+    """One runner's JSON entry: median tok/s and its samples, its pid, the last repeat's statistics, the weight GB/s
+    it reached and that over the probe's bandwidth."""
+    rates = [r["tok_s"] for r in runs]
+    entry = {"tok_s": round(statistics.median(rates), 2), "tok_s_samples": rates, "pid": loaded["pid"]}
+    entry.update({k: loaded[k] for k in ("gguf", "mmap") if k in loaded})
+    last = runs[-1]
+    entry.update({k: last[k] for k in STAT_KEYS if k in last})
+    if last.get("weight_bytes_per_token"):
+        gbps = entry["tok_s"] * last["weight_bytes_per_token"] / 1e9
+        entry["weight_gbps"] = round(gbps, 2)
+        if read_gbps:
+            entry["roofline_fraction"] = round(gbps / read_gbps, 3)
+    return entry
+
+
+def probe_entry(samples: list[dict], loaded: dict) -> tuple[float, dict]:
+    rates = [s["gbps"] for s in samples]
+    med = round(statistics.median(rates), 2)
+    return med, {"gbps": med, "gbps_samples": rates, "bytes": loaded["bytes"], "pid": loaded["pid"]}
+
+
+def ratios(tok: dict, mine=MINE, peers=RATIO_PEERS) -> dict:
+    return {f"{m}_vs_{label}": round(tok[m] / tok[p], 3)
+            for m in mine for p, label in peers.items() if m in tok and p in tok and m != p}
+
+
+def pass_ratios(passes: dict, gamma: int) -> dict:
+    """What a verification (γ + 1 tokens) and a draft pass cost against a 1-token target pass, from the pass times."""
+    ms = passes["ms"]
+    verify = ms["target"].get(str(gamma + 1))
+    return {"verification_pass_vs_target_pass": None if verify is None else round(verify / ms["target"]["1"], 3),
+            "draft_pass_vs_target_pass": round(ms["draft"]["1"] / ms["target"]["1"], 3)}
