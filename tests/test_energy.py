@@ -12,7 +12,7 @@ import pytest
 from edge.energy import make_meter
 from edge.energy.decode_energy import energy_summary, metered_generate
 from edge.energy.jtop_meter import power_from_jtop
-from edge.energy.power_log import PowerLog
+from edge.energy.power_log import PowerLog, SampledMeter
 from edge.energy.tegrastats import TegrastatsMeter, parse_line
 from edge.errors import BitNestError
 
@@ -56,6 +56,62 @@ def test_power_log_integrates_trapezoids_and_refuses_uncovered_windows():
     assert r.joules == pytest.approx(3.0, rel=1e-12) and r.samples == 7     # t = 0.4 ... 1.6
     missing = log.energy(1.5, 2.5)
     assert missing.joules is None and "do not cover" in missing.reason
+
+
+class _StepLog(SampledMeter):
+    """A tegrastats log with a known power step, replayed at known instants: line i (the recorded Orin line, its
+    VDD_IN and VDD_CPU_GPU_CV raised by 5 W while `high(t)`) logged at t = 0.05 + 0.1 i s through the real parser,
+    and the session's marks taken from `marks` in order (a meter's clock, scripted so the hand figure is exact).
+    `play()` logs the lines, as a live meter would have while the answer ran."""
+
+    name = "tegrastats"
+    interval_s = 0.1
+
+    def __init__(self, high, marks):
+        self.log, self.marks, self.high = PowerLog(), list(marks), high
+
+    def play(self) -> None:
+        high, recorded = self.high, RECORDED.read_text().strip()
+        for i in range(61):
+            t = 0.05 + 0.1 * i
+            line = recorded if not high(t) else recorded.replace("VDD_IN 4673mW/4673mW", "VDD_IN 9673mW/9673mW") \
+                .replace("VDD_CPU_GPU_CV 527mW/527mW", "VDD_CPU_GPU_CV 5527mW/5527mW")
+            parsed = parse_line(line)
+            self.log.add(t, parsed.total_mw()[0], {k: v[0] for k, v in parsed.rails.items()})
+
+    def mark(self) -> float:
+        return self.marks.pop(0)
+
+
+def test_joules_per_token_on_a_known_power_step():
+    """Hand-computed J/token of one answer: idle at 4673 mW until 1.5 s, prefill to 2.0 s, decode (draft and verify)
+    from its first token at 2.0 s to its last at 4.0 s at 9673 mW (samples at 2.05 ... 3.95 s), 20 tokens, idle after.
+    Decode energy by trapezoids, the window's ends interpolated between a 4673 and a 9673 mW sample (7173 mW):
+    2 x 0.05 s x (7173 + 9673) / 2 mW + 1.9 s x 9673 mW = 0.84230 + 18.3787 = 19.22100 J, so 0.961050 J/token;
+    idle from the idle-tagged samples only (0.05 ... 1.45 s, 4.05 ... 6.05 s: 4.673 W), so above idle
+    (19.221 - 4.673 x 2.0) / 20 = 0.493750 J/token. An idle mean that took in a decode sample, a window opened at the
+    prefill or closed a sample late, or a phase split off by one sample changes one of the three figures."""
+    from edge.decode.stats import DecodeStats
+    from edge.energy.session import EnergySession
+    meter = _StepLog(high=lambda t: 2.0 < t < 4.0, marks=[2.0, 4.0])
+    session = EnergySession(meter)
+
+    def run(on_tokens):                               # what a generation reports, at the instants above
+        meter.play()
+        session.clock.enter("prefill", 1.5)
+        session.clock.enter("draft", 2.0)
+        on_tokens([1])                                # the prefill's token opens the decode window (mark 2.0)
+        for k in range(19):
+            session.clock.enter("verify" if k % 2 else "draft", 2.0 + 0.1 * (k + 1))
+        return {"stats": DecodeStats("speculative", "native", tokens=20)}
+
+    _, fig = session.answer(run)                     # closes at mark 4.0 and enters idle there
+    session.flush()
+    assert fig["joules"] == pytest.approx(19.221, abs=1e-4)
+    assert fig["joules_per_token"] == pytest.approx(0.96105, abs=1e-5)
+    assert session.idle_watts() == pytest.approx(4.673, abs=1e-9)
+    assert fig["joules_per_token_above_idle"] == pytest.approx(0.49375, abs=1e-5)
+    assert fig["rails_mw"]["VDD_CPU_GPU_CV"] == 527                       # the last sample of the window, at 4.05 s
 
 
 def test_tegrastats_meter_on_replayed_lines():
