@@ -155,6 +155,27 @@ def test_attention_enqueue_copies_into_distinct_plane_outputs(gen):
     assert torch.equal(separate[0].view(torch.uint8)[:, :, 7:10].cpu(), wb) and torch.equal(separate[2][:, :, 7:10].cpu(), ws)
 
 
+@pytest.mark.parametrize("kv8_from", [0, 5, 10])
+def test_attention_enqueue_equals_the_float64_oracle(gen, kv8_from):
+    """The plugin's attention output against plugins.reference.nested_kv_attention (float64) over the planes it
+    wrote: 3 new positions [7, 10) after 7 cached, read at KV4 before `kv8_from` and KV8 from it on."""
+    from plugins.reference import nested_kv_attention
+    from plugins.step_contract import as_bytes
+    from plugins.trt_plugins import enqueue_op
+    ins, outs = _attention_io(gen)
+    ins[6][0], ins[7][0] = 10, kv8_from
+    dev = [x.to(KERNEL_DEVICE) for x in ins]
+    out = torch.empty_like(outs[0]).to(KERNEL_DEVICE)
+    assert enqueue_op("NestedKvAttention", dev, [out, *dev[3:6]], building=False) == 0
+    base, refine, scale = (p.cpu() for p in dev[3:6])
+    ref = nested_kv_attention(ins[0], as_bytes(base), as_bytes(refine), scale, main_len=10, kv8_from=kv8_from)
+    err = float((out.cpu().double() - ref).norm() / ref.norm())
+    assert err < 1e-5, err
+    if kv8_from:                        # the KV4 positions matter: read at KV8 they give another answer
+        other = nested_kv_attention(ins[0], as_bytes(base), as_bytes(refine), scale, main_len=10, kv8_from=0)
+        assert float((other - ref).norm() / ref.norm()) > 1e-3
+
+
 def test_build_phase_enqueue_launches_nothing(gen):
     """TensorRT may time a plugin on fake data while building: enqueue returns 0 and touches no buffer, even
     with lengths and a view that could not run."""
