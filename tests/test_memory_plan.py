@@ -112,12 +112,21 @@ def test_verify_on_the_real_model(rtn_checkpoint):
     assert v["backend"] == "cpu"                             # the re-laid weights, counted by nested_weight_bytes
     assert abs(v["measured_bytes"] / v["planned_bytes"] - 1) <= 0.02, v
     # the independent figure, resident memory (edge/memory/verify.py says what it holds beyond the plan): all of it
-    # within plan + the mapped checkpoint file + 160 MiB of code and heap, and the anonymous part (tensors, heap)
-    # within plan + 96 MiB (CI measured 74 MiB over the plan on a fresh install, 64 was too tight); a second copy of
-    # the weights held in memory (158 MB) breaks either
-    if v["rss_peak_delta_bytes"] is not None:
+    # within plan + the mapped checkpoint file + 160 MiB of code and heap, and the anonymous part (tensors, heap, kernel
+    # scratch) sampled every millisecond during the passes, its peak within plan + ANON_SLACK
+    if v["rss_peak_delta_bytes"] is not None:             # None where /proc/self/clear_refs cannot reset VmHWM
         assert v["rss_within_bound"], v
-        assert v["rss_anon_delta_bytes"] <= v["planned_bytes"] + (96 << 20), v
+    b = v["rss_anon_breakdown"]
+    assert all(s["traced_peak"] > 0 for s in b["passes"].values()), b
+    assert v["rss_anon_peak_delta_bytes"] <= v["planned_bytes"] + ANON_SLACK, (v["rss_anon_peak_delta_bytes"], b)
+
+
+# What anonymous memory may hold beyond the plan. Measured on the default model (edge/memory/verify.py, 2-core AMD
+# EPYC): +27 MiB = 22 MiB that loading leaves beyond the engine's tensors (Python objects, allocator slack) + 4.7 MiB
+# of kernel scratch in the prefill chunk the dispatch tracer cannot see + 4.4 MiB kept by the first pass (thread
+# pools). 64 MiB allows those to more than double on another CPU's BLAS; a second copy of the weights (137 MiB) or an
+# untraced 64 MiB buffer in a pass does not fit.
+ANON_SLACK = 64 << 20
 
 
 def test_max_context_cli_errors(capsys):
