@@ -18,9 +18,20 @@ from edge.decode.stats import embedding_row_bytes
 from edge.errors import BitNestError
 from edge.model.checkpoint import load_checkpoint, set_draft_head
 from edge.runtime import Runtime
+from tests.reference_pairs import FLIPPED, ROUNDING, engines, explain, first_layers, row_errors, run_traced
 
 pytestmark = pytest.mark.skipif(native_unavailable() is not None, reason=f"native backend: {native_unavailable()}")
 IDS = [1, 504, 3145, 282, 260, 3622, 30, 5000, 77, 78, 900, 1200]
+
+
+# Speculative acceptance (γ = 4, 24 tokens) of the RTN export's draft on the prompts of the test below, by draft KV read.
+# Measured here (AMD EPYC, avx512-vnni): kv8 0.42, kv4 0.45, recent-8 0.49 (7/7/6 prompts); on 8 other prompts x 32
+# tokens kv8 0.48, kv4 0.37, recent-8 0.44, single prompts as low as 0.23. A draft reading the refinement plane as
+# its KV4 base plane (planted in attend.h) measured kv4 0.006 and recent-8 0.002 there. The floors sit at about half
+# the lowest aggregate: portable across CPUs (a flipped code moves a few tokens, not half the acceptance) and far
+# above such garbage. A subtler wrong read (the previous scratch slot, planted) only lowered acceptance to 0.32-0.44:
+# the floor is no substitute for tests/test_native_draft_paths.py, which fails on it.
+ACCEPTANCE_FLOOR = {"kv8": 0.25, "kv4": 0.2, "recent": 0.2}
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +46,7 @@ def test_auto_picks_native_where_it_runs():
 def test_speculative_equals_target_on_twenty_real_prompts(native_rt):
     prompts = [(p, True) for p in sharegpt_prompts(10)] + [(p, False) for p in shakespeare_prompts(10)]
     drafts = [DraftKVPolicy(), DraftKVPolicy(kv8_below=0), DraftKVPolicy(0, "recent", 8)]
+    counts = {d: [0, 0] for d in drafts}                                         # accepted, drafted
     for i, (text, chat) in enumerate(prompts):
         ids = native_rt.encode(text, chat)[-200:]
         target = native_rt.generate(ids, GenerateConfig(policy="target", max_new_tokens=24))
@@ -43,6 +55,12 @@ def test_speculative_equals_target_on_twenty_real_prompts(native_rt):
         assert spec["tokens"] == target["tokens"], f"prompt {i} ({drafts[i % 3]}): {text[:50]!r}"
         s = spec["stats"]
         assert s.draft_passes == s.drafted and s.target_passes == s.rounds and 0 <= s.accepted <= s.drafted
+        counts[drafts[i % 3]][0] += s.accepted
+        counts[drafts[i % 3]][1] += s.drafted
+    acceptance = {d.long_view if d.kv8_below == 0 else "kv8": a / n for d, (a, n) in counts.items()}
+    print("acceptance", acceptance)
+    for view, floor in ACCEPTANCE_FLOOR.items():
+        assert acceptance[view] >= floor, (view, acceptance)
 
 
 def test_speculative_equals_target_with_online_rotations(rotated_checkpoint):
@@ -65,29 +83,38 @@ def test_chunked_passes_equal_whole_ones(rtn_checkpoint):
 
 
 def _layers(path, n):
-    c = load_checkpoint(path)
-    keep = lambda name: not name.startswith("model.layers.") or int(name.split(".")[2]) < n
-    c.config = replace(c.config, num_layers=n)
-    c.tensors = {k: v for k, v in c.tensors.items() if keep(k)}
-    c.linears = {k: v for k, v in c.linears.items() if keep(k)}
-    return c
+    return first_layers(path, n)
 
 
+def _agreement_scenario(view):
+    def scenario(eng):
+        eng.prefill(IDS[:6])
+        yield eng.forward(IDS[6:], view)                                                       # [6, V]
+    return scenario
+
+
+@pytest.mark.parametrize("isa", ["best", "generic"])
 @pytest.mark.parametrize("view", ["draft", "target"])
-def test_the_step_agrees_with_the_torch_reference(rotated_checkpoint, view):
-    """Two real layers (R1, R2, R4 online) of the default model: the same logits up to float32 summation order.
-    A last-bit difference before a per-token INT8 quantizer can flip one code of one token (docs/runtime.md): that
-    token's row moves by ~1e-3 (measured: the 12th token at the target view, 5.5e-4, the same in every chunking),
-    the others stay at float32 rounding (~5e-7). A wrong op body moves every row by far more. The whole model is
-    compared in bitnest lossless (share of equal tokens and the largest logit difference)."""
-    native = NativeEngine(_layers(rotated_checkpoint, 2), 64)
-    ck = _layers(rotated_checkpoint, 2)
-    ref = PassEngine(ck, TorchBackend(ck), 64)
-    native.prefill(IDS[:6])
-    ref.prefill(IDS[:6])
-    got, want = native.forward(IDS[6:], view), ref.forward(IDS[6:], view)                     # [6, V]
-    rows = sorted(float((g - w).norm() / w.norm()) for g, w in zip(got, want))
-    assert rows[-2] < 1e-5 and rows[-1] < 5e-3, rows
+def test_the_step_agrees_with_the_torch_reference(rotated_checkpoint, view, isa, monkeypatch):
+    """Two real layers (R1, R2, R4 online) of the default model, with this CPU's kernel set and the portable one:
+    every row at float32 rounding (ROUNDING), or explained. A last-bit difference before a per-token INT8 quantizer
+    can move one activation code to its neighbour (docs/runtime.md); such a row is allowed FLIPPED only where giving
+    the reference that neighbour code (x/s_x within float32 rounding of k + 1/2) brings it back within ROUNDING, so a
+    loose row is a shown flip, never a tolerance. Measured here (AMD EPYC, avx512-vnni): no flip with the best
+    kernels; with `generic`, at the draft view, layer 1's q/k/v input of the 4th token, x/s_x = -6.5 exactly
+    (reference -6, half to even; native -7), its row 7.0e-3 away and the two rows after it through attention."""
+    if isa == "generic":
+        monkeypatch.setenv("BITNEST_NATIVE_ISA", "generic")
+    path = rotated_checkpoint
+    native, ref = engines(path, 2)
+    scenario = _agreement_scenario(view)
+    got = list(scenario(native))
+    flips = explain(path, 2, scenario, got)
+    print(native.isa, view, flips)
+    rows = row_errors(got, run_traced(ref, scenario)[0])[0]
+    for f in flips:
+        assert abs(f["native_code"] - f["reference_code"]) == 1 and f["tie_distance"] < 1e-3, f
+    assert max(rows) < (FLIPPED if flips else ROUNDING), rows
 
 
 @pytest.mark.parametrize("setting", ["8bit", "4bit", "shortlist"])

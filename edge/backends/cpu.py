@@ -114,11 +114,13 @@ class CpuInt4Backend:
     def norm(self, name: str) -> torch.Tensor:
         return self.ckpt.tensors[name + ".weight"].float()
 
-    def linear(self, name: str, x: torch.Tensor, view: str) -> torch.Tensor:
+    def gemm(self, name: str, view: str):
+        """(key, fn): the raw GEMM of linear `name` at `view`, fn(x [M, K]) -> [M, N] float32 without the bias, and
+        the key RowInvariance knows it by. `linear` runs it through RowInvariance."""
         base, refine, sz_base, sz_ref, g = self.layout[name]
         mm = torch.ops.aten._weight_int4pack_mm_for_cpu
 
-        def gemm(xx: torch.Tensor) -> torch.Tensor:                     # [M, K] -> [M, N]
+        def fn(xx: torch.Tensor) -> torch.Tensor:                       # [M, K] -> [M, N]
             xb = xx.to(torch.bfloat16)
             y = mm(xb, base, g, sz_base).float()
             if view == "target":
@@ -126,15 +128,24 @@ class CpuInt4Backend:
             return y
 
         n, k = self.ckpt.linears[name].shape
-        y = self.rows.run(f"int4 {view} {n}x{k} g{g}{' offset' if sz_ref is not sz_base else ''}", gemm, x)
+        return f"int4 {view} {n}x{k} g{g}{' offset' if sz_ref is not sz_base else ''}", fn
+
+    def head_gemm(self, view: str):
+        """(key, fn): the raw GEMM of the head at `view` (a nested head's is its linear's)."""
+        if self.head_w is None:
+            return self.gemm(HEAD, view)
+        w = self.head_w
+        return f"float16 head {w.shape[0]}x{w.shape[1]}", lambda xx: (xx.to(w.dtype) @ w.T).float()
+
+    def linear(self, name: str, x: torch.Tensor, view: str) -> torch.Tensor:
+        y = self.rows.run(*self.gemm(name, view), x)
         bias = self.ckpt.tensors.get(name + ".bias")
         return y if bias is None else y + bias.float()
 
     def head(self, x: torch.Tensor, view: str) -> torch.Tensor:
         if self.head_w is None:
             return self.linear(HEAD, x, view)
-        w = self.head_w
-        return self.rows.run(f"float16 head {w.shape[0]}x{w.shape[1]}", lambda xx: (xx.to(w.dtype) @ w.T).float(), x)
+        return self.rows.run(*self.head_gemm(view), x)
 
     def numerics(self) -> dict:
         """What the stats report about this backend's arithmetic beyond its activations."""

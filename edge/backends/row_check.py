@@ -4,6 +4,8 @@ from then on, so a verification pass over γ+1 tokens still equals γ+1 single-t
 whose kernels (chosen by CPU dispatch and by M) are not row-invariant. What was checked and what fell back is
 reported in the decode stats."""
 
+from collections import Counter
+
 import torch
 
 from plugins.decoder_math import ROWWISE_MAX, rowwise
@@ -16,21 +18,27 @@ class RowInvariance:
     def __init__(self):
         self.checked: dict[str, set[int]] = {}   # GEMM key -> the M found row-invariant
         self.fallback: set[str] = set()           # GEMMs run row by row since a check failed
+        # passes of 1 < M <= ROWWISE_MAX by the path whose result they returned: (key, "batched" or "row_by_row")
+        self.paths: Counter = Counter()
 
     def run(self, key: str, fn, x: torch.Tensor) -> torch.Tensor:
         m = x.shape[0]
         if m == 1 or m > ROWWISE_MAX or x.is_meta:     # meta: the memory planner's dry runs compute nothing
             return fn(x)
         if key in self.fallback:
+            self.paths[key, "row_by_row"] += 1
             return rowwise(fn, x)
         seen = self.checked.setdefault(key, set())
         if m in seen:
+            self.paths[key, "batched"] += 1
             return fn(x)
         batched, rows = fn(x), rowwise(fn, x)
         if torch.equal(batched, rows):
             seen.add(m)
+            self.paths[key, "batched"] += 1
             return batched
         self.fallback.add(key)
+        self.paths[key, "row_by_row"] += 1
         return rows
 
     def report(self) -> dict:
