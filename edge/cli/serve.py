@@ -2,7 +2,11 @@
 (docs/serve.md): chat and text completions, streamed or whole, with speculation and energy figures in every usage."""
 
 import argparse
+import asyncio
+import signal
+import socket
 import sys
+import threading
 
 from edge.backends import check_backend
 from edge.cli.common import run_cli
@@ -38,7 +42,25 @@ def parser(prog: str = "serve.py") -> argparse.ArgumentParser:
     return p
 
 
+class _Stopped(Exception):
+    """SIGTERM, raised once uvicorn has shut down gracefully (it raises the signal again after its shutdown)."""
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (port 0: a free one), or a one-line error saying why not."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as e:
+        raise BitNestError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return sock
+
+
 def serve(a) -> dict:
+    """Load the LLM, listen, serve until SIGINT (exit 130) or SIGTERM (a graceful stop, exit 0)."""
     try:
         import uvicorn
 
@@ -46,35 +68,40 @@ def serve(a) -> dict:
     except ImportError as e:
         raise BitNestError(f"bitnest serve needs the serve extra ({e.name} is missing): pip install -e .[serve]") \
             from None
-    llm = make_llm(a, llm_config(a))
+    sock = _listen(a.host, a.port)                      # a taken port fails before the model loads
     try:
-        app = create_app(llm, a.max_queue)
-        config = uvicorn.Config(app, host=a.host, port=a.port, log_level=a.log_level, timeout_graceful_shutdown=5)
-        server = uvicorn.Server(config)
-
-        def announce():        # once the socket listens: the address it got (a free port with --port 0)
-            for s in server.servers:
-                for sock in s.sockets:
-                    host, port = sock.getsockname()[:2]
-                    print(f"bitnest serve: {llm.name} on http://{host}:{port} ({llm.runtime.backend} backend, "
-                          f"{llm.config.policy} policy, context {llm.capacity})", file=sys.stderr, flush=True)
-
-        import asyncio
-
-        async def run():
-            task = asyncio.ensure_future(server.serve())
-            while not server.started and not task.done():
-                await asyncio.sleep(0.05)
-            if server.started:
-                announce()
-            await task
-
-        asyncio.run(run())
-        if not server.started:
-            raise BitNestError(f"could not listen on {a.host}:{a.port} (in use, or not an address of this machine)")
+        llm = make_llm(a, llm_config(a))
+        try:
+            app = create_app(llm, a.max_queue)
+            server = uvicorn.Server(uvicorn.Config(app, log_level=a.log_level, timeout_graceful_shutdown=5))
+            host, port = sock.getsockname()[:2]
+            print(f"bitnest serve: {llm.name} on http://{host}:{port} ({llm.runtime.backend} backend, "
+                  f"{llm.config.policy} policy, context {llm.capacity}, queue {a.max_queue})", file=sys.stderr,
+                  flush=True)
+            _serve_until_stopped(server, sock)
+        finally:
+            llm.close()
     finally:
-        llm.close()
+        sock.close()
     return {"served": llm.name, "requests": sum(app.state.server.metrics.requests.values())}
+
+
+def _serve_until_stopped(server, sock: socket.socket) -> None:
+    """uvicorn on `sock`; SIGTERM ends it gracefully (uvicorn raises the signal again once shut down: here that
+    raises _Stopped, caught, so the LLM closes and the exit code is 0)."""
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _stop) if main_thread else None
+    try:
+        asyncio.run(server.serve(sockets=[sock]))
+    except _Stopped:
+        print("bitnest serve: stopped (SIGTERM)", file=sys.stderr)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _stop(signum, frame):
+    raise _Stopped()
 
 
 def main(argv=None, default_checkpoint=None) -> int:

@@ -106,10 +106,16 @@ class Server:
         return ids, cfg
 
     def _job(self, ids, cfg, req: protocol.Request, cancel: threading.Event, on_text=None):
+        """The generation to run on the engine thread; it counts its answer itself (on the event loop), so one
+        whose client left is counted too."""
+        loop = asyncio.get_running_loop()
+
         def job():
             if cancel.is_set():            # its client left while it waited
                 return None
-            return self.llm.generate(ids, config=cfg, stop=req.stop, on_text=on_text, cancelled=cancel.is_set)
+            a = self.llm.generate(ids, config=cfg, stop=req.stop, on_text=on_text, cancelled=cancel.is_set)
+            loop.call_soon_threadsafe(self._finished, a)
+            return a
         return job
 
     def _finished(self, a: Answer) -> None:
@@ -133,8 +139,6 @@ class Server:
             a = await result
         finally:
             watch.cancel()
-        if a is not None:
-            self._finished(a)
         if a is None or a.finish_reason == CANCELLED:
             return Response(status_code=CLIENT_GONE)
         rid = f"{'chatcmpl' if req.kind == CHAT else 'cmpl'}-{uuid.uuid4().hex}"
@@ -170,7 +174,6 @@ class Server:
                     yield protocol.sse(self._server_error(e).body())
                     yield protocol.sse("[DONE]")
                     return
-                self._finished(a)
                 yield event(None, finish=a.finish_reason, token_ids=a.tokens)
                 if req.include_usage:
                     yield protocol.sse(protocol.usage_chunk(rid, created, self.llm.name, req, a))
