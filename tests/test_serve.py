@@ -247,3 +247,36 @@ def test_a_bounded_load_is_answered_or_refused_with_429_and_rss_stays_flat(serve
     assert answered >= REQUESTS and refused >= 1
     assert rss1 - rss0 < RSS_SLACK_MIB, (rss0, rss1)
     assert ask().usage.completion_tokens >= 1
+
+
+def test_held_text_never_streams_a_stop_string_or_a_broken_character():
+    from edge.llm import HeldText
+    sent = []
+    h = HeldText(("STOP", "\n\n"), sent.append)
+    for d in ("Hello S", "T", "ill here.", "\n", "More", " ST", "OP and after"):
+        h.feed(d)
+    h.finish("Hello STill here.\nMore ")
+    assert "".join(sent) == "Hello STill here.\nMore " and sent[0] == "Hello "      # "S" waited for "T"
+    sent.clear()
+    h = HeldText((), sent.append)
+    for d in ("caf", "\ufffd", "é!"):                 # a partial character decodes as U+FFFD until its bytes come
+        h.feed(d)
+    h.finish("café!")
+    assert "".join(sent) == "café!" and "\ufffd" not in "".join(sent)
+
+
+def test_the_python_api_answers_and_streams_as_the_chat(rtn_checkpoint, chat):
+    from edge import LLM
+    with LLM(rtn_checkpoint, policy=POLICY, meter="none") as llm:
+        a = llm.chat(PROMPT, max_tokens=TOKENS, temperature=0)
+        assert (a.text, a.tokens) == (chat["text"], chat["tokens"]) and a.prompt_tokens == chat["stats"]["prefill_tokens"]
+        assert a.summary()["acceptance"] == chat["stats"]["acceptance"] and a.summary()["energy_reason"]
+        with llm.stream([{"role": "user", "content": PROMPT}], max_tokens=TOKENS, temperature=0) as s:
+            assert "".join(s) == chat["text"] and s.answer.tokens == chat["tokens"]
+        word = chat["text"].split()[len(chat["text"].split()) // 2]            # a stop string from its own output
+        with llm.stream(PROMPT, max_tokens=TOKENS, temperature=0, stop=[word]) as s:
+            text = "".join(s)
+        assert text == s.answer.text == chat["text"][:chat["text"].index(word)] and s.answer.finish_reason == "stop"
+        with llm.stream(PROMPT, max_tokens=200, temperature=0) as s:
+            next(s)
+        assert s.answer.finish_reason == "cancelled" and len(s.answer.tokens) < 200
