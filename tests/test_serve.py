@@ -190,14 +190,8 @@ def test_bad_input_is_a_4xx_in_openais_shape_and_the_server_serves_on(server):
     assert server.proc.poll() is None
 
 
-def test_a_client_that_leaves_ends_its_generation(server):
-    before = server.metrics().get('bitnest_generations_total{finish_reason="cancelled"}', 0)
-    tokens_before = server.metrics()["bitnest_completion_tokens_total"]
-    body = {"prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 1500, "temperature": 0, "stream": True}
-    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=300) as r:
-        for line in r.iter_lines():
-            if '"text": "' in line and '"text": ""' not in line:
-                break                                   # the first words: leave
+def _cancelled_after(server, before: float, tokens_before: float) -> None:
+    """Wait until the server counts one more cancelled generation, which wrote far fewer than its 1500 tokens."""
     deadline = time.time() + 120
     while time.time() < deadline:
         m = server.metrics()
@@ -206,6 +200,23 @@ def test_a_client_that_leaves_ends_its_generation(server):
         time.sleep(0.2)
     assert m.get('bitnest_generations_total{finish_reason="cancelled"}', 0) == before + 1, m
     assert m["bitnest_completion_tokens_total"] - tokens_before < 1500
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
+def test_a_client_that_leaves_ends_its_generation(server, stream):
+    m = server.metrics()
+    before, tokens_before = m.get('bitnest_generations_total{finish_reason="cancelled"}', 0), \
+        m["bitnest_completion_tokens_total"]
+    body = {"prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 1500, "temperature": 0, "stream": stream}
+    if stream:
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=300) as r:
+            for line in r.iter_lines():
+                if '"text": "' in line and '"text": ""' not in line:
+                    break                               # the first words: leave
+    else:
+        with pytest.raises(httpx.ReadTimeout):          # leave while it generates
+            httpx.post(f"{server.url}/v1/completions", json=body, timeout=httpx.Timeout(300, read=1.0))
+    _cancelled_after(server, before, tokens_before)
     r = server.client().completions.create(model="bitnest", prompt="Hello", max_tokens=2, temperature=0)
     assert r.usage.completion_tokens >= 1
 
@@ -269,7 +280,8 @@ def test_the_python_api_answers_and_streams_as_the_chat(rtn_checkpoint, chat):
     from edge import LLM
     with LLM(rtn_checkpoint, policy=POLICY, meter="none") as llm:
         a = llm.chat(PROMPT, max_tokens=TOKENS, temperature=0)
-        assert (a.text, a.tokens) == (chat["text"], chat["tokens"]) and a.prompt_tokens == chat["stats"]["prefill_tokens"]
+        assert (a.text, a.tokens) == (chat["text"], chat["tokens"])
+        assert a.prompt_tokens == chat["stats"]["prefill_tokens"]
         assert a.summary()["acceptance"] == chat["stats"]["acceptance"] and a.summary()["energy_reason"]
         with llm.stream([{"role": "user", "content": PROMPT}], max_tokens=TOKENS, temperature=0) as s:
             assert "".join(s) == chat["text"] and s.answer.tokens == chat["tokens"]
