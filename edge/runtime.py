@@ -65,17 +65,18 @@ class Runtime:
 
     def generate(self, prompt_ids: list[int], cfg: GenerateConfig, stop_strings: tuple[str, ...] = (),
                  on_text: Optional[Callable[[str], None]] = None,
-                 on_tokens: Optional[Callable[[list[int]], None]] = None) -> dict:
+                 on_tokens: Optional[Callable[[list[int]], None]] = None,
+                 cancelled: Optional[Callable[[], bool]] = None) -> dict:
         """Generate after `prompt_ids`; stream decoded text deltas to `on_text` and new token ids to `on_tokens`
-        (first called with the prefill's token). Returns {"text", "tokens", "stats"} with the stop token (EOS) left
-        out of the text."""
+        (first called with the prefill's token); `cancelled()` true ends the generation at its next round. Returns
+        {"text", "tokens", "stats"} with the stop token (EOS) left out of the text."""
         if self.plan is not None:
             check_request(self.plan, self.engine.capacity, len(prompt_ids), cfg.max_new_tokens)
         tok = self.tokenizer
         collected, shown = [], [""]
 
         def stop(out: list[int]) -> bool:
-            return any(s in tok.decode(out[-16:]) for s in stop_strings)
+            return (cancelled is not None and cancelled()) or any(s in tok.decode(out[-16:]) for s in stop_strings)
 
         def stream(new: list[int]) -> None:
             if on_tokens is not None:
@@ -86,8 +87,8 @@ class Runtime:
                 on_text(text[len(shown[0]):])
                 shown[0] = text
 
-        tokens, stats = generate(self.engine, prompt_ids, cfg, self.eos, stop if stop_strings else None, stream,
-                                 decode=tok.decode)
+        stopping = stop if stop_strings or cancelled is not None else None
+        tokens, stats = generate(self.engine, prompt_ids, cfg, self.eos, stopping, stream, decode=tok.decode)
         text = tok.decode([t for t in tokens if t not in self.eos], skip_special_tokens=True)
         for s in stop_strings:
             if s in text:

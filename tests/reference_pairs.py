@@ -98,7 +98,7 @@ def explain(path, layers: int, scenario, got: list[torch.Tensor]) -> list[dict]:
     A flip in one token's q/k/v input reaches the later rows of its pass through the next layer's attention, so one
     flip may explain several rows and one row may need two. Raises AssertionError naming the row that no near-tie
     code explains; [] where every row is within ROUNDING already."""
-    flips, found = [], []
+    flips = []
     while True:
         _, ref = engines(path, layers, flips=[f for f, _ in flips])
         want, spans = run_traced(ref, scenario)

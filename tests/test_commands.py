@@ -184,3 +184,17 @@ def test_fuzz_inputs_finds_no_crash_hang_or_wrong_load(small, capsys):
     assert set(out["readers"]) == {"manifest", "weights", "prompts", "thresholds", "tegrastats"}
     assert out["totals"]["crash"] == out["totals"]["hang"] == out["totals"]["wrong"] == 0, out
     assert out["totals"]["error"] > 0 and out["totals"]["accepted"] > 0
+
+
+def test_serve_on_a_taken_port_is_one_line_before_the_model_loads(small, capsys):
+    """`serve` listens before it loads the model, so a taken port fails at once (tests/test_serve.py drives a running
+    server with the openai client)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        rc = commands.main(["serve", "--checkpoint", str(small), "--port", str(port)])
+    out, err = capsys.readouterr()
+    assert rc == 2 and err.strip().splitlines() == [f"serve.py: error: cannot listen on 127.0.0.1:{port}: Address "
+                                                    "already in use"], err

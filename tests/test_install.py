@@ -1,5 +1,5 @@
 """`pip install .[jetson]` on a JetPack 6 Jetson (Python 3.10, aarch64, glibc 2.35) resolves to binary wheels,
-and so do the extras scripts/setup.sh adds there (test, analysis, bench): pyproject.toml's requirements, markers evaluated
+and so do the extras scripts/setup.sh adds there (test, analysis, bench, serve): pyproject.toml's requirements, markers evaluated
 for that platform, resolved by pip against the package index for that interpreter and platform (a dry run into a
 target folder: pip takes --platform only with --target). Skipped, with the reason, where the index cannot be
 reached."""
@@ -39,7 +39,7 @@ OFFLINE = re.compile(r"NewConnectionError|Max retries exceeded|Temporary failure
                      r"Network is unreachable|Could not fetch URL|ConnectionError|ReadTimeoutError", re.I)
 
 
-EXTRAS = ("jetson", "test", "analysis", "bench")      # what scripts/setup.sh installs on a Jetson
+EXTRAS = ("jetson", "test", "analysis", "bench", "serve")      # what scripts/setup.sh installs on a Jetson
 
 
 def test_extras_are_what_setup_installs_on_a_jetson():

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("plugins", "edge", "export")
 # The device runtime: everything a chat or an engine needs. Research (edge.analysis) and commands (edge.cli) sit above.
 RUNTIME = ("edge.model", "edge.decode", "edge.backends", "edge.memory", "edge.energy", "edge.checks", "edge.runtime",
-           "edge.errors", "edge.atomic", "edge.cache")
+           "edge.errors", "edge.atomic", "edge.cache", "edge.llm")
 MAX_LINES = 500
 
 
@@ -45,7 +45,8 @@ def _under(name: str, roots) -> bool:
 RULES = [  # (modules the rule covers, modules they must not import, why)
     (("plugins",), ("edge", "export"), "plugins know no edge or export"),
     (("edge",), ("export",), "edge knows no export"),
-    (RUNTIME, ("edge.analysis", "edge.cli"), "the runtime knows no analysis or command-line code"),
+    (RUNTIME, ("edge.analysis", "edge.cli", "edge.serve", "starlette", "uvicorn"),
+     "the runtime knows no analysis, command-line or server code"),
     (("edge.cli",), ("edge.analysis",), "the runtime's commands know no research code"),
 ]
 
@@ -122,6 +123,16 @@ def test_a_chat_loads_no_research_code():
              "('matplotlib', 'scipy', 'export')); print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, f"a chat imports research or host code: {r.stdout.strip()} {r.stderr[-400:]}"
+
+
+def test_the_python_api_loads_no_server_or_research_code():
+    """`from edge import LLM` (and `import edge` alone loads nothing heavy): no ASGI stack, no research code."""
+    probe = ("import sys, edge; heavy = sorted(m for m in ('torch', 'edge.llm') if m in sys.modules); "
+             "from edge import LLM; bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+             "('starlette', 'uvicorn', 'matplotlib', 'scipy', 'export') or m.startswith(('edge.serve', 'edge.analysis', "
+             "'edge.cli'))); print(heavy, bad); sys.exit(1 if heavy or bad else 0)")
+    r = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"import edge / from edge import LLM loads too much: {r.stdout.strip()} {r.stderr[-400:]}"
 
 
 def test_modules_stay_readable():

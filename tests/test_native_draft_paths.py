@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from edge.analysis.corpora import shakespeare_prompts, sharegpt_prompts
+from edge.corpora import shakespeare_prompts, sharegpt_prompts
 from edge.analysis.lossless import against_reference
 from edge.backends.native import native_unavailable
 from edge.decode.config import GenerateConfig

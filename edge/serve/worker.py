@@ -1,0 +1,47 @@
+"""One generation at a time on the engine: a single worker thread fed by a bounded queue, each job awaited by the
+event loop; a job past the queue's bound is refused at once (the server answers 429 with Retry-After)."""
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+
+class QueueFull(Exception):
+    """The engine is busy and `max_queue` requests already wait for it."""
+
+
+class EngineWorker:
+    """`submit(job)` runs `job()` on the engine thread after the jobs before it and returns an awaitable of its result.
+    `pending` (running + waiting) counts until the job has really finished on the thread, so a request that went
+    away cannot let a new one past the bound while its generation still winds down."""
+
+    def __init__(self, max_queue: int):
+        if max_queue < 0:
+            raise ValueError("the queue bound must be at least 0")
+        self.max_queue = max_queue
+        self.pending = 0                 # read and written on the event loop only
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bitnest-engine")
+
+    @property
+    def waiting(self) -> int:
+        return max(0, self.pending - 1)
+
+    @property
+    def running(self) -> int:
+        return min(1, self.pending)
+
+    def submit(self, job: Callable) -> asyncio.Future:
+        if self.pending > self.max_queue:
+            raise QueueFull(f"the engine is busy and {self.waiting} requests are waiting (--max-queue "
+                            f"{self.max_queue}): retry later")
+        loop = asyncio.get_running_loop()
+        self.pending += 1
+        done = self._pool.submit(job)
+        done.add_done_callback(lambda _: loop.call_soon_threadsafe(self._finished))
+        return asyncio.wrap_future(done, loop=loop)
+
+    def _finished(self) -> None:
+        self.pending -= 1
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
