@@ -123,3 +123,43 @@ def test_shapes_the_kernels_do_not_take_are_one_line_errors(gen):
         native.dual_plane_linear(torch.randn(1, 128), base, refine, scale, "target")
     with pytest.raises(RuntimeError, match="unknown weight view"):
         torch.ops.bitnest.dual_plane_linear(torch.randn(1, 128), base, refine, scale, "half", None, "")
+
+
+LOADER = ("from edge.backends import resolve_backend; from plugins import native; print('loading', flush=True); "
+          "print(resolve_backend('auto'), native.best_isa(), flush=True)")      # imports done: next, the lock
+
+
+def test_two_first_use_builds_at_once_build_once_and_both_load(tmp_path, monkeypatch):
+    """Two processes load the native plugins at once into a fresh cache folder. While this test holds the build lock
+    neither compiles anything (it waits at the lock: no ninja file, no library appear); released, both run the
+    `native` backend (never the `cpu` fallback) and the library was built once (one line in builds.log). A real
+    first-use build: ~40 s on 2 cores."""
+    import fcntl
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+    monkeypatch.setenv("BITNEST_CACHE", str(tmp_path))
+    folder = native.build_folder()
+    folder.mkdir(parents=True)
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root))
+    env.pop(native.ISA_ENV, None)
+    with open(folder / native.BUILD_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        procs = [subprocess.Popen([sys.executable, "-c", LOADER], cwd=root, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        for p in procs:
+            assert p.stdout.readline().strip() == "loading", p.communicate()
+        time.sleep(3)                                   # time enough for either to write its ninja file and compile
+        assert all(p.poll() is None for p in procs), "a loader finished while another process held the build lock"
+        made = sorted(f.name for f in folder.iterdir())
+        assert made == [native.BUILD_LOCK], f"built while the lock was held: {made}"
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    for p in procs:
+        out, err = p.communicate(timeout=900)
+        assert p.returncode == 0 and out.split()[-2] == "native", err[-2000:]
+        assert out.split()[-1] in native.ISA_NAMES, out
+    builds = (folder / native.BUILD_LOG).read_text().splitlines()
+    assert len(builds) == 1, builds
