@@ -126,14 +126,16 @@ def test_shapes_the_kernels_do_not_take_are_one_line_errors(gen):
 
 
 LOADER = ("from edge.backends import resolve_backend; from plugins import native; print('loading', flush=True); "
-          "print(resolve_backend('auto'), native.best_isa(), flush=True)")      # imports done: next, the lock
+          "print(resolve_backend('auto'), native.best_isa() if native.unavailable() is None else native.unavailable(), "
+          "flush=True)")      # imports done: next, the lock
 
 
 def test_two_first_use_builds_at_once_build_once_and_both_load(tmp_path, monkeypatch):
     """Two processes load the native plugins at once into a fresh cache folder. While this test holds the build lock
-    neither compiles anything (it waits at the lock: no ninja file, no library appear); released, both run the
-    `native` backend (never the `cpu` fallback) and the library was built once (one line in builds.log). A real
-    first-use build: ~40 s on 2 cores."""
+    neither compiles anything (it waits at the lock: no ninja file, no library appear), and a third that may wait one
+    second gives up with the one-line reason naming the lock (its backend then `cpu`); released, both run the `native`
+    backend (never the `cpu` fallback) and the library was built once (one line in builds.log). A real first-use
+    build: 30-60 s on 2 cores."""
     import fcntl
     import os
     import subprocess
@@ -146,13 +148,24 @@ def test_two_first_use_builds_at_once_build_once_and_both_load(tmp_path, monkeyp
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, PYTHONPATH=str(root))
     env.pop(native.ISA_ENV, None)
+
+    def loader(**extra):
+        return subprocess.Popen([sys.executable, "-c", LOADER], cwd=root, env=dict(env, **extra), text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
     with open(folder / native.BUILD_LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        procs = [subprocess.Popen([sys.executable, "-c", LOADER], cwd=root, env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        procs = [loader(), loader()]
+        impatient = loader(**{native.LOCK_TIMEOUT_ENV: "1"})
         for p in procs:
             assert p.stdout.readline().strip() == "loading", p.communicate()
-        time.sleep(3)                                   # time enough for either to write its ninja file and compile
+        start = time.monotonic()
+        out, err = impatient.communicate(timeout=300)
+        assert impatient.returncode == 0, err[-2000:]
+        backend, reason = out.splitlines()[-1].split(" ", 1)
+        assert backend == "cpu" and "another process has held the native build lock" in reason, out
+        assert str(folder / native.BUILD_LOCK) in reason and "BITNEST_BUILD_LOCK_TIMEOUT" in reason, reason
+        time.sleep(max(0.0, 3 - (time.monotonic() - start)))   # time enough for either to write its ninja file
         assert all(p.poll() is None for p in procs), "a loader finished while another process held the build lock"
         made = sorted(f.name for f in folder.iterdir())
         assert made == [native.BUILD_LOCK], f"built while the lock was held: {made}"

@@ -100,9 +100,6 @@ def _build_and_load(folder: Path) -> Optional[str]:
     reason = None if before is not None else _preflight()
     if reason is not None:
         return reason
-    baton = folder / "lock"       # cpp_extension's own lock file: left behind only by a build that was killed
-    if baton.exists():            # (we hold the build lock, so nobody is building here now): it would hang the load
-        baton.unlink()
     try:   # the sources' hash is a flag, so a changed header rebuilds too (cpp_extension hashes sources only)
         cpp_extension.load(name="bitnest_native", sources=[str(_FOLDER / s) for s in SOURCES],
                            extra_cflags=CFLAGS + [f"-DBITNEST_SOURCES={source_hash()}"], extra_ldflags=["-pthread"],
