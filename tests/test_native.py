@@ -2,7 +2,8 @@
 linear for both views, RTN and top4of8 codes, decode-sized M, every group size the kernels take, on every kernel set
 (AVX-512 VNNI, AVX-VNNI, AVX2 and the portable C++; a set this CPU lacks skips with the reason); rows independent of M
 bit for bit, and the same bits on every kernel set; the KV write bit-exact against plugins.kv; nested-KV attention
-for every KV view, GQA and scratch slots."""
+for every KV view, GQA and scratch slots; two first-use builds at once into one cache folder build once (the build
+lock) and both run the native backend."""
 
 import pytest
 import torch
