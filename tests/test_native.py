@@ -181,3 +181,28 @@ def test_two_first_use_builds_at_once_build_once_and_both_load(tmp_path, monkeyp
         assert out.split()[-1] in native.ISA_NAMES, out
     builds = (folder / native.BUILD_LOG).read_text().splitlines()
     assert len(builds) == 1, builds
+
+
+def test_a_killed_builds_lock_file_does_not_hang_the_next_load(tmp_path):
+    """cpp_extension's own lock file, left by a build killed mid-way, is cleared under the build lock once nothing else
+    in the folder has been written for BITNEST_STALE_BATON_S seconds (900 by default; 2 here): the next load in a fresh
+    process runs instead of waiting on it forever. The folder is a copy of this process's build (same sources: nothing
+    to compile, file times kept)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+    built = native.build_folder()
+    folder = tmp_path / built.relative_to(built.parents[1])
+    shutil.copytree(built, folder, ignore=shutil.ignore_patterns(native.BUILD_LOCK, "lock"))
+    (folder / "lock").touch()
+    newest = max(f.stat().st_mtime for f in folder.iterdir() if f.name != "lock")
+    time.sleep(max(0.0, newest + 2.5 - time.time()))
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root), BITNEST_CACHE=str(tmp_path), **{native.STALE_BATON_ENV: "2"})
+    r = subprocess.run([sys.executable, "-c", "from plugins import native; native.load(); print(native.best_isa())"],
+                       cwd=root, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.split()[-1] in native.ISA_NAMES, r.stderr[-2000:]
+    assert not (folder / "lock").exists()

@@ -32,6 +32,8 @@ CFLAGS = ["-O3", "-std=c++17", "-pthread", "-ffp-contract=off", "-fno-math-errno
 ISA_ENV = "BITNEST_NATIVE_ISA"
 LOCK_TIMEOUT_ENV = "BITNEST_BUILD_LOCK_TIMEOUT"   # seconds a load waits for another process's build (default 1800)
 BUILD_LOCK, BUILD_LOG = "build.lock", "builds.log"
+STALE_BATON_ENV = "BITNEST_STALE_BATON_S"   # seconds with nothing written in the build folder after which cpp_extension's
+STALE_BATON_S = 900                         # own lock file is a killed build's (default 900)
 ISA_NAMES = ("avx512-vnni", "avx-vnni", "avx2", "neon-sdot", "neon-widen", "generic")   # native.h isa_names(), best first
 _FOLDER = Path(__file__).resolve().parent
 _loaded: Optional[bool] = None
@@ -92,9 +94,25 @@ def build_lock(folder: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def _clear_stale_baton(folder: Path) -> None:
+    """Remove cpp_extension's lock file `lock` where a killed build left it (cpp_extension waits for it to vanish,
+    forever): only when no other file of the folder has been written for BITNEST_STALE_BATON_S seconds, since a
+    process of older code may build here without the build lock, and a live build writes an object file every few
+    seconds."""
+    baton = folder / "lock"
+    stale = float(os.environ.get(STALE_BATON_ENV, STALE_BATON_S))
+    try:
+        newest = max(f.stat().st_mtime for f in folder.iterdir() if f.name not in (BUILD_LOCK, baton.name))
+        if baton.exists() and time.time() - newest > stale:
+            baton.unlink()
+    except (ValueError, OSError):
+        pass
+
+
 def _build_and_load(folder: Path) -> Optional[str]:
     """Under the build lock: build if needed, load, log a build that made a new library; the failure's reason or None."""
     from torch.utils import cpp_extension
+    _clear_stale_baton(folder)
     lib = folder / "bitnest_native.so"
     before = lib.stat().st_mtime_ns if lib.is_file() else None  # built before: no compiler needed unless sources changed
     reason = None if before is not None else _preflight()
