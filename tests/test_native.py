@@ -2,7 +2,8 @@
 linear for both views, RTN and top4of8 codes, decode-sized M, every group size the kernels take, on every kernel set
 (AVX-512 VNNI, AVX-VNNI, AVX2 and the portable C++; a set this CPU lacks skips with the reason); rows independent of M
 bit for bit, and the same bits on every kernel set; the KV write bit-exact against plugins.kv; nested-KV attention
-for every KV view, GQA and scratch slots."""
+for every KV view, GQA and scratch slots; two first-use builds at once into one cache folder build once (the build
+lock) and both run the native backend."""
 
 import pytest
 import torch
@@ -123,3 +124,85 @@ def test_shapes_the_kernels_do_not_take_are_one_line_errors(gen):
         native.dual_plane_linear(torch.randn(1, 128), base, refine, scale, "target")
     with pytest.raises(RuntimeError, match="unknown weight view"):
         torch.ops.bitnest.dual_plane_linear(torch.randn(1, 128), base, refine, scale, "half", None, "")
+
+
+LOADER = ("from edge.backends import resolve_backend; from plugins import native; print('loading', flush=True); "
+          "print(resolve_backend('auto'), native.best_isa() if native.unavailable() is None else native.unavailable(), "
+          "flush=True)")      # imports done: next, the lock
+
+
+def test_two_first_use_builds_at_once_build_once_and_both_load(tmp_path, monkeypatch):
+    """Two processes load the native plugins at once into a fresh cache folder. While this test holds the build lock
+    neither compiles anything (it waits at the lock: no ninja file, no library appear), and a third that may wait one
+    second gives up with the one-line reason naming the lock (its backend then `cpu`); released, both run the `native`
+    backend (never the `cpu` fallback) and the library was built once (one line in builds.log). A real first-use
+    build: 30-60 s on 2 cores."""
+    import fcntl
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from edge.backends.native import native_unavailable
+    monkeypatch.delenv(native.ISA_ENV, raising=False)
+    if native_unavailable():
+        pytest.skip(f"`auto` is not the native backend on this CPU: {native_unavailable()}")
+    monkeypatch.setenv("BITNEST_CACHE", str(tmp_path))
+    folder = native.build_folder()
+    folder.mkdir(parents=True)
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root))
+
+    def loader(**extra):
+        return subprocess.Popen([sys.executable, "-c", LOADER], cwd=root, env=dict(env, **extra), text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    with open(folder / native.BUILD_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        procs = [loader(), loader()]
+        impatient = loader(**{native.LOCK_TIMEOUT_ENV: "1"})
+        for p in procs:
+            assert p.stdout.readline().strip() == "loading", p.communicate()
+        start = time.monotonic()
+        out, err = impatient.communicate(timeout=300)
+        assert impatient.returncode == 0, err[-2000:]
+        backend, reason = out.splitlines()[-1].split(" ", 1)
+        assert backend == "cpu" and "another process has held the native build lock" in reason, out
+        assert str(folder / native.BUILD_LOCK) in reason and "BITNEST_BUILD_LOCK_TIMEOUT" in reason, reason
+        time.sleep(max(0.0, 3 - (time.monotonic() - start)))   # time enough for either to write its ninja file
+        assert all(p.poll() is None for p in procs), "a loader finished while another process held the build lock"
+        made = sorted(f.name for f in folder.iterdir())
+        assert made == [native.BUILD_LOCK], f"built while the lock was held: {made}"
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    for p in procs:
+        out, err = p.communicate(timeout=900)
+        assert p.returncode == 0 and out.split()[-2] == "native", err[-2000:]
+        assert out.split()[-1] in native.ISA_NAMES, out
+    builds = (folder / native.BUILD_LOG).read_text().splitlines()
+    assert len(builds) == 1, builds
+
+
+def test_a_killed_builds_lock_file_does_not_hang_the_next_load(tmp_path):
+    """cpp_extension's own lock file, left by a build killed mid-way, is cleared under the build lock once nothing else
+    in the folder has been written for BITNEST_STALE_BATON_S seconds (900 by default; 2 here): the next load in a fresh
+    process runs instead of waiting on it forever. The folder is a copy of this process's build (same sources: nothing
+    to compile, file times kept)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+    built = native.build_folder()
+    folder = tmp_path / built.relative_to(built.parents[1])
+    shutil.copytree(built, folder, ignore=shutil.ignore_patterns(native.BUILD_LOCK, "lock"))
+    (folder / "lock").touch()
+    newest = max(f.stat().st_mtime for f in folder.iterdir() if f.name != "lock")
+    time.sleep(max(0.0, newest + 2.5 - time.time()))
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root), BITNEST_CACHE=str(tmp_path), **{native.STALE_BATON_ENV: "2"})
+    r = subprocess.run([sys.executable, "-c", "from plugins import native; native.load(); print(native.best_isa())"],
+                       cwd=root, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.split()[-1] in native.ISA_NAMES, r.stderr[-2000:]
+    assert not (folder / "lock").exists()

@@ -1,10 +1,13 @@
-"""The native kernels and decoder step without torch, built as a standalone program (tests/native/check_kernels.cpp)
-from the library's own sources: on this CPU for every kernel set it runs (the program's CPUID/XCR0 detection checked
-against /proc/cpuinfo), and for aarch64 (the Jetson's CPU) under qemu, once on a CPU with the dot-product extension
-(`-cpu max`: the sdot path) and once on a plain ARMv8.0 core (`-cpu cortex-a57`: the widening path). Each run checks
-the layout, the nested linear against a float64 oracle and bit for bit against the portable kernel (any M, any
-slice), attention against a float64 oracle, the per-token kernels, the whole step (a pass equals one-token passes bit
-for bit; each draft-head setting), a refused pass and a failing pool worker. The aarch64 runs need
+"""The native kernels and decoder step without torch, built as a standalone program (tests/native/check_kernels.cpp,
+check_step.cpp) from the library's own sources: on this CPU for every kernel set it runs, the portable one included
+(the program's CPUID/XCR0 detection checked against /proc/cpuinfo), and for aarch64 (the Jetson's CPU) under qemu,
+once on a CPU with the dot-product extension (`-cpu max`: the sdot path) and once on a plain ARMv8.0 core
+(`-cpu cortex-a57`: the widening path and the portable kernels). Every run checks its kernel set against the float64
+scalar oracle (tests/native/oracle.h: the contracts as plain loops in double, sharing no code with the kernels): the
+nested linear, the INT8 and KV quantizers (exact ties to even), the per-token kernels, attention over KV8, KV4 and
+Recent-N, and the whole step's logits (to 1e-5, up to float32's legitimate choices on codes that sit within 1e-4 of a
+rounding boundary); and besides: the layout, rows bit for bit the portable kernel's (any M, any slice), a pass bit
+for bit one-token passes, each draft-head setting, a refused pass and a failing pool worker. The aarch64 runs need
 g++-aarch64-linux-gnu and qemu-user (.ci/run installs them) and skip with that reason where they are absent."""
 
 import platform
@@ -18,7 +21,7 @@ from plugins.native import KERNEL_SOURCES
 
 ROOT = Path(__file__).resolve().parents[1]
 NATIVE = ROOT / "plugins" / "native"
-SOURCES = [NATIVE / s for s in KERNEL_SOURCES] + [ROOT / "tests" / "native" / "check_kernels.cpp"]
+SOURCES = [NATIVE / s for s in KERNEL_SOURCES] + [ROOT / "tests" / "native" / f for f in ("check_kernels.cpp", "check_step.cpp")]
 FLAGS = ["-O2", "-std=c++17", "-pthread", "-ffp-contract=off", f"-I{NATIVE}"]
 X86_SETS = {"avx512-vnni": {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}, "avx-vnni": {"avx_vnni", "avx2"},
             "avx2": {"avx2", "fma", "f16c"}}

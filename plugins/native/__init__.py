@@ -7,12 +7,16 @@ Kernels, chosen at run time by what the CPU and its OS support (CPUID and XCR0):
 FMA + F16C on x86-64, NEON with `sdot` (or widening multiplies) on aarch64, portable C++ anywhere; every set gives
 the same nested-linear rows bit for bit. They run on the step's own threads (pool.h). `BITNEST_NATIVE_ISA` forces
 one (ISA_NAMES). Build: gcc/g++ from the distribution and ninja from the package index; `BITNEST_CACHE` (default
-~/.cache/bitnest-edge) holds the built library.
+~/.cache/bitnest-edge) holds the built library. Processes that load it at once build it once: the whole build and
+load runs under an exclusive lock on `build.lock` in the build folder (fcntl.flock, released by the OS if its holder
+dies), and each build that produced a new library appends a line to `builds.log` there.
 """
 
 import os
 import platform
 import shutil
+import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -26,6 +30,10 @@ SOURCES = KERNEL_SOURCES + ("bindings.cpp",)
 HEADERS = ("native.h", "attend.h", "step.h", "pool.h", "linear_tiles.h", "linear_ymm.h", "linear_neon.h", "x86_avx2.h")
 CFLAGS = ["-O3", "-std=c++17", "-pthread", "-ffp-contract=off", "-fno-math-errno", "-Wall", "-Wno-unused-function"]
 ISA_ENV = "BITNEST_NATIVE_ISA"
+LOCK_TIMEOUT_ENV = "BITNEST_BUILD_LOCK_TIMEOUT"   # seconds a load waits for another process's build (default 1800)
+BUILD_LOCK, BUILD_LOG = "build.lock", "builds.log"
+STALE_BATON_ENV = "BITNEST_STALE_BATON_S"   # seconds with nothing written in the build folder after which cpp_extension's
+STALE_BATON_S = 900                         # own lock file is a killed build's (default 900)
 ISA_NAMES = ("avx512-vnni", "avx-vnni", "avx2", "neon-sdot", "neon-widen", "generic")   # native.h isa_names(), best first
 _FOLDER = Path(__file__).resolve().parent
 _loaded: Optional[bool] = None
@@ -61,6 +69,68 @@ def _preflight() -> Optional[str]:
     return None
 
 
+@contextmanager
+def build_lock(folder: Path):
+    """Hold the exclusive lock on folder/BUILD_LOCK (waiting up to BITNEST_BUILD_LOCK_TIMEOUT seconds for another
+    process's build): writing the ninja file, compiling, linking and loading happen under it, so a second process
+    finds the library built and only loads it. flock locks die with their process: no stale lock survives a crash."""
+    import fcntl
+    timeout = float(os.environ.get(LOCK_TIMEOUT_ENV, "1800"))
+    path = folder / BUILD_LOCK
+    with open(path, "a") as f:
+        start = time.monotonic()
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() - start > timeout:
+                    raise NativeUnavailable(f"another process has held the native build lock {path} for over "
+                                            f"{timeout:.0f} s (raise {LOCK_TIMEOUT_ENV} or end that process)") from None
+                time.sleep(0.1)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _clear_stale_baton(folder: Path) -> None:
+    """Remove cpp_extension's lock file `lock` where a killed build left it (cpp_extension waits for it to vanish,
+    forever): only when no other file of the folder has been written for BITNEST_STALE_BATON_S seconds, since a
+    process of older code may build here without the build lock, and a live build writes an object file every few
+    seconds."""
+    baton = folder / "lock"
+    stale = float(os.environ.get(STALE_BATON_ENV, STALE_BATON_S))
+    try:
+        newest = max(f.stat().st_mtime for f in folder.iterdir() if f.name not in (BUILD_LOCK, baton.name))
+        if baton.exists() and time.time() - newest > stale:
+            baton.unlink()
+    except (ValueError, OSError):
+        pass
+
+
+def _build_and_load(folder: Path) -> Optional[str]:
+    """Under the build lock: build if needed, load, log a build that made a new library; the failure's reason or None."""
+    from torch.utils import cpp_extension
+    _clear_stale_baton(folder)
+    lib = folder / "bitnest_native.so"
+    before = lib.stat().st_mtime_ns if lib.is_file() else None  # built before: no compiler needed unless sources changed
+    reason = None if before is not None else _preflight()
+    if reason is not None:
+        return reason
+    try:   # the sources' hash is a flag, so a changed header rebuilds too (cpp_extension hashes sources only)
+        cpp_extension.load(name="bitnest_native", sources=[str(_FOLDER / s) for s in SOURCES],
+                           extra_cflags=CFLAGS + [f"-DBITNEST_SOURCES={source_hash()}"], extra_ldflags=["-pthread"],
+                           build_directory=str(folder), is_python_module=False, verbose=False)
+    except (RuntimeError, OSError, ImportError) as e:
+        lines = [ln for ln in str(e).splitlines() if "error" in ln.lower()] or str(e).splitlines() or [repr(e)]
+        return f"building the native plugins failed ({lines[0].strip()[:200]}); build log in {folder}"
+    if lib.stat().st_mtime_ns != before:
+        with open(folder / BUILD_LOG, "a") as log:
+            log.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} pid {os.getpid()} sources {source_hash()}\n")
+    return None
+
+
 def load() -> None:
     """Build (once, cached) and load the native library; NativeUnavailable with the reason where that fails."""
     global _loaded, _failure
@@ -68,20 +138,10 @@ def load() -> None:
         return
     if _failure is not None:
         raise NativeUnavailable(_failure)
-    built = (build_folder() / "bitnest_native.so").is_file()     # built before: no compiler needed unless sources changed
-    reason = None if built else _preflight()
-    if reason is None:
-        from torch.utils import cpp_extension
-        folder = build_folder()
-        folder.mkdir(parents=True, exist_ok=True)
-        try:   # the sources' hash is a flag, so a changed header rebuilds too (cpp_extension hashes sources only)
-            cpp_extension.load(name="bitnest_native", sources=[str(_FOLDER / s) for s in SOURCES],
-                               extra_cflags=CFLAGS + [f"-DBITNEST_SOURCES={source_hash()}"], extra_ldflags=["-pthread"],
-                               build_directory=str(folder),
-                               is_python_module=False, verbose=False)
-        except (RuntimeError, OSError, ImportError) as e:
-            lines = [ln for ln in str(e).splitlines() if "error" in ln.lower()] or str(e).splitlines() or [repr(e)]
-            reason = f"building the native plugins failed ({lines[0].strip()[:200]}); build log in {folder}"
+    folder = build_folder()
+    folder.mkdir(parents=True, exist_ok=True)
+    with build_lock(folder):
+        reason = _build_and_load(folder)
     if reason is not None:
         _failure = reason
         raise NativeUnavailable(reason)
