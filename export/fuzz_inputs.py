@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from edge.analysis import fuzz_readers as R
-from edge.analysis.fuzz import Hang, Tally, time_limit
+from edge.analysis.fuzz import OUTCOMES, Hang, Tally, time_limit
 from edge.model.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -213,7 +213,7 @@ def run(a) -> dict:
         else:
             tally = fuzz_cli(subject, work, a.cases, rng, a.seconds)
         out["readers"][r] = {**tally.counts, "seconds": round(time.time() - t1, 1), "examples": tally.examples}
-    totals = {k: sum(v[k] for v in out["readers"].values()) for k in ("error", "accepted", "crash", "hang", "wrong")}
+    totals = {k: sum(v[k] for v in out["readers"].values()) for k in OUTCOMES + ("valid",)}
     out["totals"] = totals
     if a.kills:
         out["killed_exports"] = killed_exports(subject, a.export_model, work, a.kills, random.Random(a.seed))
