@@ -7,6 +7,7 @@ import sys
 import time
 from dataclasses import replace
 
+from edge.argtypes import Parser, at_least, count, gamma, seed, unit
 from edge.backends import BACKENDS, check_backend
 from edge.cli.common import run_cli
 from edge.cli.options import (
@@ -32,29 +33,29 @@ from edge.runtime import Runtime, merged_summary
 
 
 def parser(prog: str = "chat.py") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__)
+    p = Parser(prog=prog, description=__doc__)
     p.add_argument("--checkpoint", help="nested checkpoint folder (default: the embedded SmolLM2 export)")
     p.add_argument("--backend", default="auto", help=f"{' | '.join(BACKENDS)} (auto: native where it builds, else cpu)")
     p.add_argument("--policy", default="auto", help=f"{' | '.join(POLICIES)} (auto: γ chosen each round from this "
                    "machine's measured pass costs, 0 = a target step)")
-    p.add_argument("--gamma", type=int, help=f"draft tokens per speculative round (default {GenerateConfig.gamma}); "
+    p.add_argument("--gamma", type=gamma(), help=f"draft tokens per speculative round (default {GenerateConfig.gamma}); "
                    f"with auto, the most it may choose (1..{MAX_GAMMA}, default {MAX_GAMMA})")
     p.add_argument("--remeasure-costs", action="store_true", help="auto: time the passes again instead of reading "
                    "this machine's cached cost table")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--temperature", type=at_least(), default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=count(0), default=0)
+    p.add_argument("--top-p", type=unit(open_lo=True), default=1.0)
+    p.add_argument("--seed", type=seed(), default=0, help="sampling seed")
     p.add_argument("--prompt", help="one prompt (chat-formatted)")
     p.add_argument("--prompts-file", help='JSONL, one {"prompt": str, "chat": bool} per line')
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--max-context", type=int, help="KV cache capacity in positions (default 2048, or with "
+    p.add_argument("--max-new-tokens", type=count(), default=128)
+    p.add_argument("--max-context", type=count(2), help="KV cache capacity in positions (default 2048, or with "
                                                    "--device the largest that fits)")
     p.add_argument("--device", help="plan memory for this device profile (scripts/max_context.py) and refuse "
                                     "requests over it")
-    p.add_argument("--kv8-draft-below", type=int, default=2048, help="draft with KV8 below this context, else --long-draft-kv")
+    p.add_argument("--kv8-draft-below", type=count(0), default=2048, help="draft with KV8 below this context, else --long-draft-kv")
     p.add_argument("--long-draft-kv", choices=("kv4", "recent"), default="kv4")
-    p.add_argument("--recent", type=int, default=256, help="KV8 window of the recent draft KV view")
+    p.add_argument("--recent", type=count(), default=256, help="KV8 window of the recent draft KV view")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
     add_draft_head_arguments(p)
@@ -62,7 +63,7 @@ def parser(prog: str = "chat.py") -> argparse.ArgumentParser:
     add_meter_arguments(p)
     p.add_argument("--energy-log", help="append every power sample with its phase (prefill, draft, verify, idle) "
                                         "to this file as JSON lines")
-    p.add_argument("--idle-seconds", type=float, default=0.0, help="measure idle power this long before the first "
+    p.add_argument("--idle-seconds", type=at_least(), default=0.0, help="measure idle power this long before the first "
                    "answer (idle samples between answers count too)")
     return p
 
