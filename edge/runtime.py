@@ -15,6 +15,7 @@ from edge.decode.generate import generate
 from edge.decode.stats import DecodeStats, draft_head_summary, fp16_weight_bytes_per_pass
 from edge.memory.plan import check_request, fit_context, plan_for_runtime
 from edge.model.checkpoint import load_checkpoint, set_draft_head
+from edge.text_stream import TextStream
 
 
 def load_tokenizer(folder: Path):
@@ -65,13 +66,14 @@ class Runtime:
     def generate(self, prompt_ids: list[int], cfg: GenerateConfig, stop_strings: tuple[str, ...] = (),
                  on_text: Optional[Callable[[str], None]] = None,
                  on_tokens: Optional[Callable[[list[int]], None]] = None) -> dict:
-        """Generate after `prompt_ids`; stream decoded text deltas to `on_text` and new token ids to `on_tokens`
-        (first called with the prefill's token). Returns {"text", "tokens", "stats"} with the stop token (EOS) left
+        """Generate after `prompt_ids`; stream decoded text deltas to `on_text` (edge.text_stream: each token
+        decoded a bounded number of times; concatenated, the text of every token written, stop strings included)
+        and new token ids to `on_tokens` (first called with the prefill's token). Returns {"text", "tokens", "stats"} with the stop token (EOS) left
         out of the text."""
         if self.plan is not None:
             check_request(self.plan, self.engine.capacity, len(prompt_ids), cfg.max_new_tokens)
         tok = self.tokenizer
-        collected, shown = [], [""]
+        text_stream = TextStream(lambda ids: tok.decode(ids, skip_special_tokens=True))
 
         def stop(out: list[int]) -> bool:
             return any(s in tok.decode(out[-16:]) for s in stop_strings)
@@ -79,14 +81,16 @@ class Runtime:
         def stream(new: list[int]) -> None:
             if on_tokens is not None:
                 on_tokens(new)
-            collected.extend(t for t in new if t not in self.eos)
             if on_text is not None:
-                text = tok.decode(collected, skip_special_tokens=True)
-                on_text(text[len(shown[0]):])
-                shown[0] = text
+                delta = text_stream.push([t for t in new if t not in self.eos])
+                if delta:
+                    on_text(delta)
 
         tokens, stats = generate(self.engine, prompt_ids, cfg, self.eos, stop if stop_strings else None, stream,
                                  decode=tok.decode)
+        rest = text_stream.finish() if on_text is not None else ""
+        if rest:
+            on_text(rest)
         text = tok.decode([t for t in tokens if t not in self.eos], skip_special_tokens=True)
         for s in stop_strings:
             if s in text:
