@@ -54,8 +54,15 @@ def test_a_long_generated_answer_streams_exactly_its_text(small_llama_checkpoint
     """A 2-layer model with random weights, sampling: 200 tokens of every kind, byte tokens among them (many that
     never complete a character: the decoder writes U+FFFD for those, the stream must write the same)."""
     rt = Runtime(small_llama_checkpoint, backend="cpu", max_context=512)
-    pieces = []
+    pieces, decoded, real = [], [0], rt.tokenizer.decode
+
+    def decode(ids, **kw):                   # the real tokenizer's decode, counting the token ids it is given
+        decoded[0] += len(ids)
+        return real(ids, **kw)
+    rt.tokenizer.decode = decode
     cfg = GenerateConfig(policy="speculative", max_new_tokens=200, sampling=SamplingConfig(temperature=1.0, seed=3))
     r = rt.generate(rt.encode("Write a long story."), cfg, on_text=pieces.append)
-    assert len(r["tokens"]) >= 200, len(r["tokens"])
+    n = len(r["tokens"])
+    assert n >= 200, n
     assert "".join(pieces) == r["text"] and len(pieces) >= 20
+    assert decoded[0] <= 6 * n, (decoded[0], n)    # ~4n measured; decoding the answer again each round: ~n^2 / 9
