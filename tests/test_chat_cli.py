@@ -110,6 +110,24 @@ def _read_until(stream, needle: bytes, seconds: float = 300) -> bytes:
     return got
 
 
+def _wait_blocked_reading(pid: int, seconds: float = 30) -> None:
+    """Until the process's main thread sleeps in a pipe read (its prompt's input()): a SIGINT that lands between
+    the prompt's write and the read is handled before the read starts, and the read then waits for input, as a
+    user typing Ctrl-C within microseconds of the prompt would see. Where /proc gives no wait channel, 2 s."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            wchan = Path(f"/proc/{pid}/wchan").read_text()
+        except OSError:
+            wchan = ""
+        if wchan in ("", "0"):
+            time.sleep(2)
+            return
+        if "pipe" in wchan:
+            return
+        time.sleep(0.05)
+
+
 def test_interactive_chat_streams_and_ctrl_c_at_the_prompt_ends_it(rtn_checkpoint):
     """Ctrl-C at the prompt ends the chat with exit 0 and no traceback, with stdin left open (a pipe never closed):
     only the SIGINT can end it (end of input would end it too, so closing stdin would prove nothing). SIGINT is
@@ -125,6 +143,7 @@ def test_interactive_chat_streams_and_ctrl_c_at_the_prompt_ends_it(rtn_checkpoin
         out = _read_until(p.stdout, b"bot> ")
         out += _read_until(p.stdout, b"you> ") if out.count(b"you> ") < 2 else b""   # the answer, then the prompt
         assert b"bot> " in out and out.rstrip().endswith(b"you>"), out
+        _wait_blocked_reading(p.pid)
         p.send_signal(signal.SIGINT)
         try:
             code = p.wait(timeout=60)
