@@ -206,12 +206,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None, default_checkpoint=None) -> int:
-    p = parser()
-    a = p.parse_args(argv)
-    if a.prompts < 1 or a.repeats < 1 or a.max_new_tokens < 2 or a.pass_repeats < 1:
-        p.error("--prompts, --repeats and --pass-repeats must be at least 1, --max-new-tokens at least 2")
-    if a.threads is not None and a.threads < 1:
-        p.error("--threads must be at least 1")
+    a = parser().parse_args(argv)            # the option types refuse counts out of range
     command = "python scripts/bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
 
     def body():

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.analysis.fuzz_oracle import checkpoint_differs, expected_tensors, parse_safetensors
 from edge.analysis.fuzz import JUNK, Tally, attempt, case_dir, json_text, mutate_bytes, quiet, write_text
+from edge.analysis.fuzz_oracle import checkpoint_differs, expected_tensors, parse_safetensors
 from edge.model.checkpoint import MANIFEST, SEAL, WEIGHTS, load_checkpoint, manifest_seal, sha256_file
 from plugins.step_contract import ONNX_FILE
 
