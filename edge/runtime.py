@@ -16,6 +16,7 @@ from edge.decode.generate import generate
 from edge.decode.stats import DecodeStats, draft_head_summary, fp16_weight_bytes_per_pass
 from edge.memory.plan import check_request, fit_context, plan_for_runtime
 from edge.model.checkpoint import load_checkpoint, set_draft_head
+from edge.text_stream import TextStream
 
 
 def load_tokenizer(folder: Path):
@@ -67,13 +68,15 @@ class Runtime:
                  on_text: Optional[Callable[[str], None]] = None,
                  on_tokens: Optional[Callable[[list[int]], None]] = None,
                  cancelled: Optional[Callable[[], bool]] = None) -> dict:
-        """Generate after `prompt_ids`; stream decoded text deltas to `on_text` and new token ids to `on_tokens`
-        (first called with the prefill's token); `cancelled()` true ends the generation at its next round. Returns
-        {"text", "tokens", "stats"} with the stop token (EOS) left out of the text."""
+        """Generate after `prompt_ids`; stream decoded text deltas to `on_text` (edge.text_stream: each token
+        decoded a bounded number of times; concatenated, the text of every token written, stop strings included)
+        and new token ids to `on_tokens` (first called with the prefill's token); `cancelled()` true ends the
+        generation at its next round. Returns {"text", "tokens", "stats"} with the stop token (EOS) left out of the
+        text."""
         if self.plan is not None:
             check_request(self.plan, self.engine.capacity, len(prompt_ids), cfg.max_new_tokens)
         tok = self.tokenizer
-        collected, shown = [], [""]
+        text_stream = TextStream(lambda ids: tok.decode(ids, skip_special_tokens=True))
 
         def stop(out: list[int]) -> bool:
             return (cancelled is not None and cancelled()) or any(s in tok.decode(out[-16:]) for s in stop_strings)
@@ -81,14 +84,16 @@ class Runtime:
         def stream(new: list[int]) -> None:
             if on_tokens is not None:
                 on_tokens(new)
-            collected.extend(t for t in new if t not in self.eos)
             if on_text is not None:
-                text = tok.decode(collected, skip_special_tokens=True)
-                on_text(text[len(shown[0]):])
-                shown[0] = text
+                delta = text_stream.push([t for t in new if t not in self.eos])
+                if delta:
+                    on_text(delta)
 
         stopping = stop if stop_strings or cancelled is not None else None
         tokens, stats = generate(self.engine, prompt_ids, cfg, self.eos, stopping, stream, decode=tok.decode)
+        rest = text_stream.finish() if on_text is not None else ""
+        if rest:
+            on_text(rest)
         text = tok.decode([t for t in tokens if t not in self.eos], skip_special_tokens=True)
         for s in stop_strings:
             if s in text:

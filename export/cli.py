@@ -2,6 +2,7 @@
 
 import argparse
 
+from edge.argtypes import Parser, at_least, count, positive, seed
 from edge.cli.common import run_cli
 from edge.errors import BitNestError
 from export.pipeline import DEFAULT_ROTATION, ExportOptions, run_export
@@ -11,41 +12,38 @@ from export.learned_rotation import LearnOptions
 from export.rotation import ROTATIONS
 
 
-def _trust(text: str):
-    return None if text == "none" else float(text)
-
-
-def parse(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="bitnest-export", description=__doc__)
+def parser() -> argparse.ArgumentParser:
+    """The command's options (main parses them)."""
+    p = Parser(prog="bitnest-export", description=__doc__)
     p.add_argument("--model", default="default", help="`default` (embedded SmolLM2-135M-Instruct), an HF folder or a .gguf file")
     p.add_argument("--out", required=True, help="checkpoint folder to write (replaced if it is a checkpoint)")
     p.add_argument("--method", choices=METHODS, default="bitnest", help="bitnest = GPTQ base + fixed-base refinement")
     p.add_argument("--refine", choices=REFINES, default="closed", help="refinement fit (bitnest method)")
     p.add_argument("--rotation", choices=ROTATIONS, default=DEFAULT_ROTATION, help="function-preserving rotations to fuse")
-    p.add_argument("--group-size", type=int, default=128, help="preferred group size (power of two)")
+    p.add_argument("--group-size", type=count(2), default=128, help="preferred group size (power of two)")
     p.add_argument("--no-act-order", action="store_true", help="GPTQ in natural column order")
-    p.add_argument("--damp", type=float, default=0.01, help="GPTQ dampening, fraction of mean diag(H)")
-    p.add_argument("--base-trust", type=_trust, default=0.1, metavar="D|none",
+    p.add_argument("--damp", type=positive(), default=0.01, help="GPTQ dampening, fraction of mean diag(H)")
+    p.add_argument("--base-trust", type=at_least(none="unconstrained GPTQ"), default=0.1, metavar="D|none",
                    help="keep GPTQ base codes within 0.5+D steps of the weight so the refinement can reach it "
                         "(default 0.1; `none` = unconstrained GPTQ)")
-    p.add_argument("--calib-samples", type=int, default=64, help="ShareGPT calibration windows")
-    p.add_argument("--calib-seq-len", type=int, default=512, help="tokens per calibration window")
+    p.add_argument("--calib-samples", type=count(), default=64, help="ShareGPT calibration windows")
+    p.add_argument("--calib-seq-len", type=count(16), default=512, help="tokens per calibration window")
     p.add_argument("--head", choices=("nested", "float16"), default="nested", help="nested (default): the LM head "
                    "stored as two 4-bit planes like any linear (GPTQ base with the bitnest method), the tied embedding "
                    "read from them; float16: a float16 head that both views read in full")
     p.add_argument("--draft-head", choices=DRAFT_HEADS, help="what the draft reads of the nested head, recorded in "
                    f"the manifest (default {DRAFT_HEAD_EXPORT_DEFAULT}: the target's 8-bit view; 4bit: its base plane; "
                    "shortlist: the base plane's top K rows re-scored at 8 bits)")
-    p.add_argument("--shortlist-k", type=int, help=f"rows the shortlist re-scores, recorded in the manifest "
+    p.add_argument("--shortlist-k", type=count(), help=f"rows the shortlist re-scores, recorded in the manifest "
                    f"(default {SHORTLIST_K})")
-    p.add_argument("--seed", type=int, default=0, help="rotation seed")
+    p.add_argument("--seed", type=seed(), default=0, help="rotation seed")
     learn = LearnOptions()
-    p.add_argument("--rotation-steps", type=int, default=learn.steps, help="--rotation learned: Cayley SGD steps")
-    p.add_argument("--rotation-samples", type=int, default=learn.samples,
+    p.add_argument("--rotation-steps", type=count(), default=learn.steps, help="--rotation learned: Cayley SGD steps")
+    p.add_argument("--rotation-samples", type=count(2), default=learn.samples,
                    help="--rotation learned: calibration windows (one held out)")
-    p.add_argument("--rotation-seq-len", type=int, default=learn.seq_len, help="--rotation learned: tokens per window")
-    p.add_argument("--rotation-lr", type=float, default=learn.lr, help="--rotation learned: Cayley SGD step bound")
-    p.add_argument("--rotation-target-weight", type=float, default=learn.target_weight,
+    p.add_argument("--rotation-seq-len", type=count(16), default=learn.seq_len, help="--rotation learned: tokens per window")
+    p.add_argument("--rotation-lr", type=positive(), default=learn.lr, help="--rotation learned: Cayley SGD step bound")
+    p.add_argument("--rotation-target-weight", type=at_least(), default=learn.target_weight,
                    help="--rotation learned: weight of the target view's loss beside the draft view's")
     p.add_argument("--onnx", action="store_true", help="also write the decoder-step ONNX graph (bitnest custom ops) "
                    "beside the weights: OUT/decoder_step.onnx")
@@ -53,10 +51,14 @@ def parse(argv=None) -> argparse.Namespace:
                    "(implies --onnx; needs TensorRT and a CUDA GPU, e.g. a Jetson on JetPack 6.1/6.2)")
     p.add_argument("--existing", action="store_true", help="reuse the checkpoint already at --out (no re-export): "
                    "with --onnx / --engine, build only those")
-    p.add_argument("--max-context", type=int, default=2048, help="engine profile: largest KV capacity")
-    p.add_argument("--max-tokens", type=int, default=5, help="engine profile: largest pass (γ+1)")
+    p.add_argument("--max-context", type=count(2), default=2048, help="engine profile: largest KV capacity")
+    p.add_argument("--max-tokens", type=count(), default=5, help="engine profile: largest pass (γ+1)")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
-    return p.parse_args(argv)
+    return p
+
+
+def parse(argv=None) -> argparse.Namespace:
+    return parser().parse_args(argv)
 
 
 def main(argv=None) -> int:

@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 from edge.analysis import fuzz_readers as R
-from edge.analysis.fuzz import Hang, Tally, time_limit
+from edge.analysis.fuzz import OUTCOMES, Hang, Tally, time_limit
+from edge.argtypes import Parser, count, positive, seed
 from edge.model.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -213,7 +214,7 @@ def run(a) -> dict:
         else:
             tally = fuzz_cli(subject, work, a.cases, rng, a.seconds)
         out["readers"][r] = {**tally.counts, "seconds": round(time.time() - t1, 1), "examples": tally.examples}
-    totals = {k: sum(v[k] for v in out["readers"].values()) for k in ("error", "accepted", "crash", "hang", "wrong")}
+    totals = {k: sum(v[k] for v in out["readers"].values()) for k in OUTCOMES + ("valid",)}
     out["totals"] = totals
     if a.kills:
         out["killed_exports"] = killed_exports(subject, a.export_model, work, a.kills, random.Random(a.seed))
@@ -224,21 +225,26 @@ def run(a) -> dict:
     return out
 
 
+def parser() -> argparse.ArgumentParser:
+    """The command's options (main parses them)."""
+    p = Parser(prog="fuzz_inputs.py", description=__doc__,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", help="checkpoint to mutate copies of (default: the embedded SmolLM2 export)")
+    p.add_argument("--cases", type=count(), default=500, help="mutated inputs per reader")
+    p.add_argument("--seed", type=seed(), default=0)
+    p.add_argument("--seconds", type=positive(), default=120.0, help="time limit of one case (past it: a hang)")
+    p.add_argument("--readers", default=",".join(READERS), help=f"comma list of {', '.join(READERS)}")
+    p.add_argument("--export-model", default="default", help="source model of the killed and disk-full exports")
+    p.add_argument("--kills", type=count(0), default=10, help="exports killed mid-write (0: skip the export checks)")
+    p.add_argument("--work", help="working folder (kept; default: a temporary one, removed)")
+    p.add_argument("--json", action="store_true")
+    return p
+
+
 def main(argv=None, default_checkpoint=None) -> int:
     from edge.cli.common import run_cli
     from edge.cli.options import checkpoint_arg
-    p = argparse.ArgumentParser(prog="fuzz_inputs.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", help="checkpoint to mutate copies of (default: the embedded SmolLM2 export)")
-    p.add_argument("--cases", type=int, default=500, help="mutated inputs per reader")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--seconds", type=float, default=120.0, help="time limit of one case (past it: a hang)")
-    p.add_argument("--readers", default=",".join(READERS), help=f"comma list of {', '.join(READERS)}")
-    p.add_argument("--export-model", default="default", help="source model of the killed and disk-full exports")
-    p.add_argument("--kills", type=int, default=10, help="exports killed mid-write (0: skip the export checks)")
-    p.add_argument("--work", help="working folder (kept; default: a temporary one, removed)")
-    p.add_argument("--json", action="store_true")
-    a = p.parse_args(argv)
+    a = parser().parse_args(argv)
 
     def body():
         a.checkpoint = checkpoint_arg(a, default_checkpoint)

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from edge.analysis.evaluate import EvalOptions, evaluate
 from edge.analysis.report import DEFAULT_ROW, update_tables
+from edge.argtypes import Parser, count
 from edge.atomic import write_atomic
 from edge.cli.common import run_cli
 from edge.model.checkpoint import is_checkpoint_dir, read_manifest
@@ -131,15 +132,20 @@ def run(a) -> dict:
             "tokens": a.tokens, "tables_written": tables}
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser() -> argparse.ArgumentParser:
+    """The command's options (main parses them)."""
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="default", help="`default` (embedded SmolLM2-135M-Instruct), an HF folder or "
                    "a .gguf file, as export")
     p.add_argument("--work", default=str(ROOT / "checkpoints" / "table"), help="folder for the exports")
-    p.add_argument("--tokens", type=int, default=4096, help="evaluation tokens per corpus")
+    p.add_argument("--tokens", type=count(2), default=4096, help="evaluation tokens per corpus")
     p.add_argument("--only", nargs="*", help="config names to (re)run")
     p.add_argument("--table-only", action="store_true", help="only rewrite the quality table from the saved results")
     p.add_argument("--results", default=str(RESULTS), help="raw results JSON (read, then rewritten)")
     p.add_argument("--json", action="store_true")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    a = parser().parse_args(argv)
     return run_cli(lambda: run(a), a.json, "quality_table")

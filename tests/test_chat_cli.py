@@ -2,6 +2,7 @@
 
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -98,20 +99,59 @@ def test_bad_input_errors(rtn_checkpoint, tmp_path):
     _one_line_error(_chat("--checkpoint", rtn_checkpoint, "--prompts-file", bad), "bad.jsonl:1")
 
 
-def test_interactive_chat_streams_and_ctrl_c_exits_cleanly(rtn_checkpoint):
-    p = subprocess.Popen([sys.executable, "scripts/chat.py", "--checkpoint", str(rtn_checkpoint), "--max-new-tokens", "6"],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    p.stdin.write("Hello!\n")
-    p.stdin.flush()
-    deadline = time.time() + 300
-    err = ""
-    while time.time() < deadline and "tok/s" not in err:
-        line = p.stderr.readline()
-        if not line:
-            break
-        err += line
-    assert "tok/s" in err, err
-    p.send_signal(signal.SIGINT)
-    out, rest = p.communicate(timeout=60)
-    assert p.returncode == 0 and "Traceback" not in rest, rest
-    assert "bot>" in out
+def _read_until(stream, needle: bytes, seconds: float = 300) -> bytes:
+    got, deadline = b"", time.time() + seconds
+    while needle not in got and time.time() < deadline:
+        if select.select([stream], [], [], 1)[0]:
+            chunk = os.read(stream.fileno(), 4096)
+            if not chunk:
+                break
+            got += chunk
+    return got
+
+
+def _wait_blocked_reading(pid: int, seconds: float = 30) -> None:
+    """Until the process's main thread sleeps in a pipe read (its prompt's input()): a SIGINT that lands between
+    the prompt's write and the read is handled before the read starts, and the read then waits for input, as a
+    user typing Ctrl-C within microseconds of the prompt would see. Where /proc gives no wait channel, 2 s."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            wchan = Path(f"/proc/{pid}/wchan").read_text()
+        except OSError:
+            wchan = ""
+        if wchan in ("", "0"):
+            time.sleep(2)
+            return
+        if "pipe" in wchan:
+            return
+        time.sleep(0.05)
+
+
+def test_interactive_chat_streams_and_ctrl_c_at_the_prompt_ends_it(rtn_checkpoint):
+    """Ctrl-C at the prompt ends the chat with exit 0 and no traceback, with stdin left open (a pipe never closed):
+    only the SIGINT can end it (end of input would end it too, so closing stdin would prove nothing). SIGINT is
+    set to its default in the child, as a terminal gives it (a background shell launches children with it ignored)."""
+    p = subprocess.Popen([sys.executable, "scripts/chat.py", "--checkpoint", str(rtn_checkpoint), "--max-new-tokens",
+                          "6"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        p.stdin.write(b"Hello!\n")
+        p.stdin.flush()
+        err = _read_until(p.stderr, b"tok/s")
+        assert b"tok/s" in err, err[-2000:]
+        out = _read_until(p.stdout, b"bot> ")
+        out += _read_until(p.stdout, b"you> ") if out.count(b"you> ") < 2 else b""   # the answer, then the prompt
+        assert b"bot> " in out and out.rstrip().endswith(b"you>"), out
+        _wait_blocked_reading(p.pid)
+        p.send_signal(signal.SIGINT)
+        try:
+            code = p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("SIGINT at the prompt did not end the chat") from None
+        rest = p.stderr.read()
+        assert not p.stdin.closed and code == 0 and b"Traceback" not in err + rest, (err + rest)[-2000:]
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.stdin.close()

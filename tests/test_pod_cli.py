@@ -15,7 +15,7 @@ from edge.analysis.phase_prompts import phase_candidates
 from edge.decode import thresholds
 from edge.decode.config import GenerateConfig
 from edge.runtime import Runtime
-from tests.conftest import ROOT, tag_from_output
+from tests.conftest import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -90,8 +90,37 @@ def test_compare_runs_every_policy(calibrated, capsys):
     for control in ("gate-random@repair", "gate-random-repair"):
         assert table[control]["matched_to"] == "gate-repair"
         assert table[control]["matched_rate"] == repair["escalation_rate"]
-    assert table["gate-repair"]["own_history"]["escalated_departures"] in (None, 0.0)
-    assert table["gate-random-repair"]["own_history"]["escalated_departures"] in (None, 0.0)
+    for repaired in ("gate-repair", "gate-random-repair"):     # an escalated step sees the target's own history
+        own = table[repaired]["own_history"]
+        assert own["escalated_departures"] == (0.0 if own["escalated_steps"] else None), (repaired, own)
+
+
+def test_repair_gates_escalated_steps_equal_the_target_on_their_own_history(calibrated):
+    """gate-random-repair on schedules fixed by their seeds (not by what the model writes): every prompt has low
+    steps before an escalated one, so each escalation repairs draft-view KV, and every escalated token is the
+    target's greedy choice on the gate's own history (0 departures, exactly: the backend computes a row the same
+    whatever the pass's width); gate-repair with a margin threshold no margin reaches escalates every step."""
+    from edge.decode.config import GateConfig
+    from edge.decode.gates import random_schedule
+    rt = Runtime(calibrated, backend="auto", max_context=1024)
+    prompts = [rt.encode(p) for p in ("Name three rivers.", "Say hi.", "What is two plus two?")]
+    steps, seeds = 7, []
+    for seed in range(100):                        # schedules with a low step before an escalated one
+        plan = random_schedule(0.5, steps, seed)
+        if plan and min(plan) > 0:
+            seeds.append(seed)
+    seeds = seeds[:len(prompts)]
+    runs = [rt.generate(p, GenerateConfig(policy="gate-random-repair", max_new_tokens=steps + 1,
+                                          gate=GateConfig(rate=0.5, seed=s))) for p, s in zip(prompts, seeds)]
+    assert all(len(r["tokens"]) == steps + 1 for r in runs), "a prompt's answer ended early: pick another prompt"
+    own = compare.departures(rt, prompts, runs)
+    assert own["escalated_steps"] == sum(len(random_schedule(0.5, steps, s)) for s in seeds)
+    assert own["escalated_departures"] == 0.0 and own["low_steps"] > 0
+    assert all(r["stats"].extra.get("repaired_positions", 0) > 0 for r in runs)
+    always = [rt.generate(p, GenerateConfig(policy="gate-repair", max_new_tokens=steps + 1,
+                                            gate=GateConfig(threshold=1e9, signal="margin"))) for p in prompts]
+    own = compare.departures(rt, prompts, always)
+    assert own["escalated_steps"] == sum(len(r["tokens"]) - 1 for r in always) and own["escalated_departures"] == 0.0
 
 
 def test_speculation_sweep_is_lossless_and_counts_its_drafting(calibrated, capsys):
@@ -111,14 +140,29 @@ def test_speculation_sweep_is_lossless_and_counts_its_drafting(calibrated, capsy
     assert stop["weight_bytes_per_token"] > 0 and 0 < stop["acceptance"] <= 1
 
 
+def shared_tag(tok, target: list[int], draft: list[int]) -> tuple[str, int, int]:
+    """A closing tag both runs wrote: the text of one token of the target's output (past its middle where one is
+    shared, not the last), and where it first appears in each, (tag, at_target, at_draft): the number of tokens
+    after which the run's text holds it, each < the run's length (some step comes after it)."""
+    first = lambda tokens, tag: next((i for i in range(1, len(tokens)) if tag in tok.decode(tokens[:i])), None)
+    order = list(range(len(target) // 2, len(target) - 1)) + list(range(1, len(target) // 2))
+    for k in order:
+        tag = tok.decode(target[k:k + 1])
+        if tag.strip() and tag.isascii() and first(draft, tag) is not None:
+            return tag, first(target, tag), first(draft, tag)
+    raise AssertionError("the target's and the draft's outputs share no printable token")
+
+
 def test_phase_comparison_on_its_tagged_prompt_set(calibrated):
-    """The phase set and both phase gates with the tag taken from the target's own continuation of the first
-    candidate: the candidate is kept, and the reversed gate (target view until the tag) writes the target's
-    tokens, so it switches exactly where the target wrote the tag, on any machine."""
+    """The phase set and both phase gates with the tag taken from what both views wrote on the first candidate:
+    the candidate is kept; the reversed gate (target view until the tag) writes the target's tokens, so it switches
+    exactly where the target wrote the tag, and the forward gate (draft view until the tag) writes the draft's, so
+    it switches exactly where the draft wrote it, on any machine."""
     rt = Runtime(calibrated, backend="auto", max_context=4096)       # the backend the fixture calibrated
     first = next(phase_candidates(rt))
     tokens = rt.generate(first, GenerateConfig(policy="target", max_new_tokens=40))["tokens"]
-    tag, at = tag_from_output(rt.tokenizer, tokens)
+    drafted = rt.generate(first, GenerateConfig(policy="draft", max_new_tokens=40))["tokens"]
+    tag, at, at_draft = shared_tag(rt.tokenizer, tokens, drafted)
     o = compare.CompareOptions(str(calibrated), prompts=1, max_new_tokens=2, match_tokens=1, phase_prompts=1,
                                phase_tokens=40, resamples=50, phase_tag=tag)
     phase = compare.phase_comparison(rt, o)
@@ -128,9 +172,9 @@ def test_phase_comparison_on_its_tagged_prompt_set(calibrated):
     assert table["target"]["match"] == 1.0
     reverse = table["gate-phase-reverse"]          # steps deciding tokens 1..at-1 ran high, the rest low
     assert reverse["target_passes"] == at - 1 and reverse["draft_passes"] == len(tokens) - at
-    low_high = table["gate-phase"]                 # the draft's output may or may not write the tag
-    assert low_high["switched"] in (0, 1)
-    assert (low_high["target_passes"] > 0) <= (low_high["switched"] == 1)
+    low_high = table["gate-phase"]                 # steps deciding tokens 1..at_draft-1 ran low, then high
+    assert low_high["switched"] == 1
+    assert low_high["draft_passes"] == at_draft - 1 and low_high["target_passes"] >= 1
     assert table["gate-random"]["matched_rate"] == low_high["escalation_rate"]
 
 

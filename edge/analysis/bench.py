@@ -36,6 +36,7 @@ from edge.analysis.bench_common import (
 )
 from edge.analysis.machine import load_average, machine
 from edge.analysis.peers import q8_0_gguf, shipped_gguf
+from edge.argtypes import Parser, count, gamma
 from edge.backends import BACKENDS
 from edge.cli.common import run_cli
 from edge.cli.options import add_draft_head_arguments, add_policy_arguments, checkpoint_arg
@@ -90,17 +91,18 @@ def bench(a, ckpt: str, command: str = "") -> dict:
     return out
 
 
-def main(argv=None, default_checkpoint=None) -> int:
-    p = argparse.ArgumentParser(prog="bench.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser() -> argparse.ArgumentParser:
+    """The command's options (main parses them)."""
+    p = Parser(prog="bench.py", description=__doc__,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", help="nested checkpoint folder (default: the embedded SmolLM2 export)")
     p.add_argument("--backend", default="auto", choices=BACKENDS, help="backend that runs the nested views")
-    p.add_argument("--prompts", type=int, default=4, help="held-out ShareGPT requests")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--gamma", type=int, default=4)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, help="threads of every runner (default: torch's count here)")
-    p.add_argument("--pass-repeats", type=int, default=15, help="timed passes per view and width (median)")
+    p.add_argument("--prompts", type=count(), default=4, help="held-out ShareGPT requests")
+    p.add_argument("--max-new-tokens", type=count(2), default=64)
+    p.add_argument("--gamma", type=gamma(), default=4)
+    p.add_argument("--repeats", type=count(), default=3)
+    p.add_argument("--threads", type=count(), help="threads of every runner (default: torch's count here)")
+    p.add_argument("--pass-repeats", type=count(), default=15, help="timed passes per view and width (median)")
     p.add_argument("--policy", action="append", choices=POLICIES,
                    help=f"policy to time (repeatable; default: {', '.join(DEFAULT_POLICIES)})")
     p.add_argument("--peer", action="append", choices=PEERS, help="peer to time beside them (repeatable; default: "
@@ -113,11 +115,11 @@ def main(argv=None, default_checkpoint=None) -> int:
     add_draft_head_arguments(p)
     p.add_argument("--json", action="store_true")
     add_policy_arguments(p)
-    a = p.parse_args(argv)
-    if a.prompts < 1 or a.repeats < 1 or a.max_new_tokens < 2 or a.pass_repeats < 1:
-        p.error("--prompts, --repeats and --pass-repeats must be at least 1, --max-new-tokens at least 2")
-    if a.threads is not None and a.threads < 1:
-        p.error("--threads must be at least 1")
+    return p
+
+
+def main(argv=None, default_checkpoint=None) -> int:
+    a = parser().parse_args(argv)            # the option types refuse counts out of range
     command = "python scripts/bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
 
     def body():

@@ -2,11 +2,13 @@
 prompts (ShareGPT conversations before the evaluation range), the entropy and margin thresholds at which the
 low-pass signal crosses on 3, 7, 15 and 30% of steps, saved beside the checkpoint (edge.decode.thresholds)."""
 
+import argparse
 import sys
 import time
 
 from edge.corpora import sharegpt_prompts
 from edge.analysis.trace import StepTrace, trace_prompt
+from edge.argtypes import count
 from edge.cli.common import run_cli
 from edge.cli.options import checkpoint_arg, draft_head_options, tool_parser
 from edge.decode.config import GateConfig
@@ -86,12 +88,17 @@ def calibrated_gate(rt, policy: str, gate: GateConfig) -> GateConfig:
     return resolve_gate(rt.ckpt, rt.backend, policy, gate)
 
 
+def parser() -> argparse.ArgumentParser:
+    """The command's options (main parses them)."""
+    p = tool_parser("calibrate_gates.py", __doc__)
+    p.add_argument("--prompts", type=count(), default=12, help="calibration prompts (ShareGPT calibration range)")
+    p.add_argument("--max-new-tokens", type=count(), default=64, help="length of each target trajectory")
+    return p
+
+
 def main(argv=None, default_checkpoint=None) -> int:
     """`bitnest calibrate` (scripts/calibrate_gates.py): calibrate (again) and save the thresholds of one backend."""
-    p = tool_parser("calibrate_gates.py", __doc__)
-    p.add_argument("--prompts", type=int, default=12, help="calibration prompts (ShareGPT calibration range)")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="length of each target trajectory")
-    a = p.parse_args(argv)
+    a = parser().parse_args(argv)
 
     def body():
         ckpt = checkpoint_arg(a, default_checkpoint)

@@ -6,6 +6,7 @@ escalated steps leave the target's choice on the gate's own history. The phase g
 set whose continuations contain a closing tag (edge/analysis/phase_prompts.py); `--speculation-sweep` compares
 adaptive speculation with fixed γ."""
 
+import argparse
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Optional
@@ -16,6 +17,7 @@ from edge.analysis.calibrate import calibrated_gate
 from edge.corpora import sharegpt_prompts
 from edge.analysis.phase_prompts import TAG, phase_prompts
 from edge.analysis.significance import mcnemar_exact, paired_bootstrap_diff
+from edge.argtypes import count, gamma, seed
 from edge.decode.adaptive import AdaptiveConfig
 from edge.decode.config import GateConfig, GenerateConfig
 from edge.decode.kv_cache import KV8
@@ -242,26 +244,30 @@ def phase_comparison(rt: Runtime, o: CompareOptions) -> dict:
     return {**info, "prompts": len(prompts), "max_new_tokens": o.phase_tokens, "policies": table}
 
 
+def parser() -> argparse.ArgumentParser:
+    """The command's options (main parses them)."""
+    from edge.cli.options import add_policy_arguments, tool_parser
+    p = tool_parser("compare_policies.py", __doc__)
+    p.add_argument("--prompts", type=count(), default=24, help="held-out ShareGPT requests")
+    p.add_argument("--max-new-tokens", type=count(), default=24)
+    p.add_argument("--match-tokens", type=count(), default=8, help="K of the exact-match outcome")
+    p.add_argument("--phase-prompts", type=count(0), default=12, help="prompts of the phase set (0: skip it)")
+    p.add_argument("--phase-tokens", type=count(), default=48, help="new tokens per phase prompt")
+    p.add_argument("--gamma", type=gamma(), default=4)
+    p.add_argument("--resamples", type=count(), default=2000, help="bootstrap resamples")
+    p.add_argument("--seed", type=seed(), default=0, help="bootstrap and gate-random seed")
+    p.add_argument("--speculation-sweep", action="store_true", help="only compare adaptive with fixed gamma")
+    add_policy_arguments(p)
+    return p
+
+
 def main(argv=None, default_checkpoint=None) -> int:
     from edge.cli.common import run_cli
     from edge.cli.options import (
         adaptive_config,
-        add_policy_arguments,
         checkpoint_arg,
-        tool_parser,
     )
-    p = tool_parser("compare_policies.py", __doc__)
-    p.add_argument("--prompts", type=int, default=24, help="held-out ShareGPT requests")
-    p.add_argument("--max-new-tokens", type=int, default=24)
-    p.add_argument("--match-tokens", type=int, default=8, help="K of the exact-match outcome")
-    p.add_argument("--phase-prompts", type=int, default=12, help="prompts of the phase set (0: skip it)")
-    p.add_argument("--phase-tokens", type=int, default=48, help="new tokens per phase prompt")
-    p.add_argument("--gamma", type=int, default=4)
-    p.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap and gate-random seed")
-    p.add_argument("--speculation-sweep", action="store_true", help="only compare adaptive with fixed gamma")
-    add_policy_arguments(p)
-    a = p.parse_args(argv)
+    a = parser().parse_args(argv)
 
     def body():
         ckpt = checkpoint_arg(a, default_checkpoint)

@@ -10,11 +10,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from edge.corpora import CORPORA, eval_text
+from edge.argtypes import Parser, count
 from edge.backends import BACKENDS, make_backend
 from edge.backends.torch_ref import TorchBackend
 from edge.cli.common import run_cli
 from edge.cli.options import add_draft_head_arguments
+from edge.corpora import CORPORA, eval_text
 from edge.decode.stats import draft_head_summary
 from edge.errors import BitNestError
 from edge.model.checkpoint import Checkpoint, load_checkpoint, set_draft_head
@@ -99,18 +100,23 @@ def evaluate(opts: EvalOptions) -> dict:
             "tokens": counted, "window": opts.window, "seconds": round(time.time() - t0, 1)}
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="bitnest-evaluate", description=__doc__)
+def parser() -> argparse.ArgumentParser:
+    """The command's options (main parses them)."""
+    p = Parser(prog="bitnest-evaluate", description=__doc__)
     p.add_argument("--checkpoint", required=True, help="nested checkpoint folder")
     p.add_argument("--corpus", action="append", help=f"{'|'.join(CORPORA)}|FILE (repeatable; default: all three)")
-    p.add_argument("--tokens", type=int, default=8192, help="evaluation tokens per corpus")
-    p.add_argument("--window", type=int, default=1024, help="tokens per non-overlapping window")
+    p.add_argument("--tokens", type=count(2), default=8192, help="evaluation tokens per corpus")
+    p.add_argument("--window", type=count(2), default=1024, help="tokens per non-overlapping window")
     p.add_argument("--act", choices=("float", "int8"), default="float", help="activations of the torch backend's views")
     p.add_argument("--backend", choices=BACKENDS, default="torch", help="backend that runs the nested views")
     p.add_argument("--reference", help="HF folder of the float reference (default: the export's source)")
     add_draft_head_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object last")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    a = parser().parse_args(argv)
     opts = lambda: EvalOptions(a.checkpoint, tuple(a.corpus or CORPORA), a.tokens, a.window, a.act == "int8",
                                a.reference, backend=a.backend, draft_head=a.draft_head, shortlist_k=a.shortlist_k)
     return run_cli(lambda: evaluate(opts()), a.json, "bitnest-evaluate")

@@ -1,7 +1,8 @@
 """Bad input, fuzzed: mutated inputs thrown at every reader the runtime has (checkpoint manifest and weights, prompts
 files, gate thresholds, tegrastats lines, the ONNX step graph, command-line values), each outcome counted as a clear
 one-line error, accepted correctly, a crash (any other exception: a traceback for the user), a hang (past the time
-limit) or a silent wrong load (accepted, but not what the input says or what was exported). Each reader's oracle is
+limit), a silent wrong load (accepted, but not what the input says or what was exported) or a valid input refused
+(one the oracle says a correct reader loads). `valid` counts the cases the oracle called valid. Each reader's oracle is
 written apart from the reader (edge.analysis.fuzz_readers). The command, with command-line values and killed or
 disk-full exports, is export.fuzz_inputs (scripts/fuzz_inputs.py)."""
 
@@ -19,7 +20,8 @@ from typing import Callable
 
 from edge.errors import BitNestError
 
-OUTCOMES = ("error", "accepted", "crash", "hang", "wrong")
+OUTCOMES = ("error", "accepted", "crash", "hang", "wrong", "refused_valid")
+BAD = ("crash", "hang", "wrong", "refused_valid")
 
 
 class Hang(Exception):
@@ -28,14 +30,15 @@ class Hang(Exception):
 
 @dataclass
 class Tally:
-    """Counts of one reader's outcomes, with the first few crashes, hangs and wrong loads kept as examples."""
+    """Counts of one reader's outcomes (and of the cases its oracle called valid), with the first few crashes,
+    hangs, wrong loads and refused valid inputs kept as examples."""
 
-    counts: dict = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+    counts: dict = field(default_factory=lambda: dict.fromkeys(OUTCOMES + ("valid",), 0))
     examples: list = field(default_factory=list)
 
     def add(self, outcome: str, what: str) -> None:
         self.counts[outcome] += 1
-        if outcome in ("crash", "hang", "wrong") and len(self.examples) < 5:
+        if outcome in BAD and len(self.examples) < 5:
             self.examples.append(f"{outcome}: {what}"[:400])
 
 
@@ -52,9 +55,14 @@ def time_limit(seconds: float):
         signal.signal(signal.SIGALRM, old)
 
 
-def attempt(tally: Tally, label: str, read: Callable, correct: Callable[[object], bool], seconds: float) -> None:
-    """Run `read()`; a one-line BitNestError is a clear error; a result `correct` accepts is accepted correctly,
-    any other result a silent wrong load."""
+def attempt(tally: Tally, label: str, read: Callable, correct: Callable[[object], bool], seconds: float,
+            valid: bool | None = None) -> None:
+    """Run `read()` on an input the oracle calls `valid` (True: a correct reader loads it; False: it refuses it;
+    None: either). A one-line BitNestError is a clear error, or a valid input refused; a result of an input that is
+    not invalid for which `correct` returns True is accepted correctly, any other result (`correct` False, or a str
+    saying how the result differs from what it should be) a silent wrong load."""
+    if valid:
+        tally.counts["valid"] += 1
     try:
         with time_limit(seconds):
             result = read()
@@ -62,12 +70,18 @@ def attempt(tally: Tally, label: str, read: Callable, correct: Callable[[object]
         return tally.add("hang", label)
     except BitNestError as e:
         msg = str(e)
-        return tally.add("error" if msg and "\n" not in msg else "crash", f"{label}: multi-line error {msg!r}")
+        if not msg or "\n" in msg:
+            return tally.add("crash", f"{label}: multi-line error {msg!r}")
+        return tally.add("refused_valid" if valid else "error", f"{label}: refused {msg!r}")
     except Exception as e:    # noqa: BLE001 -- anything else reaches the user as a traceback
         return tally.add("crash", f"{label}: {e.__class__.__name__}: {e} "
                                   f"@ {traceback.extract_tb(e.__traceback__)[-1].name}")
-    ok = correct(result)
-    tally.add("accepted" if ok else "wrong", f"{label}: accepted {str(result)[:200]!r}")
+    verdict = correct(result) if valid is not False else "an input the oracle calls invalid"
+    why = verdict if isinstance(verdict, str) else None if verdict else "not what it says"
+    if why is None:
+        return tally.add("accepted", label)
+    shown = f"a checkpoint of {result.path}" if hasattr(result, "tensors") else repr(result)[:200]
+    tally.add("wrong", f"{label}: accepted, {why}: {shown}")
 
 
 # -- mutations ---------------------------------------------------------------------------------------------------

@@ -11,24 +11,41 @@ from pathlib import Path
 import numpy as np
 
 from edge.analysis.fuzz import JUNK, Tally, attempt, case_dir, json_text, mutate_bytes, quiet, write_text
+from edge.analysis.fuzz_oracle import checkpoint_differs, expected_tensors, parse_safetensors
 from edge.model.checkpoint import MANIFEST, SEAL, WEIGHTS, load_checkpoint, manifest_seal, sha256_file
 from plugins.step_contract import ONNX_FILE
 
 
-def _same_checkpoint(a, b) -> bool:
-    drop = lambda m: {k: v for k, v in m.items() if k != SEAL}
-    return drop(a.manifest) == drop(b.manifest) and a.tensors.keys() == b.tensors.keys() and \
-        all(bool((a.tensors[k] == b.tensors[k]).all()) or a.tensors[k].isnan().any() for k in a.tensors)
+def _canon(m) -> str:
+    """A manifest's content without its seal, as canonical JSON (types kept apart: 1, 1.0 and true differ)."""
+    return json.dumps({k: v for k, v in m.items() if k != SEAL}, sort_keys=True)
+
+
+def _manifest_verdict(written, original: dict, resealed: bool) -> bool | None:
+    """Must a correct reader load (True) or refuse (False) this manifest, or may it do either (None)? The content
+    as exported, with its seal or none (an unsealed manifest loads, as one exported before seals): load. Content
+    changed, seal kept: refuse. Content changed and re-sealed (an edit that recomputes the seal), or the seal
+    dropped by the change: either, and a load must hold what the manifest says."""
+    if not isinstance(written, dict):
+        return False
+    if _canon(written) == _canon(original):
+        return written.get(SEAL, original[SEAL]) == original[SEAL]
+    return None if resealed or SEAL not in written else False
 
 
 def fuzz_manifest(base: Path, work: Path, n: int, rng: random.Random, seconds: float) -> Tally:
-    """Mutated manifest.json. As exported (seal kept): loads only where nothing it says changed. Half of the cases
-    are re-sealed (an edit that recomputes the seal): deeper checks must refuse or load without a crash."""
-    t, ref = Tally(), load_checkpoint(base)
+    """Mutated manifest.json, half of the cases re-sealed, one in ten only re-formatted (indent, key order: it
+    must load). The oracle (_manifest_verdict, and the weights parsed apart from the reader) says what must load
+    or be refused; a load must return the manifest written, its config and linears, and the file's tensors."""
+    t = Tally()
     original = json.loads((base / MANIFEST).read_text())
+    tensors = parse_safetensors((base / WEIGHTS).read_bytes())       # the weights, untouched by these cases
     for i in range(n):
         d = case_dir(base, work, (MANIFEST,))
-        text = json_text(rng, original)
+        if i % 10 == 4:
+            text = json.dumps(original, indent=rng.choice((None, 1, 4)), sort_keys=rng.random() < 0.5)
+        else:
+            text = json_text(rng, original)
         resealed = i % 2 == 1
         if resealed:
             try:
@@ -39,22 +56,40 @@ def fuzz_manifest(base: Path, work: Path, n: int, rng: random.Random, seconds: f
             except ValueError:
                 pass
         write_text(d / MANIFEST, text)
+        try:
+            written = json.loads(text)
+        except ValueError:
+            written = None
+        valid = _manifest_verdict(written, original, resealed)
         with quiet():
             attempt(t, f"manifest case {i}", lambda: load_checkpoint(d),
-                    lambda ck: resealed or _same_checkpoint(ck, ref), seconds)
+                    lambda ck: checkpoint_differs(ck, written, tensors) or True, seconds, valid)
     return t
 
 
 def fuzz_weights(base: Path, work: Path, n: int, rng: random.Random, seconds: float) -> Tally:
-    """Mutated model.safetensors (its JSON header most of the time, else anywhere). Half keep the exported sha256
-    (must be refused); half are re-hashed and re-sealed (the parser and the shape checks must refuse or load)."""
-    t, ref = Tally(), load_checkpoint(base)
+    """Mutated model.safetensors: one bit of a tensor flipped, the header rewritten (entries in another order,
+    another layout), or a mutation of its JSON header most of the time, else anywhere. Half keep the exported sha256:
+    only the unchanged file loads. Half are re-hashed and re-sealed: the oracle (edge.analysis.fuzz_oracle) parses
+    the bytes itself and says whether they must load (safetensors, every exported tensor with its dtype and shape)
+    and what a load must return, byte for byte; a refusal of what it calls valid counts against the reader."""
+    t = Tally()
     data = (base / WEIGHTS).read_bytes()
+    exported = parse_safetensors(data)
     header = 8 + int.from_bytes(data[:8], "little")
     manifest = json.loads((base / MANIFEST).read_text())
     for i in range(n):
         d = case_dir(base, work, (WEIGHTS, MANIFEST))
-        if rng.random() < 0.4:                       # a well-formed header with one field changed
+        kind = (i // 2) % 5                          # each kind both re-hashed and not
+        if kind == 0:                                # tensor bytes changed, the file well-formed: loads what it holds
+            at = rng.randrange(header, len(data))
+            new = data[:at] + bytes([data[at] ^ (1 << rng.randrange(8))]) + data[at + 1:]
+        elif kind == 1:                              # the same header written another way: loads as exported
+            head = list(json.loads(data[8:header]).items())
+            rng.shuffle(head)
+            raw = json.dumps(dict(head), indent=rng.choice((None, 1))).encode()
+            new = len(raw).to_bytes(8, "little") + raw + data[header:]
+        elif rng.random() < 0.4:                     # a well-formed header with one field changed
             head = json.loads(data[8:header])
             head = {k: v for k, v in head.items()}
             body = json.dumps(json.loads(json.dumps(head)) if rng.random() < 0.1 else _mutate_header(rng, head))
@@ -68,10 +103,13 @@ def fuzz_weights(base: Path, work: Path, n: int, rng: random.Random, seconds: fl
         if rehashed:
             m["files"][WEIGHTS] = sha256_file(d / WEIGHTS)
             m[SEAL] = manifest_seal(m)
+            want, valid = expected_tensors(new, exported)
+        else:
+            want, valid = (exported, True) if new == data else (None, False)
         (d / MANIFEST).write_text(json.dumps(m))
         with quiet():
             attempt(t, f"weights case {i}", lambda: load_checkpoint(d),
-                    lambda ck: rehashed or (new == data and _same_checkpoint(ck, ref)), seconds)
+                    lambda ck: checkpoint_differs(ck, m, want) or True, seconds, valid)
     return t
 
 
@@ -139,8 +177,8 @@ def fuzz_prompts(work: Path, n: int, rng: random.Random, seconds: float) -> Tall
             raw = mutate_bytes(rng, raw)
         f.write_bytes(raw)
         want = _expected_prompts(raw)
-        attempt(t, f"prompts case {i}: {raw[:80]!r}", lambda: read_prompts(str(f)),
-                lambda got: want is not None and got == want, seconds)
+        attempt(t, f"prompts case {i}: {raw[:80]!r}", lambda: read_prompts(str(f)), lambda got: got == want, seconds,
+                want is not None)
     return t
 
 
@@ -174,7 +212,7 @@ def fuzz_thresholds(base: Path, work: Path, n: int, rng: random.Random, seconds:
         expected = want()
         attempt(t, f"thresholds case {i}: {text[:120]!r}",
                 lambda: resolve_gate(ck, "cpu", policy, GateConfig(rate=0.15)).threshold,
-                lambda got: expected is not None and got == expected, seconds)
+                lambda got: got == expected, seconds, expected is not None)
     return t
 
 
@@ -217,7 +255,8 @@ def fuzz_tegrastats(recorded: Path, n: int, rng: random.Random, seconds: float) 
         def read(line=line):
             p = parse_line(line)
             return None if p is None else p.total_mw()[0]
-        attempt(t, f"tegrastats case {i}: {line[-160:]!r}", read, lambda got: got == expected, seconds)
+        attempt(t, f"tegrastats case {i}: {line[-160:]!r}", read, lambda got: got == expected, seconds,
+                True if expected is not None else None)
     return t
 
 
@@ -248,7 +287,8 @@ def fuzz_onnx(base: Path, work: Path, n: int, rng: random.Random, seconds: float
         def run():
             return make_engine("onnxruntime", load_checkpoint(d), 8).prefill(ids).numpy()
         with quiet():
-            attempt(t, f"onnx case {i}", run, lambda got: new == data or np.array_equal(got, want), seconds)
+            attempt(t, f"onnx case {i}", run, lambda got: new == data or np.array_equal(got, want), seconds,
+                    True if new == data else None)
     return t
 
 

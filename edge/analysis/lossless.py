@@ -15,10 +15,11 @@ import sys
 
 import torch
 
-from edge.corpora import shakespeare_prompts, sharegpt_prompts
+from edge.argtypes import Parser, count, gamma
 from edge.backends import BACKENDS
 from edge.cli.common import run_cli
 from edge.cli.options import add_draft_head_arguments, checkpoint_arg, draft_head_options
+from edge.corpora import shakespeare_prompts, sharegpt_prompts
 from edge.decode.config import GenerateConfig
 from edge.decode.stats import draft_head_summary, weight_bytes_per_pass
 from edge.runtime import Runtime, merged_summary
@@ -102,13 +103,14 @@ def _with_fp16_ratio(summary: dict) -> dict:
     return dict(summary, weight_bytes_vs_fp16=round(w / fp16, 4) if w and fp16 else None)
 
 
-def main(argv=None, default_checkpoint=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser() -> argparse.ArgumentParser:
+    """The command's options (main parses them)."""
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint")
     p.add_argument("--backend", default="auto", choices=BACKENDS)
-    p.add_argument("--prompts", type=int, default=20)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--prompts", type=count(), default=20)
+    p.add_argument("--max-new-tokens", type=count(), default=128)
+    p.add_argument("--gamma", type=gamma(), default=4)
     p.add_argument("--no-adaptive", dest="adaptive", action="store_false",
                    help="check fixed-γ speculation only (default: adaptive speculation too)")
     p.add_argument("--reference", default="none", choices=("none",) + BACKENDS,
@@ -116,5 +118,9 @@ def main(argv=None, default_checkpoint=None) -> int:
                         "reference semantics)")
     add_draft_head_arguments(p)
     p.add_argument("--json", action="store_true")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv=None, default_checkpoint=None) -> int:
+    a = parser().parse_args(argv)
     return run_cli(lambda: lossless(a, checkpoint_arg(a, default_checkpoint)), a.json, "lossless.py")

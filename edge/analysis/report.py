@@ -32,6 +32,7 @@ from edge.analysis.report_cells import mb as _mb
 from edge.analysis.report_cells import mib as _mib
 from edge.analysis.report_cells import pct as _pct
 from edge.analysis.report_cells import table as _table
+from edge.argtypes import Parser
 from edge.atomic import write_atomic
 from edge.errors import BitNestError
 
@@ -445,13 +446,18 @@ def update_tables(root: Path = ROOT, check: bool = False, only: tuple[str, ...] 
     return {"tables": tables, "stale": stale, "written": written, "check": check}
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="results_tables.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser() -> argparse.ArgumentParser:
+    """The command's options (main parses them)."""
+    p = Parser(prog="results_tables.py", description=__doc__,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 naming every table that differs "
                                                          "from its JSON")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    a = parser().parse_args(argv)
     try:
         result = update_tables(ROOT, check=a.check)
     except BitNestError as e:

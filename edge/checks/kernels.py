@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 
+from edge.argtypes import Parser
 from edge.errors import BitNestError
 
 LINEARS = ("model.layers.0.self_attn.q_proj", "model.layers.0.mlp.down_proj")   # both group sizes of the default
@@ -23,11 +24,16 @@ def check_kernels(checkpoint=None) -> dict:
                       str(checkpoint))
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m edge.checks.kernels", description=__doc__.splitlines()[0])
+def parser() -> argparse.ArgumentParser:
+    """The command's options (main parses them)."""
+    p = Parser(prog="python -m edge.checks.kernels", description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", help="nested checkpoint folder (default: random RTN-nested weights)")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    a = parser().parse_args(argv)
     try:
         result = check_kernels(a.checkpoint)
         code = 0 if result["passed"] else 1

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from edge.argtypes import Parser, count
 from edge.cli.common import run_cli
 from edge.errors import BitNestError
 
@@ -141,11 +142,17 @@ def run(a) -> dict:
     return result
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="bench_kernels.py", description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=7, help="timed graph replays per case (median taken)")
+def parser() -> argparse.ArgumentParser:
+    """The command's options (main parses them)."""
+    p = Parser(prog="bench_kernels.py", description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=count(), default=7, help="timed graph replays per case (median taken)")
     p.add_argument("--contexts", default="4096,8192,16384,32768", help="attention context lengths")
     p.add_argument("--out", help="also write the JSON result to this file")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
+    return p
+
+
+def main(argv=None) -> int:
+    p = parser()
     a = p.parse_args(argv)
     return run_cli(lambda: run(a), a.json, p.prog, echo=False)

@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 
+from edge.argtypes import Parser, at_least, count, seed, unit
 from edge.backends import check_backend
 from edge.cli.common import run_cli
 from edge.cli.llm_options import add_llm_arguments, llm_config, make_llm
@@ -19,15 +20,15 @@ from edge.runtime import merged_summary
 
 
 def parser(prog: str = "chat.py") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__)
+    p = Parser(prog=prog, description=__doc__)
     add_llm_arguments(p)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--temperature", type=at_least(), default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=count(0), default=0)
+    p.add_argument("--top-p", type=unit(open_lo=True), default=1.0)
+    p.add_argument("--seed", type=seed(), default=0, help="sampling seed")
     p.add_argument("--prompt", help="one prompt (chat-formatted)")
     p.add_argument("--prompts-file", help='JSONL, one {"prompt": str, "chat": bool} per line')
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-new-tokens", type=count(), default=128)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
     return p

@@ -14,6 +14,7 @@ import os
 import re
 from pathlib import Path
 
+from edge.argtypes import Parser, count
 from edge.cli.common import run_cli
 
 
@@ -40,11 +41,17 @@ def run(a) -> dict:
     return result
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="compile_kernels.py", description=__doc__.splitlines()[0])
+def parser() -> argparse.ArgumentParser:
+    """The command's options (main parses them)."""
+    p = Parser(prog="compile_kernels.py", description=__doc__.splitlines()[0])
     p.add_argument("--arch", default="sm_87", help="target architecture, e.g. sm_87 (Orin)")
     p.add_argument("--out", required=True, help="folder for the PTX, cubins and summary.json")
-    p.add_argument("--ptx-version", type=int, default=85, help="PTX ISA version x10 (85 loads on CUDA 12.6)")
+    p.add_argument("--ptx-version", type=count(10), default=85, help="PTX ISA version x10 (85 loads on CUDA 12.6)")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
+    return p
+
+
+def main(argv=None) -> int:
+    p = parser()
     a = p.parse_args(argv)
     return run_cli(lambda: run(a), a.json, p.prog, echo=False)

@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from edge.argtypes import Parser, count
 from edge.atomic import write_atomic
 from edge.cli.common import run_cli
 from edge.errors import BitNestError
@@ -315,20 +316,25 @@ def table(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="device_check", description=__doc__.splitlines()[0])
+def parser() -> argparse.ArgumentParser:
+    """The command's options (main parses them)."""
+    p = Parser(prog="device_check", description=__doc__.splitlines()[0])
     p.add_argument("--out", help="write the JSON object here (atomically)")
     p.add_argument("--table", help="print the docs table of this device_check JSON file and exit")
     p.add_argument("--dry", action="store_true", help="Triton interpreter on the CPU, tiny shapes (TRITON_INTERPRET=1)")
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--repeats", type=count(), default=7)
+    p.add_argument("--new-tokens", type=count(), default=32)
     p.add_argument("--skip-7b", action="store_true", help="only the 135M shape")
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {', '.join(SECTIONS)}")
     p.add_argument("--limits", default="", help="per-section seconds, e.g. kernels=200,lossless=60 (default: "
                    + ",".join(f"{k}={v}" for k, v in LIMITS.items()) + ")")
     p.add_argument("--hang", help="dry runs only: make this section hang (a simulated timeout)")
     p.add_argument("--json", action="store_true", help="print the JSON object last")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    a = parser().parse_args(argv)
 
     def body():
         if a.table:

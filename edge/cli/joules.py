@@ -11,7 +11,7 @@ where no meter works, the J/token fields are null and `reason` says why: nothing
 import argparse
 from pathlib import Path
 
-from edge.corpora import sharegpt_prompts
+from edge.argtypes import Parser, at_least, count, gamma
 from edge.backends import BACKENDS
 from edge.cli.common import pyplot, run_cli
 from edge.cli.options import (
@@ -21,6 +21,7 @@ from edge.cli.options import (
     draft_head_options,
     make_meter_from,
 )
+from edge.corpora import sharegpt_prompts
 from edge.decode.generate import GenerateConfig
 from edge.decode.registry import POLICIES
 from edge.energy.decode_energy import energy_summary, idle_power, metered_generate
@@ -84,19 +85,24 @@ def joules(a, default_checkpoint=None) -> dict:
     return out
 
 
-def main(argv=None, default_checkpoint=None) -> int:
-    p = argparse.ArgumentParser(prog="joules_per_token.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser() -> argparse.ArgumentParser:
+    """The command's options (main parses them)."""
+    p = Parser(prog="joules_per_token.py", description=__doc__,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", help="nested checkpoint folder (default: the embedded SmolLM2 export)")
     p.add_argument("--policy", default="speculative,target,draft", help=f"comma list of {', '.join(POLICIES)}")
-    p.add_argument("--prompts", type=int, default=4, help="ShareGPT prompts per policy")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--gamma", type=int, default=4)
-    p.add_argument("--idle-seconds", type=float, default=3.0, help="idle power is measured this long first")
+    p.add_argument("--prompts", type=count(), default=4, help="ShareGPT prompts per policy")
+    p.add_argument("--max-new-tokens", type=count(), default=64)
+    p.add_argument("--gamma", type=gamma(), default=4)
+    p.add_argument("--idle-seconds", type=at_least(), default=3.0, help="idle power is measured this long first")
     p.add_argument("--backend", default="auto", choices=BACKENDS)
     p.add_argument("--plot", help="write a PNG of tok/s and J/token per policy")
     p.add_argument("--json", action="store_true")
     add_meter_arguments(p)
     add_draft_head_arguments(p)
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv=None, default_checkpoint=None) -> int:
+    a = parser().parse_args(argv)
     return run_cli(lambda: joules(a, default_checkpoint), a.json, "joules_per_token.py")

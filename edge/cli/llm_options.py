@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Optional
 
+from edge.argtypes import at_least, count, gamma
 from edge.backends import BACKENDS
 from edge.cli.options import (
     adaptive_config,
@@ -29,23 +30,23 @@ def add_llm_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="auto", help=f"{' | '.join(BACKENDS)} (auto: native where it builds, else cpu)")
     p.add_argument("--policy", default="auto", help=f"{' | '.join(POLICIES)} (auto: γ chosen each round from this "
                    "machine's measured pass costs, 0 = a target step)")
-    p.add_argument("--gamma", type=int, help=f"draft tokens per speculative round (default {GenerateConfig.gamma}); "
+    p.add_argument("--gamma", type=gamma(), help=f"draft tokens per speculative round (default {GenerateConfig.gamma}); "
                    f"with auto, the most it may choose (1..{MAX_GAMMA}, default {MAX_GAMMA})")
     p.add_argument("--remeasure-costs", action="store_true", help="auto: time the passes again instead of reading "
                    "this machine's cached cost table")
-    p.add_argument("--max-context", type=int, help="KV cache capacity in positions (default 2048, or with "
+    p.add_argument("--max-context", type=count(2), help="KV cache capacity in positions (default 2048, or with "
                                                    "--device the largest that fits)")
     p.add_argument("--device", help="plan memory for this device profile (scripts/max_context.py) and refuse "
                                     "requests over it")
-    p.add_argument("--kv8-draft-below", type=int, default=2048, help="draft with KV8 below this context, else --long-draft-kv")
+    p.add_argument("--kv8-draft-below", type=count(0), default=2048, help="draft with KV8 below this context, else --long-draft-kv")
     p.add_argument("--long-draft-kv", choices=("kv4", "recent"), default="kv4")
-    p.add_argument("--recent", type=int, default=256, help="KV8 window of the recent draft KV view")
+    p.add_argument("--recent", type=count(), default=256, help="KV8 window of the recent draft KV view")
     add_draft_head_arguments(p)
     add_policy_arguments(p)
     add_meter_arguments(p)
     p.add_argument("--energy-log", help="append every power sample with its phase (prefill, draft, verify, idle) "
                                         "to this file as JSON lines")
-    p.add_argument("--idle-seconds", type=float, default=0.0, help="measure idle power this long before the first "
+    p.add_argument("--idle-seconds", type=at_least(), default=0.0, help="measure idle power this long before the first "
                    "answer (idle samples between answers count too)")
 
 

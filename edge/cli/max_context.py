@@ -13,6 +13,7 @@ for real (a preset gets random planes), so keep the budget within this machine's
 import argparse
 from pathlib import Path
 
+from edge.argtypes import Parser, at_least, count, gamma, positive
 from edge.cli.common import pyplot, run_cli
 from edge.errors import BitNestError
 from edge.memory.devices import DEVICES, MiB, get_profile
@@ -93,20 +94,25 @@ def max_context(a, default_checkpoint=None) -> dict:
     return out
 
 
-def main(argv=None, default_checkpoint=None) -> int:
-    p = argparse.ArgumentParser(prog="max_context.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser() -> argparse.ArgumentParser:
+    """The command's options (main parses them)."""
+    p = Parser(prog="max_context.py", description=__doc__,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", required=True, help=" | ".join(DEVICES))
     p.add_argument("--model", default="default", help=f"default | PATH | {' | '.join(MODEL_PRESETS)}")
-    p.add_argument("--gamma", type=int, default=4)
-    p.add_argument("--prefill-chunk", type=int, default=256)
+    p.add_argument("--gamma", type=gamma(), default=4)
+    p.add_argument("--prefill-chunk", type=count(), default=256)
     p.add_argument("--backend", default=None, help="cpu | torch: dry-run this runtime's backend; native: its step's "
                                                     "formula (default: the device's own: GPU kernels on a GPU, cpu here)")
-    p.add_argument("--total-mib", type=float, help="override the device's total memory")
-    p.add_argument("--os-reserve-mib", type=float, help="override the memory the OS keeps")
-    p.add_argument("--context-reserve-mib", type=float, help="override the CUDA context / runtime reserve")
+    p.add_argument("--total-mib", type=positive(), help="override the device's total memory")
+    p.add_argument("--os-reserve-mib", type=at_least(), help="override the memory the OS keeps")
+    p.add_argument("--context-reserve-mib", type=at_least(), help="override the CUDA context / runtime reserve")
     p.add_argument("--verify", action="store_true", help="allocate the bitnest plan here and compare (--device local)")
     p.add_argument("--plot", help="write a PNG of memory against context")
     p.add_argument("--json", action="store_true")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv=None, default_checkpoint=None) -> int:
+    a = parser().parse_args(argv)
     return run_cli(lambda: max_context(a, default_checkpoint), a.json, "max_context.py", echo=False)

@@ -5,6 +5,7 @@ checkpoint/backend/--json options that calibrate_gates, replay and compare_polic
 import argparse
 import shlex
 
+from edge.argtypes import Parser, at_least, count, gamma, seed, unit
 from edge.backends import BACKENDS
 from edge.decode.adaptive import AdaptiveConfig
 from edge.decode.config import PHASE_ORDERS, GateConfig
@@ -14,7 +15,7 @@ from edge.errors import BitNestError
 
 
 def tool_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=description)
+    p = Parser(prog=prog, description=description)
     p.add_argument("--checkpoint", help="nested checkpoint folder (default: the embedded SmolLM2 export)")
     p.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: native where it builds, else cpu "
                    "(the chat's default: thresholds are calibrated per backend)")
@@ -30,7 +31,7 @@ def add_draft_head_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft-head", choices=DRAFT_HEADS, help="8bit: the draft reads the head at the target's 8-bit "
                    "view; 4bit: its base plane; shortlist: the base plane's top K rows re-scored at 8 bits "
                    "(default: the checkpoint's setting)")
-    g.add_argument("--shortlist-k", type=int, help=f"rows the shortlist re-scores (default: the checkpoint's, "
+    g.add_argument("--shortlist-k", type=count(), help=f"rows the shortlist re-scores (default: the checkpoint's, "
                    f"{SHORTLIST_K} unless it records another)")
 
 
@@ -48,28 +49,24 @@ def checkpoint_arg(a, default_checkpoint) -> str:
     return str(default_checkpoint())
 
 
-def _threshold_or_none(text: str):
-    return None if text.lower() == "none" else float(text)
-
-
 def add_policy_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("gates (gate-entropy, gate-margin, gate-lagged, gate-phase, gate-random)")
-    g.add_argument("--gate-threshold", type=float, help="entropy (nats, escalate above) or margin (logits, escalate "
+    g.add_argument("--gate-threshold", type=at_least(), help="entropy (nats, escalate above) or margin (logits, escalate "
                    "below); default: the threshold calibrated for --gate-rate")
-    g.add_argument("--gate-rate", type=float, default=0.15, help="target escalation rate (0.03, 0.07, 0.15 or 0.3 "
+    g.add_argument("--gate-rate", type=unit(), default=0.15, help="target escalation rate (0.03, 0.07, 0.15 or 0.3 "
                    "calibrated); for gate-random, the share of decode steps it escalates (any value in [0, 1])")
     g.add_argument("--gate-signal", choices=SIGNALS, default="entropy", help="the signal of gate-lagged and gate-repair")
-    g.add_argument("--gate-seed", type=int, default=0, help="gate-random's seed")
+    g.add_argument("--gate-seed", type=seed(), default=0, help="gate-random's seed")
     g.add_argument("--phase-tag", default="</think>", help="gate-phase: the closing tag between the phases")
     g.add_argument("--phase-order", choices=PHASE_ORDERS, default="low-high",
                    help="gate-phase: low view until the tag and high after, or the reverse")
     a = p.add_argument_group("adaptive speculation")
     a.add_argument("--adaptive-signal", choices=SIGNALS, default="margin")
-    a.add_argument("--adaptive-stop", type=float, default=AdaptiveConfig.stop,
+    a.add_argument("--adaptive-stop", type=at_least(), default=AdaptiveConfig.stop,
                    help="end the round after a proposal whose draft margin is below (entropy above) this")
-    a.add_argument("--adaptive-extend", type=_threshold_or_none, default=AdaptiveConfig.extend,
+    a.add_argument("--adaptive-extend", type=at_least(none="never extend"), default=AdaptiveConfig.extend,
                    help="draft past --gamma while the margin is at least (entropy at most) this; none: never")
-    a.add_argument("--gamma-max", type=int, default=AdaptiveConfig.gamma_max, help="most proposals per adaptive round")
+    a.add_argument("--gamma-max", type=gamma(), default=AdaptiveConfig.gamma_max, help="most proposals per adaptive round")
 
 
 def gate_config(a) -> GateConfig:
@@ -85,7 +82,7 @@ def add_meter_arguments(p: argparse.ArgumentParser, default: str = "auto") -> No
     g = p.add_argument_group("energy")
     g.add_argument("--meter", default=default, choices=METERS, help="power meter (auto: the first of tegrastats, "
                    "jtop, nvml that gives a reading here)")
-    g.add_argument("--interval-ms", type=int, default=100, help="tegrastats / jtop sampling interval")
+    g.add_argument("--interval-ms", type=count(), default=100, help="tegrastats / jtop sampling interval")
     g.add_argument("--meter-command", help="command whose stdout is tegrastats lines (default: tegrastats)")
     g.add_argument("--rail", help="tegrastats rail to integrate (default VDD_IN, else the sum of all rails)")
 

@@ -9,6 +9,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+from edge.argtypes import Parser, count
 from edge.checks.selfcheck import EXPECT, PATHS, SelfCheckOptions, run_selfcheck
 from edge.cli.common import run_cli
 from edge.cli.options import checkpoint_arg
@@ -25,17 +26,22 @@ def onnx_for(checkpoint: Path, workdir: str, onnx_exporter=None) -> str | None:
     return onnx_exporter(checkpoint, Path(workdir) / ONNX_FILE)
 
 
-def main(argv=None, default_checkpoint=None, onnx_exporter=None) -> int:
-    p = argparse.ArgumentParser(prog="selfcheck.py", description=__doc__)
+def parser() -> argparse.ArgumentParser:
+    """The command's options (main parses them)."""
+    p = Parser(prog="selfcheck.py", description=__doc__)
     p.add_argument("--checkpoint", help="nested checkpoint (default: the embedded SmolLM2 export, made once if absent)")
     p.add_argument("--engine", help="TensorRT engine (default: CHECKPOINT/decoder_step.engine)")
-    p.add_argument("--tokens", type=int, default=4, help="new tokens per path")
+    p.add_argument("--tokens", type=count(), default=4, help="new tokens per path")
     p.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated subset of {','.join(PATHS)}")
-    p.add_argument("--triton-timeout", type=int, default=600, help="seconds for the Triton kernel self-check")
+    p.add_argument("--triton-timeout", type=count(), default=600, help="seconds for the Triton kernel self-check")
     p.add_argument("--expect", default="auto", help=f"{' | '.join(EXPECT)}: which paths must run here (auto: by "
                    "this machine; jetson: triton, tensorrt and tegrastats as on a Jetson; none: onnxruntime only)")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv=None, default_checkpoint=None, onnx_exporter=None) -> int:
+    a = parser().parse_args(argv)
     failed = []
 
     def body():

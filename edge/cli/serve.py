@@ -8,6 +8,7 @@ import socket
 import sys
 import threading
 
+from edge.argtypes import Parser, count
 from edge.backends import check_backend
 from edge.cli.common import run_cli
 from edge.cli.llm_options import add_llm_arguments, llm_config, make_llm
@@ -15,27 +16,13 @@ from edge.cli.options import checkpoint_arg
 from edge.errors import BitNestError
 
 
-def _port(text: str) -> int:
-    v = int(text)
-    if not 0 <= v <= 65535:
-        raise argparse.ArgumentTypeError(f"must be in [0, 65535], got {v}")
-    return v
-
-
-def _queue(text: str) -> int:
-    v = int(text)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {v}")
-    return v
-
-
 def parser(prog: str = "serve.py") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__)
+    p = Parser(prog=prog, description=__doc__)
     add_llm_arguments(p)
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
-    g.add_argument("--port", type=_port, default=8080, help="0: a free port (the line on stderr names it)")
-    g.add_argument("--max-queue", type=_queue, default=8, help="requests that may wait while one generates; "
+    g.add_argument("--port", type=count(0, 65535), default=8080, help="0: a free port (the line on stderr names it)")
+    g.add_argument("--max-queue", type=count(0), default=8, help="requests that may wait while one generates; "
                    "past them a request is refused with 429 and Retry-After")
     g.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
                    help="uvicorn's log level (info: one line per request)")

@@ -4,6 +4,7 @@ report the worst relative error on logits (see edge.checks.onnx_check)."""
 
 import argparse
 
+from edge.argtypes import Parser, count
 from edge.checks.onnx_check import MODES, CheckOptions, check_session, compare, onnx_node_counts
 from edge.cli.common import run_cli
 from edge.model.checkpoint import Checkpoint
@@ -40,17 +41,22 @@ def verify(checkpoint, onnx_path, prompts: int = 2, max_prompt_tokens: int = 24,
     return {**result, "nodes": onnx_node_counts(onnx_path), "prompts": prompts, "seconds": round(time.time() - t0, 1)}
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="verify_onnx.py", description=__doc__)
+def parser() -> argparse.ArgumentParser:
+    """The command's options (main parses them)."""
+    p = Parser(prog="verify_onnx.py", description=__doc__)
     p.add_argument("--checkpoint", required=True, help="nested checkpoint folder the graph was exported from")
     p.add_argument("--onnx", required=True, help="ONNX step graph (scripts/export.py --onnx writes CKPT/decoder_step.onnx)")
-    p.add_argument("--prompts", type=int, default=2, help="held-out ShareGPT prompts")
-    p.add_argument("--max-prompt-tokens", type=int, default=24, help="prompt tokens kept (chat template included)")
-    p.add_argument("--new-tokens", type=int, default=4, help="greedy single-token passes after each prompt")
-    p.add_argument("--chunk", type=int, default=5, help="tokens per prompt pass (γ+1)")
+    p.add_argument("--prompts", type=count(), default=2, help="held-out ShareGPT prompts")
+    p.add_argument("--max-prompt-tokens", type=count(), default=24, help="prompt tokens kept (chat template included)")
+    p.add_argument("--new-tokens", type=count(0), default=4, help="greedy single-token passes after each prompt")
+    p.add_argument("--chunk", type=count(), default=5, help="tokens per prompt pass (γ+1)")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated (weight view)-(KV view) modes")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    a = parser().parse_args(argv)
 
     def body():
         opts = CheckOptions(chunk=a.chunk, new_tokens=a.new_tokens, modes=tuple(m for m in a.modes.split(",") if m))

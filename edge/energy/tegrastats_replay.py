@@ -13,16 +13,23 @@ import sys
 import time
 from pathlib import Path
 
+from edge.argtypes import Parser, count
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command's options (main parses them)."""
+    p = Parser(prog="replay_tegrastats.py", description=__doc__,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("file")
+    p.add_argument("--interval-ms", type=count(), default=1000, help="tegrastats' own default is 1000")
+    p.add_argument("--lines", type=count(0), default=0, help="lines to print in all (0 = until killed)")
+    p.add_argument("--exit-after", type=count(0), default=0, help="die after this many lines (0 = never)")
+    p.add_argument("--exit-code", type=count(0, 255), default=1)
+    return p
+
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="replay_tegrastats.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("file")
-    p.add_argument("--interval-ms", type=int, default=1000, help="tegrastats' own default is 1000")
-    p.add_argument("--lines", type=int, default=0, help="lines to print in all (0 = until killed)")
-    p.add_argument("--exit-after", type=int, default=0, help="die after this many lines (0 = never)")
-    p.add_argument("--exit-code", type=int, default=1)
-    a = p.parse_args(argv)
+    a = parser().parse_args(argv)
     path = Path(a.file)
     if not path.is_file():
         print(f"replay_tegrastats.py: error: {a.file} does not exist", file=sys.stderr)

@@ -1,0 +1,40 @@
+"""Streaming detokenization: the text deltas of an answer whose tokens arrive a few at a time, each token decoded
+a bounded number of times (decoding the whole answer again at every new token is quadratic in its length)."""
+
+from typing import Callable
+
+REPLACEMENT = "\ufffd"      # what a decoder writes for an incomplete UTF-8 sequence at the end of its bytes
+
+
+class TextStream:
+    """Feed token ids with `push` (it returns the new text that is final), then `finish` (the rest).
+
+    The window (as text-generation-inference and vLLM stream): `tokens[prefix:read]` is the last piece already
+    shown, `tokens[prefix:]` that piece and everything after it. Decoding both, the second's text past the first's
+    is new; it is emitted once it does not end in U+FFFD (a character whose bytes have not all arrived: byte-level
+    tokens may split one), and then the window moves on (prefix = read, read = end). A window starts at a
+    character boundary, so the pieces, concatenated, are `decode(all tokens)` for a byte-level decoder; the one
+    decoded piece before the window gives the decoder the context of a leading space."""
+
+    def __init__(self, decode: Callable[[list[int]], str]):
+        self.decode = decode
+        self.tokens: list[int] = []
+        self.prefix = self.read = 0
+
+    def push(self, ids: list[int]) -> str:
+        self.tokens.extend(ids)
+        return self._delta(final=False)
+
+    def finish(self) -> str:
+        """What was held back (an incomplete character at the very end is written as the decoder writes it)."""
+        return self._delta(final=True)
+
+    def _delta(self, final: bool) -> str:
+        if self.read == len(self.tokens):
+            return ""
+        shown = self.decode(self.tokens[self.prefix:self.read])
+        text = self.decode(self.tokens[self.prefix:])
+        if not final and (len(text) <= len(shown) or text.endswith(REPLACEMENT)):
+            return ""
+        self.prefix, self.read = self.read, len(self.tokens)
+        return text[len(shown):]
