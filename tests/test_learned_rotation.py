@@ -115,4 +115,6 @@ def test_learned_export_and_bad_options(tiny_llama, tmp_path):
     r = subprocess.run([sys.executable, "scripts/export.py", "--out", str(tmp_path / "x"), "--rotation", "learned",
                         "--rotation-steps", "0"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     lines = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and len(lines) == 1 and "steps >= 1" in lines[0], r.stderr
+    assert r.returncode == 2 and len(lines) == 1 and "--rotation-steps: 0 is out of range" in lines[0], r.stderr
+    with pytest.raises(ValueError, match="steps >= 1"):          # the library's own check, for callers without a CLI
+        LearnOptions(steps=0)
