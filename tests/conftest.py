@@ -94,6 +94,20 @@ def small_llama_checkpoint(tmp_path_factory, small_llama_folder):
     return out
 
 
+def read_until(stream, needle: bytes, seconds: float = 300) -> bytes:
+    """What a child process wrote to `stream` (a pipe) until `needle` appears, the pipe closes or `seconds` pass."""
+    import select
+    import time
+    got, deadline = b"", time.time() + seconds
+    while needle not in got and time.time() < deadline:
+        if select.select([stream], [], [], 1)[0]:
+            chunk = os.read(stream.fileno(), 4096)
+            if not chunk:
+                break
+            got += chunk
+    return got
+
+
 def tag_from_output(tok, tokens: list[int]) -> tuple[str, int]:
     """A closing tag taken from a run's own output (the text of one token past the middle, not the last) and `at`,
     the number of tokens after which it first appears: nothing assumed about what the model writes here."""

@@ -2,7 +2,6 @@
 
 import json
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -10,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, read_until
 
 
 def _chat(*args, **kw):
@@ -99,17 +98,6 @@ def test_bad_input_errors(rtn_checkpoint, tmp_path):
     _one_line_error(_chat("--checkpoint", rtn_checkpoint, "--prompts-file", bad), "bad.jsonl:1")
 
 
-def _read_until(stream, needle: bytes, seconds: float = 300) -> bytes:
-    got, deadline = b"", time.time() + seconds
-    while needle not in got and time.time() < deadline:
-        if select.select([stream], [], [], 1)[0]:
-            chunk = os.read(stream.fileno(), 4096)
-            if not chunk:
-                break
-            got += chunk
-    return got
-
-
 def _wait_blocked_reading(pid: int, seconds: float = 30) -> None:
     """Until the process's main thread sleeps in a pipe read (its prompt's input()): a SIGINT that lands between
     the prompt's write and the read is handled before the read starts, and the read then waits for input, as a
@@ -138,10 +126,10 @@ def test_interactive_chat_streams_and_ctrl_c_at_the_prompt_ends_it(rtn_checkpoin
     try:
         p.stdin.write(b"Hello!\n")
         p.stdin.flush()
-        err = _read_until(p.stderr, b"tok/s")
+        err = read_until(p.stderr, b"tok/s")
         assert b"tok/s" in err, err[-2000:]
-        out = _read_until(p.stdout, b"bot> ")
-        out += _read_until(p.stdout, b"you> ") if out.count(b"you> ") < 2 else b""   # the answer, then the prompt
+        out = read_until(p.stdout, b"bot> ")
+        out += read_until(p.stdout, b"you> ") if out.count(b"you> ") < 2 else b""   # the answer, then the prompt
         assert b"bot> " in out and out.rstrip().endswith(b"you>"), out
         _wait_blocked_reading(p.pid)
         p.send_signal(signal.SIGINT)

@@ -5,7 +5,6 @@ with a message that says so."""
 
 import gc
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from edge.decode.config import GenerateConfig
 from edge.decode.sampling import SamplingConfig
 from edge.memory.devices import process_rss_bytes
 from edge.runtime import Runtime
-from tests.conftest import ROOT
+from tests.conftest import ROOT, read_until
 
 PROMPTS = ["Write a short poem about the sea.", "Name three rivers.", "What is two plus two?"]
 CONFIGS = [GenerateConfig(policy="speculative", max_new_tokens=6), GenerateConfig(policy="target", max_new_tokens=6),
@@ -98,31 +97,20 @@ def _chat(checkpoint, *args):
                             preexec_fn=_default_sigint)
 
 
-def _read_until(stream, needle: bytes, seconds: float = 300) -> bytes:
-    got, deadline = b"", time.time() + seconds
-    while needle not in got and time.time() < deadline:
-        if select.select([stream], [], [], 1)[0]:
-            chunk = os.read(stream.fileno(), 4096)
-            if not chunk:
-                break
-            got += chunk
-    return got
-
-
 def test_ctrl_c_stops_an_answer_and_the_chat_goes_on(small_llama_checkpoint):
     # the chat's default backend (native where it builds) writes hundreds of tokens a second on this small model:
     # an answer of thousands of tokens is still streaming when the signal comes
     p = _chat(small_llama_checkpoint, "--max-new-tokens", 6000, "--max-context", 8192)
     p.stdin.write(b"Tell me a long story.\n")
     p.stdin.flush()
-    out = _read_until(p.stdout, b"bot> ")
+    out = read_until(p.stdout, b"bot> ")
     out += os.read(p.stdout.fileno(), 64)                      # some of the answer has streamed
     p.send_signal(signal.SIGINT)
-    err = _read_until(p.stderr, b"[answer interrupted]")
+    err = read_until(p.stderr, b"[answer interrupted]")
     assert b"[answer interrupted]" in err, err
     p.stdin.write(b"And another one?\n")
     p.stdin.flush()
-    err += _read_until(p.stderr, b"tok/s")
+    err += read_until(p.stderr, b"tok/s")
     assert b"tok/s" in err, err                                # the second answer ran to its end
     p.stdin.close()                                            # Ctrl-D at the prompt
     p.wait(timeout=120)
