@@ -14,6 +14,7 @@ from edge.decode.cost_table import CostTable
 from edge.decode.costs import SAMPLE_TEXT, engine_costs
 from edge.decode.generate import generate
 from edge.decode.stats import DecodeStats, draft_head_summary, fp16_weight_bytes_per_pass
+from edge.memory.devices import release_freed_heap
 from edge.memory.plan import check_request, fit_context, plan_for_runtime
 from edge.model.checkpoint import load_checkpoint, set_draft_head
 from edge.text_stream import TextStream
@@ -57,7 +58,9 @@ class Runtime:
         self.fp16_bytes_per_token = fp16_weight_bytes_per_pass(self.ckpt)
         # Everything loaded so far (the tokenizer, transformers' modules, the checkpoint) lives as long as the
         # runtime: out of the cyclic collector's generations, so a collection scans only what decoding makes
-        # (full collections over the loaded objects took ~5% of a native pass's time, measured with perf).
+        # (full collections over the loaded objects took ~5% of a native pass's time, measured with perf). Loading's
+        # garbage is collected first (frozen, it would never be) and the heap it freed given back.
+        release_freed_heap()
         gc.freeze()
 
     def encode(self, prompt: str | list[dict], chat: bool = True) -> list[int]:
