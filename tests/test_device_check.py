@@ -3,16 +3,15 @@ interpreter on the CPU, tiny shapes): every section's code runs, so a typo canno
 
 import json
 import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, read_until
 
-# Seconds after which the killed-run test stops the whole dry run: past Python's start and the dry bandwidth
-# section on a 2-core CPU, well inside the hanging section.
-KILL_AFTER_S = 40
 
 
 def test_device_check_script_runs_dry(tmp_path):
@@ -48,10 +47,8 @@ def test_device_check_without_a_gpu_says_so():
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "needs a CUDA GPU" in out.stderr
 
 
-def _dry(tmp_path, *args, timeout_s: int | None = None):
+def _dry(tmp_path, *args):
     env = dict(os.environ, DRY="1", OUT=str(tmp_path))
-    if timeout_s:
-        env["DEVICE_CHECK_TIMEOUT"] = str(timeout_s)
     out = subprocess.run(["bash", str(ROOT / "scripts" / "device_check.sh"), "--repeats", "1", *args],
                          capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
     r = json.loads((tmp_path / "device_check.json").read_text())
@@ -68,15 +65,45 @@ def test_a_section_past_its_limit_is_recorded_and_the_next_one_runs(tmp_path):
     assert 2 <= r["lossless_seconds"] < 10 and "Timed out: lossless." in md
 
 
+def _children(pid: int, name: str) -> list[int]:
+    """Process ids of `pid`'s children whose command is `name` (/proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()                     # "pid (comm) state ppid ..."
+        except OSError:
+            continue                                    # gone meanwhile
+        comm, fields = text.split("(", 1)[1].rsplit(")", 1)[0], text.rsplit(")", 1)[1].split()
+        if int(fields[1]) == pid and comm == name:
+            found.append(int(stat.parent.name))
+    return found
+
+
 def test_a_run_killed_in_a_middle_section_leaves_the_sections_done(tmp_path):
     """The whole run's timeout (the script's) fires inside the hanging section: the JSON written after the section
-    before it is there, says which section was running, and the table is still printed from it."""
-    out, r, md = _dry(tmp_path, "--sections", "bandwidth,lossless,pass_times", "--hang", "lossless",
-                      "--limits", "lossless=600", timeout_s=KILL_AFTER_S)
-    assert out.returncode == 124 and "holds the sections done" in out.stderr, out.stderr[-2000:]
+    before it is there, says which section was running, and the table is still printed from it. The timeout fires
+    as soon as the hanging section is under way: coreutils' `timeout` treats SIGALRM as its own expiry (timeout.c,
+    cleanup()), so the test sends it one then instead of waiting out a fixed number of seconds."""
+    env = dict(os.environ, DRY="1", OUT=str(tmp_path), DEVICE_CHECK_TIMEOUT="600")
+    proc = subprocess.Popen(["bash", str(ROOT / "scripts" / "device_check.sh"), "--repeats", "1", "--sections",
+                             "bandwidth,lossless,pass_times", "--hang", "lossless", "--limits", "lossless=600"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+    try:
+        seen = read_until(proc.stderr, b"device_check: bandwidth done", seconds=300)
+        assert b"bandwidth done" in seen, seen[-2000:]
+        timers = _children(proc.pid, "timeout")
+        assert len(timers) == 1, timers
+        os.kill(timers[0], signal.SIGALRM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    stderr = (seen + stderr).decode()
+    assert proc.returncode == 124 and "holds the sections done" in stderr, stderr[-2000:]
+    r = json.loads((tmp_path / "device_check.json").read_text())
     assert not r["complete"] and r["running"] == "lossless" and "pass_times" not in r
     assert r["bandwidth"]["copy_GBps"] > 0 and "lossless" not in r
-    assert "INCOMPLETE: stopped during `lossless`" in md
+    assert "INCOMPLETE: stopped during `lossless`" in (tmp_path / "device_check.md").read_text()
+    assert "INCOMPLETE: stopped during `lossless`" in stdout.decode()
 
 
 def test_the_7b_shape_is_skipped_below_12_gib():
