@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,9 @@ def test_a_run_killed_in_a_middle_section_leaves_the_sections_done(tmp_path):
     try:
         seen = read_until(proc.stderr, b"device_check: bandwidth done", seconds=300)
         assert b"bandwidth done" in seen, seen[-2000:]
+        report, deadline = tmp_path / "device_check.json", time.time() + 120
+        while json.loads(report.read_text()).get("running") != "lossless" and time.time() < deadline:
+            time.sleep(0.05)                            # the JSON names the next section just after the line
         timers = _children(proc.pid, "timeout")
         assert len(timers) == 1, timers
         os.kill(timers[0], signal.SIGALRM)
