@@ -48,6 +48,17 @@ PluginFieldType = enum.Enum("PluginFieldType", "FLOAT16 FLOAT32 FLOAT64 INT8 INT
 PreviewFeature = enum.Enum("PreviewFeature", "PROFILE_SHARING_0806 ALIASED_PLUGIN_IO_10_03")
 
 
+class ILogger:
+    """A logger TensorRT calls with (severity, message); a Python subclass overrides `log` (pyCore.cpp v10.3.0, the
+    ILogger binding, and pyCoreDoc.h's MyLogger example). Severity values are exported on the class, as there."""
+
+    Severity = enum.Enum("Severity", "INTERNAL_ERROR ERROR WARNING INFO VERBOSE")
+
+    def __init__(self):
+        pass
+
+
+
 class Dims(tuple):
     """A tensor's dimensions (tensorrt.Dims: len, index, iterate)."""
 
