@@ -122,7 +122,8 @@ def catch_up(dst, src, seq_len, t: int, window: int) -> None:
 
 def _attention(ins, outs, window: int = 0) -> None:
     """Attention over planes with this pass's entries written. Planes in place where each output is its input's
-    buffer (the aliasing build); otherwise (the ping-pong build: separate input and output buffers, swapped by the
+    buffer (the aliasing build: a copy TensorRT inserts for aliased I/O sits in front of the plugin, which still sees
+    one buffer for both, NvInferRuntime.h v10.3.0 getAliasedInput's diagram); otherwise (the ping-pong build: separate input and output buffers, swapped by the
     runner each pass, edge.backends.tensorrt_kv) the output buffer holds the history as of two passes ago, so the
     last `window` (the profile's largest pass, >= the previous pass's width) positions before this pass are copied
     from the input first: every pass starts at or before the previous pass's end, so that is all the output lacks.

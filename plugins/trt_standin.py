@@ -1,6 +1,7 @@
 """TensorRT 10.3's Python plugin API surface as plain Python, for driving the project's IPluginV3 plugins where
 TensorRT cannot be installed: the names `plugins.trt_plugins.define_plugins` reads from a `tensorrt` module (enums,
-tensor descriptors, shape expressions, field collections, the V3 interface classes, the creator and a registry).
+tensor descriptors, shape expressions, field collections, the V3 interface classes, the creator and a registry), and
+the ILogger base a build's capturing logger subclasses (export.trt_log).
 It computes nothing TensorRT computes; plugins.trt_conformance plays TensorRT's part (which method is called when,
 and what the 10.3 wrapper does where a method is missing).
 
