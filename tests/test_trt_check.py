@@ -3,7 +3,6 @@ the CPU (onnxruntime) in place of the engine agrees with the independent step re
 and a graph with one misread scale (1.25x, one layer) fails the section, and the dry device check with it."""
 
 import json
-import os
 import subprocess
 import sys
 
@@ -46,16 +45,14 @@ def test_the_section_passes_an_engine_that_agrees(small_llama_checkpoint, graphs
 
 
 def test_the_dry_device_check_fails_a_misread_scale(small_llama_checkpoint, graphs, tmp_path):
-    """scripts/device_check.sh's tensorrt section, dry (the graph on the CPU in place of the engine): the planted
-    scale fails the section and the whole check, and the table says why."""
-    env = dict(os.environ, DRY="1", OUT=str(tmp_path))
-    out = subprocess.run(["bash", str(ROOT / "scripts" / "device_check.sh"), "--sections", "tensorrt", "--checkpoint",
-                          str(small_llama_checkpoint), "--onnx", str(graphs[1])], capture_output=True, text=True,
-                         env=env, timeout=600, cwd=ROOT)
-    assert out.returncode == 0, out.stderr[-3000:]
+    """The device check's tensorrt section, dry (the graph on the CPU in place of the engine): the planted scale
+    fails the section and the whole check, in the JSON and in the table."""
+    from edge.cli.device_check import DeviceCheckOptions, run_device_check, table
+    opts = DeviceCheckOptions(dry=True, sections=("tensorrt",), checkpoint=str(small_llama_checkpoint),
+                              onnx=str(graphs[1]))
+    run_device_check(opts, tmp_path / "device_check.json")
     r = json.loads((tmp_path / "device_check.json").read_text())
     trt = r["tensorrt"]
-    assert trt["status"] == "failed" and trt["engine"] == "onnxruntime" and not r["passed"], trt
+    assert r["complete"] and trt["status"] == "failed" and trt["engine"] == "onnxruntime" and not r["passed"], trt
     assert trt["prefill_rel_err"] > trt["prefill_bound"] and "from the independent reference" in trt["reason"]
-    assert "TensorRT: failed against the independent reference (onnxruntime" in \
-        (tmp_path / "device_check.md").read_text()
+    assert "TensorRT: failed against the independent reference (onnxruntime" in table(r)
