@@ -53,6 +53,9 @@ def parser() -> argparse.ArgumentParser:
                    "with --onnx / --engine, build only those")
     p.add_argument("--max-context", type=count(2), default=2048, help="engine profile: largest KV capacity")
     p.add_argument("--max-tokens", type=count(), default=5, help="engine profile: largest pass (γ+1)")
+    p.add_argument("--kv-binding", choices=("auto", "aliased", "pingpong"), default="auto",
+                   help="engine KV planes: aliased (in place), pingpong (separate input and output buffers swapped each "
+                   "pass), or auto: aliased unless TensorRT's verbose build log shows plane copies (docs/tensorrt.md)")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
     return p
 
@@ -102,7 +105,7 @@ def main(argv=None) -> int:
             result["onnx"] = export_onnx(a.out, draft_head=a.draft_head)
         if a.engine:
             from export.trt_build import build_engine
-            result["engine"] = build_engine(result["onnx"]["onnx"], profile)
+            result["engine"] = build_engine(result["onnx"]["onnx"], profile, kv_binding=a.kv_binding)
         return result
 
     return run_cli(body, a.json, "bitnest-export")

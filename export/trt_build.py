@@ -2,9 +2,12 @@
 (export.trt_readiness), local functions inlined to standard ops, parsed from a file, the `bitnest` nodes bound to
 the Python IPluginV3 plugins (plugins.trt_plugins, their plane outputs aliased to their inputs), TF32 off, one
 optimization profile for the pass size M and the KV capacity C, serialized atomically beside the ONNX file.
+The KV planes are bound aliased (in place) or ping-pong (edge.backends.tensorrt_kv); the verbose build log is read
+for copies of the planes (export.trt_log) and the choice and the copies go to the engine's build record beside it.
 Runs where TensorRT >= 10.3 and a CUDA GPU exist (a Jetson on JetPack 6.1/6.2); elsewhere it refuses with the
 reason."""
 
+import json
 import os
 import tempfile
 import time
@@ -12,7 +15,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from edge.atomic import write_atomic
+from edge.backends.tensorrt_kv import ALIASED, KV_BINDINGS, PINGPONG
+from edge.backends.tensorrt_record import record_path
 from edge.errors import BitNestError
+from export.trt_readiness import check_file
 from plugins.step_contract import (
     ENGINE_FILE,
     LOGITS,
@@ -20,6 +26,8 @@ from plugins.step_contract import (
     StepShapes,
     kv_inputs,
 )
+
+AUTO = "auto"
 
 
 def engine_build_unavailable() -> str | None:
@@ -59,33 +67,25 @@ def inlined_copy(onnx_path):
         os.unlink(tmp)
 
 
-def build_engine(onnx_path, profile: ProfileSpec = ProfileSpec(), out=None, workspace_mib: int = 1024) -> dict:
-    """Build and serialize the engine of the step graph at `onnx_path` (default out: beside it)."""
-    reason = engine_build_unavailable()
-    if reason:
-        raise BitNestError(f"cannot build a TensorRT engine here: {reason}")
-    import onnx
-    import tensorrt as trt
+def attention_layers(model) -> list[str]:
+    """Names of the attention plugin nodes of a step graph (the layers TensorRT names after them)."""
+    from plugins.contracts import NESTED_KV_ATTENTION
+    return [n.name for n in model.graph.node if n.op_type == NESTED_KV_ATTENTION.graph]
 
-    from export.trt_readiness import check_file
-    from plugins.trt_plugins import register_plugins
 
-    t0 = time.time()
-    onnx_path = Path(onnx_path)
-    out = Path(out) if out else onnx_path.with_name(ENGINE_FILE)
-    problems = check_file(onnx_path)
-    if problems:
-        raise BitNestError(f"{onnx_path} breaks {len(problems)} TensorRT 10.3 rule(s), first: {problems[0]} "
-                           "(re-export it with scripts/export.py --existing --onnx)")
-    register_plugins()
-    shapes = step_shapes_of(onnx.load(str(onnx_path), load_external_data=False))
-    logger = trt.Logger(trt.Logger.WARNING)
+def _build_once(trt, onnx_path: Path, shapes: StepShapes, profile: ProfileSpec, aliasing: bool,
+                workspace_mib: int):
+    """(serialized engine, plane copy lines of its verbose build log) of one build, KV planes aliased or not."""
+    from export.trt_log import capturing_logger, plane_copies
+    logger = capturing_logger(trt)
     builder = trt.Builder(logger)
     network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
     parser = trt.OnnxParser(network, logger)
     # parse_from_file: the parser reads the file and its external weights itself; parse(bytes) would hold a second
     # serialized copy of the model in memory and stops at protobuf's 2 GiB message limit (a 7B model's weights).
     with inlined_copy(onnx_path) as inlined:
+        import onnx
+        layers = attention_layers(onnx.load(str(inlined), load_external_data=False))
         ok = parser.parse_from_file(str(inlined))
     if not ok:
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
@@ -95,8 +95,10 @@ def build_engine(onnx_path, profile: ProfileSpec = ProfileSpec(), out=None, work
     # TF32 is on by default (NvInfer.h, BuilderFlag::kTF32: "Enabled by default"): it would round the float32
     # head, rotations and norms to 10-bit mantissas before the INT8 quantizers read them.
     config.clear_flag(trt.BuilderFlag.TF32)
-    # the attention plugin writes the KV entries into its plane inputs: legal only as declared aliasing
-    config.set_preview_feature(trt.PreviewFeature.ALIASED_PLUGIN_IO_10_03, True)
+    # aliased: the attention plugin writes the KV entries into its plane inputs, legal only as declared aliasing;
+    # ping-pong: the feature stays off, so get_aliased_input is never called (NvInferRuntime.h v10.3.0 line 1119)
+    # and the plugin writes only its own outputs (plugins.trt_plugins._attention)
+    config.set_preview_feature(trt.PreviewFeature.ALIASED_PLUGIN_IO_10_03, aliasing)
     opt = builder.create_optimization_profile()
     for name, (lo, mid, hi) in profile.shapes(shapes).items():
         opt.set_shape(name, lo, mid, hi)
@@ -104,7 +106,43 @@ def build_engine(onnx_path, profile: ProfileSpec = ProfileSpec(), out=None, work
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
         raise BitNestError("TensorRT failed to build the engine (see its log above)")
+    return serialized, plane_copies(logger.lines, layers)
+
+
+def build_engine(onnx_path, profile: ProfileSpec = ProfileSpec(), out=None, workspace_mib: int = 1024,
+                 kv_binding: str = AUTO) -> dict:
+    """Build and serialize the engine of the step graph at `onnx_path` (default out: beside it) and its build record
+    (edge.backends.tensorrt_record). `kv_binding`: `aliased` (planes in place), `pingpong` (separate input and output
+    plane buffers, swapped each pass: edge.backends.tensorrt_kv), or `auto`: aliased, unless its verbose build log
+    shows copies of the planes, then ping-pong (both builds' copies recorded)."""
+    if kv_binding not in (AUTO, *KV_BINDINGS):
+        raise ValueError(f"unknown KV binding {kv_binding!r}: use {AUTO}, {', '.join(KV_BINDINGS)}")
+    onnx_path = Path(onnx_path)
+    problems = check_file(onnx_path)            # bad input first: one line, wherever TensorRT is or is not
+    if problems:
+        raise BitNestError(f"{onnx_path} breaks {len(problems)} TensorRT 10.3 rule(s), first: {problems[0]} "
+                           "(re-export it with scripts/export.py --existing --onnx)")
+    reason = engine_build_unavailable()
+    if reason:
+        raise BitNestError(f"cannot build a TensorRT engine here: {reason}")
+    import onnx
+    import tensorrt as trt
+
+    from plugins.trt_plugins import register_plugins
+
+    t0 = time.time()
+    out = Path(out) if out else onnx_path.with_name(ENGINE_FILE)
+    register_plugins()
+    shapes = step_shapes_of(onnx.load(str(onnx_path), load_external_data=False))
+    record = {"tensorrt": trt.__version__, "profile": {"max_tokens": profile.max_tokens,
+                                                       "max_context": profile.max_context}}
+    mode = PINGPONG if kv_binding == PINGPONG else ALIASED
+    serialized, copies = _build_once(trt, onnx_path, shapes, profile, mode == ALIASED, workspace_mib)
+    if kv_binding == AUTO and copies:
+        record["aliased_build_copies"] = copies
+        mode = PINGPONG
+        serialized, copies = _build_once(trt, onnx_path, shapes, profile, False, workspace_mib)
+    record.update(kv_binding=mode, plane_copies=copies)
     write_atomic(bytes(serialized), out)
-    return {"engine": str(out), "bytes": out.stat().st_size, "tensorrt": trt.__version__,
-            "profile": {"max_tokens": profile.max_tokens, "max_context": profile.max_context},
-            "seconds": round(time.time() - t0, 1)}
+    write_atomic(json.dumps(record, indent=1).encode(), record_path(out))
+    return {"engine": str(out), "bytes": out.stat().st_size, **record, "seconds": round(time.time() - t0, 1)}

@@ -19,6 +19,9 @@ WeightsContext.cpp, onnxOpImporters.cpp and its operator list, operators.md):
   given tensor is requested to be aliased by two different plugins, this may result in divergent copies");
   anything between them (an Identity) would be a copy of the whole plane per pass.
 - `opset`: the default-domain opset is within what the parser imports (9..20).
+- `namespace`: every node is a standard op or a `bitnest` plugin op. The plugin creators are registered under the
+  empty namespace (TensorRT 10.3's parser looks there) and under `bitnest` (from 10.10 the parser reads a node's
+  domain as the plugin namespace): a node of any other domain finds no creator on either.
 - `op`: every standard op is one the parser imports: onnx-tensorrt operators.md (10.1-GA, the newest in this
   index; 10.3 imports the same set for these ops) marks those in UNSUPPORTED_OPS "N" (BitShift and the Bitwise* ops
   among them, which is why the embedding gather unpacks nibbles by int32 division: export.onnx_rows).
@@ -112,6 +115,12 @@ def check_graph(model: onnx.ModelProto) -> list[Violation]:
     model = onnx.inliner.inline_local_functions(model)
     g = model.graph
     out: list[Violation] = []
+    for n in g.node:
+        if n.domain not in ("", "ai.onnx", DOMAIN):
+            out.append(Violation("namespace", n.name, f"{n.domain}::{n.op_type} is in a plugin namespace no creator is "
+                                 f"registered under (only '' and '{DOMAIN}')"))
+    if out:         # the other rules read types inferred through the bitnest schemas: not this graph's nodes
+        return out
     graph_io = {i.name for i in g.input} | {o.name for o in g.output}
     types = _types(model)
     for name, t in types.items():

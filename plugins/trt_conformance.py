@@ -1,6 +1,7 @@
 """TensorRT 10.3's side of a Python IPluginV3 plugin, played without TensorRT: `drive` takes a plugin creator and
-real input tensors, calls the plugin's methods in the order TensorRT 10.3 calls them (build, then deserialization and
-execution), and raises ConformanceError, one line naming the method, wherever 10.3's Python wrapper would fail:
+real input tensors, calls the plugin's methods in the order TensorRT 10.3 calls them (`build`, then `load`:
+deserialization, and `execute`, any number of times on the buffers given), and raises ConformanceError, one line
+naming the method, wherever 10.3's Python wrapper would fail:
 a method it has no default for is missing, a method raises, or a result has the wrong type or length.
 
 The wrapper (NVIDIA/TensorRT v10.3.0, python/src/infer/pyPlugin.cpp) finds each Python method by name with
@@ -154,11 +155,14 @@ def _garbage(shape, dtype, gen) -> torch.Tensor:
     return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=gen).view(dtype).reshape(shape)
 
 
-def drive(creator, inputs: list[torch.Tensor], namespace: str | None = None, seed: int = 0) -> dict:
-    """Build and run one plugin node of `creator` on `inputs` (real data, on the device the plugins launch on) as
-    TensorRT 10.3 does. Returns {"outputs": tensors after the run-time enqueue (an aliased output is its input's
-    buffer), "aliases": {output: input}, "build_interface", "tactics", "calls": [method names in call order]}."""
-    calls = []
+def build(creator, inputs: list[torch.Tensor], namespace: str | None = None, seed: int = 0, aliasing: bool = True,
+          max_shapes: list[tuple] | None = None, calls: list | None = None) -> dict:
+    """TensorRT 10.3's build phase of one plugin node of `creator` on `inputs`: `aliasing` is the builder's
+    PreviewFeature.ALIASED_PLUGIN_IO_10_03 (off: get_aliased_input is never called, NvInferRuntime.h v10.3.0 line
+    1119, and no output aliases an input); `max_shapes` the profile's largest input shapes (default: the inputs').
+    Returns {"fields" (serialized), "aliases", "build_interface", "tactics", "workspace", "out_shapes", "out_types",
+    "calls"}."""
+    calls = [] if calls is None else calls
 
     def c(obj, name, *args):
         calls.append(name)
@@ -168,10 +172,7 @@ def drive(creator, inputs: list[torch.Tensor], namespace: str | None = None, see
         _prop(creator, p)
     name, version = creator.name, creator.plugin_version
     namespace = creator.plugin_namespace if namespace is None else namespace
-    fields = creator.field_names
-
-    # -- build phase ----------------------------------------------------------------------------------------------
-    created = c(creator, "create_plugin", name, fields, trt.TensorRTPhase.BUILD)
+    created = c(creator, "create_plugin", name, trt.PluginFieldCollection([]), trt.TensorRTPhase.BUILD)
     if not isinstance(created, trt.IPluginV3):
         raise ConformanceError(f"{type(creator).__name__}.create_plugin() returned {type(created).__name__}, "
                                "not an IPluginV3")
@@ -181,27 +182,27 @@ def drive(creator, inputs: list[torch.Tensor], namespace: str | None = None, see
     if ident != (name, version, namespace):
         raise ConformanceError(f"{type(plugin).__name__} reports (name, version, namespace) {ident}, its creator "
                                f"{(name, version, namespace)}: the engine could not find its creator again")
-    build, build_cls = _interface(c, plugin, trt.PluginCapabilityType.BUILD,
-                                  (trt.IPluginV3OneBuildV2, trt.IPluginV3OneBuild))
-    n_out = _prop(build, "num_outputs")
+    build_, build_cls = _interface(c, plugin, trt.PluginCapabilityType.BUILD,
+                                   (trt.IPluginV3OneBuildV2, trt.IPluginV3OneBuild))
+    n_out = _prop(build_, "num_outputs")
     in_types = [_desc(t).type for t in inputs]
-    out_types = c(build, "get_output_data_types", in_types)
+    out_types = c(build_, "get_output_data_types", in_types)
     if not isinstance(out_types, (list, tuple)) or len(out_types) != n_out or \
             not all(isinstance(t, trt.DataType) for t in out_types):
         raise ConformanceError(f"{type(plugin).__name__}.get_output_data_types() must return {n_out} DataTypes")
-    out_shapes = _shapes(c, plugin, build, inputs, n_out)
+    out_shapes = _shapes(c, plugin, build_, inputs, n_out)
     in_desc = [_desc(t) for t in inputs]
     out_desc = [trt.PluginTensorDesc(s, t, trt.TensorFormat.LINEAR) for s, t in zip(out_shapes, out_types)]
-    dyn_in = [trt.DynamicPluginTensorDesc(d) for d in in_desc]
+    dyn_in = [trt.DynamicPluginTensorDesc(d, max=m) for d, m in zip(in_desc, max_shapes or [None] * len(inputs))]
     dyn_out = [trt.DynamicPluginTensorDesc(d) for d in out_desc]
     for pos in range(len(inputs) + n_out):
-        if not c(build, "supports_format_combination", pos, dyn_in + dyn_out, len(inputs)):   # cast<bool>
+        if not c(build_, "supports_format_combination", pos, dyn_in + dyn_out, len(inputs)):   # cast<bool>
             raise ConformanceError(f"{type(plugin).__name__}.supports_format_combination() refuses position {pos} "
                                    f"({(in_desc + out_desc)[pos].type.name}, LINEAR), the graph's own type")
     aliases = {}
-    if build_cls is trt.IPluginV3OneBuildV2:
+    if aliasing and build_cls is trt.IPluginV3OneBuildV2:
         for o in range(n_out):
-            i = c(build, "get_aliased_input", o)
+            i = c(build_, "get_aliased_input", o)
             if not isinstance(i, int) or not -1 <= i < len(inputs):
                 raise ConformanceError(f"{type(plugin).__name__}.get_aliased_input({o}) = {i!r}: not -1 or an input")
             if i >= 0:
@@ -209,12 +210,12 @@ def drive(creator, inputs: list[torch.Tensor], namespace: str | None = None, see
                     raise ConformanceError(f"{type(plugin).__name__}: output {o} aliased to input {i} of another type "
                                            "or shape, or to an input already aliased")
                 aliases[o] = i
-    c(build, "configure_plugin", dyn_in, dyn_out)
-    tactics = c(build, "get_valid_tactics")
+    c(build_, "configure_plugin", dyn_in, dyn_out)
+    tactics = c(build_, "get_valid_tactics")
     if not isinstance(tactics, (list, tuple)) or not all(isinstance(t, int) and t != 0 for t in tactics) or \
             len(set(tactics)) != len(tactics):
         raise ConformanceError(f"{type(plugin).__name__}.get_valid_tactics() = {tactics!r}: unique non-zero ints")
-    workspace = c(build, "get_workspace_size", dyn_in, dyn_out)
+    workspace = c(build_, "get_workspace_size", dyn_in, dyn_out)
     if not isinstance(workspace, int) or workspace < 0:
         raise ConformanceError(f"{type(plugin).__name__}.get_workspace_size() = {workspace!r}: bytes, an int >= 0")
     runtime, _ = _interface(c, plugin, trt.PluginCapabilityType.RUNTIME, (trt.IPluginV3OneRuntime,))
@@ -225,34 +226,69 @@ def drive(creator, inputs: list[torch.Tensor], namespace: str | None = None, see
         c(runtime, "on_shape_change", in_desc, out_desc)
         fake_in = [_garbage(t.shape, t.dtype, gen).to(device) for t in inputs]
         fake_out = [_garbage(s, _TORCH[t], gen).to(device) for s, t in zip(out_shapes, out_types)]
-        _enqueue(c, runtime, in_desc, out_desc, fake_in, fake_out, workspace, device)
+        _enqueue(c, runtime, fake_in, fake_out, workspace)
     fields = c(runtime, "get_fields_to_serialize")
     if not isinstance(fields, trt.PluginFieldCollection):
         raise ConformanceError(f"{type(plugin).__name__}.get_fields_to_serialize() returned {type(fields).__name__}, "
                                "not a PluginFieldCollection")
     c(plugin, "destroy")
+    return {"fields": fields, "aliases": aliases, "build_interface": build_cls.__name__, "tactics": list(tactics),
+            "workspace": workspace, "out_shapes": out_shapes, "out_types": out_types, "calls": calls}
 
-    # -- deserialization and execution -----------------------------------------------------------------------------
-    loaded = c(creator, "create_plugin", name, fields, trt.TensorRTPhase.RUNTIME)
+
+def load(creator, built: dict, calls: list | None = None):
+    """Deserialization: create_plugin(RUNTIME) with the serialized fields, attach_to_context (the execution
+    context's clone) and set_tactic with the chosen tactic; returns the runtime interface that `execute` enqueues."""
+    calls = built["calls"] if calls is None else calls
+
+    def c(obj, name, *args):
+        calls.append(name)
+        return call(obj, name, *args)
+
+    loaded = c(creator, "create_plugin", creator.name, built["fields"], trt.TensorRTPhase.RUNTIME)
     runtime_of_loaded, _ = _interface(c, loaded, trt.PluginCapabilityType.RUNTIME, (trt.IPluginV3OneRuntime,))
     attached = c(runtime_of_loaded, "attach_to_context", trt.IPluginResourceContext())
     if not isinstance(attached, trt.IPluginV3) or attached is loaded:
         raise ConformanceError(f"{type(loaded).__name__}.attach_to_context() must return a clone (an IPluginV3)")
     rt, _ = _interface(c, attached, trt.PluginCapabilityType.RUNTIME, (trt.IPluginV3OneRuntime,))
-    c(rt, "set_tactic", tactics[0] if tactics else 0)
-    c(rt, "on_shape_change", in_desc, out_desc)
+    c(rt, "set_tactic", built["tactics"][0] if built["tactics"] else 0)
+    return rt
+
+
+def execute(rt, built: dict, inputs: list[torch.Tensor], outputs: list[torch.Tensor], calls: list | None = None):
+    """One execution of a loaded plugin on the addresses of `inputs` and `outputs` (an aliased output is its input's
+    buffer, as TensorRT binds it; a ping-pong engine's plane outputs are buffers of their own): on_shape_change at
+    these shapes, then enqueue."""
+    calls = built["calls"] if calls is None else calls
+
+    def c(obj, name, *args):
+        calls.append(name)
+        return call(obj, name, *args)
+
+    c(rt, "on_shape_change", [_desc(t) for t in inputs], [_desc(t) for t in outputs])
+    _enqueue(c, rt, inputs, outputs, built["workspace"])
+    return outputs
+
+
+def drive(creator, inputs: list[torch.Tensor], namespace: str | None = None, seed: int = 0) -> dict:
+    """Build and run one plugin node of `creator` on `inputs` (real data, on the device the plugins launch on) as
+    TensorRT 10.3 does, aliasing on. Returns {"outputs": tensors after the run-time enqueue (an aliased output is its
+    input's buffer), "aliases": {output: input}, "build_interface", "tactics", "calls": [method names in call order]}."""
+    built = build(creator, inputs, namespace, seed)
+    rt = load(creator, built)
+    aliases, device = built["aliases"], inputs[0].device
     outs = [inputs[aliases[o]] if o in aliases else torch.empty(s, dtype=_TORCH[t], device=device)
-            for o, (s, t) in enumerate(zip(out_shapes, out_types))]
-    _enqueue(c, rt, in_desc, out_desc, inputs, outs, workspace, device)
-    return {"outputs": outs, "aliases": aliases, "build_interface": build_cls.__name__, "tactics": list(tactics),
-            "calls": calls}
+            for o, (s, t) in enumerate(zip(built["out_shapes"], built["out_types"]))]
+    execute(rt, built, inputs, outs)
+    return {"outputs": outs, **{k: built[k] for k in ("aliases", "build_interface", "tactics", "calls")}}
 
 
-def _enqueue(c, runtime, in_desc, out_desc, ins, outs, workspace: int, device) -> None:
+def _enqueue(c, runtime, ins, outs, workspace: int) -> None:
     """enqueue(descs, addresses, workspace address, stream) as the wrapper hands them: ints (intptr_t)."""
+    device = ins[0].device
     ws = torch.empty(workspace, dtype=torch.uint8, device=device) if workspace else None
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    c(runtime, "enqueue", in_desc, out_desc, [t.data_ptr() for t in ins], [t.data_ptr() for t in outs],
-      ws.data_ptr() if ws is not None else 0, stream)
+    c(runtime, "enqueue", [_desc(t) for t in ins], [_desc(t) for t in outs], [t.data_ptr() for t in ins],
+      [t.data_ptr() for t in outs], ws.data_ptr() if ws is not None else 0, stream)
     if device.type == "cuda":
         torch.cuda.current_stream(device).synchronize()

@@ -13,8 +13,10 @@ Facts of TensorRT 10.3 this follows (NVIDIA/TensorRT v10.3.0 headers and python/
 - scalar inputs (view, seq_len, kv8_from) stay on the device: the kernels read them (no host read, no sync);
 - a plugin may write into an input only when the output is declared aliased to it (IPluginV3OneBuildV2::
   getAliasedInput, effective with PreviewFeature::kALIASED_PLUGIN_IO_10_03; "TensorRT may insert copies"): the
-  attention plugin's plane outputs alias its plane inputs, and where TensorRT hands distinct buffers the plane is
-  copied to the output before the in-place write, so the output is right either way;
+  attention plugin's plane outputs alias its plane inputs. Built without the feature (the ping-pong KV binding,
+  edge.backends.tensorrt_kv) the outputs are buffers of their own: the plugin copies the last `kv_window` positions
+  before the pass from input to output (`catch_up`; kv_window is the profile's largest pass, taken from
+  configure_plugin's max dims and serialized with the engine), never the whole plane;
 - Python's enqueue return value is not read: an exception becomes -1 (pyPlugin.cpp, enqueue);
 - the Python wrapper has no default for set_tactic, on_shape_change, attach_to_context, get_fields_to_serialize,
   enqueue, configure_plugin, the output types and shapes, supports_format_combination, get_capability_interface and
@@ -35,6 +37,7 @@ PLUGIN_VERSION = "1"
 PLUGIN_NAMESPACE = ""
 PLUGIN_NAMESPACES = (PLUGIN_NAMESPACE, DOMAIN)       # TensorRT 10.3's parser looks in "", >= 10.10's in the domain
 MIN_TENSORRT = (10, 3)
+KV_WINDOW_FIELD = "kv_window"     # the attention plugin's serialized field: the profile's largest pass (its catch-up)
 
 # Element types a TensorRT 10.3 plugin tensor may have (every DataType but kBOOL and kUINT8; FP8 and INT4 left out).
 TRT_PLUGIN_TYPES = ("float32", "float16", "bfloat16", "int8", "int32", "int64")
@@ -71,11 +74,27 @@ def tensorrt_unavailable() -> str | None:
     if version < MIN_TENSORRT or not hasattr(trt, "IPluginV3") or not hasattr(trt, "IPluginV3OneBuildV2"):
         return (f"TensorRT {trt.__version__} lacks Python IPluginV3 plugins with aliased I/O (IPluginV3OneBuildV2): "
                 "use TensorRT >= 10.3 (JetPack 6.1/6.2)")
-    if importlib.util.find_spec("triton") is None:
-        return "triton is not installed (the plugins launch Triton kernels): pip install -e .[jetson]"
+    reason = plugin_library_unavailable()
+    if reason:
+        return reason
     import torch
     if not torch.cuda.is_available():
         return "no CUDA GPU visible to torch: TensorRT plugins launch Triton kernels through torch.cuda"
+    return None
+
+
+def plugin_library_unavailable() -> str | None:
+    """None where the plugins' kernel library imports (plugins.kernels' Triton modules, which every enqueue
+    launches), else the one-line reason naming the fix. Checked before the creators are registered: a plugin whose
+    enqueue cannot import its kernels would fail inside TensorRT (enqueue returns -1, the engine stops)."""
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed (the plugins launch Triton kernels): pip install -e .[jetson]"
+    try:
+        import plugins.kernels.attention  # noqa: F401
+        import plugins.kernels.gemv  # noqa: F401
+    except ImportError as e:
+        return (f"the plugins' kernel library plugins.kernels does not import ({e}): reinstall the project with its "
+                "kernels and the jetson extra (pip install -e .[jetson])")
     return None
 
 
@@ -90,7 +109,25 @@ def _gemv(ins, outs) -> None:
     dual_plane_linear_coded(x, as_bytes(base), as_bytes(refine), scale, view, offset, out=outs[0])
 
 
-def _attention(ins, outs) -> None:
+def catch_up(dst, src, seq_len, t: int, window: int) -> None:
+    """Copy positions [S - t - window, S - t) of plane `src` into plane `dst` (dim 2 is the position; S = seq_len, a
+    device scalar clamped to [t, C] as the KV write clamps it): what a ping-pong output buffer lacks of the history.
+    The index is computed on the device (no host read: capturable in a CUDA graph); positions below 0 clamp to 0."""
+    import torch
+    cap = src.shape[2]
+    end = seq_len.reshape(()).clamp(t, cap) - t                                        # [] first position written now
+    idx = (end - window + torch.arange(window, device=src.device)).clamp(0, cap - 1)   # [window]
+    dst.index_copy_(2, idx, src.index_select(2, idx))
+
+
+def _attention(ins, outs, window: int = 0) -> None:
+    """Attention over planes with this pass's entries written. Planes in place where each output is its input's
+    buffer (the aliasing build: a copy TensorRT inserts for aliased I/O sits in front of the plugin, which still sees
+    one buffer for both, NvInferRuntime.h v10.3.0 getAliasedInput's diagram); otherwise (the ping-pong build: separate input and output buffers, swapped by the
+    runner each pass, edge.backends.tensorrt_kv) the output buffer holds the history as of two passes ago, so the
+    last `window` (the profile's largest pass, >= the previous pass's width) positions before this pass are copied
+    from the input first: every pass starts at or before the previous pass's end, so that is all the output lacks.
+    window 0 (an engine that did not record it): the whole plane is copied."""
     from plugins.kernels import nested_kv_attention_at, write_kv_at
     q, k, v, base, refine, scale, seq_len, kv8_from = ins
     out, base_out, refine_out, scale_out = outs
@@ -98,7 +135,11 @@ def _attention(ins, outs) -> None:
     if not 1 <= t <= cap or k.shape != v.shape or k.shape[1] != t:
         raise ValueError(f"NestedKvAttention: {t} queries do not fit a KV capacity of {cap}")
     for dst, src in ((base_out, base), (refine_out, refine), (scale_out, scale)):
-        if dst.data_ptr() != src.data_ptr():     # TensorRT gave the aliased output its own buffer: start from the input
+        if dst.data_ptr() == src.data_ptr():      # aliased: the entries are written in place
+            continue
+        if window > 0:
+            catch_up(dst, src, seq_len, t, window)
+        else:
             dst.copy_(src)
     pb, pr = as_bytes(base_out), as_bytes(refine_out)                 # [2, Hkv, C, D/2] bytes
     write_kv_at(k, v, pb, pr, scale_out, seq_len)                      # entries of positions [S - T, S), in place
@@ -108,13 +149,16 @@ def _attention(ins, outs) -> None:
 _RUN = {DUAL_PLANE_LINEAR.graph: _gemv, NESTED_KV_ATTENTION.graph: _attention}
 
 
-def enqueue_op(op: str, ins, outs, building: bool) -> int:
+def enqueue_op(op: str, ins, outs, building: bool, kv_window: int = 0) -> int:
     """One plugin execution on torch tensors over TensorRT's buffers: 0, or an exception for shapes that cannot
     run. In the build phase nothing is launched: TensorRT may time the plugin on fake data (garbage view and
-    lengths), and a timing of one tactic chooses nothing."""
+    lengths), and a timing of one tactic chooses nothing. `kv_window`: the attention's catch-up window (_attention)."""
     if building:
         return 0
-    _RUN[op](ins, outs)
+    if op == NESTED_KV_ATTENTION.graph:
+        _attention(ins, outs, kv_window)
+    else:
+        _RUN[op](ins, outs)
     return 0
 
 
@@ -186,6 +230,13 @@ def define_plugins(trt, device: str = "cuda"):
             self.num_outputs = len(self.io.outputs)
             self.timing_cache_id = ""
             self.phase = phase
+            self.kv_window = 0             # the attention's catch-up window (_attention), serialized in the engine
+
+        def read_fields(self, fc) -> None:
+            """Take the fields the engine serialized (get_fields_to_serialize) or the parser passed (none)."""
+            for f in fc or ():
+                if f.name == KV_WINDOW_FIELD and f.data is not None and len(f.data):
+                    self.kv_window = int(f.data[0])
 
         def get_capability_interface(self, kind):
             return self
@@ -219,7 +270,7 @@ def define_plugins(trt, device: str = "cuda"):
             pass
 
         def get_fields_to_serialize(self):
-            return trt.PluginFieldCollection([])
+            return trt.PluginFieldCollection([])        # the attention plugin adds its window
 
         def attach_to_context(self, context):
             return self.clone()
@@ -236,9 +287,9 @@ def define_plugins(trt, device: str = "cuda"):
             ins = [tensor(p, d) for p, d in zip(inputs, input_desc)]
             outs = [tensor(p, d) for p, d in zip(outputs, output_desc)]
             if device == "cpu":
-                return enqueue_op(self.name, ins, outs, False)
+                return enqueue_op(self.name, ins, outs, False, self.kv_window)
             with torch.cuda.stream(torch.cuda.ExternalStream(int(stream))):
-                return enqueue_op(self.name, ins, outs, False)
+                return enqueue_op(self.name, ins, outs, False, self.kv_window)
 
     class DualPlaneGemvPlugin(_Plugin):
         """y [M, N] float32 = x [M, K] @ W_view^T (plugins.kernels.dual_plane_linear_coded)."""
@@ -257,6 +308,15 @@ def define_plugins(trt, device: str = "cuda"):
             return [trt.DimsExprs(inputs[0]), trt.DimsExprs(inputs[3]), trt.DimsExprs(inputs[4]),
                     trt.DimsExprs(inputs[5])]
 
+        def configure_plugin(self, inp, out):
+            # q [Hq, T, D]: the profile's largest T bounds the previous pass's width, hence what a ping-pong output
+            # buffer lacks (DynamicPluginTensorDesc.max, pyPlugin.cpp v10.3.0 line 2393)
+            self.kv_window = int(inp[0].max[1])
+
+        def get_fields_to_serialize(self):
+            return trt.PluginFieldCollection([trt.PluginField(KV_WINDOW_FIELD, np.array([self.kv_window], np.int32),
+                                                              trt.PluginFieldType.INT32)])
+
     class _Creator(trt.IPluginCreatorV3One):
         """Creates one plugin class's plugins in one namespace (they report it: the engine finds this creator)."""
 
@@ -267,7 +327,9 @@ def define_plugins(trt, device: str = "cuda"):
             self.field_names = trt.PluginFieldCollection([])
 
         def create_plugin(self, name, fc, phase):
-            return self.plugin_cls(phase, self.plugin_namespace)
+            plugin = self.plugin_cls(phase, self.plugin_namespace)
+            plugin.read_fields(fc)
+            return plugin
 
     return (DualPlaneGemvPlugin, NestedKvAttentionPlugin), _Creator
 
@@ -277,6 +339,9 @@ def register_creators(trt, registry, device: str = "cuda") -> list:
     Python wrapper has no default for, registered with `registry`; returns them (keep them alive: the registry does
     not own Python creators). RuntimeError, one line, where a class lacks a method or the registry refuses one."""
     from plugins.trt_conformance import ConformanceError, check_required
+    reason = plugin_library_unavailable()
+    if reason:
+        raise RuntimeError(reason)
     plugins, creator_cls = define_plugins(trt, device)
     out = []
     for cls in plugins:

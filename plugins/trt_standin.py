@@ -1,6 +1,7 @@
 """TensorRT 10.3's Python plugin API surface as plain Python, for driving the project's IPluginV3 plugins where
 TensorRT cannot be installed: the names `plugins.trt_plugins.define_plugins` reads from a `tensorrt` module (enums,
-tensor descriptors, shape expressions, field collections, the V3 interface classes, the creator and a registry).
+tensor descriptors, shape expressions, field collections, the V3 interface classes, the creator and a registry), and
+the ILogger base a build's capturing logger subclasses (export.trt_log).
 It computes nothing TensorRT computes; plugins.trt_conformance plays TensorRT's part (which method is called when,
 and what the 10.3 wrapper does where a method is missing).
 
@@ -46,6 +47,17 @@ DimensionOperation = enum.Enum("DimensionOperation", "SUM PROD MAX MIN SUB EQUAL
 PluginFieldType = enum.Enum("PluginFieldType", "FLOAT16 FLOAT32 FLOAT64 INT8 INT16 INT32 CHAR DIMS UNKNOWN BF16 INT64 "
                                                "FP8 INT4")
 PreviewFeature = enum.Enum("PreviewFeature", "PROFILE_SHARING_0806 ALIASED_PLUGIN_IO_10_03")
+
+
+class ILogger:
+    """A logger TensorRT calls with (severity, message); a Python subclass overrides `log` (pyCore.cpp v10.3.0, the
+    ILogger binding, and pyCoreDoc.h's MyLogger example). Severity values are exported on the class, as there."""
+
+    Severity = enum.Enum("Severity", "INTERNAL_ERROR ERROR WARNING INFO VERBOSE")
+
+    def __init__(self):
+        pass
+
 
 
 class Dims(tuple):

@@ -2,11 +2,14 @@
 # The one prepared script for a CUDA machine (<= 8 minutes, no network): every kernel against the oracle on the GPU,
 # kernel GB/s against copy bandwidth, the triton backend lossless on the 135M shape, pass times with and without
 # CUDA graphs (135M and Llama-2-7B shapes, random planes built on the GPU: the checkpoint cannot travel), and the
-# speed-up they project at the real model's measured acceptance. Writes $OUT/device_check.json and, generated from
-# it, $OUT/device_check.md (the docs table). TensorRT is reported and skipped where it is not installed.
+# speed-up they project at the real model's measured acceptance, and where TensorRT is importable the SmolLM2 engine
+# (--checkpoint DIR, or an RTN export of the default model made here) against the independent step reference, with
+# the KV binding its build chose and the plane copies TensorRT's verbose build log showed. Writes
+# $OUT/device_check.json and, generated from it, $OUT/device_check.md (the docs table). TensorRT is reported and
+# skipped where it is not installed.
 # The JSON is rewritten before and after every section (`running`, `complete`), each section has its own time limit
-# (--limits), and the whole run stops after DEVICE_CHECK_TIMEOUT seconds (470): a timeout anywhere leaves the
-# sections done. The 7B shape is skipped by itself on a device with under 12 GiB (an 8 GB Orin).
+# (--limits), and the whole run stops after DEVICE_CHECK_TIMEOUT seconds (470, 770 where TensorRT is importable:
+# its section may take 300): a timeout anywhere leaves the sections done. The 7B shape is skipped by itself on a device with under 12 GiB (an 8 GB Orin).
 #
 #   OUT=/some/dir bash scripts/device_check.sh [--skip-7b] [--repeats N] [--sections a,b] [--limits kernels=200]
 #   DRY=1 OUT=/tmp/x bash scripts/device_check.sh --repeats 1   # the same code here, Triton interpreter, tiny shapes
@@ -22,15 +25,19 @@ if [ "${DRY:-0}" = "1" ]; then
 else
   unset TRITON_INTERPRET                    # the compiler on the GPU, never the interpreter
 fi
+WHOLE=470
 if ! "$PY" -c "import tensorrt" >/dev/null 2>&1; then
   echo "device_check: TensorRT is not installed here: the engine build and the tensorrt backend are skipped" >&2
+else
+  WHOLE=770                                 # the tensorrt section's limit (300 s) on top
 fi
+DEVICE_CHECK_TIMEOUT=${DEVICE_CHECK_TIMEOUT:-$WHOLE}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >&2 || true
 status=0
-timeout "${DEVICE_CHECK_TIMEOUT:-470}" "$PY" -m edge.cli.device_check --out "$OUT/device_check.json" "${ARGS[@]}" "$@" \
+timeout "$DEVICE_CHECK_TIMEOUT" "$PY" -m edge.cli.device_check --out "$OUT/device_check.json" "${ARGS[@]}" "$@" \
   || status=$?
 if [ "$status" = 124 ]; then
-  echo "device_check: stopped after ${DEVICE_CHECK_TIMEOUT:-470} s; $OUT/device_check.json holds the sections done" >&2
+  echo "device_check: stopped after $DEVICE_CHECK_TIMEOUT s; $OUT/device_check.json holds the sections done" >&2
 fi
 if [ -f "$OUT/device_check.json" ]; then
   "$PY" -m edge.cli.device_check --table "$OUT/device_check.json" | tee "$OUT/device_check.md"

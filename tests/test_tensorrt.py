@@ -150,3 +150,34 @@ def test_the_parser_gets_an_inlined_copy_that_reads_the_original_weights(small_l
         onnx.checker.check_model(str(copy), full_check=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["decoder_step.onnx", "decoder_step.onnx.data",
                                                           "decoder_step.onnx.sha256"]   # the export's digests
+
+
+@pytest.mark.trt
+def test_pingpong_engine_equals_the_aliased_engine(built_engine, tmp_path):
+    """On a TensorRT machine: the engine built for ping-pong KV binding (separate plane buffers swapped each pass)
+    gives the aliased engine's logits pass for pass, eager and replayed; the build records say which binding each
+    has and what plane copies TensorRT's verbose build log showed."""
+    import json
+    from pathlib import Path
+
+    import numpy as np
+
+    from edge.backends.tensorrt_record import record_path
+    from edge.backends.tensorrt_step import tensorrt_engine
+    from export.trt_build import build_engine
+    ckpt, engine = built_engine
+    print("aliased build record", json.loads(record_path(engine).read_text()))
+    pp = build_engine(Path(engine).with_name("decoder_step.onnx"), ProfileSpec(max_tokens=5, max_context=64),
+                      out=tmp_path / "pingpong.engine", kv_binding="pingpong")
+    print("ping-pong build record", {k: pp[k] for k in ("kv_binding", "plane_copies")})
+    assert pp["kv_binding"] == "pingpong"
+    for graphs in (False, True):
+        engines = [tensorrt_engine(ckpt, 64, e, graphs=graphs) for e in (engine, pp["engine"])]
+        assert engines[1].runner.kv_binding == "pingpong"
+        for e in engines:
+            e.prefill(PROMPT)
+        for ids, view in (([7], "draft"), ([8], "draft"), ([7, 8, 9, 10, 11], "target"), ([12], "draft")):
+            a, b = (e.forward(ids, view).numpy() for e in engines)
+            assert np.array_equal(a, b), (graphs, ids, view)
+            for e in engines:
+                e.commit(e.length + (1 if view == "draft" and len(ids) == 1 else 2))

@@ -21,8 +21,9 @@ from typing import Callable
 
 
 class GraphedPasses:
-    """Runs passes of width M on `stream` through per-width contexts of `engine`, replaying a CUDA graph of each
-    after its first pass. `bind(context, m)` binds every address and shape of a pass of width m."""
+    """Runs passes of width M on `stream` through per-key contexts of `engine` (the key: the width M, or (M, parity)
+    where the KV planes ping-pong between two buffer sets), replaying a CUDA graph of each after its first pass.
+    `bind(context, key)` binds every address and shape of a pass of that key."""
 
     def __init__(self, trt, engine, bind: Callable, stream, torch):
         self.trt, self.engine, self.bind, self.stream, self.torch = trt, engine, bind, stream, torch
@@ -32,7 +33,7 @@ class GraphedPasses:
         self.graphs: dict[int, object] = {}
         self.reasons: dict[int, str] = {}
 
-    def _context(self, m: int):
+    def _context(self, m):
         ctx = self.engine.create_execution_context(self.trt.ExecutionContextAllocationStrategy.USER_MANAGED)
         if ctx is None:
             raise RuntimeError(f"TensorRT could not create an execution context for passes of {m} tokens")
@@ -44,7 +45,7 @@ class GraphedPasses:
         if not ctx.execute_async_v3(self.stream.cuda_stream):
             raise RuntimeError("TensorRT execute_async_v3 failed (see its log)")
 
-    def _capture(self, m: int, ctx) -> None:
+    def _capture(self, m, ctx) -> None:
         """A graph of ctx's enqueue, or the one-line reason it could not be captured (eager from then on)."""
         torch = self.torch
         self.stream.synchronize()                     # the eager first pass has finished: nothing pending is captured
@@ -59,8 +60,9 @@ class GraphedPasses:
             return
         self.graphs[m] = graph
 
-    def run(self, m: int) -> None:
-        """Enqueue one pass of width m on the stream (its inputs already staged in the bound buffers)."""
+    def run(self, m) -> None:
+        """Enqueue one pass of key m (a width, or (width, parity)) on the stream (its inputs already staged in the
+        bound buffers)."""
         graph = self.graphs.get(m)
         if graph is not None:
             with self.torch.cuda.stream(self.stream):

@@ -1,7 +1,9 @@
 """`tensorrt` backend: deserializes the decoder-step engine (scripts/export.py --engine), keeps the nested KV
 planes in persistent device buffers (torch tensors: one per plane per layer, bound to both the engine's plane
 input and its aliased plane output, so the attention plugin's in-place writes are the KV cache:
-plugins.step_contract), binds every address once, and runs passes on one stream;
+plugins.step_contract; or, for an engine built for ping-pong KV binding, two sets swapped each pass:
+edge.backends.tensorrt_kv, the binding read from the engine's build record), binds every address once, and runs
+passes on one stream;
 edge.decode.step_engine.StepEngine turns it into speculative rounds. Imports tensorrt lazily: it runs on a Jetson
 (JetPack 6.1/6.2, TensorRT 10.3) or a CUDA machine with TensorRT, nowhere else.
 
@@ -9,14 +11,17 @@ Device memory and the stream come from torch.cuda (the plugins launch their kern
 primary context), so no other CUDA binding is needed (pycuda has no wheel and builds from source only with CUDA on
 PATH). Per pass the host writes the token ids and three scalars into one pinned buffer and copies it in one
 transfer; only the token count M changes an input shape; logits come back in one copy. By default each width M has
-its own execution context whose enqueue is captured in a CUDA graph after its first pass and replayed
-(edge.backends.tensorrt_graphs; eager, with the reason, where capture fails); `graphs=False` runs one context
-eagerly, setting the shape when M changes."""
+its own execution context (per width and parity with ping-pong KV) whose enqueue is captured in a CUDA graph after
+its first pass and replayed (edge.backends.tensorrt_graphs; eager, with the reason, where capture fails);
+`graphs=False` runs one context eagerly, setting the shape when M changes (and the plane addresses each pass with
+ping-pong KV)."""
 
 from pathlib import Path
 
 import numpy as np
 
+from edge.backends.tensorrt_kv import ALIASED, PINGPONG, PingPong
+from edge.backends.tensorrt_record import REBUILD, check_version, read_record
 from edge.decode.step_engine import StepEngine, check_graph_draft_head
 from edge.errors import BitNestError
 from edge.model.checkpoint import Checkpoint
@@ -62,10 +67,14 @@ class TensorRTStepRunner:
         if not path.is_file():
             raise BitNestError(f"engine {path} does not exist: build it with `python scripts/export.py --out CKPT "
                                "--existing --engine`")
+        record = read_record(path)
+        check_version(record, path, trt.__version__)
+        self.kv_binding = record.get("kv_binding", ALIASED)
         register_plugins()  # the engine's plugin nodes resolve to these creators at deserialization
         self.engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(path.read_bytes())
         if self.engine is None:
-            raise BitNestError(f"TensorRT could not deserialize {path} (built by another TensorRT version?): rebuild it")
+            raise BitNestError(f"TensorRT {trt.__version__} could not deserialize {path} (built by another TensorRT "
+                               f"version, or not an engine): {REBUILD}")
         lo, _, hi = self.engine.get_tensor_profile_shape(kv_inputs(0)[0], 0)
         if not lo[2] <= capacity <= hi[2]:
             raise BitNestError(f"a KV capacity of {capacity} is outside the engine's profile [{lo[2]}, {hi[2]}]: "
@@ -79,14 +88,12 @@ class TensorRTStepRunner:
         self.stream = torch.cuda.Stream()
         self.bindings = []    # (I/O tensor name, buffer, shape to set or None): bound once in every context
         dev = torch.device("cuda")
-        self.planes = []      # per layer: (base, refine, scale), the KV cache itself
-        for layer in range(shapes.layers):
-            planes = (torch.zeros(shapes.plane_shape(capacity), dtype=torch.int32, device=dev),
-                      torch.zeros(shapes.plane_shape(capacity), dtype=torch.int32, device=dev),
-                      torch.zeros(shapes.scale_shape(capacity), dtype=torch.float16, device=dev))
-            self.planes.append(planes)
-            for i, o, t in zip(kv_inputs(layer), kv_outputs(layer), planes):
-                self.bindings += [(i, t, tuple(t.shape)), (o, t, None)]   # aliased output: the same buffer (in place)
+        # per buffer set (one aliased, two ping-pong), per layer: (base, refine, scale), the KV cache itself
+        self.planes = [[(torch.zeros(shapes.plane_shape(capacity), dtype=torch.int32, device=dev),
+                         torch.zeros(shapes.plane_shape(capacity), dtype=torch.int32, device=dev),
+                         torch.zeros(shapes.scale_shape(capacity), dtype=torch.float16, device=dev))
+                        for _ in range(shapes.layers)] for _ in range(2 if self.kv_binding == PINGPONG else 1)]
+        self.pingpong = PingPong() if self.kv_binding == PINGPONG else None
         # one pinned host staging row: seq_len, kv8_from, view, then the ids, each at a multiple of 256 bytes (the
         # alignment set_tensor_address requires, NvInferRuntime.h); one device copy of its used prefix per pass
         self.host = torch.zeros(_IDS + max_tokens, dtype=torch.int64).pin_memory()
@@ -104,10 +111,21 @@ class TensorRTStepRunner:
             self.context = self.engine.create_execution_context()
             self._bind_all(self.context, None)
 
-    def _bind_all(self, context, width: int | None) -> None:
+    def plane_bindings(self, parity: int) -> list:
+        """(name, buffer, shape or None) of every KV plane input and output for a pass reading set `parity`: the
+        same buffer for both where aliased, set parity in and set 1 - parity out with ping-pong."""
+        src, dst = self.planes[parity], self.planes[(1 - parity) % len(self.planes)]
+        out = []
+        for layer in range(self.shapes.layers):
+            for i, o, a, b in zip(kv_inputs(layer), kv_outputs(layer), src[layer], dst[layer]):
+                out += [(i, a, tuple(a.shape)), (o, b, None)]
+        return out
+
+    def _bind_all(self, context, key) -> None:
         """Bind every I/O tensor's address and fixed shape in `context` (once: they never change), and the pass
-        width where given."""
-        for name, t, shape in self.bindings:
+        width where given. `key`: None, a width, or (width, parity) with ping-pong KV (GraphedPasses' keys)."""
+        width, parity = key if isinstance(key, tuple) else (key, 0)
+        for name, t, shape in self.bindings + self.plane_bindings(parity):
             if shape is not None and not context.set_input_shape(name, shape):
                 raise BitNestError(f"TensorRT refused shape {shape} for {name}")
             if not context.set_tensor_address(name, t.data_ptr()):
@@ -121,6 +139,7 @@ class TensorRTStepRunner:
         if not 1 <= m <= min(self.max_tokens, seq_len) or seq_len > self.capacity:
             raise ValueError(f"a pass of {m} tokens ending at {seq_len} does not fit (max {self.max_tokens} tokens, "
                              f"capacity {self.capacity})")
+        parity = self.pingpong.next(seq_len, m) if self.pingpong is not None else 0
         h = self.host
         h[0], h[_SLOT], h[2 * _SLOT] = seq_len, kv8_from, view_code(view)
         h[_IDS:_IDS + m] = self.torch.tensor(ids, dtype=self.torch.int64)
@@ -128,10 +147,14 @@ class TensorRTStepRunner:
             if not self.context.set_input_shape(INPUT_IDS, (m,)):
                 raise BitNestError(f"TensorRT refused a pass of {m} tokens")
             self.width = m
+        if self.passes is None and self.pingpong is not None:     # the planes this pass reads and writes
+            for name, t, _ in self.plane_bindings(parity):
+                if not self.context.set_tensor_address(name, t.data_ptr()):
+                    raise BitNestError(f"TensorRT refused the address of {name}")
         with self.torch.cuda.stream(self.stream):
             self.staged[:_IDS + m].copy_(h[:_IDS + m], non_blocking=True)
             if self.passes is not None:
-                self.passes.run(m)
+                self.passes.run((m, parity) if self.pingpong is not None else m)
             elif not self.context.execute_async_v3(self.stream.cuda_stream):
                 raise RuntimeError("TensorRT execute_async_v3 failed (see its log)")
             self.logits_host[:m].copy_(self.logits[:m], non_blocking=True)

@@ -56,6 +56,15 @@ def prefill_rel_err(engine: Engine, ref: ReferenceRun, prompt: list[int]) -> flo
     return float(np.linalg.norm(got - ref.prefill) / np.linalg.norm(ref.prefill))
 
 
+def reference_and_bound(ckpt, prompt: list[int], new_tokens: int, capacity: int) -> tuple[ReferenceRun, float]:
+    """The reference's run of `prompt` and the prefill bound an engine is held to on it (prefill_bound of the torch
+    backend's own error there): what the self-check and the device check's TensorRT section compare with."""
+    from edge.backends.torch_ref import TorchBackend
+    from edge.decode.engine import PassEngine
+    ref = reference_run(ckpt.path, prompt, new_tokens, capacity)
+    return ref, prefill_bound(prefill_rel_err(PassEngine(ckpt, TorchBackend(ckpt), capacity), ref, prompt))
+
+
 def compare_with_reference(make_engine: Callable[[], Engine], ref: ReferenceRun, prompt: list[int],
                            max_rel_err: float) -> dict:
     """{"agrees", "reason" (None or one line), "prefill_rel_err", "tokens", "reference_tokens"} of fresh engines from

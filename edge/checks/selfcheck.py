@@ -74,18 +74,23 @@ class SelfCheckOptions:
             raise ValueError("--tokens must be at least 1")
 
 
+def check_prompt(ckpt) -> list[int]:
+    """The checks' real chat prompt in the model's chat template (token ids)."""
+    from edge.runtime import load_tokenizer
+    tok = load_tokenizer(ckpt.path)
+    return list(tok.apply_chat_template([{"role": "user", "content": "Name three primary colors."}],
+                                        add_generation_prompt=True, tokenize=True, return_dict=False))
+
+
 class _Check:
     """Shared state of one run: the prompt, the reference tokens, configs."""
 
     def __init__(self, opts: SelfCheckOptions):
         from edge.backends.torch_ref import TorchBackend
-        from edge.runtime import load_tokenizer
 
         self.opts = opts
         self.ckpt = load_checkpoint(opts.checkpoint)
-        tok = load_tokenizer(self.ckpt.path)
-        self.prompt = list(tok.apply_chat_template([{"role": "user", "content": "Name three primary colors."}],
-                                                   add_generation_prompt=True, tokenize=True, return_dict=False))
+        self.prompt = check_prompt(self.ckpt)
         self.capacity = len(self.prompt) + opts.tokens + 8
         self.target = GenerateConfig(policy="target", max_new_tokens=opts.tokens)
         self.spec = GenerateConfig(policy="speculative", gamma=4, max_new_tokens=opts.tokens)
@@ -110,17 +115,9 @@ class _Check:
     def against_independent(self, make_engine, r: PathResult) -> PathResult:
         """`r` failed unless the engine's prefill logits and greedy target-only tokens agree with the independent
         step reference (edge.checks.reference_agreement): an engine lossless against itself may still be wrong."""
-        from edge.backends.torch_ref import TorchBackend
-        from edge.checks.reference_agreement import (
-            compare_with_reference,
-            prefill_bound,
-            prefill_rel_err,
-            reference_run,
-        )
+        from edge.checks.reference_agreement import compare_with_reference, reference_and_bound
         if self.independent is None:
-            self.independent = reference_run(self.ckpt.path, self.prompt, self.opts.tokens, self.capacity)
-            torch_engine = PassEngine(self.ckpt, TorchBackend(self.ckpt), self.capacity)
-            self.bound = prefill_bound(prefill_rel_err(torch_engine, self.independent, self.prompt))
+            self.independent, self.bound = reference_and_bound(self.ckpt, self.prompt, self.opts.tokens, self.capacity)
         a = compare_with_reference(make_engine, self.independent, self.prompt, self.bound)
         r.details["independent_reference"] = {**{k: v for k, v in a.items() if k != "agrees"},
                                               "prefill_bound": self.bound}

@@ -3,14 +3,19 @@ cannot travel, so random-plane checkpoints of the default model's and Llama-2-7B
 (edge.memory.synthetic). It writes one JSON object, from which `--table` prints the docs table.
 
     python -m edge.cli.device_check --out FILE.json [--dry] [--repeats N] [--skip-7b] [--sections a,b]
-                                    [--limits kernels=120,...] [--hang SECTION (dry only)]
+                                    [--limits kernels=120,...] [--hang SECTION (dry only)] [--checkpoint DIR]
+                                    [--onnx FILE]
     python -m edge.cli.device_check --table FILE.json
 
 Sections: every kernel against the oracle on the GPU; kernel GB/s against the same run's copy bandwidth; the
 `triton` backend lossless (speculative = target) on the 135M shape; draft-, target- and verification-pass times of
 the eager launchers, the static passes and their CUDA-graph replays; the speculative speed-up those times project
 at the acceptance measured on the real model (tokens per round x target pass / (γ draft passes + 1 verification));
-TensorRT, where present (said so and skipped where not). `--dry` runs the same code in the Triton interpreter on
+TensorRT, where importable: the SmolLM2 engine (a --checkpoint export, or an RTN export of the default model made
+on the spot) built with its KV binding chosen from the verbose build log and run against the independent step
+reference (export.trt_check, in a process of its own: greedy tokens equal, prefill logits within the self-check's
+bound; the binding and any plane copies recorded), skipped with the reason where TensorRT is absent. In the dry run
+with --checkpoint the same section runs with the graph on the CPU (onnxruntime) standing in for the engine. `--dry` runs the same code in the Triton interpreter on
 the CPU at tiny shapes (a test runs it, so a typo costs no device time); its figures mean nothing.
 
 Evidence survives a timeout: the JSON is written (atomically) before and after every section, with `running`
@@ -39,9 +44,14 @@ from edge.errors import BitNestError
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP = ROOT / "scripts" / "results" / "sweep-bitnest.json"    # the real model's speculation sweep (README)
 GAMMA = 4
-SECTIONS = ("kernels", "bandwidth", "lossless", "pass_times")
-# Seconds per section: their sum (450) stays under scripts/device_check.sh's timeout of the whole run (470).
-LIMITS = {"kernels": 120, "bandwidth": 60, "lossless": 120, "pass_times": 150}
+SECTIONS = ("kernels", "bandwidth", "lossless", "pass_times", "tensorrt")
+# Seconds per section: the first four's sum (450) stays under scripts/device_check.sh's timeout of the whole run
+# (470); where TensorRT is importable the script adds the tensorrt section's limit (an engine build takes minutes).
+LIMITS = {"kernels": 120, "bandwidth": 60, "lossless": 120, "pass_times": 150, "tensorrt": 300}
+# The sections whose result passes or fails the run, where they ran (the others measure): a section that raised or
+# timed out holds only {"error"} and fails its verdict.
+VERDICTS = {"kernels": lambda r: bool(r.get("passed")), "lossless": lambda r: bool(r.get("identical")),
+            "tensorrt": lambda r: "error" not in r and r.get("status") != "failed"}
 SEVEN_B_MIN_GIB = 12      # the 7B shape's synthetic checkpoint (~7 GB of planes) plus KV, workspace and the context
 
 
@@ -54,6 +64,8 @@ class DeviceCheckOptions:
     sections: tuple = SECTIONS        # which sections run, in SECTIONS order
     limits: tuple = ()                # ((section, seconds), ...) over LIMITS
     hang: str | None = None           # dry runs only: this section hangs (a simulated cold compile past its limit)
+    checkpoint: str | None = None     # the tensorrt section's checkpoint (default: export the default model)
+    onnx: str | None = None           # the tensorrt section's step graph (default: exported from the checkpoint)
 
     def __post_init__(self):
         if self.repeats < 1 or self.new_tokens < 2:
@@ -235,6 +247,31 @@ def projection(times: dict) -> dict:
     return out
 
 
+def tensorrt_section(opts: DeviceCheckOptions) -> dict:
+    """The engine against the independent reference (export.trt_check in its own process, bounded by the section's
+    limit): its JSON object, or {"status": "skipped", "reason"} where TensorRT is absent (outside a dry run with a
+    checkpoint, which runs the onnxruntime stand-in), or {"status": "failed", "reason"} where it could not run."""
+    import subprocess
+
+    from plugins.trt_plugins import tensorrt_unavailable
+    reason, engine = tensorrt_unavailable(), "tensorrt"
+    if reason:
+        if not (opts.dry and opts.checkpoint):
+            return {"status": "skipped", "reason": reason}
+        engine = "onnxruntime"
+    cmd = [sys.executable, "-m", "export.trt_check", "--engine", engine, "--json"]
+    for flag, value in (("--checkpoint", opts.checkpoint), ("--onnx", opts.onnx)):
+        if value:
+            cmd += [flag, value]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=opts.limit("tensorrt"))
+    lines = out.stdout.strip().splitlines()
+    try:
+        return json.loads(lines[-1])
+    except (IndexError, ValueError):
+        last = (out.stderr.strip().splitlines() or [f"exit {out.returncode}, no output"])[-1]
+        return {"status": "failed", "reason": last[:400]}
+
+
 def run_device_check(opts: DeviceCheckOptions, out: Path | None = None) -> dict:
     """Every chosen section, each timed and within its limit; a section that raises or runs out of time is
     recorded with its error and the rest still run. With `out`, the JSON is rewritten before and after each one."""
@@ -256,7 +293,8 @@ def run_device_check(opts: DeviceCheckOptions, out: Path | None = None) -> dict:
             write_atomic(json.dumps(result, indent=1).encode(), out)
 
     run = {"kernels": lambda: kernels(opts), "bandwidth": lambda: bandwidth(opts),
-           "lossless": lambda: lossless(opts, dev), "pass_times": lambda: pass_times(opts, dev)}
+           "lossless": lambda: lossless(opts, dev), "pass_times": lambda: pass_times(opts, dev),
+           "tensorrt": lambda: tensorrt_section(opts)}
     for name in (s for s in SECTIONS if s in opts.sections):
         result["running"] = name
         save()
@@ -271,11 +309,9 @@ def run_device_check(opts: DeviceCheckOptions, out: Path | None = None) -> dict:
     result.pop("running", None)
     if "error" not in result.get("pass_times", {"error": "not run"}):
         result["projection"] = projection(result["pass_times"])
-    reason = result["environment"]["tensorrt"]
-    result["tensorrt"] = {"status": "skipped", "reason": reason} if reason != "present" else \
-        {"status": "present", "note": "build an engine from an exported checkpoint: scripts/export.py --engine"}
-    result["passed"] = bool(result.get("kernels", {}).get("passed")) and \
-        bool(result.get("lossless", {}).get("identical"))
+    verdicts = [VERDICTS[s](result[s]) for s in VERDICTS if s in opts.sections]
+    result.setdefault("tensorrt", {"status": "not run", "reason": "not among --sections"})
+    result["passed"] = bool(verdicts) and all(verdicts)
     result["complete"] = True
     save()
     return result
@@ -286,7 +322,7 @@ def table(result: dict) -> str:
     env = result["environment"]
     trt = result.get("tensorrt", {"status": "not reached"})
     lines = [f"Device: {env['gpu'] or 'CPU (dry run)'}, torch {env['torch']}, CUDA {env['cuda']}, triton "
-             f"{env['triton']}; TensorRT: {trt.get('reason') or trt['status']}.", "",
+             f"{env['triton']}; TensorRT: {trt_summary(trt)}.", "",
              "| model | engine | draft pass (ms) | target pass (ms) | verification pass, γ+1 (ms) | projected speed-up |",
              "| --- | --- | --- | --- | --- | --- |"]
     proj = result.get("projection", {})
@@ -316,6 +352,21 @@ def table(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def trt_summary(trt: dict) -> str:
+    """One line of the tensorrt section: skipped and why, or the engine's agreement, KV binding and plane copies."""
+    if "error" in trt:
+        return trt["error"]
+    if trt.get("status") not in ("passed", "failed"):
+        return trt.get("reason") or trt.get("status", "not reached")
+    build = trt.get("build", {})
+    binding = f", KV {build['kv_binding']}, plane copies in its build log: {len(build['plane_copies'])}" + \
+        (f" (the aliased build's: {len(build['aliased_build_copies'])})" if "aliased_build_copies" in build else "") \
+        if build else ""
+    return (f"{trt['status']} against the independent reference ({trt['engine']}{binding}; prefill logits "
+            f"{trt['prefill_rel_err']:.2e}, bound {trt['prefill_bound']:.2e}; greedy tokens equal: "
+            f"{trt['tokens_equal']})" + (f": {trt['reason']}" if trt.get("reason") else ""))
+
+
 def parser() -> argparse.ArgumentParser:
     """The command's options (main parses them)."""
     p = Parser(prog="device_check", description=__doc__.splitlines()[0])
@@ -329,6 +380,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--limits", default="", help="per-section seconds, e.g. kernels=200,lossless=60 (default: "
                    + ",".join(f"{k}={v}" for k, v in LIMITS.items()) + ")")
     p.add_argument("--hang", help="dry runs only: make this section hang (a simulated timeout)")
+    p.add_argument("--checkpoint", help="tensorrt section: an exported checkpoint (default: an RTN export of the "
+                   "default model; in a dry run the section runs only with one)")
+    p.add_argument("--onnx", help="tensorrt section: the step graph to build (default: exported from the checkpoint)")
     p.add_argument("--json", action="store_true", help="print the JSON object last")
     return p
 
@@ -348,7 +402,7 @@ def main(argv=None) -> int:
         except ValueError:
             raise ValueError(f"--limits {a.limits!r}: use SECTION=SECONDS[,SECTION=SECONDS...]") from None
         opts = DeviceCheckOptions(a.dry, a.repeats, a.new_tokens, a.skip_7b,
-                                  tuple(s for s in a.sections.split(",") if s), limits, a.hang)
+                                  tuple(s for s in a.sections.split(",") if s), limits, a.hang, a.checkpoint, a.onnx)
         return run_device_check(opts, Path(a.out) if a.out else None)
 
     return run_cli(body, a.json and not a.table, "device_check", echo=False)

@@ -1,0 +1,58 @@
+"""The device check's TensorRT section (export.trt_check) without TensorRT: the same code with the step graph on
+the CPU (onnxruntime) in place of the engine agrees with the independent step reference on the 2-layer test model,
+and a graph with one misread scale (1.25x, one layer) fails the section, and the dry device check with it."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from tests.conftest import ROOT
+
+PLANTED = "model.layers.1.self_attn.v_proj.scale"       # the scale tests/test_selfcheck.py misreads
+
+
+@pytest.fixture(scope="module")
+def graphs(small_llama_checkpoint, tmp_path_factory):
+    """(the exported step graph, a copy whose PLANTED scale initializer reads 1.25x)."""
+    from export.onnx_export import export_onnx
+    good = export_onnx(small_llama_checkpoint, tmp_path_factory.mktemp("graph") / "decoder_step.onnx")["onnx"]
+    model = onnx.load(str(good))
+    init = next(i for i in model.graph.initializer if i.name == PLANTED)
+    wrong = (numpy_helper.to_array(init).astype(np.float32) * 1.25).astype(np.float16)
+    init.CopyFrom(numpy_helper.from_array(wrong, PLANTED))
+    bad = tmp_path_factory.mktemp("planted") / "decoder_step.onnx"
+    onnx.save(model, str(bad))
+    return good, bad
+
+
+def _check(checkpoint, onnx_path):
+    out = subprocess.run([sys.executable, "-m", "export.trt_check", "--checkpoint", str(checkpoint), "--onnx",
+                          str(onnx_path), "--engine", "onnxruntime", "--json"], capture_output=True, text=True,
+                         cwd=ROOT, timeout=600)
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    return out.returncode, json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_section_passes_an_engine_that_agrees(small_llama_checkpoint, graphs):
+    code, r = _check(small_llama_checkpoint, graphs[0])
+    assert code == 0 and r["status"] == "passed" and r["tokens_equal"], r
+    assert r["prefill_rel_err"] < r["prefill_bound"] == 1e-3
+
+
+def test_the_dry_device_check_fails_a_misread_scale(small_llama_checkpoint, graphs, tmp_path):
+    """The device check's tensorrt section, dry (the graph on the CPU in place of the engine): the planted scale
+    fails the section and the whole check, in the JSON and in the table."""
+    from edge.cli.device_check import DeviceCheckOptions, run_device_check, table
+    opts = DeviceCheckOptions(dry=True, sections=("tensorrt",), checkpoint=str(small_llama_checkpoint),
+                              onnx=str(graphs[1]))
+    run_device_check(opts, tmp_path / "device_check.json")
+    r = json.loads((tmp_path / "device_check.json").read_text())
+    trt = r["tensorrt"]
+    assert r["complete"] and trt["status"] == "failed" and trt["engine"] == "onnxruntime" and not r["passed"], trt
+    assert trt["prefill_rel_err"] > trt["prefill_bound"] and "from the independent reference" in trt["reason"]
+    assert "TensorRT: failed against the independent reference (onnxruntime" in table(r)
