@@ -23,7 +23,8 @@ inline void kv_entry(const KVLayer& kv, const KVRange& r, int which, int hkv, in
     *b = r.local.base + row * half, *rf = r.local.refine + row * half, *scale = r.local.scale[row];
   } else if (!r.draft || pos < r.committed) {
     const size_t row = (size_t(which) * kv.Hkv + hkv) * kv.C + pos;
-    *b = kv.base + row * half, *rf = kv.refine + row * half, *scale = kv.scale[row];
+    const size_t ring = (size_t(which) * kv.Hkv + hkv) * kv.ring() + pos % kv.ring();   // the refinement's slot
+    *b = kv.base + row * half, *rf = kv.refine + ring * half, *scale = kv.scale[row];
   } else {
     const size_t row = (size_t(which) * kv.Hkv + hkv) * kv.S + (pos - r.committed);
     *b = kv.sbase + row * half, *rf = kv.srefine + row * half, *scale = kv.sscale[row];
@@ -60,15 +61,17 @@ inline void softmax_portable(float* sc, int n) {
 // takes its scores from it (Ops::dots: each position's dot in the same order however positions are grouped); an
 // exact softmax per (query, head) over the positions it sees; then V block by block, each (query, head)'s output
 // accumulated over the block's positions in increasing order (Ops::weighted_sum). A query's result therefore does
-// not depend on the other queries of the pass. scores: [kQueryTile, h1 - h0, positions] floats; kvbuf: kPosBlock *
-// D floats.
+// not depend on the other queries of the pass. With an elastic window each query reads KV8 from its own position
+// (KVRange::kv8_from_row), so a tile holds one query. scores: [kQueryTile, h1 - h0, positions] floats; kvbuf:
+// kPosBlock * D floats.
 template <class Ops>
 void attend_unit(const KVLayer& kv, const KVRange& r, const AttendWork& u, const float* q, int ldq, int hpk,
                  float* out, int ldo, float* scores, float* kvbuf) {
   const int D = kv.D, nh = u.h1 - u.h0;
   const float scale = 1.f / std::sqrt(float(D));
-  for (int ts = u.t0; ts < u.t1; ts += kQueryTile) {
-    const int te = std::min(u.t1, ts + kQueryTile);
+  const int tile = r.window ? 1 : kQueryTile;
+  for (int ts = u.t0; ts < u.t1; ts += tile) {
+    const int te = std::min(u.t1, ts + tile), kv8_from = r.kv8_from_row(ts);   // one threshold for the tile
     const int n = r.first + te;                           // positions the tile's last query sees
     auto head = [&](int j) { return (size_t(u.hkv) * hpk + u.h0 + j) * D; };
     auto row = [&](int t, int j) { return scores + (size_t(t - ts) * nh + j) * n; };
@@ -77,7 +80,7 @@ void attend_unit(const KVLayer& kv, const KVRange& r, const AttendWork& u, const
         const uint8_t *b, *rf;
         uint16_t sh;
         kv_entry(kv, r, which, u.hkv, pos, &b, &rf, &sh);
-        Ops::dequant(b, rf, f16_to_f32(sh), D, pos >= r.kv8_from, kvbuf + size_t(pos - b0) * D);
+        Ops::dequant(b, rf, f16_to_f32(sh), D, pos >= kv8_from, kvbuf + size_t(pos - b0) * D);
       }
     };
     for (int b0 = 0; b0 < n; b0 += kPosBlock) {
