@@ -44,16 +44,20 @@ def resolve_model(name: str, default_checkpoint=None):
 def plot(plans: dict, device, path: str) -> None:
     """Planned bytes against context for each configuration, the usable budget, and each maximum marked."""
     plt = pyplot("--plot")
-    top = max(max(p.max_context for p in plans.values()), 1024)
+    top = max(max(max(p.max_context, p.memory_max_context) for p in plans.values()), 1024)
     xs = [int(top * 1.25 * i / 200) for i in range(201)]
     fig, ax = plt.subplots(figsize=(8, 5))
     gib = 1 << 30
     for name, p in plans.items():
         base = p.total_bytes(0)         # weights, scratch, elastic KV's ring, workspace
+        memory = f" (memory alone: {p.memory_max_context:,})" if p.memory_max_context > p.max_context else ""
         ax.plot(xs, [(base + p.kv_bytes(x)) / gib for x in xs], ls=":" if name.endswith("kv8-draft") else "-",
-                label=f"{name}: max {p.max_context:,}")
+                label=f"{name}: max {p.max_context:,}{memory}")
         if p.max_context:
             ax.plot([p.max_context], [p.total_bytes() / gib], "o", color=ax.lines[-1].get_color())
+        if memory:      # the model's positions cap it first: where memory alone would stop
+            ax.plot([p.memory_max_context], [(base + p.kv_bytes(p.memory_max_context)) / gib], "x",
+                    color=ax.lines[-1].get_color())
     ax.axhline(device.usable_bytes / gib, color="k", ls="--", label=f"usable {device.usable_bytes / gib:.2f} GiB")
     ax.set_xlabel("context (positions)")
     ax.set_ylabel("planned memory (GiB)")

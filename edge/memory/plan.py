@@ -184,21 +184,21 @@ class MemoryPlan:
                  f" = {mb(self.scratch_bytes)}",
                  "workspace = max(" + ", ".join(f"{k} {mb(v)}" for k, v in self.workspace.items())
                  + f") = {mb(self.workspace_bytes)} ({self.backend})"]
-        fixed, fixed_mb = self.scratch_bytes + self.ring_bytes, mb(self.scratch_bytes)
+        fixed, plus, minus = self.scratch_bytes + self.ring_bytes, mb(self.scratch_bytes), mb(self.scratch_bytes)
         if self.ring_slots:
             lines.append(f"refinement ring = (window {self.kv_window:,} + widest pass "
                          f"{self.ring_slots - self.kv_window:,}) slots x {self.refine_per_position:,} B = "
                          f"{mb(self.ring_bytes)}")
-            fixed_mb = f"{mb(self.scratch_bytes)} + {mb(self.ring_bytes)}"
+            plus, minus = f"{plus} + {mb(self.ring_bytes)}", f"{minus} - {mb(self.ring_bytes)}"
         free = self.device.usable_bytes - self.weight_bytes - fixed - self.workspace_bytes
         cap = f", capped at {self.max_context:,} by the model's positions" if self.limited_by == "positions" else ""
         if self.workspace_growth:       # a dry-run workspace grows with the context: no closed form
-            lines.append(f"max context = largest C with {mb(self.weight_bytes)} + {fixed_mb} + C x "
+            lines.append(f"max context = largest C with {mb(self.weight_bytes)} + {plus} + C x "
                          f"{self.kv_per_position:,} B + workspace(C) <= {mb(d.usable_bytes)}, the workspace growing "
                          f"~{self.workspace_growth:,.0f} B per position: C = {self.memory_max_context:,}"
                          f" (planned {mb(self.total_bytes())}){cap}")
         else:
-            lines.append(f"max context = floor(({mb(d.usable_bytes)} - {mb(self.weight_bytes)} - {fixed_mb}"
+            lines.append(f"max context = floor(({mb(d.usable_bytes)} - {mb(self.weight_bytes)} - {minus}"
                          f" - {mb(self.workspace_bytes)}) / {self.kv_per_position:,} B) = "
                          f"{max(0, free // self.kv_per_position):,}{cap}")
         return lines
