@@ -1,6 +1,6 @@
-"""What elastic KV trades (docs/memory.md, edge.analysis.elastic_quality): the default model's perplexity on long
-Shakespeare text as a function of the share of positions read at KV4, and greedy speculative acceptance (γ = 4) in
-elastic mode; writes JSON and a PNG beside the max-context plot.
+"""What elastic KV trades (docs/memory.md; computed by edge.analysis.elastic_quality): the default model's
+perplexity on long Shakespeare text as a function of the share of positions read at KV4, and greedy speculative
+acceptance (γ = 4) in elastic mode; writes JSON and a PNG beside the max-context plot.
 
     python scripts/elastic_quality.py [--positions 4096] [--windows 2048,1024,512,256,128,64] \
         [--accept-windows 512,128,32] [--accept-prompt 1024] [--new-tokens 96] [--backend auto] \

@@ -3,7 +3,6 @@ from memory allocated up front (no growth during the run, resident memory sample
 target; the planner's bitnest-elastic row; and the one-line refusals."""
 
 import pytest
-import torch
 
 from edge.backends import make_engine
 from edge.backends.native import native_unavailable

@@ -126,6 +126,11 @@ def test_verify_on_the_real_model(rtn_checkpoint):
     b = v["rss_anon_breakdown"]
     assert all(s["traced_peak"] > 0 for s in b["passes"].values()), b
     assert v["rss_anon_peak_delta_bytes"] <= v["planned_bytes"] + ANON_SLACK, (v["rss_anon_peak_delta_bytes"], b)
+    # elastic KV's row, built and run after the first in the same process (its tensor count, not resident memory)
+    e = out["verify_elastic"]
+    assert e["config"] == "bitnest-elastic" and e["context"] == out["configs"]["bitnest-elastic"]["max_context"]
+    assert e["context"] > v["context"] and e["planned"]["ring"] > 0
+    assert abs(e["measured_bytes"] / e["planned_bytes"] - 1) <= 0.02, e
 
 
 # What anonymous memory may hold beyond the plan. Measured (edge/memory/verify.py, 2-core AMD EPYC): on the default
