@@ -51,6 +51,8 @@ def test_a_context_past_the_kv8_plan_runs_elastically_from_the_plan(rtn_checkpoi
     assert eng.cache.main.refine.shape[3] == ring and storage_bytes(eng.cache) == held
     s = spec["stats"].summary()
     assert eng.length > kv8 and s["kv4_positions"] == eng.length - 256 > 0 and s["kv_window"] == 256
+    from edge.cli.chat import answer_line            # what the interactive chat prints after the answer
+    assert f"{s['kv4_positions']:,} positions at KV4 (window 256)" in answer_line(s)
     target = rt.generate(prompt, GenerateConfig(policy="target", max_new_tokens=48))
     assert spec["tokens"] == target["tokens"]
 
