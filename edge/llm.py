@@ -86,17 +86,19 @@ class LLM:
     override `max_tokens`, `temperature`, `top_p`, `seed` and `stop`. `max_context` None: 2048 positions, or with a
     `device` profile the largest context its memory plan fits. `meter`: a meter name (edge.energy.METERS), a
     started meter, or a function that starts one (called once the model is loaded). `on_note` receives one line
-    where the auto policy's cached cost table was refused."""
+    where the auto policy's cached cost table was refused. `kv_window`: elastic KV (edge.runtime.Runtime): N >= 1
+    reads KV8 for each query's last N positions only; None: only where `max_context` passes the device's KV8 plan;
+    0: never."""
 
     def __init__(self, checkpoint, *, policy: str = "auto", config: Optional[GenerateConfig] = None,
                  backend: str = "auto", max_context: Optional[int] = None, device: Optional[str] = None,
                  draft_head: Optional[str] = None, shortlist_k: Optional[int] = None, meter="auto",
                  energy_log=None, idle_seconds: float = 0.0, remeasure_costs: bool = False,
-                 on_note: Optional[Callable[[str], None]] = None):
+                 on_note: Optional[Callable[[str], None]] = None, kv_window: Optional[int] = None):
         cfg = config if config is not None else GenerateConfig(policy=policy)
         rt = Runtime(checkpoint, backend=backend, max_context=max_context or (None if device else 2048),
                      scratch=max(8, most_proposals(cfg) + 1), device=device, draft_head=draft_head,
-                     shortlist_k=shortlist_k)
+                     shortlist_k=shortlist_k, kv_window=kv_window)
         self.runtime = rt
         self.config = replace(cfg, gate=resolve_gate(rt.ckpt, rt.backend, cfg.policy, cfg.gate))
         if cfg.policy == "auto":      # the pass costs before the first answer (read from the cache, or timed once)

@@ -1,6 +1,6 @@
 """The runtime a user drives: a checkpoint, its tokenizer and chat template, and one engine of a backend
-(sized from the memory plan when a device profile is given), turning prompts into text with streaming and
-decode statistics."""
+(sized from the memory plan when a device profile is given, elastic KV past what it holds at KV8), turning prompts
+into text with streaming and decode statistics."""
 
 import gc
 import os
@@ -15,7 +15,7 @@ from edge.decode.costs import SAMPLE_TEXT, engine_costs
 from edge.decode.generate import generate
 from edge.decode.stats import DecodeStats, draft_head_summary, fp16_weight_bytes_per_pass
 from edge.memory.devices import release_freed_heap
-from edge.memory.plan import check_request, fit_context, plan_for_runtime
+from edge.memory.plan import DEFAULT_KV_WINDOW, check_request, elastic_kv, fit_context, plan_for_runtime
 from edge.model.checkpoint import load_checkpoint, set_draft_head
 from edge.text_stream import TextStream
 
@@ -39,18 +39,27 @@ class Runtime:
 
     def __init__(self, checkpoint, backend: str = "auto", max_context: int | None = 2048, prefill_chunk: int = 256,
                  scratch: int = 17, device: Optional[str] = None, draft_head: Optional[str] = None,
-                 shortlist_k: Optional[int] = None):
+                 shortlist_k: Optional[int] = None, kv_window: Optional[int] = None):
         """`draft_head` / `shortlist_k` override what the draft reads of a nested head (edge.model.draft_head;
-        None: the checkpoint's setting)."""
+        None: the checkpoint's setting). `kv_window` (elastic KV, docs/memory.md): N >= 1 runs elastically, each
+        query reading KV8 for its last N positions; None: elastically (window DEFAULT_KV_WINDOW) only where
+        `max_context` passes what the device's plan holds at KV8; 0: never."""
         backend = resolve_backend(backend)
         self.ckpt = set_draft_head(load_checkpoint(checkpoint), draft_head, shortlist_k)
         self.tokenizer = load_tokenizer(self.ckpt.path)
         self.plan = None
+        window = kv_window or None
         if device is not None:  # allocate from the memory plan (docs/memory.md): max_context None = the largest that fits
             self.plan = plan_for_runtime(self.ckpt, device, backend, prefill_chunk, scratch)
+            if kv_window is None and max_context is not None and max_context > self.plan.max_context:
+                window = DEFAULT_KV_WINDOW     # past the KV8 plan: elastic KV instead of a refusal
+            if window is not None:
+                self.plan = plan_for_runtime(self.ckpt, device, backend, prefill_chunk, scratch, window)
             max_context = fit_context(self.plan, max_context)
+        elastic = None if window is None else elastic_kv(window, max_context, backend, prefill_chunk, scratch)
         self.backend = backend
-        self.engine = make_engine(backend, self.ckpt, max_context, scratch=scratch, prefill_chunk=prefill_chunk)
+        self.engine = make_engine(backend, self.ckpt, max_context, scratch=scratch, prefill_chunk=prefill_chunk,
+                                  elastic=elastic)
         eos = set(self.ckpt.config.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)

@@ -58,3 +58,27 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> 
                                                          enable_gqa=True, scale=scale) for i in range(t)], dim=1)
     mask = torch.arange(s).unsqueeze(0) <= (start + torch.arange(t)).unsqueeze(1)   # [T, S]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True, scale=scale)
+
+
+def attention_mixed(q: torch.Tensor, kv4: torch.Tensor, kv8: torch.Tensor, froms: list[int], start: int) -> torch.Tensor:
+    """`attention` where query i reads KV4 before position froms[i] and KV8 from it on (elastic KV): q [Hq, T, D] at
+    positions [start, start + T); kv4 [2, Hkv, A, D] the KV4 values of positions [0, A), A >= froms[-1]; kv8
+    [2, Hkv, S - froms[0], D] the KV8 values of positions [froms[0], S). Decode-sized passes attend one query at a
+    time over exactly the keys a one-token pass at its position would see."""
+    t, lo = q.shape[1], froms[0]
+    s = lo + kv8.shape[2]
+    kv4, kv8 = kv4.to(q.dtype), kv8.to(q.dtype)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    if t <= ROWWISE_MAX and start + t == s:
+        rows = []
+        for i, f in enumerate(froms):
+            kv = torch.cat((kv4[:, :, :f], kv8[:, :, f - lo:start + i + 1 - lo]), dim=2)   # [2, Hkv, start+i+1, D]
+            rows.append(F.scaled_dot_product_attention(q[:, i:i + 1], kv[0], kv[1], enable_gqa=True, scale=scale))
+        return torch.cat(rows, dim=1)
+    a = kv4.shape[2]
+    kv = torch.cat((kv4, kv8), dim=2)                                        # [2, Hkv, A + S - lo, D]
+    f = torch.tensor(froms).unsqueeze(1)                                     # [T, 1]
+    rows = (start + torch.arange(t)).unsqueeze(1)                            # [T, 1]
+    p4, p8 = torch.arange(a).unsqueeze(0), (lo + torch.arange(s - lo)).unsqueeze(0)
+    mask = torch.cat((p4 < f, (p8 >= f) & (p8 <= rows)), dim=1)              # [T, A + S - lo]
+    return F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask, enable_gqa=True, scale=scale)

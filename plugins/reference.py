@@ -79,6 +79,7 @@ def nested_kv_attention(
     kv8_from: int,
     scratch: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
     scratch_len: int = 0,
+    window: int = 0,
 ) -> torch.Tensor:
     """out[Hq, T, D] = causal GQA attention of q over one layer's nested KV cache (docs/contracts.md, KV cache and ops).
 
@@ -88,6 +89,8 @@ def nested_kv_attention(
     are its last T positions: query i sees keys [0, S - T + i]. Positions before `kv8_from` are read at
     KV4 (base plane only), positions from it on at KV8 (one integer encodes every KV view: kv8 -> 0,
     kv4 -> S, recent-N -> max(0, S - N)). Softmax scale 1/sqrt(D). Computed in float64: the oracle.
+    Elastic KV (docs/memory.md): the main `refine` may be a ring of R <= C slots (position p's refinement in slot
+    p mod R), and with `window` W > 0 query i also reads KV4 before its own position + 1 - W (per query, not per pass).
     """
     hq, t, d = q.shape
     hkv = base.shape[1]
@@ -96,20 +99,25 @@ def nested_kv_attention(
     s = main_len + scratch_len
     if t > s:
         raise ValueError(f"{t} queries but only {s} cached positions")
-    planes = [(base[..., :main_len, :], refine[..., :main_len, :], scale[..., :main_len])]
+    ring = torch.arange(main_len) % refine.shape[-2]                                    # refinement slots
+    planes = [(base[..., :main_len, :], refine.index_select(-2, ring), scale[..., :main_len])]
     if scratch_len:
         sb, sr, ss = scratch
         planes.append((sb[..., :scratch_len, :], sr[..., :scratch_len, :], ss[..., :scratch_len]))
     qr_all = torch.cat([unpack_nibbles(r).double() for _, r, _ in planes], dim=-2)      # [2, Hkv, S, D]
     q4_all = torch.cat([unpack_nibbles(b).double() for b, _, _ in planes], dim=-2)      # [2, Hkv, S, D]
     s_all = torch.cat([sc.double() for _, _, sc in planes], dim=-1).unsqueeze(-1)       # [2, Hkv, S, 1]
-    kv8 = (torch.arange(s) >= kv8_from).view(1, 1, s, 1)
-    kv = torch.where(kv8, (REFINE_DIVISOR * q4_all + qr_all) * (s_all / REFINE_DIVISOR), q4_all * s_all)
-    k, v = kv[0].repeat_interleave(hq // hkv, 0), kv[1].repeat_interleave(hq // hkv, 0)  # [Hq, S, D]
-    scores = q.double() @ k.transpose(1, 2) / d ** 0.5                                  # [Hq, T, S]
-    visible = torch.arange(s).unsqueeze(0) <= (s - t + torch.arange(t)).unsqueeze(1)    # [T, S]
-    scores = scores.masked_fill(~visible, float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v                                            # [Hq, T, D]
+    rows = s - t + torch.arange(t)                                                      # [T] query positions
+    first8 = torch.full_like(rows, kv8_from) if not window else torch.clamp(rows + 1 - window, min=kv8_from)
+    kv8 = torch.arange(s).unsqueeze(0) >= first8.unsqueeze(1)                            # [T, S] read at KV8
+    views = []
+    for kv in ((REFINE_DIVISOR * q4_all + qr_all) * (s_all / REFINE_DIVISOR), q4_all * s_all):   # KV8, KV4
+        views.append((kv[0].repeat_interleave(hq // hkv, 0), kv[1].repeat_interleave(hq // hkv, 0)))  # [Hq, S, D]
+    (k8, v8), (k4, v4) = views
+    scores = torch.where(kv8, q.double() @ k8.transpose(1, 2), q.double() @ k4.transpose(1, 2)) / d ** 0.5  # [Hq, T, S]
+    visible = torch.arange(s).unsqueeze(0) <= rows.unsqueeze(1)                          # [T, S]
+    p = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)              # [Hq, T, S]
+    return torch.where(kv8, p, 0) @ v8 + torch.where(kv8, 0, p) @ v4                    # [Hq, T, D]
 
 
 def dual_plane_linear_int8(x: torch.Tensor, base: torch.Tensor, refine: Optional[torch.Tensor], scale: torch.Tensor,

@@ -53,9 +53,15 @@ def test_orin_nx_16gb_llama2_32k_ordering():
     ctx = {n: p.max_context for n, p in plans.items()}
     assert ctx["fp16-ar"] < ctx["w8a8-ar"] < ctx["bitnest"], ctx
     assert ctx["bitnest"] >= 20_000, ctx
+    # elastic KV: memory holds >= 40,000 positions with KV4 past the window; the model's 32,768 positions cap it
+    elastic = plans["bitnest-elastic"]
+    assert elastic.memory_max_context >= 40_000 and elastic.max_context == 32_768 and elastic.limited_by == "positions"
+    assert elastic.ring_slots == 256 + 256 and elastic.to_dict()["memory_max_context"] == elastic.memory_max_context
     for p in plans.values():
-        assert p.total_bytes() <= dev.usable_bytes < p.total_bytes(p.max_context + 1)
-        assert p.arithmetic()[-1].endswith(f"= {p.max_context:,}")
+        m = p.memory_max_context           # the GPU kernels' workspace does not grow with the context
+        assert p.total_bytes() <= dev.usable_bytes and p.total_bytes(m) <= dev.usable_bytes < p.total_bytes(m + 1)
+        cap = f", capped at {p.max_context:,} by the model's positions" if p.limited_by == "positions" else ""
+        assert p.arithmetic()[-1].endswith(f"= {m:,}{cap}")
 
 
 def test_every_preset_on_every_jetson_plans():
@@ -93,7 +99,8 @@ def test_runtime_allocates_from_the_plan_and_refuses_over_it(rotated_checkpoint)
     out = rt.generate(rt.encode("Name a colour."), GenerateConfig(policy="speculative", max_new_tokens=3))
     assert len(out["tokens"]) == 3
     with pytest.raises(BitNestError, match=f"the largest that fits is {cap:,}"):
-        Runtime(rotated_checkpoint, backend="torch", max_context=cap + 1, device=dev, prefill_chunk=64, scratch=5)
+        Runtime(rotated_checkpoint, backend="torch", max_context=cap + 1, device=dev, prefill_chunk=64, scratch=5,
+                kv_window=0)       # elastic KV off: refused as before (tests/test_elastic_runtime.py runs past it)
 
 
 def test_verify_on_the_real_model(rtn_checkpoint):
@@ -119,6 +126,11 @@ def test_verify_on_the_real_model(rtn_checkpoint):
     b = v["rss_anon_breakdown"]
     assert all(s["traced_peak"] > 0 for s in b["passes"].values()), b
     assert v["rss_anon_peak_delta_bytes"] <= v["planned_bytes"] + ANON_SLACK, (v["rss_anon_peak_delta_bytes"], b)
+    # elastic KV's row, built and run after the first in the same process (its tensor count, not resident memory)
+    e = out["verify_elastic"]
+    assert e["config"] == "bitnest-elastic" and e["context"] == out["configs"]["bitnest-elastic"]["max_context"]
+    assert e["context"] > v["context"] and e["planned"]["ring"] > 0
+    assert abs(e["measured_bytes"] / e["planned_bytes"] - 1) <= 0.02, e
 
 
 # What anonymous memory may hold beyond the plan. Measured (edge/memory/verify.py, 2-core AMD EPYC): on the default

@@ -100,11 +100,16 @@ def max_context_table(d: dict) -> str:
         cfgs["bitnest (KV4 or KV8 drafting)"] = cfgs.pop("bitnest")
     elif b is not None:
         cfgs["bitnest-kv8-draft"] = b
+    if "bitnest-elastic" in cfgs:       # last, after the rows it is compared with
+        cfgs["bitnest-elastic"] = cfgs.pop("bitnest-elastic")
     rows = []
     for name, c in cfgs.items():
         ws = _mib(c["workspace_bytes"]) + (f" (+ {_mib(c['scratch_bytes'])} scratch)" if c["scratch_bytes"] else "")
-        rows.append([name, _mib(c["weight_bytes"]), f"{c['kv_bytes_per_position']:,} B", ws,
-                     f"**{c['max_context']:,}**"])
+        kv = f"{c['kv_bytes_per_position']:,} B" + (f" (KV4; + {_mib(c['ring_bytes'])} ring of {c['ring_slots']:,} "
+                                                     f"slots)" if c.get("ring_slots") else "")
+        memory = c.get("memory_max_context", c["max_context"])
+        cap = f" (model's positions; memory alone: {memory:,})" if memory > c["max_context"] else ""
+        rows.append([name, _mib(c["weight_bytes"]), kv, ws, f"**{c['max_context']:,}**{cap}"])
     return _table(["config", "weights", "KV / position", "workspace", "max context"], rows)
 
 

@@ -4,6 +4,7 @@ run a decoder pass in one call. `make_engine` is the one factory: every engine i
 edge.decode.engine.Engine. `auto` is `native` where it builds and runs here, else `cpu`."""
 
 from edge.decode.engine import Engine, PassBackend, PassEngine
+from edge.decode.kv_cache import ElasticKV
 from edge.errors import BitNestError
 from edge.model.checkpoint import Checkpoint
 
@@ -44,12 +45,19 @@ def make_backend(name: str, ckpt: Checkpoint) -> PassBackend:
     raise BitNestError(f"the {name} backend runs whole decoder steps and has no per-op form: use make_engine")
 
 
-def make_engine(name: str, ckpt: Checkpoint, capacity: int, scratch: int = 8, prefill_chunk: int = 256) -> Engine:
-    """An engine of backend `name` for one sequence of up to `capacity` positions, with `scratch` draft slots."""
+ELASTIC_BACKENDS = ("native", "cpu", "torch")   # the backends that read elastic KV (a refinement ring, per-query windows)
+
+
+def make_engine(name: str, ckpt: Checkpoint, capacity: int, scratch: int = 8, prefill_chunk: int = 256,
+                elastic: ElasticKV | None = None) -> Engine:
+    """An engine of backend `name` for one sequence of up to `capacity` positions, with `scratch` draft slots;
+    `elastic`: elastic KV (edge.decode.kv_cache.ElasticKV), on the ELASTIC_BACKENDS only."""
     name = resolve_backend(name)
+    if elastic is not None and name not in ELASTIC_BACKENDS:
+        raise BitNestError(f"elastic KV (--kv-window) runs on the {', '.join(ELASTIC_BACKENDS)} backends, not {name}")
     if name == "native":
         from edge.backends.native import NativeEngine
-        return NativeEngine(ckpt, capacity, scratch=scratch, prefill_chunk=prefill_chunk)
+        return NativeEngine(ckpt, capacity, scratch=scratch, prefill_chunk=prefill_chunk, elastic=elastic)
     if name == "onnxruntime":
         from edge.backends.onnxruntime_step import onnxruntime_engine
         return onnxruntime_engine(ckpt, capacity)
@@ -59,4 +67,5 @@ def make_engine(name: str, ckpt: Checkpoint, capacity: int, scratch: int = 8, pr
     if name == "triton":     # static passes, replayed as CUDA graphs on a GPU (edge.backends.triton_graphs)
         from edge.backends.triton_graphs import GraphedEngine
         return GraphedEngine(ckpt, make_backend(name, ckpt), capacity, scratch=scratch, prefill_chunk=prefill_chunk)
-    return PassEngine(ckpt, make_backend(name, ckpt), capacity, scratch=scratch, prefill_chunk=prefill_chunk)
+    return PassEngine(ckpt, make_backend(name, ckpt), capacity, scratch=scratch, prefill_chunk=prefill_chunk,
+                      elastic=elastic)

@@ -10,7 +10,7 @@ import platform
 import torch
 
 from edge.decode.engine import Engine
-from edge.decode.kv_cache import NestedKVCache
+from edge.decode.kv_cache import ElasticKV, NestedKVCache
 from edge.errors import BitNestError
 from edge.model.checkpoint import R1_TENSOR, Checkpoint
 from edge.model.decoder import rope_tables
@@ -81,14 +81,16 @@ class NativeEngine(Engine):
     """Passes through `torch.classes.bitnest.DecoderStep`: one C++ call per pass (chunks of `max_tokens`)."""
 
     def __init__(self, ckpt: Checkpoint, capacity: int, scratch: int = 8, prefill_chunk: int = MAX_PREFILL_CHUNK,
-                 threads: int | None = None):
+                 threads: int | None = None, elastic: ElasticKV | None = None):
         reason = native_unavailable()
         if reason:
             raise BitNestError(f"the native backend cannot run here: {reason}; use --backend cpu")
         from plugins import native
-        super().__init__(ckpt, capacity, "native", "int8", prefill_chunk=min(prefill_chunk, MAX_PREFILL_CHUNK))
+        super().__init__(ckpt, capacity, "native", "int8", prefill_chunk=min(prefill_chunk, MAX_PREFILL_CHUNK),
+                         elastic=elastic)
+        self.check_elastic(workspace_rows(self.prefill_chunk, scratch))
         cfg = ckpt.config
-        self.cache = NestedKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, capacity, scratch)
+        self.cache = NestedKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, capacity, scratch, elastic=elastic)
         tensors = self._relaid_tensors(ckpt)
         cos, sin = rope_tables(cfg, torch.arange(capacity), torch.float32)            # [C, D] each
         tensors.update({"rope.cos": cos.contiguous(), "rope.sin": sin.contiguous(),
@@ -106,7 +108,8 @@ class NativeEngine(Engine):
         dims = {"layers": cfg.num_layers, "hidden": cfg.hidden_size, "intermediate": cfg.intermediate_size,
                 "heads": cfg.num_heads, "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
                 "vocab": cfg.vocab_size, "max_tokens": workspace_rows(self.prefill_chunk, scratch),
-                "threads": self.threads, "draft_head": DRAFT_HEADS.get(self.draft_head, 0), "shortlist": shortlist}
+                "threads": self.threads, "draft_head": DRAFT_HEADS.get(self.draft_head, 0), "shortlist": shortlist,
+                "kv_window": elastic.window if elastic is not None else 0}
         try:
             self.step = torch.classes.bitnest.DecoderStep(tensors, dims, cfg.rms_norm_eps, native.requested_isa())
         except RuntimeError as e:

@@ -59,6 +59,8 @@ def answer_line(s: dict) -> str:
     acc += f", escalated {s['escalation_rate']:.0%}" if s["escalation_rate"] is not None else ""
     if s.get("gamma_histogram"):
         acc += ", γ " + " ".join(f"{g}×{n}" for g, n in s["gamma_histogram"].items())
+    if s.get("kv_window"):          # elastic KV: positions the last query read at KV4 (their refinement is gone)
+        acc += f", {s['kv4_positions']:,} positions at KV4 (window {s['kv_window']:,})"
     jpt = s.get("joules_per_token")
     if jpt is None:
         joules = ", J/token n/a" if s.get("meter") in (None, "none") else ", J/token n/a (meter gave no figure)"

@@ -38,6 +38,9 @@ def add_llm_arguments(p: argparse.ArgumentParser) -> None:
                                                    "--device the largest that fits)")
     p.add_argument("--device", help="plan memory for this device profile (scripts/max_context.py) and refuse "
                                     "requests over it")
+    p.add_argument("--kv-window", type=count(0), help="elastic KV (docs/memory.md): each query reads KV8 for its "
+                   "last N positions, KV4 before, so the context may pass what KV8 fits (default: only where "
+                   "--max-context passes the --device plan's KV8 maximum, window 256; 0: never)")
     p.add_argument("--kv8-draft-below", type=count(0), default=2048, help="draft with KV8 below this context, else --long-draft-kv")
     p.add_argument("--long-draft-kv", choices=("kv4", "recent"), default="kv4")
     p.add_argument("--recent", type=count(), default=256, help="KV8 window of the recent draft KV view")
@@ -67,4 +70,4 @@ def make_llm(a, cfg: GenerateConfig, checkpoint: Optional[str] = None) -> LLM:
     return LLM(checkpoint or a.checkpoint, config=cfg, backend=a.backend, max_context=a.max_context, device=a.device,
                meter=lambda: make_meter_from(a), energy_log=a.energy_log, idle_seconds=a.idle_seconds,
                remeasure_costs=a.remeasure_costs, on_note=lambda note: print(f"auto: {note}", file=sys.stderr),
-               **draft_head_options(a))
+               kv_window=a.kv_window, **draft_head_options(a))

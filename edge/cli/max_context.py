@@ -1,9 +1,9 @@
-"""Maximum context per run configuration (fp16-ar, w8a8-ar, bitnest with KV4 or KV8 drafting) of a model on
-a device, with the arithmetic; optionally a PNG of memory against context, and (--device local) a check of
+"""Maximum context per run configuration (fp16-ar, w8a8-ar, bitnest with KV4 or KV8 drafting, bitnest-elastic: KV4
+past a window) of a model on a device, with the arithmetic; optionally a PNG of memory against context, and (--device local) a check of
 the plan against what the runtime really allocates.
 
     python scripts/max_context.py --device NAME --model default|PATH|llama-2-7b-32k|llama-3-8b|qwen2.5-7b \
-        [--gamma N] [--prefill-chunk N] [--backend cpu|torch] [--total-mib M] [--os-reserve-mib M] \
+        [--gamma N] [--prefill-chunk N] [--kv-window N] [--backend cpu|torch] [--total-mib M] [--os-reserve-mib M] \
         [--context-reserve-mib M] [--verify] [--plot FILE] [--json]
 
 Presets of the papers' models are shapes only (no weights). --verify allocates the planned maximum context
@@ -18,7 +18,7 @@ from edge.cli.common import pyplot, run_cli
 from edge.errors import BitNestError
 from edge.memory.devices import DEVICES, MiB, get_profile
 from edge.memory.model_shapes import MODEL_PRESETS
-from edge.memory.plan import CONFIGS, Workload, plan
+from edge.memory.plan import CONFIGS, DEFAULT_KV_WINDOW, Workload, plan
 from edge.model.checkpoint import load_checkpoint
 
 
@@ -44,16 +44,20 @@ def resolve_model(name: str, default_checkpoint=None):
 def plot(plans: dict, device, path: str) -> None:
     """Planned bytes against context for each configuration, the usable budget, and each maximum marked."""
     plt = pyplot("--plot")
-    top = max(max(p.max_context for p in plans.values()), 1024)
+    top = max(max(max(p.max_context, p.memory_max_context) for p in plans.values()), 1024)
     xs = [int(top * 1.25 * i / 200) for i in range(201)]
     fig, ax = plt.subplots(figsize=(8, 5))
     gib = 1 << 30
     for name, p in plans.items():
-        base = p.weight_bytes + p.scratch_bytes + p.workspace_bytes
+        base = p.total_bytes(0)         # weights, scratch, elastic KV's ring, workspace
+        memory = f" (memory alone: {p.memory_max_context:,})" if p.memory_max_context > p.max_context else ""
         ax.plot(xs, [(base + p.kv_bytes(x)) / gib for x in xs], ls=":" if name.endswith("kv8-draft") else "-",
-                label=f"{name}: max {p.max_context:,}")
+                label=f"{name}: max {p.max_context:,}{memory}")
         if p.max_context:
             ax.plot([p.max_context], [p.total_bytes() / gib], "o", color=ax.lines[-1].get_color())
+        if memory:      # the model's positions cap it first: where memory alone would stop
+            ax.plot([p.memory_max_context], [(base + p.kv_bytes(p.memory_max_context)) / gib], "x",
+                    color=ax.lines[-1].get_color())
     ax.axhline(device.usable_bytes / gib, color="k", ls="--", label=f"usable {device.usable_bytes / gib:.2f} GiB")
     ax.set_xlabel("context (positions)")
     ax.set_ylabel("planned memory (GiB)")
@@ -69,14 +73,15 @@ def plot(plans: dict, device, path: str) -> None:
 def max_context(a, default_checkpoint=None) -> dict:
     device = get_profile(a.device).override(a.total_mib, a.os_reserve_mib, a.context_reserve_mib)
     label, cfg, ckpt, load = resolve_model(a.model, default_checkpoint)
-    work = Workload(a.gamma, a.prefill_chunk)
+    work = Workload(a.gamma, a.prefill_chunk, a.kv_window)
     plans = {name: plan(label, cfg, c, device, work, ckpt, a.backend) for name, c in CONFIGS.items()}
     out = {"device": device.to_dict(), "model": label, "gamma": a.gamma, "prefill_chunk": a.prefill_chunk,
            "configs": {name: p.to_dict() for name, p in plans.items()}}
     if not a.json:
         print(f"{label} on {device.name} ({device.source})")
         for name, p in plans.items():
-            print(f"\n{name}: max context {p.max_context:,} ({p.config.about})")
+            cap = f"; memory alone allows {p.memory_max_context:,}" if p.memory_max_context > p.max_context else ""
+            print(f"\n{name}: max context {p.max_context:,}{cap} ({p.config.about})")
             for line in p.arithmetic():
                 print("  " + line)
     if a.plot:
@@ -86,11 +91,12 @@ def max_context(a, default_checkpoint=None) -> dict:
         if a.device != "local":
             raise BitNestError("--verify allocates the plan on this machine: use it with --device local")
         from edge.memory.verify import verify_plan
-        out["verify"] = verify_plan(plans["bitnest"], load)
-        if not a.json:
-            v = out["verify"]
-            print(f"\nverify bitnest at {v['context']:,} positions: planned {v['planned_bytes'] / MiB:,.1f} MiB, "
-                  f"measured {v['measured_bytes'] / MiB:,.1f} MiB (ratio {v['ratio']}), within 2%: {v['within_2pct']}")
+        for name, key in (("bitnest", "verify"), ("bitnest-elastic", "verify_elastic")):
+            out[key] = v = verify_plan(plans[name], load)
+            if not a.json:
+                print(f"\nverify {name} at {v['context']:,} positions: planned {v['planned_bytes'] / MiB:,.1f} MiB, "
+                      f"measured {v['measured_bytes'] / MiB:,.1f} MiB (ratio {v['ratio']}), within 2%: "
+                      f"{v['within_2pct']}")
     return out
 
 
@@ -102,6 +108,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="default", help=f"default | PATH | {' | '.join(MODEL_PRESETS)}")
     p.add_argument("--gamma", type=gamma(), default=4)
     p.add_argument("--prefill-chunk", type=count(), default=256)
+    p.add_argument("--kv-window", type=count(), default=DEFAULT_KV_WINDOW,
+                   help="bitnest-elastic: positions each query reads at KV8 (older ones at KV4)")
     p.add_argument("--backend", default=None, help="cpu | torch: dry-run this runtime's backend; native: its step's "
                                                     "formula (default: the device's own: GPU kernels on a GPU, cpu here)")
     p.add_argument("--total-mib", type=positive(), help="override the device's total memory")

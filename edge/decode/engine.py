@@ -12,6 +12,7 @@ from edge.decode.kv_cache import (
     KV8,
     AttentionOps,
     CachedAttention,
+    ElasticKV,
     KVRead,
     NestedKVCache,
     kv_bytes_per_position,
@@ -34,7 +35,8 @@ class Engine(ABC):
     Subclasses implement `_forward`; everything else (room checks, prefill, accounting) lives here once."""
 
     def __init__(self, ckpt: Checkpoint, capacity: int, backend: str, activations: str,
-                 max_pass_tokens: int | None = None, prefill_chunk: int = 256, embed_row_bytes: int | None = None):
+                 max_pass_tokens: int | None = None, prefill_chunk: int = 256, embed_row_bytes: int | None = None,
+                 elastic: ElasticKV | None = None):
         if capacity < 1:
             raise ValueError("KV cache capacity must be at least one position")
         if prefill_chunk < 1:
@@ -44,6 +46,7 @@ class Engine(ABC):
         self.max_pass_tokens = max_pass_tokens
         self.prefill_chunk = min(prefill_chunk, max_pass_tokens or prefill_chunk)
         self.length = 0
+        self.elastic = elastic     # elastic KV (each query reads KV8 for its last `window` positions), or None
         # bytes a pass reads whatever its width, and per token of it (its embedding row, the shortlist's head rows)
         self.pass_weight_bytes = {v: weight_bytes_per_pass(ckpt, v, tokens=0) for v in (DRAFT, TARGET)}
         self.embed_row_bytes = embedding_row_bytes(ckpt) if embed_row_bytes is None else embed_row_bytes
@@ -77,6 +80,22 @@ class Engine(ABC):
         """Draft-time entries a round may hold: the cache's scratch slots (None: bounded by the room only)."""
         return self.cache.scratch_slots if self.cache is not None else None
 
+    def check_elastic(self, widest_pass: int) -> None:
+        """Elastic KV is sound when no pass that writes KV (at most `widest_pass` tokens) overwrites a refinement a
+        later query still reads: a pass ending at e overwrites positions <= e - 1 - ring, and every later query, at
+        t >= e - widest_pass, reads refinements of positions >= t + 1 - window (docs/memory.md)."""
+        e = self.elastic
+        if e is not None and e.ring < min(e.window + widest_pass, self.capacity):
+            raise BitNestError(f"a refinement ring of {e.ring} slots is too small for a KV window of {e.window} and "
+                               f"passes of {widest_pass} tokens: use at least {e.window + widest_pass} slots")
+
+    def kv_summary(self) -> dict:
+        """Elastic KV's figures for the stats (empty without it): the window, and how many positions the last query
+        read at KV4 (their refinement is gone)."""
+        if self.elastic is None:
+            return {}
+        return {"kv_window": self.elastic.window, "kv4_positions": max(0, self.length - self.elastic.window)}
+
     def reset(self, policy: str = "") -> DecodeStats:
         """Start a new sequence: empty history and fresh statistics (returned)."""
         self.commit(0)
@@ -86,7 +105,8 @@ class Engine(ABC):
     # -- passes -----------------------------------------------------------------------------------------------
     def kv_bytes(self, positions: int, kv: KVRead) -> int:
         """Bytes a pass reads from a history of `positions` through the read view `kv`."""
-        kv8 = positions - min(kv.kv8_from(positions), positions)
+        first = kv.kv8_from(positions) if self.elastic is None else self.elastic.kv8_from(kv, positions, positions - 1)
+        kv8 = positions - min(first, positions)
         return kv8 * self.kv_position_bytes[True] + (positions - kv8) * self.kv_position_bytes[False]
 
     def forward(self, ids: list[int], view: str, kv: KVRead = KV8, draft_slot: int | None = None,
@@ -155,13 +175,17 @@ class PassEngine(Engine):
     read the nested planes, its declared attention ops (or dequantize + SDPA) read the nested KV cache."""
 
     def __init__(self, ckpt: Checkpoint, backend: PassBackend, capacity: int, scratch: int = 8,
-                 prefill_chunk: int = 256):
-        super().__init__(ckpt, capacity, backend.name, backend.activations, prefill_chunk=prefill_chunk)
+                 prefill_chunk: int = 256, elastic: ElasticKV | None = None):
+        super().__init__(ckpt, capacity, backend.name, backend.activations, prefill_chunk=prefill_chunk,
+                         elastic=elastic)
+        if elastic is not None and backend.attention_ops is not None:
+            raise BitNestError(f"elastic KV (--kv-window) runs on the native, cpu and torch backends, not {backend.name}")
+        self.check_elastic(max(self.prefill_chunk, scratch + 1))
         cfg = ckpt.config
         self.backend = backend
         self.decoder = Decoder(cfg, backend, ckpt.rotations, ckpt.draft_head, ckpt.shortlist_k)
         self.cache = NestedKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, capacity, scratch,
-                                   device=backend.device, ops=backend.attention_ops)
+                                   device=backend.device, ops=backend.attention_ops, elastic=elastic)
 
     def numerics(self) -> dict:
         report = getattr(self.backend, "numerics", None)

@@ -50,4 +50,5 @@ def generate(eng: Engine, prompt: list[int], cfg: GenerateConfig, eos: set[int],
             on_tokens(emitted)
     stats.record_decode(len(out) - 1, time.perf_counter() - t0)
     stats.extra.update(policy.summary())
+    stats.extra.update(eng.kv_summary())
     return out, stats

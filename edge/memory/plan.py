@@ -1,10 +1,10 @@
 """Memory planner (docs/memory.md): the bytes a run allocates (weights by format, KV per position, draft
-scratch, the largest pass's workspace) on a device profile, the maximum context that fits, and the
-arithmetic behind it."""
+scratch, the refinement ring of elastic KV, the largest pass's workspace) on a device profile, the maximum context
+that fits, and the arithmetic behind it."""
 
 from dataclasses import dataclass, field
 
-from edge.decode.kv_cache import KVRead
+from edge.decode.kv_cache import ElasticKV, KVRead
 from edge.errors import BitNestError
 from edge.memory.devices import DeviceProfile, MiB
 from edge.memory.synthetic import synthetic_checkpoint
@@ -26,6 +26,7 @@ class RunConfig:
     speculative: bool
     draft_kv: str = "kv8"   # kv8 | kv4
     about: str = ""
+    elastic: bool = False   # elastic KV: base planes for every position, refinement for a ring of window + G slots
 
 
 CONFIGS = {
@@ -36,17 +37,38 @@ CONFIGS = {
                          about="nested W4/W8 planes, nested KV4/KV8, speculative; drafts read KV4 at long context"),
     "bitnest-kv8-draft": RunConfig("bitnest-kv8-draft", "nested", "nested", True, "kv8",
                                    about="as bitnest, drafts read KV8 at every context"),
+    "bitnest-elastic": RunConfig("bitnest-elastic", "nested", "nested", True, "kv4", elastic=True,
+                                 about="as bitnest, but every query reads KV8 for its last --kv-window positions "
+                                       "only: KV4 base planes for the whole context, refinement for a ring of "
+                                       "window + widest pass slots (elastic KV; runs on the native, cpu and torch "
+                                       "backends)"),
 }
+DEFAULT_KV_WINDOW = 256    # elastic KV's window, as Recent-N's default (edge.decode.config.DraftKVPolicy.recent)
 
 
 @dataclass(frozen=True)
 class Workload:
     gamma: int = 4
     prefill_chunk: int = 256
+    kv_window: int = DEFAULT_KV_WINDOW      # elastic KV's window (configs with `elastic` only)
 
     def __post_init__(self):
-        if not 1 <= self.gamma <= 16 or self.prefill_chunk < 1:
-            raise BitNestError("gamma must be in [1, 16] and the prefill chunk at least 1 token")
+        if not 1 <= self.gamma <= 16 or self.prefill_chunk < 1 or self.kv_window < 1:
+            raise BitNestError("gamma must be in [1, 16], the prefill chunk and the KV window at least 1 token")
+
+
+def widest_pass(backend: str, prefill_chunk: int, scratch: int) -> int:
+    """Tokens of the widest pass that writes KV (a prefill chunk or a verification over `scratch` draft slots) as
+    the engine of `backend` runs it: elastic KV's ring holds window + this many slots (Engine.check_elastic)."""
+    if backend == "native":
+        from edge.backends.native import workspace_rows
+        return workspace_rows(prefill_chunk, scratch)
+    return max(prefill_chunk, scratch + 1)
+
+
+def refine_bytes_per_position(cfg: ModelConfig) -> int:
+    """The refinement plane's bytes per position (D/2 per vector): nested KV minus what a KV4 read touches."""
+    return kv_bytes_per_position(cfg, "nested") - kv_bytes_per_position(cfg, "kv4")
 
 
 def nested_weight_bytes(ckpt: Checkpoint, layout: str) -> dict[str, int]:
@@ -122,6 +144,15 @@ class MemoryPlan:
     workspace: dict[str, int] = field(default_factory=dict)   # per step, at max_context
     draft_read_per_position: int | None = None                # KV bytes a draft pass reads per position
     workspace_growth: float = 0.0                             # workspace bytes per extra position (dry runs)
+    memory_max_context: int = 0                               # the largest context memory allows (before the cap)
+    ring_slots: int = 0                                       # elastic KV: refinement ring slots (window + G)
+    refine_per_position: int = 0                              # elastic KV: ring bytes per slot
+    kv_window: int = 0                                        # elastic KV: the window
+    positions_cap: int = 0                                    # the model's positions (max_position_embeddings)
+
+    @property
+    def ring_bytes(self) -> int:
+        return self.ring_slots * self.refine_per_position
 
     @property
     def weight_bytes(self) -> int:
@@ -129,7 +160,7 @@ class MemoryPlan:
 
     @property
     def scratch_bytes(self) -> int:
-        return self.scratch_slots * self.kv_per_position
+        return self.scratch_slots * (self.kv_per_position + self.refine_per_position)   # draft slots keep both planes
 
     @property
     def workspace_bytes(self) -> int:
@@ -141,33 +172,43 @@ class MemoryPlan:
     def total_bytes(self, context: int | None = None) -> int:
         """Planned bytes at `context` (default the maximum); workspace as planned at the maximum."""
         c = self.max_context if context is None else context
-        return self.weight_bytes + self.kv_bytes(c) + self.scratch_bytes + self.workspace_bytes
+        return self.weight_bytes + self.kv_bytes(c) + self.scratch_bytes + self.ring_bytes + self.workspace_bytes
 
     def arithmetic(self) -> list[str]:
         d, w, mb = self.device, self.weights, lambda b: f"{b / MiB:,.1f} MiB"
         lines = [f"usable = total {mb(d.total_bytes)} - OS {mb(d.os_reserve_bytes)} - context {mb(d.context_reserve_bytes)}"
                  f" = {mb(d.usable_bytes)}",
                  "weights = " + " + ".join(f"{k} {mb(v)}" for k, v in w.items() if v) + f" = {mb(self.weight_bytes)}",
-                 f"KV per position = {self.kv_per_position:,} B ({self.config.kv})",
-                 f"draft scratch = {self.scratch_slots} slots x {self.kv_per_position:,} B = {mb(self.scratch_bytes)}",
+                 f"KV per position = {self.kv_per_position:,} B ({'kv4: base plane + scale' if self.ring_slots else self.config.kv})",
+                 f"draft scratch = {self.scratch_slots} slots x {self.kv_per_position + self.refine_per_position:,} B"
+                 f" = {mb(self.scratch_bytes)}",
                  "workspace = max(" + ", ".join(f"{k} {mb(v)}" for k, v in self.workspace.items())
                  + f") = {mb(self.workspace_bytes)} ({self.backend})"]
-        free = self.device.usable_bytes - self.weight_bytes - self.scratch_bytes - self.workspace_bytes
+        fixed, plus, minus = self.scratch_bytes + self.ring_bytes, mb(self.scratch_bytes), mb(self.scratch_bytes)
+        if self.ring_slots:
+            lines.append(f"refinement ring = (window {self.kv_window:,} + widest pass "
+                         f"{self.ring_slots - self.kv_window:,}) slots x {self.refine_per_position:,} B = "
+                         f"{mb(self.ring_bytes)}")
+            plus, minus = f"{plus} + {mb(self.ring_bytes)}", f"{minus} - {mb(self.ring_bytes)}"
+        free = self.device.usable_bytes - self.weight_bytes - fixed - self.workspace_bytes
         cap = f", capped at {self.max_context:,} by the model's positions" if self.limited_by == "positions" else ""
         if self.workspace_growth:       # a dry-run workspace grows with the context: no closed form
-            lines.append(f"max context = largest C with {mb(self.weight_bytes)} + {mb(self.scratch_bytes)} + C x "
+            lines.append(f"max context = largest C with {mb(self.weight_bytes)} + {plus} + C x "
                          f"{self.kv_per_position:,} B + workspace(C) <= {mb(d.usable_bytes)}, the workspace growing "
-                         f"~{self.workspace_growth:,.0f} B per position: C = {self.max_context:,}"
+                         f"~{self.workspace_growth:,.0f} B per position: C = {self.memory_max_context:,}"
                          f" (planned {mb(self.total_bytes())}){cap}")
         else:
-            lines.append(f"max context = floor(({mb(d.usable_bytes)} - {mb(self.weight_bytes)} - {mb(self.scratch_bytes)}"
+            lines.append(f"max context = floor(({mb(d.usable_bytes)} - {mb(self.weight_bytes)} - {minus}"
                          f" - {mb(self.workspace_bytes)}) / {self.kv_per_position:,} B) = "
                          f"{max(0, free // self.kv_per_position):,}{cap}")
         return lines
 
     def to_dict(self) -> dict:
         c = self.max_context
-        return {"max_context": c, "limited_by": self.limited_by, "about": self.config.about,
+        elastic = {"kv_window": self.kv_window, "ring_slots": self.ring_slots, "ring_bytes": self.ring_bytes,
+                   "refine_bytes_per_position": self.refine_per_position} if self.ring_slots else {}
+        return {"max_context": c, "limited_by": self.limited_by, "memory_max_context": self.memory_max_context,
+                "positions_cap": self.positions_cap, **elastic, "about": self.config.about,
                 "backend": self.backend, "weight_bytes": self.weight_bytes, "weights": self.weights,
                 "kv_bytes_per_position": self.kv_per_position, "kv_bytes": self.kv_bytes(c),
                 "draft_reads_kv_bytes_per_position": self.draft_read_per_position,
@@ -202,12 +243,18 @@ def plan(model: str, cfg: ModelConfig, config: RunConfig, device: DeviceProfile,
         weights = nested_weight_bytes(ckpt if ckpt is not None else synthetic_checkpoint(cfg, "meta"), layout)
     else:
         weights = dense_weight_bytes(cfg, config.weights)
-    per_pos = kv_bytes_per_position(cfg, config.kv)
     slots = (scratch if scratch is not None else workload.gamma) if config.speculative else 0
-    fixed = sum(weights.values()) + slots * per_pos
+    per_pos, refine, ring, elastic = kv_bytes_per_position(cfg, config.kv), 0, 0, None
+    if config.elastic:    # base planes and scales per position; the refinement in a ring of window + G slots
+        refine = refine_bytes_per_position(cfg)
+        per_pos -= refine
+        ring = workload.kv_window + widest_pass(backend, workload.prefill_chunk, slots)
+        elastic = ElasticKV(workload.kv_window, ring)
+    fixed = sum(weights.values()) + slots * (per_pos + refine) + ring * refine
     shortest = workload.gamma + 2
-    upper = min((device.usable_bytes - fixed) // per_pos, cfg.max_position_embeddings)
-    dry = DryRun(ckpt, cfg, backend, max(upper, shortest), slots) if backend in TRACED_BACKENDS else None
+    upper = (device.usable_bytes - fixed) // per_pos      # memory's bound; the model's positions cap the answer
+    dry = DryRun(ckpt, cfg, backend, max(upper, shortest), slots, workload.prefill_chunk, elastic) \
+        if backend in TRACED_BACKENDS else None
 
     def workspace(context: int) -> dict[str, int]:
         steps = steps_at_end(context, config.speculative, workload.gamma, workload.prefill_chunk,
@@ -244,15 +291,22 @@ def plan(model: str, cfg: ModelConfig, config: RunConfig, device: DeviceProfile,
             best = guess
         else:
             best = _largest(shortest, upper, fits)
-    ws = workspace(max(best, shortest))
-    return MemoryPlan(model, config, device, workload, backend, weights, per_pos, slots, best,
-                      "positions" if best == cfg.max_position_embeddings else "memory", ws, draft_read(cfg, config),
-                      slope if dry is not None else 0.0)
+    cap = cfg.max_position_embeddings
+    ws = workspace(max(min(best, cap), shortest))
+    return MemoryPlan(model, config, device, workload, backend, weights, per_pos, slots, min(best, cap),
+                      "positions" if best >= cap else "memory", ws, draft_read(cfg, config),
+                      slope if dry is not None else 0.0, best, min(ring, best) if ring and best else ring, refine,
+                      workload.kv_window if config.elastic else 0, cap)
 
 
 def fit_context(p: MemoryPlan, requested: int | None) -> int:
     """The context to allocate: `requested` if it fits the plan (None = the plan's maximum); a request
     over the maximum is a one-line error naming the largest context that fits."""
+    if p.max_context < 1 and p.config.elastic:
+        raise BitNestError(f"{p.model} does not fit {p.device.name} even with KV4 past a window of {p.kv_window:,} "
+                           f"(bitnest-elastic): weights {p.weight_bytes / MiB:,.0f} MiB + the refinement ring's "
+                           f"{p.ring_slots:,} slots {p.ring_bytes / MiB:,.0f} MiB leave no room for the base planes "
+                           f"in {p.device.usable_bytes / MiB:,.0f} MiB usable: lower --kv-window or use a larger device")
     if p.max_context < 1:
         raise BitNestError(f"{p.model} ({p.config.name}) does not fit {p.device.name}: weights alone take "
                            f"{p.weight_bytes / MiB:,.0f} MiB of {p.device.usable_bytes / MiB:,.0f} MiB usable")
@@ -265,14 +319,25 @@ def fit_context(p: MemoryPlan, requested: int | None) -> int:
 
 
 def plan_for_runtime(ckpt: Checkpoint, device: str | DeviceProfile, backend: str, prefill_chunk: int,
-                     scratch: int) -> MemoryPlan:
+                     scratch: int, kv_window: int | None = None) -> MemoryPlan:
     """The plan a Runtime allocates from: the loaded checkpoint run by `backend` with `scratch` draft slots
-    (γ up to scratch - 1, whose verification pass is the largest)."""
+    (γ up to scratch - 1, whose verification pass is the largest); with `kv_window`, elastic KV's (bitnest-elastic)."""
     from edge.memory.devices import get_profile
     profile = get_profile(device) if isinstance(device, str) else device
     gamma = max(1, min(16, scratch - 1))
-    return plan(ckpt.path.name, ckpt.config, CONFIGS["bitnest"], profile, Workload(gamma, prefill_chunk),
-                ckpt=ckpt, backend=backend, scratch=scratch)
+    config = CONFIGS["bitnest" if kv_window is None else "bitnest-elastic"]
+    return plan(ckpt.path.name, ckpt.config, config, profile,
+                Workload(gamma, prefill_chunk, kv_window or DEFAULT_KV_WINDOW), ckpt=ckpt, backend=backend,
+                scratch=scratch)
+
+
+def elastic_kv(window: int, capacity: int, backend: str, prefill_chunk: int, scratch: int) -> ElasticKV:
+    """Elastic KV for an engine of `capacity` positions: the window, and a ring of window + the widest pass's slots
+    (as the plan counts them); a window that is not smaller than the context is a one-line error."""
+    if window >= capacity:
+        raise BitNestError(f"a KV window of {window:,} positions is not smaller than the context of {capacity:,}: "
+                           f"lower --kv-window below {capacity:,} (or raise --max-context)")
+    return ElasticKV(window, window + widest_pass(backend, prefill_chunk, scratch))
 
 
 def check_request(p: MemoryPlan, capacity: int, prompt: int, max_new_tokens: int) -> None:

@@ -31,7 +31,7 @@ from typing import Callable
 
 from edge.backends import make_backend
 from edge.decode.engine import PassEngine
-from edge.decode.kv_cache import KVRead
+from edge.decode.kv_cache import ElasticKV, KVRead
 from edge.memory.alloc_trace import AllocationTracer, storage_bytes
 from edge.memory.devices import process_rss_bytes, release_freed_heap
 from edge.memory.plan import MemoryPlan
@@ -125,8 +125,9 @@ def verify_plan(p: MemoryPlan, load: Callable[[], Checkpoint]) -> dict:
     rss0, anon0, file0 = process_rss_bytes(), _status("RssAnon"), _status("RssFile")
     t0 = time.perf_counter()
     ckpt = load()
+    elastic = ElasticKV(p.kv_window, p.ring_slots) if p.config.elastic else None
     eng = PassEngine(ckpt, make_backend(p.backend, ckpt), p.max_context, scratch=p.scratch_slots,
-                     prefill_chunk=p.workload.prefill_chunk)
+                     prefill_chunk=p.workload.prefill_chunk, elastic=elastic)
     held = storage_bytes(eng.backend, eng.ckpt.tensors, eng.cache, eng.decoder)
     built_s = time.perf_counter() - t0
     release_freed_heap()             # as a Runtime does after loading
@@ -149,8 +150,9 @@ def verify_plan(p: MemoryPlan, load: Callable[[], Checkpoint]) -> dict:
     files = sum(f.stat().st_size for f in ckpt.path.glob("*.safetensors")) if ckpt.path else 0
     return {"context": p.max_context, "backend": p.backend, "planned_bytes": planned, "measured_bytes": measured,
             "ratio": round(measured / planned, 5), "within_2pct": abs(measured / planned - 1) <= TOLERANCE,
+            "config": p.config.name,
             "planned": {"weights": p.weight_bytes, "kv": p.kv_bytes(p.max_context), "scratch": p.scratch_bytes,
-                        "workspace": p.workspace},
+                        "ring": p.ring_bytes, "workspace": p.workspace},
             "measured": {"held_by_engine": held, "step_peaks": peaks},
             "rss_peak_delta_bytes": rss, "rss_ratio": round(rss / planned, 4) if rss else None,
             "rss_anon_delta_bytes": _status("RssAnon") - anon0, "rss_file_delta_bytes": _status("RssFile") - file0,

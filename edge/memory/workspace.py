@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from edge.decode.engine import Engine, PassEngine
-from edge.decode.kv_cache import KVRead
+from edge.decode.kv_cache import ElasticKV, KVRead
 from edge.memory.alloc_trace import AllocationTracer
 from edge.memory.synthetic import synthetic_checkpoint
 from edge.model.arch import ModelConfig
@@ -85,11 +85,13 @@ class DryRun:
     one starts and every block sees the same history. The meta engine is built once for `capacity`
     positions; a pass's workspace depends on the positions it reads, not on the capacity."""
 
-    def __init__(self, ckpt: Checkpoint | None, cfg: ModelConfig, backend: str, capacity: int, scratch: int):
+    def __init__(self, ckpt: Checkpoint | None, cfg: ModelConfig, backend: str, capacity: int, scratch: int,
+                 prefill_chunk: int = 256, elastic: ElasticKV | None = None):
         from edge.backends import make_backend
         meta = one_layer_meta(ckpt) if ckpt is not None else synthetic_checkpoint(replace(cfg, num_layers=1), "meta")
         with torch.device("meta"):
-            self.engine = PassEngine(meta, make_backend(backend, meta), capacity, scratch=scratch)
+            self.engine = PassEngine(meta, make_backend(backend, meta), capacity, scratch=scratch,
+                                     prefill_chunk=prefill_chunk, elastic=elastic)
 
     def workspace(self, steps: list[Step]) -> dict[str, int]:
         """Peak bytes of live storages each step allocates."""

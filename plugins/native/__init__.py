@@ -197,12 +197,15 @@ def dual_plane_linear(x: torch.Tensor, base: torch.Tensor, refine: Optional[torc
 
 
 def nested_kv_attention(q: torch.Tensor, base: torch.Tensor, refine: torch.Tensor, scale: torch.Tensor,
-                        main_len: int, kv8_from: int, scratch=None, scratch_len: int = 0, isa: str = "") -> torch.Tensor:
-    """out [Hq, T, D] float32: plugins.reference.nested_kv_attention's semantics over the nested planes."""
+                        main_len: int, kv8_from: int, scratch=None, scratch_len: int = 0, isa: str = "",
+                        window: int = 0) -> torch.Tensor:
+    """out [Hq, T, D] float32: plugins.reference.nested_kv_attention's semantics over the nested planes. `refine` may
+    be a ring of R <= capacity slots (position p's refinement in slot p mod R); `window` > 0: query t reads KV8 only
+    for positions >= its own + 1 - window (elastic KV)."""
     load()
     sb, sr, ss = scratch if scratch is not None else (None, None, None)
     return getattr(torch.ops.bitnest, NESTED_KV_ATTENTION.python)(q, base, refine, scale, main_len, kv8_from, sb, sr, ss,
-                                                                   scratch_len, isa or requested_isa())
+                                                                   scratch_len, window, isa or requested_isa())
 
 
 def quantize_kv(x: torch.Tensor, isa: str = "") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -23,7 +23,8 @@ inline void kv_entry(const KVLayer& kv, const KVRange& r, int which, int hkv, in
     *b = r.local.base + row * half, *rf = r.local.refine + row * half, *scale = r.local.scale[row];
   } else if (!r.draft || pos < r.committed) {
     const size_t row = (size_t(which) * kv.Hkv + hkv) * kv.C + pos;
-    *b = kv.base + row * half, *rf = kv.refine + row * half, *scale = kv.scale[row];
+    const size_t ring = (size_t(which) * kv.Hkv + hkv) * kv.ring() + pos % kv.ring();   // the refinement's slot
+    *b = kv.base + row * half, *rf = kv.refine + ring * half, *scale = kv.scale[row];
   } else {
     const size_t row = (size_t(which) * kv.Hkv + hkv) * kv.S + (pos - r.committed);
     *b = kv.sbase + row * half, *rf = kv.srefine + row * half, *scale = kv.sscale[row];
@@ -60,15 +61,21 @@ inline void softmax_portable(float* sc, int n) {
 // takes its scores from it (Ops::dots: each position's dot in the same order however positions are grouped); an
 // exact softmax per (query, head) over the positions it sees; then V block by block, each (query, head)'s output
 // accumulated over the block's positions in increasing order (Ops::weighted_sum). A query's result therefore does
-// not depend on the other queries of the pass. scores: [kQueryTile, h1 - h0, positions] floats; kvbuf: kPosBlock *
-// D floats.
+// not depend on the other queries of the pass. With an elastic window each query reads KV8 from its own position on
+// (KVRange::kv8_from_row): a block is dequantized for the tile's first query, and a later query's positions between
+// its first KV8 position and the tile's are read again at KV4 one at a time (their dots, and their place in the
+// weighted sum, in position order: the same bits as a tile of one). scores: [kQueryTile, h1 - h0, positions] floats;
+// kvbuf: kPosBlock * D floats.
 template <class Ops>
 void attend_unit(const KVLayer& kv, const KVRange& r, const AttendWork& u, const float* q, int ldq, int hpk,
                  float* out, int ldo, float* scores, float* kvbuf) {
+  constexpr int kMaxD = 512;
   const int D = kv.D, nh = u.h1 - u.h0;
   const float scale = 1.f / std::sqrt(float(D));
-  for (int ts = u.t0; ts < u.t1; ts += kQueryTile) {
-    const int te = std::min(u.t1, ts + kQueryTile);
+  float one[kMaxD];                                       // one entry re-read at KV4
+  const int tile = r.window && D > kMaxD ? 1 : kQueryTile;
+  for (int ts = u.t0; ts < u.t1; ts += tile) {
+    const int te = std::min(u.t1, ts + tile), kv8_from = r.kv8_from_row(ts);   // the tile's most-KV8 threshold
     const int n = r.first + te;                           // positions the tile's last query sees
     auto head = [&](int j) { return (size_t(u.hkv) * hpk + u.h0 + j) * D; };
     auto row = [&](int t, int j) { return scores + (size_t(t - ts) * nh + j) * n; };
@@ -77,17 +84,34 @@ void attend_unit(const KVLayer& kv, const KVRange& r, const AttendWork& u, const
         const uint8_t *b, *rf;
         uint16_t sh;
         kv_entry(kv, r, which, u.hkv, pos, &b, &rf, &sh);
-        Ops::dequant(b, rf, f16_to_f32(sh), D, pos >= r.kv8_from, kvbuf + size_t(pos - b0) * D);
+        Ops::dequant(b, rf, f16_to_f32(sh), D, pos >= kv8_from, kvbuf + size_t(pos - b0) * D);
       }
+    };
+    auto load_kv4 = [&](int which, int pos) {
+      const uint8_t *b, *rf;
+      uint16_t sh;
+      kv_entry(kv, r, which, u.hkv, pos, &b, &rf, &sh);
+      Ops::dequant(b, rf, f16_to_f32(sh), D, false, one);
+    };
+    // positions [lo, hi) of block [b0, b0 + seen) that query t reads at KV4 although the block holds them at KV8
+    auto kv4_fix = [&](int t, int b0, int seen, int* lo, int* hi) {
+      *lo = std::max(b0, kv8_from), *hi = std::min(b0 + seen, r.kv8_from_row(t));
+      if (*hi < *lo) *hi = *lo;
     };
     for (int b0 = 0; b0 < n; b0 += kPosBlock) {
       const int b1 = std::min(n, b0 + kPosBlock);
       load_block(0, b0, b1);
       for (int t = std::max(ts, b0 - r.first); t < te; ++t) {       // the queries that see position b0
         const int seen = std::min(b1, r.first + t + 1) - b0;
+        int lo, hi;
+        kv4_fix(t, b0, seen, &lo, &hi);
         for (int j = 0; j < nh; ++j) {
           float* sc = row(t, j) + b0;
           Ops::dots(q + size_t(t) * ldq + head(j), kvbuf, seen, D, sc);
+          for (int pos = lo; pos < hi; ++pos) {
+            load_kv4(0, pos);
+            Ops::dots(q + size_t(t) * ldq + head(j), one, 1, D, sc + (pos - b0));
+          }
           for (int i = 0; i < seen; ++i) sc[i] *= scale;
         }
       }
@@ -102,7 +126,22 @@ void attend_unit(const KVLayer& kv, const KVRange& r, const AttendWork& u, const
       load_block(1, b0, b1);
       for (int t = std::max(ts, b0 - r.first); t < te; ++t) {
         const int seen = std::min(b1, r.first + t + 1) - b0;
-        for (int j = 0; j < nh; ++j) Ops::weighted_sum(out + size_t(t) * ldo + head(j), row(t, j) + b0, kvbuf, seen, D);
+        int lo, hi;
+        kv4_fix(t, b0, seen, &lo, &hi);
+        for (int j = 0; j < nh; ++j) {
+          float* o = out + size_t(t) * ldo + head(j);
+          const float* p = row(t, j) + b0;
+          if (lo == hi) {
+            Ops::weighted_sum(o, p, kvbuf, seen, D);
+            continue;
+          }
+          Ops::weighted_sum(o, p, kvbuf, lo - b0, D);
+          for (int pos = lo; pos < hi; ++pos) {
+            load_kv4(1, pos);
+            Ops::weighted_sum(o, p + (pos - b0), one, 1, D);
+          }
+          Ops::weighted_sum(o, p + (hi - b0), kvbuf + size_t(hi - b0) * D, b0 + seen - hi, D);
+        }
       }
     }
   }

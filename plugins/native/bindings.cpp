@@ -91,7 +91,8 @@ at::Tensor dual_plane_linear(const at::Tensor& x, const at::Tensor& base, const 
 at::Tensor nested_kv_attention(const at::Tensor& q, const at::Tensor& base, const at::Tensor& refine,
                                const at::Tensor& scale, int64_t main_len, int64_t kv8_from,
                                const c10::optional<at::Tensor>& sbase, const c10::optional<at::Tensor>& srefine,
-                               const c10::optional<at::Tensor>& sscale, int64_t scratch_len, const std::string& isa) {
+                               const c10::optional<at::Tensor>& sscale, int64_t scratch_len, int64_t window,
+                               const std::string& isa) {
   check(base, at::kByte, "base"), check(refine, at::kByte, "refine"), check(scale, at::kHalf, "scale");
   TORCH_CHECK(q.dim() == 3 && base.dim() == 4 && base.size(0) == 2, "q [Hq, T, D] and planes [2, Hkv, C, D/2] expected");
   const int Hq = q.size(0), T = q.size(1), D = q.size(2), Hkv = base.size(1);
@@ -101,7 +102,9 @@ at::Tensor nested_kv_attention(const at::Tensor& q, const at::Tensor& base, cons
   KVLayer kv;
   kv.base = base.data_ptr<uint8_t>(), kv.refine = refine.data_ptr<uint8_t>();
   kv.scale = const_cast<uint16_t*>(half_ptr(scale));
-  kv.C = base.size(2), kv.Hkv = Hkv, kv.D = D;
+  kv.C = base.size(2), kv.Hkv = Hkv, kv.D = D, kv.R = refine.size(2);
+  TORCH_CHECK(refine.dim() == 4 && refine.size(2) >= 1 && refine.size(2) <= kv.C && window >= 0,
+              "the refinement ring [2, Hkv, R, D/2] needs 1 <= R <= capacity and window >= 0");
   if (scratch_len) {
     TORCH_CHECK(sbase && srefine && sscale, "scratch_len > 0 needs the scratch planes");
     check(*sbase, at::kByte, "scratch base"), check(*srefine, at::kByte, "scratch refine"), check(*sscale, at::kHalf, "scratch scale");
@@ -113,7 +116,7 @@ at::Tensor nested_kv_attention(const at::Tensor& q, const at::Tensor& base, cons
   at::Tensor out = at::empty({T, Hq, D}, at::kFloat);
   std::vector<float> kvbuf(size_t(kPosBlock) * D);
   std::vector<float> scores(size_t(std::min<int64_t>(T, kQueryTile)) * (Hq / Hkv) * S);
-  const KVRange r{S - T, int(main_len), int(kv8_from), scratch_len > 0};
+  const KVRange r{S - T, int(main_len), int(kv8_from), scratch_len > 0, {}, int(window)};
   const Kernels* k = kernels_or_throw(isa);
   for (int h = 0; h < Hkv; ++h)
     k->attend(kv, r, AttendWork{h, 0, Hq / Hkv, 0, T}, qt.data_ptr<float>(), Hq * D, Hq / Hkv, out.data_ptr<float>(),
@@ -172,6 +175,8 @@ struct StepHolder : torch::CustomClassHolder {
     d.max_tokens = num("max_tokens"), d.threads = num("threads");
     d.draft_head = DraftHead(n.contains("draft_head") ? n.at("draft_head") : 0);
     d.shortlist = n.contains("shortlist") ? int(n.at("shortlist")) : 0;
+    d.kv_window = n.contains("kv_window") ? int(n.at("kv_window")) : 0;
+    TORCH_CHECK(d.kv_window >= 0, "kv_window must be >= 0");
     vocab = d.vocab;
     StepWeights w;
     for (int l = 0; l < d.layers; ++l) {
@@ -212,6 +217,7 @@ struct StepHolder : torch::CustomClassHolder {
     const at::Tensor kb = get("kv.base"), kr = get("kv.refine"), ks = get("kv.scale");
     const at::Tensor sb = get("scratch.base"), sr = get("scratch.refine"), ss = get("scratch.scale");
     for (const auto* t : {&kb, &kr, &sb, &sr}) check(*t, at::kByte, "KV planes");
+    TORCH_CHECK(kr.size(3) >= 1 && kr.size(3) <= kb.size(3), "the refinement ring must hold 1 to capacity slots");
     check(ks, at::kHalf, "KV scales"), check(ss, at::kHalf, "scratch scales");
     for (int l = 0; l < d.layers; ++l) {
       KVLayer L;
@@ -219,7 +225,7 @@ struct StepHolder : torch::CustomClassHolder {
       L.scale = reinterpret_cast<uint16_t*>(ks[l].data_ptr<at::Half>());
       L.sbase = sb[l].data_ptr<uint8_t>(), L.srefine = sr[l].data_ptr<uint8_t>();
       L.sscale = reinterpret_cast<uint16_t*>(ss[l].data_ptr<at::Half>());
-      L.C = kb.size(3), L.S = sb.size(3), L.Hkv = d.kv_heads, L.D = d.head_dim;
+      L.C = kb.size(3), L.S = sb.size(3), L.Hkv = d.kv_heads, L.D = d.head_dim, L.R = kr.size(3);
       kv.push_back(L);
     }
     TORCH_CHECK(kv.empty() || kv[0].C == w.rope_positions, "RoPE tables and KV capacity differ");
@@ -256,7 +262,7 @@ TORCH_LIBRARY(bitnest, m) {
         "str isa='') -> Tensor", &bitnest::dual_plane_linear);
   m.def("nested_kv_attention(Tensor q, Tensor base, Tensor refine, Tensor scale, int main_len, int kv8_from, "
         "Tensor? scratch_base=None, Tensor? scratch_refine=None, Tensor? scratch_scale=None, int scratch_len=0, "
-        "str isa='') -> Tensor", &bitnest::nested_kv_attention);
+        "int window=0, str isa='') -> Tensor", &bitnest::nested_kv_attention);
   m.def("quantize_kv(Tensor x, str isa='') -> (Tensor, Tensor, Tensor)", &bitnest::quantize_kv);
   m.def("isa() -> str", &bitnest::best_isa);
   m.def("runnable_isas() -> str", &bitnest::runnable);

@@ -10,6 +10,7 @@
 // single-token steps give, on every kernel set of a machine.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -61,18 +62,21 @@ struct QActs {
 // One layer's nested KV cache (docs/contracts.md, KV cache): canonical signed nibbles along D, K then V.
 struct KVLayer {
   uint8_t* base = nullptr;       // [2, Hkv, C, D/2]
-  uint8_t* refine = nullptr;     // [2, Hkv, C, D/2]
+  uint8_t* refine = nullptr;     // [2, Hkv, R, D/2]: a ring, position p's refinement in slot p mod R (R = C: no wrap)
   uint16_t* scale = nullptr;     // float16 [2, Hkv, C]
   uint8_t* sbase = nullptr;      // draft scratch slots: [2, Hkv, S, D/2]
   uint8_t* srefine = nullptr;
   uint16_t* sscale = nullptr;    // [2, Hkv, S]
-  int C = 0, S = 0, Hkv = 0, D = 0;
+  int C = 0, S = 0, Hkv = 0, D = 0, R = 0;   // R: refinement ring slots (0: C)
+  int ring() const { return R ? R : C; }
 };
 
 // Where the pass's queries sit: query t is at position first + t and sees positions [0, first + t]. Positions
 // below `committed` are the committed history (main planes); the others are this pass's own entries, in the
 // main planes for a real pass or in scratch slot (position - committed) for a draft pass. Positions before
-// `kv8_from` are read at KV4 (base plane only), the others at KV8.
+// `kv8_from` are read at KV4 (base plane only), the others at KV8. With an elastic `window` W > 0 (docs/memory.md,
+// elastic KV) query t also reads KV4 before position first + t + 1 - W: per query, so a verification row reads the
+// history a one-token step at its position reads.
 // `local`, where set, holds this pass's own entries [first, first + M) as [2, Hkv, M, D/2] (and scales [2, Hkv, M]):
 // a thread reads them there while one thread writes the same bytes into the cache.
 struct KVLocal {
@@ -85,6 +89,9 @@ struct KVRange {
   int first = 0, committed = 0, kv8_from = 0;
   bool draft = false;
   KVLocal local;
+  int window = 0;
+  // First position query t reads at KV8.
+  int kv8_from_row(int t) const { return window ? std::max(kv8_from, first + t + 1 - window) : kv8_from; }
 };
 
 // One unit of attention work: query heads [h0, h1) of KV head `hkv` (h relative to the group), queries [t0, t1).

@@ -200,8 +200,9 @@ void DecoderStep::attention(int l, int M, const KVRange& r0, int tid, int nt) {
         if (j % nt != tid) continue;
         const bool main = !r0.draft;
         const size_t slots = main ? kv.C : kv.S, idx = (size_t(which) * Hkv + j) * slots + (main ? pos : pos - r0.committed);
+        const size_t ridx = main ? (size_t(which) * Hkv + j) * kv.ring() + pos % kv.ring() : idx;   // refinement ring
         std::copy(&sc.kvb[at * half], &sc.kvb[(at + 1) * half], (main ? kv.base : kv.sbase) + idx * half);
-        std::copy(&sc.kvr[at * half], &sc.kvr[(at + 1) * half], (main ? kv.refine : kv.srefine) + idx * half);
+        std::copy(&sc.kvr[at * half], &sc.kvr[(at + 1) * half], (main ? kv.refine : kv.srefine) + ridx * half);
         (main ? kv.scale : kv.sscale)[idx] = sc.kvs[at];
       }
     }
@@ -389,7 +390,7 @@ void DecoderStep::forward(const int64_t* ids, int M, bool target, int start, int
   for (int c0 = 0; c0 < M; c0 += d_.max_tokens) {
     const int mc = std::min(d_.max_tokens, M - c0);
     const int rows = last_only ? (c0 + mc == M ? 1 : 0) : mc;     // a chunk before the last one of a prefill: no head
-    chunk(ids + c0, mc, target, KVRange{start + c0, committed, kv8_from, draft, {}}, rows,
+    chunk(ids + c0, mc, target, KVRange{start + c0, committed, kv8_from, draft, {}, d_.kv_window}, rows,
           last_only ? logits : logits + size_t(c0) * d_.vocab);
   }
 }

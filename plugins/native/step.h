@@ -30,6 +30,7 @@ struct StepDims {
   int threads = 1;
   DraftHead draft_head = DraftHead::kBase;
   int shortlist = 0;    // rows re-scored by DraftHead::kShortlist
+  int kv_window = 0;    // elastic KV: each query reads KV8 for its last kv_window positions only (0: no window)
 };
 
 struct StepWeights {

@@ -260,6 +260,35 @@ static void check_attention(const Kernels& k, std::mt19937& rng) {
     expect(rel(got, want) < 1e-5, "attention vs float64 oracle", rel(got, want));
     expect(same_bits(split, got), "attention per query head and query equals the whole unit's");
   }
+  // Elastic KV: the refinement in a ring of R slots (position p in slot p mod R, the latest write kept), and query t
+  // reading KV8 only from position first + t + 1 - W on (a window per query, not per tile).
+  const int R = 20, W = 6;                                   // the T queries read KV8 over W + T - 1 = 17 <= R slots
+  std::vector<uint8_t> ring(size_t(2) * hkv * R * D / 2);
+  for (int pos = 0; pos < first + T; ++pos)
+    for (int wh = 0; wh < 2 * hkv; ++wh)
+      std::copy(&r[(size_t(wh) * C + pos) * D / 2], &r[(size_t(wh) * C + pos + 1) * D / 2],
+                &ring[(size_t(wh) * R + pos % R) * D / 2]);
+  KVLayer ekv = kv;
+  ekv.refine = ring.data(), ekv.R = R;
+  const KVRange range{first, first, 0, false, {}, W};
+  for (int h = 0; h < hkv; ++h) {
+    k.attend(ekv, range, AttendWork{h, 0, hpk, 0, T}, q.data(), hkv * hpk * D, hpk, got.data(), hkv * hpk * D,
+             scores.data(), kvbuf.data());
+    for (int h0 = 0; h0 < hpk; ++h0)
+      for (int t = 0; t < T; ++t)
+        k.attend(ekv, range, AttendWork{h, h0, h0 + 1, t, t + 1}, q.data(), hkv * hpk * D, hpk, split.data(),
+                 hkv * hpk * D, scores.data(), kvbuf.data());
+  }
+  const std::vector<double> want = oracle::attention_rows(
+      std::vector<double>(q.begin(), q.end()), T, first, hkv * hpk, hkv, D, [&](int t, int which, int h, int pos, int d) {
+        const size_t row = (size_t(which) * hkv + h) * C + pos;   // the unwrapped planes
+        const int q4 = oracle::nibble(&b[row * D / 2], d), qr = oracle::nibble(&r[row * D / 2], d);
+        const double sc = oracle::f16(s[row]);
+        return pos >= first + t + 1 - W ? (16.0 * q4 + qr) * sc / 16 : q4 * sc;
+      });
+  worst_attention = std::max(worst_attention, rel(got, want));
+  expect(rel(got, want) < 1e-5, "elastic attention (ring, per-query window) vs float64 oracle", rel(got, want));
+  expect(same_bits(split, got), "elastic attention per query equals the whole unit's (tiles of several queries)");
 }
 
 // A job whose member throws mid-way: the others are released from the barriers and run() rethrows.

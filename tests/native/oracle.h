@@ -200,10 +200,11 @@ inline void rope(double* x, const float* cos, const float* sin, int D) {
   for (int d = 0; d < D; ++d) x[d] = t[d] * cos[d] + (d < D / 2 ? -t[d + D / 2] : t[d - D / 2]) * sin[d];
 }
 
-// Causal GQA attention of T queries at positions first .. first + T - 1 over values `value(which, h, pos, d)` (which:
-// 0 = K, 1 = V): softmax(q . k / sqrt(D)) . v, in double, one query head at a time.
+// Causal GQA attention of T queries at positions first .. first + T - 1 over values `value(t, which, h, pos, d)` as
+// query t reads them (which: 0 = K, 1 = V; per query, as elastic KV's window reads): softmax(q . k / sqrt(D)) . v, in
+// double, one query head at a time.
 template <class Value>
-std::vector<double> attention(const std::vector<double>& q, int T, int first, int Hq, int Hkv, int D, Value value) {
+std::vector<double> attention_rows(const std::vector<double>& q, int T, int first, int Hq, int Hkv, int D, Value value) {
   std::vector<double> out(size_t(T) * Hq * D);
   const int hpk = Hq / Hkv;
   for (int t = 0; t < T; ++t)
@@ -213,17 +214,24 @@ std::vector<double> attention(const std::vector<double>& q, int T, int first, in
       double mx = -1e300, sum = 0;
       for (int pos = 0; pos < n; ++pos) {
         double dot = 0;
-        for (int d = 0; d < D; ++d) dot += q[(size_t(t) * Hq + hq) * D + d] * value(0, h, pos, d);
+        for (int d = 0; d < D; ++d) dot += q[(size_t(t) * Hq + hq) * D + d] * value(t, 0, h, pos, d);
         p[pos] = dot / std::sqrt(double(D)), mx = std::max(mx, p[pos]);
       }
       for (auto& v : p) sum += (v = std::exp(v - mx));
       for (int d = 0; d < D; ++d) {
         double o = 0;
-        for (int pos = 0; pos < n; ++pos) o += p[pos] / sum * value(1, h, pos, d);
+        for (int pos = 0; pos < n; ++pos) o += p[pos] / sum * value(t, 1, h, pos, d);
         out[(size_t(t) * Hq + hq) * D + d] = o;
       }
     }
   return out;
+}
+
+// The same where every query reads the same values `value(which, h, pos, d)`.
+template <class Value>
+std::vector<double> attention(const std::vector<double>& q, int T, int first, int Hq, int Hkv, int D, Value value) {
+  return attention_rows(q, T, first, Hq, Hkv, D,
+                        [&](int, int which, int h, int pos, int d) { return value(which, h, pos, d); });
 }
 
 }  // namespace oracle
