@@ -44,9 +44,17 @@ def make_backend(name: str, ckpt: Checkpoint) -> PassBackend:
     raise BitNestError(f"the {name} backend runs whole decoder steps and has no per-op form: use make_engine")
 
 
+# Backends that run a checkpoint loaded with its base planes only (`--weights base`): the exported step graphs
+# (onnxruntime, tensorrt) and the Triton kernels take both planes of every linear.
+BASE_WEIGHT_BACKENDS = ("native", "cpu", "torch")
+
+
 def make_engine(name: str, ckpt: Checkpoint, capacity: int, scratch: int = 8, prefill_chunk: int = 256) -> Engine:
     """An engine of backend `name` for one sequence of up to `capacity` positions, with `scratch` draft slots."""
     name = resolve_backend(name)
+    if not ckpt.has_target and name not in BASE_WEIGHT_BACKENDS:
+        raise BitNestError(f"the {name} backend runs both planes of every linear and cannot run --weights base: use "
+                           f"--backend {' or '.join(BASE_WEIGHT_BACKENDS)}, or --weights nested")
     if name == "native":
         from edge.backends.native import NativeEngine
         return NativeEngine(ckpt, capacity, scratch=scratch, prefill_chunk=prefill_chunk)
