@@ -29,9 +29,9 @@ def resolve_model(name: str, default_checkpoint=None):
     """(label, config, checkpoint or None, loader for --verify: weights -> checkpoint) of a preset, `default` or a
     checkpoint folder."""
     if name in MODEL_PRESETS:
-        from edge.memory.synthetic import synthetic_checkpoint
+        from edge.memory.synthetic import exported_shapes
         cfg = MODEL_PRESETS[name]
-        return name, cfg, None, lambda weights="nested": synthetic_checkpoint(cfg, "cpu", weights=weights)
+        return name, cfg, None, lambda weights="nested": exported_shapes(cfg, "cpu", weights=weights)
     if name == "default":
         if default_checkpoint is None:
             raise BitNestError("--model default needs the default export: run `bitnest max-context` or pass a checkpoint folder")

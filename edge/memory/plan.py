@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from edge.decode.kv_cache import KVRead
 from edge.errors import BitNestError
 from edge.memory.devices import DeviceProfile, MiB
-from edge.memory.synthetic import synthetic_checkpoint
+from edge.memory.synthetic import exported_shapes
 from edge.memory.workspace import DryRun, fused_workspace, steps_at_end
 from edge.model.arch import ModelConfig
 from edge.model.checkpoint import HEAD, Checkpoint, draft_reads_refine
@@ -207,7 +207,7 @@ def plan(model: str, cfg: ModelConfig, config: RunConfig, device: DeviceProfile,
         backend = "gpu-kernels"
     if config.weights in NESTED_FORMATS:
         layout = "cpu" if backend == "cpu" else "canonical"
-        weights = nested_weight_bytes(ckpt if ckpt is not None else synthetic_checkpoint(cfg, "meta"), layout,
+        weights = nested_weight_bytes(ckpt if ckpt is not None else exported_shapes(cfg, "meta"), layout,
                                       config.weights)
     else:
         weights = dense_weight_bytes(cfg, config.weights)

@@ -8,6 +8,7 @@ import torch
 from edge.model.arch import BLOCK_NORMS, ModelConfig
 from edge.model.checkpoint import EMBED_HEAD_TARGET, HEAD, Checkpoint, LinearSpec, draft_reads_refine, expected_linears
 from edge.model.decoder import OnlineRotations
+from edge.model.draft_head import DRAFT_HEAD_EXPORT_DEFAULT
 from plugins.contracts import group_size_for
 
 
@@ -60,3 +61,10 @@ def synthetic_checkpoint(cfg: ModelConfig, device: str = "meta", seed: int = 0, 
         for norm in BLOCK_NORMS:
             tensors[f"model.layers.{i}.{norm}.weight"] = make((h,), torch.float16, ones)
     return Checkpoint(Path(f"<synthetic {device}>"), manifest, cfg, specs, tensors, OnlineRotations(), weights=weights)
+
+
+def exported_shapes(cfg: ModelConfig, device: str = "meta", weights: str = "nested") -> Checkpoint:
+    """`synthetic_checkpoint` with the head as the default export writes it (export.quantize.QuantOptions: the head
+    nested, the embedding read from it where tied, the draft head DRAFT_HEAD_EXPORT_DEFAULT): what the planner and
+    its check count for a model known by its shapes alone."""
+    return synthetic_checkpoint(cfg, device, head_nested=True, draft_head=DRAFT_HEAD_EXPORT_DEFAULT, weights=weights)

@@ -8,7 +8,7 @@ import torch
 from edge.decode.engine import Engine, PassEngine
 from edge.decode.kv_cache import KVRead
 from edge.memory.alloc_trace import AllocationTracer
-from edge.memory.synthetic import synthetic_checkpoint
+from edge.memory.synthetic import exported_shapes
 from edge.model.arch import ModelConfig
 from edge.model.checkpoint import Checkpoint, draft_reads_refine
 
@@ -96,7 +96,7 @@ class DryRun:
                  weights: str = "nested"):
         from edge.backends import make_backend
         meta = one_layer_meta(ckpt, weights) if ckpt is not None else \
-            synthetic_checkpoint(replace(cfg, num_layers=1), "meta", weights=weights)
+            exported_shapes(replace(cfg, num_layers=1), "meta", weights=weights)
         with torch.device("meta"):
             self.engine = PassEngine(meta, make_backend(backend, meta), capacity, scratch=scratch)
 
