@@ -24,7 +24,7 @@ from tests.conftest import ROOT
 
 # What the two processes may differ by beside the refinement planes: glibc keeps 1 to 3 MB of the heap loading freed
 # after release_freed_heap, run to run (edge/memory/verify.py), and each process's thread pools and kernel scratch
-# start alike; measured on the default model (2-core AMD EPYC, native): the base run held 50.7 to 51.0 MiB less
+# start alike; measured on the default model (2-core AMD EPYC, native): the base run held 49.9 to 51.0 MiB less
 # anonymous memory against 50.6 MiB of planes left unread. 8 MiB is a sixth of those planes: a run that keeps them
 # (or reads them and frees them, for the peak) is off by ~50 MiB.
 RSS_TOLERANCE = 8 * MiB

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from edge.analysis.bench_process import ROOT, worker_env
+from edge.argtypes import Parser, count
 from edge.errors import BitNestError
 
 WEIGHTS = ("nested", "base")
@@ -71,8 +72,11 @@ def run_child(checkpoint, backend: str, weights: str, prompts: list[str], max_ne
     """`child` in its own process (fresh heap, nothing loaded before)."""
     spec = json.dumps({"checkpoint": str(checkpoint), "backend": backend, "weights": weights, "prompts": prompts,
                        "max_new_tokens": max_new_tokens})
-    r = subprocess.run([sys.executable, "-m", "edge.analysis.weights_memory", "--child", spec], cwd=ROOT,
-                       env=worker_env(), capture_output=True, text=True, timeout=900)
+    try:
+        r = subprocess.run([sys.executable, "-m", "edge.analysis.weights_memory", "--child", spec], cwd=ROOT,
+                           env=worker_env(), capture_output=True, text=True, timeout=1800)
+    except subprocess.TimeoutExpired:
+        raise BitNestError(f"the {weights} run took over 30 minutes: answer fewer prompts (--prompts)") from None
     if r.returncode != 0:
         tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
         raise BitNestError(f"the {weights} run failed: {tail[:200]}")
@@ -92,15 +96,19 @@ def compare(checkpoint, backend: str, prompts: list[str], max_new_tokens: int) -
             "same_tokens": runs["nested"]["tokens"] == runs["base"]["tokens"], "runs": runs}
 
 
-def main(argv=None, default_checkpoint=None) -> int:
-    p = argparse.ArgumentParser(prog="weights_memory.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser() -> argparse.ArgumentParser:
+    """The command's options (main parses them)."""
+    p = Parser(prog="weights_memory.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--checkpoint", help="nested checkpoint folder (default: the embedded SmolLM2 export)")
     p.add_argument("--backend", default="native", choices=("native", "cpu", "torch"))
-    p.add_argument("--prompts", type=int, default=4, help="ShareGPT prompts answered by each run")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    a = p.parse_args(argv)
+    p.add_argument("--prompts", type=count(), default=4, help="ShareGPT prompts answered by each run")
+    p.add_argument("--max-new-tokens", type=count(), default=64)
+    return p
+
+
+def main(argv=None, default_checkpoint=None) -> int:
+    a = parser().parse_args(argv)
     if a.child:
         s = json.loads(a.child)
         print(json.dumps(child(s["checkpoint"], s["backend"], s["weights"], s["prompts"], s["max_new_tokens"])))
