@@ -110,7 +110,7 @@ def test_verify_on_the_real_model(rtn_checkpoint):
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    base = out["verify_bitnest-base"]                      # the base planes only, as --weights base loads them
+    base = out["verify_base"]                      # the base planes only, as --weights base loads them
     assert base["context"] == out["configs"]["bitnest-base"]["max_context"] > out["configs"]["bitnest"]["max_context"]
     assert abs(base["measured_bytes"] / base["planned_bytes"] - 1) <= 0.02, base
     v = out["verify"]

@@ -22,9 +22,6 @@ from edge.memory.plan import CONFIGS, Workload, plan
 from edge.model.checkpoint import load_checkpoint
 
 
-VERIFIED = ("bitnest", "bitnest-base")     # the configurations --verify allocates (where they fit)
-
-
 def resolve_model(name: str, default_checkpoint=None):
     """(label, config, checkpoint or None, loader for --verify: weights -> checkpoint) of a preset, `default` or a
     checkpoint folder."""
@@ -90,9 +87,8 @@ def max_context(a, default_checkpoint=None) -> dict:
         if a.device != "local":
             raise BitNestError("--verify allocates the plan on this machine: use it with --device local")
         from edge.memory.verify import verify_plan
-        for name in VERIFIED:      # `verify` (bitnest) and `verify_bitnest-base`; a configuration that fits no context: null
+        for name, key in (("bitnest", "verify"), ("bitnest-base", "verify_base")):   # fitting no context: null
             p = plans[name]
-            key = "verify" if name == "bitnest" else f"verify_{name}"
             out[key] = verify_plan(p, lambda: load(p.config.weights)) if p.max_context else None
             v = out[key]
             if not a.json:
