@@ -16,9 +16,15 @@ from edge.decode.stats import DecodeStats
 from edge.decode.thresholds import resolve_gate
 from edge.energy.session import EnergySession
 from edge.errors import BitNestError
-from edge.runtime import Runtime
+from edge.model.checkpoint import WEIGHTS_BASE, WEIGHTS_NESTED, check_weights
+from edge.runtime import Runtime, check_policy
 
 STOP, LENGTH, CANCELLED = "stop", "length", "cancelled"     # finish reasons (OpenAI's names, and ours)
+
+
+def default_policy(weights: str = WEIGHTS_NESTED) -> str:
+    """The policy a front end runs unless told: `auto`, or `draft` (the only one) on base-plane weights."""
+    return "draft" if weights == WEIGHTS_BASE else "auto"
 
 
 class ContextTooLong(BitNestError):
@@ -82,6 +88,9 @@ class LLM:
     """A nested checkpoint loaded once. `chat(messages)` / `complete(text)` answer; `stream(messages)` iterates
     over the answer's text deltas; `generate(ids)` is the core both use (and the server, on its engine thread).
 
+    `weights` `base` loads the base planes only (never reading the refinement planes: the 4-bit model), which runs
+    the `draft` policy alone (`policy` None: auto, or draft on base weights; a policy that needs the target is
+    refused in one line before loading).
     `config` holds every setting but the per-call ones (default: `policy` with the library's defaults); calls may
     override `max_tokens`, `temperature`, `top_p`, `seed` and `stop`. `max_context` None: 2048 positions, or with a
     `device` profile the largest context its memory plan fits. `meter`: a meter name (edge.energy.METERS), a
@@ -90,15 +99,17 @@ class LLM:
     reads KV8 for each query's last N positions only; None: only where `max_context` passes the device's KV8 plan;
     0: never."""
 
-    def __init__(self, checkpoint, *, policy: str = "auto", config: Optional[GenerateConfig] = None,
+    def __init__(self, checkpoint, *, policy: Optional[str] = None, config: Optional[GenerateConfig] = None,
                  backend: str = "auto", max_context: Optional[int] = None, device: Optional[str] = None,
                  draft_head: Optional[str] = None, shortlist_k: Optional[int] = None, meter="auto",
                  energy_log=None, idle_seconds: float = 0.0, remeasure_costs: bool = False,
-                 on_note: Optional[Callable[[str], None]] = None, kv_window: Optional[int] = None):
-        cfg = config if config is not None else GenerateConfig(policy=policy)
+                 on_note: Optional[Callable[[str], None]] = None, kv_window: Optional[int] = None,
+                 weights: str = WEIGHTS_NESTED):
+        cfg = config if config is not None else GenerateConfig(policy=policy or default_policy(weights))
+        check_policy(cfg.policy, check_weights(weights))         # before minutes of loading
         rt = Runtime(checkpoint, backend=backend, max_context=max_context or (None if device else 2048),
                      scratch=max(8, most_proposals(cfg) + 1), device=device, draft_head=draft_head,
-                     shortlist_k=shortlist_k, kv_window=kv_window)
+                     shortlist_k=shortlist_k, kv_window=kv_window, weights=weights)
         self.runtime = rt
         self.config = replace(cfg, gate=resolve_gate(rt.ckpt, rt.backend, cfg.policy, cfg.gate))
         if cfg.policy == "auto":      # the pass costs before the first answer (read from the cache, or timed once)

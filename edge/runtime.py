@@ -15,8 +15,10 @@ from edge.decode.costs import SAMPLE_TEXT, engine_costs
 from edge.decode.generate import generate
 from edge.decode.stats import DecodeStats, draft_head_summary, fp16_weight_bytes_per_pass
 from edge.memory.devices import release_freed_heap
+from edge.decode.registry import policy_class
+from edge.errors import BitNestError
 from edge.memory.plan import DEFAULT_KV_WINDOW, check_request, elastic_kv, fit_context, plan_for_runtime
-from edge.model.checkpoint import load_checkpoint, set_draft_head
+from edge.model.checkpoint import WEIGHTS_BASE, WEIGHTS_NESTED, check_weights, load_checkpoint, set_draft_head
 from edge.text_stream import TextStream
 
 
@@ -39,23 +41,31 @@ class Runtime:
 
     def __init__(self, checkpoint, backend: str = "auto", max_context: int | None = 2048, prefill_chunk: int = 256,
                  scratch: int = 17, device: Optional[str] = None, draft_head: Optional[str] = None,
-                 shortlist_k: Optional[int] = None, kv_window: Optional[int] = None):
+                 shortlist_k: Optional[int] = None, kv_window: Optional[int] = None, weights: str = WEIGHTS_NESTED):
         """`draft_head` / `shortlist_k` override what the draft reads of a nested head (edge.model.draft_head;
         None: the checkpoint's setting). `kv_window` (elastic KV, docs/memory.md): N >= 1 runs elastically, each
         query reading KV8 for its last N positions; None: elastically (window DEFAULT_KV_WINDOW) only where
-        `max_context` passes what the device's plan holds at KV8; 0: never."""
+        `max_context` passes what the device's plan holds at KV8; 0: never. `weights` `base` loads the base planes
+        only (edge.model.checkpoint): the 4-bit model, run by the `draft` policy alone (no elastic KV)."""
+        if kv_window and check_weights(weights) == WEIGHTS_BASE:
+            raise BitNestError("--kv-window applies to the 8-bit target's KV reads: drop it with --weights base "
+                               "(the draft reads KV4 at long context already)")
         backend = resolve_backend(backend)
-        self.ckpt = set_draft_head(load_checkpoint(checkpoint), draft_head, shortlist_k)
+        self.ckpt = set_draft_head(load_checkpoint(checkpoint, weights=check_weights(weights)), draft_head, shortlist_k)
         self.tokenizer = load_tokenizer(self.ckpt.path)
+        scratch = scratch if self.ckpt.has_target else 0        # base planes: the draft policy drafts nothing ahead
         self.plan = None
         window = kv_window or None
         if device is not None:  # allocate from the memory plan (docs/memory.md): max_context None = the largest that fits
-            self.plan = plan_for_runtime(self.ckpt, device, backend, prefill_chunk, scratch)
-            if kv_window is None and max_context is not None and max_context > self.plan.max_context:
+            self.plan = plan_for_runtime(self.ckpt, device, backend, prefill_chunk, scratch)   # bitnest or bitnest-base
+            if self.ckpt.has_target and kv_window is None and max_context is not None \
+                    and 0 < self.plan.max_context < max_context:
                 window = DEFAULT_KV_WINDOW     # past the KV8 plan: elastic KV instead of a refusal
             if window is not None:
                 self.plan = plan_for_runtime(self.ckpt, device, backend, prefill_chunk, scratch, window)
-            max_context = fit_context(self.plan, max_context)
+            base = plan_for_runtime(self.ckpt, device, backend, prefill_chunk, scratch, weights=WEIGHTS_BASE) \
+                if self.plan.max_context < 1 and self.ckpt.has_target else None
+            max_context = fit_context(self.plan, max_context, base)
         elastic = None if window is None else elastic_kv(window, max_context, backend, prefill_chunk, scratch)
         self.backend = backend
         self.engine = make_engine(backend, self.ckpt, max_context, scratch=scratch, prefill_chunk=prefill_chunk,
@@ -85,6 +95,7 @@ class Runtime:
         and new token ids to `on_tokens` (first called with the prefill's token); `cancelled()` true ends the
         generation at its next round. Returns {"text", "tokens", "stats"} with the stop token (EOS) left out of the
         text."""
+        check_policy(cfg.policy, self.ckpt.weights)
         if self.plan is not None:
             check_request(self.plan, self.engine.capacity, len(prompt_ids), cfg.max_new_tokens)
         tok = self.tokenizer
@@ -120,9 +131,16 @@ class Runtime:
         return engine_costs(self.engine, self.encode(SAMPLE_TEXT, chat=False), remeasure)
 
     def describe(self) -> dict:
-        return {"activations": self.engine.activations,
+        return {"activations": self.engine.activations, "weights": self.ckpt.weights,
                 "fp16_weight_bytes_per_token": self.fp16_bytes_per_token,
                 "method": self.ckpt.method, **draft_head_summary(self.ckpt), **self.engine.numerics()}
+
+
+def check_policy(policy: str, weights: str) -> None:
+    """Refuse, in one line, a policy that runs target-view passes on weights loaded without the refinement planes."""
+    if weights == WEIGHTS_BASE and policy_class(policy).needs_target:
+        raise BitNestError(f"--weights base loads no refinement planes, and the {policy} policy runs the 8-bit target: "
+                           "use --policy draft (the 4-bit model by itself), or --weights nested")
 
 
 def merged_summary(stats: list[DecodeStats]) -> dict:

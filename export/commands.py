@@ -26,6 +26,8 @@ COMMANDS = {
     "bench": Command("edge.analysis.bench", "decode speed of each policy against transformers, medians as JSON"),
     "lossless": Command("edge.analysis.lossless", "speculative output against target output on real prompts"),
     "max-context": Command("edge.cli.max_context", "the largest context per configuration on a device profile"),
+    "weights-memory": Command("edge.analysis.weights_memory", "resident memory of --weights base against the 8-bit "
+                              "run, and the refinement planes it never read"),
     "joules": Command("edge.cli.joules", "decode-phase J/token of each policy from a power meter"),
     "selfcheck": Command("edge.cli.selfcheck", "every decode path this machine runs, against the reference"),
     "calibrate": Command("edge.analysis.calibrate", "calibrate the gate thresholds beside a checkpoint"),

@@ -206,3 +206,13 @@ def test_serve_on_a_taken_port_is_one_line_before_the_model_loads(small, capsys)
     out, err = capsys.readouterr()
     assert rc == 2 and err.strip().splitlines() == [f"serve.py: error: cannot listen on 127.0.0.1:{port}: Address "
                                                     "already in use"], err
+
+
+def test_weights_memory(small, capsys):
+    """`--weights base` against the full load in two fresh processes: the small export's head is float16, so every
+    refinement plane is left unread; the draft policy's answers are the same tokens."""
+    out = bitnest(capsys, "weights-memory", "--checkpoint", small, "--backend", "cpu", "--prompts", 1,
+                  "--max-new-tokens", 3)
+    assert out["same_tokens"] and out["unread_by_base_bytes"] == out["refinement_bytes"] > 0
+    assert out["runs"]["nested"]["read_while_loading_bytes"] - out["runs"]["base"]["read_while_loading_bytes"] == \
+        out["unread_by_base_bytes"]

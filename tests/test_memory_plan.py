@@ -57,6 +57,7 @@ def test_orin_nx_16gb_llama2_32k_ordering():
     elastic = plans["bitnest-elastic"]
     assert elastic.memory_max_context >= 40_000 and elastic.max_context == 32_768 and elastic.limited_by == "positions"
     assert elastic.ring_slots == 256 + 256 and elastic.to_dict()["memory_max_context"] == elastic.memory_max_context
+    assert plans["bitnest-base"].limited_by == "positions"        # the base planes leave room past 32K positions
     for p in plans.values():
         m = p.memory_max_context           # the GPU kernels' workspace does not grow with the context
         assert p.total_bytes() <= dev.usable_bytes and p.total_bytes(m) <= dev.usable_bytes < p.total_bytes(m + 1)
@@ -114,6 +115,9 @@ def test_verify_on_the_real_model(rtn_checkpoint):
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
+    base = out["verify_base"]                      # the base planes only, as --weights base loads them
+    assert base["context"] == out["configs"]["bitnest-base"]["max_context"] > out["configs"]["bitnest"]["max_context"]
+    assert abs(base["measured_bytes"] / base["planned_bytes"] - 1) <= 0.02, base
     v = out["verify"]
     assert v["context"] == out["configs"]["bitnest"]["max_context"] > 500
     assert v["backend"] == "cpu"                             # the re-laid weights, counted by nested_weight_bytes

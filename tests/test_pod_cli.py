@@ -13,7 +13,7 @@ from edge.analysis import calibrate, compare, replay
 from edge.backends import resolve_backend
 from edge.analysis.phase_prompts import phase_candidates
 from edge.decode import thresholds
-from edge.decode.config import GenerateConfig
+from edge.decode.config import GateConfig, GenerateConfig
 from edge.runtime import Runtime
 from tests.conftest import ROOT
 
@@ -161,7 +161,10 @@ def test_phase_comparison_on_its_tagged_prompt_set(calibrated):
     rt = Runtime(calibrated, backend="auto", max_context=4096)       # the backend the fixture calibrated
     first = next(phase_candidates(rt))
     tokens = rt.generate(first, GenerateConfig(policy="target", max_new_tokens=40))["tokens"]
-    drafted = rt.generate(first, GenerateConfig(policy="draft", max_new_tokens=40))["tokens"]
+    # what the forward gate writes until its tag: draft steps after the target's prefill (a gate that never escalates;
+    # the draft policy prefills with the draft view)
+    drafted = rt.generate(first, GenerateConfig(policy="gate-margin", gate=GateConfig(threshold=-1.0),
+                                                max_new_tokens=40))["tokens"]
     tag, at, at_draft = shared_tag(rt.tokenizer, tokens, drafted)
     o = compare.CompareOptions(str(calibrated), prompts=1, max_new_tokens=2, match_tokens=1, phase_prompts=1,
                                phase_tokens=40, resamples=50, phase_tag=tag)

@@ -46,6 +46,9 @@ def make_backend(name: str, ckpt: Checkpoint) -> PassBackend:
 
 
 ELASTIC_BACKENDS = ("native", "cpu", "torch")   # the backends that read elastic KV (a refinement ring, per-query windows)
+# Backends that run a checkpoint loaded with its base planes only (`--weights base`): the exported step graphs
+# (onnxruntime, tensorrt) and the Triton kernels take both planes of every linear.
+BASE_WEIGHT_BACKENDS = ("native", "cpu", "torch")
 
 
 def make_engine(name: str, ckpt: Checkpoint, capacity: int, scratch: int = 8, prefill_chunk: int = 256,
@@ -55,6 +58,9 @@ def make_engine(name: str, ckpt: Checkpoint, capacity: int, scratch: int = 8, pr
     name = resolve_backend(name)
     if elastic is not None and name not in ELASTIC_BACKENDS:
         raise BitNestError(f"elastic KV (--kv-window) runs on the {', '.join(ELASTIC_BACKENDS)} backends, not {name}")
+    if not ckpt.has_target and name not in BASE_WEIGHT_BACKENDS:
+        raise BitNestError(f"the {name} backend runs both planes of every linear and cannot run --weights base: use "
+                           f"--backend {' or '.join(BASE_WEIGHT_BACKENDS)}, or --weights nested")
     if name == "native":
         from edge.backends.native import NativeEngine
         return NativeEngine(ckpt, capacity, scratch=scratch, prefill_chunk=prefill_chunk, elastic=elastic)

@@ -77,7 +77,9 @@ class CpuInt4Backend:
             sz_base = _scales_and_zeros(scale, offset)
             # the refinement reuses the base scales on x/16 (exact in bf16) unless an offset must be left out
             sz_ref = sz_base if offset is None else _scales_and_zeros(scale, None)
-            self.layout[name] = (_relay(base), _relay(refine), sz_base, sz_ref, spec.group_size)
+            # a `--weights base` load has no refinement plane here (None): the target view is refused before a pass
+            self.layout[name] = (_relay(base), None if refine is None else _relay(refine), sz_base,
+                                 None if refine is None else sz_ref, spec.group_size)
         rows_read = ckpt.embedding_from_head or ckpt.draft_head == DRAFT_HEAD_SHORTLIST
         if rows_read and ckpt.linears[HEAD].shape[0] % _ROW_BLOCK:
             raise BitNestError(f"the cpu backend reads rows of the head's planes (embedding, shortlist) in blocks of "
@@ -128,7 +130,7 @@ class CpuInt4Backend:
             return y
 
         n, k = self.ckpt.linears[name].shape
-        return f"int4 {view} {n}x{k} g{g}{' offset' if sz_ref is not sz_base else ''}", fn
+        return f"int4 {view} {n}x{k} g{g}{' offset' if sz_ref not in (None, sz_base) else ''}", fn
 
     def head_gemm(self, view: str):
         """(key, fn): the raw GEMM of the head at `view` (a nested head's is its linear's)."""

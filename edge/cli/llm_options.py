@@ -22,14 +22,18 @@ from edge.decode.config import DraftKVPolicy, GenerateConfig
 from edge.decode.costs import MAX_GAMMA
 from edge.decode.registry import POLICIES
 from edge.decode.sampling import SamplingConfig
-from edge.llm import LLM
+from edge.llm import LLM, default_policy
+from edge.model.checkpoint import WEIGHT_SETS, WEIGHTS_NESTED
 
 
 def add_llm_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", help="nested checkpoint folder (default: the embedded SmolLM2 export)")
     p.add_argument("--backend", default="auto", help=f"{' | '.join(BACKENDS)} (auto: native where it builds, else cpu)")
-    p.add_argument("--policy", default="auto", help=f"{' | '.join(POLICIES)} (auto: γ chosen each round from this "
-                   "machine's measured pass costs, 0 = a target step)")
+    p.add_argument("--policy", help=f"{' | '.join(POLICIES)} (default auto: γ chosen each round from this "
+                   "machine's measured pass costs, 0 = a target step; with --weights base, draft)")
+    p.add_argument("--weights", choices=WEIGHT_SETS, default=WEIGHTS_NESTED, help="nested: both planes (every "
+                   "policy); base: the base planes only, the refinement planes never read (the 4-bit model by itself, "
+                   "--policy draft; for a model whose 8-bit planes do not fit)")
     p.add_argument("--gamma", type=gamma(), help=f"draft tokens per speculative round (default {GenerateConfig.gamma}); "
                    f"with auto, the most it may choose (1..{MAX_GAMMA}, default {MAX_GAMMA})")
     p.add_argument("--remeasure-costs", action="store_true", help="auto: time the passes again instead of reading "
@@ -56,8 +60,9 @@ def add_llm_arguments(p: argparse.ArgumentParser) -> None:
 def llm_config(a, sampling: SamplingConfig = SamplingConfig(),
                max_new_tokens: int = GenerateConfig.max_new_tokens) -> GenerateConfig:
     """The options as typed settings; `--gamma` is the round length of the fixed policies and auto's ceiling."""
-    auto = a.policy == "auto" and a.gamma is not None
-    return GenerateConfig(policy=a.policy, gamma=GenerateConfig.gamma if a.gamma is None or auto else a.gamma,
+    policy = a.policy or default_policy(a.weights)
+    auto = policy == "auto" and a.gamma is not None
+    return GenerateConfig(policy=policy, gamma=GenerateConfig.gamma if a.gamma is None or auto else a.gamma,
                           max_new_tokens=max_new_tokens, sampling=sampling,
                           draft_kv=DraftKVPolicy(a.kv8_draft_below, a.long_draft_kv, a.recent),
                           gate=gate_config(a), adaptive=adaptive_config(a),
@@ -70,4 +75,4 @@ def make_llm(a, cfg: GenerateConfig, checkpoint: Optional[str] = None) -> LLM:
     return LLM(checkpoint or a.checkpoint, config=cfg, backend=a.backend, max_context=a.max_context, device=a.device,
                meter=lambda: make_meter_from(a), energy_log=a.energy_log, idle_seconds=a.idle_seconds,
                remeasure_costs=a.remeasure_costs, on_note=lambda note: print(f"auto: {note}", file=sys.stderr),
-               kv_window=a.kv_window, **draft_head_options(a))
+               kv_window=a.kv_window, weights=a.weights, **draft_head_options(a))

@@ -1,5 +1,5 @@
 """Maximum context per run configuration (fp16-ar, w8a8-ar, bitnest with KV4 or KV8 drafting, bitnest-elastic: KV4
-past a window) of a model on a device, with the arithmetic; optionally a PNG of memory against context, and (--device local) a check of
+past a window, bitnest-base: the base planes only) of a model on a device, with the arithmetic; optionally a PNG of memory against context, and (--device local) a check of
 the plan against what the runtime really allocates.
 
     python scripts/max_context.py --device NAME --model default|PATH|llama-2-7b-32k|llama-3-8b|qwen2.5-7b \
@@ -23,11 +23,12 @@ from edge.model.checkpoint import load_checkpoint
 
 
 def resolve_model(name: str, default_checkpoint=None):
-    """(label, config, checkpoint or None, loader for --verify) of a preset, `default` or a checkpoint folder."""
+    """(label, config, checkpoint or None, loader for --verify: weights -> checkpoint) of a preset, `default` or a
+    checkpoint folder."""
     if name in MODEL_PRESETS:
-        from edge.memory.synthetic import synthetic_checkpoint
+        from edge.memory.synthetic import exported_shapes
         cfg = MODEL_PRESETS[name]
-        return name, cfg, None, lambda: synthetic_checkpoint(cfg, "cpu")
+        return name, cfg, None, lambda weights="nested": exported_shapes(cfg, "cpu", weights=weights)
     if name == "default":
         if default_checkpoint is None:
             raise BitNestError("--model default needs the default export: run `bitnest max-context` or pass a checkpoint folder")
@@ -38,7 +39,7 @@ def resolve_model(name: str, default_checkpoint=None):
             raise BitNestError(f"--model {name}: not a preset ({', '.join(MODEL_PRESETS)}), not `default` and "
                                "no such checkpoint folder")
     ckpt = load_checkpoint(path)
-    return path.name, ckpt.config, ckpt, lambda: load_checkpoint(path, verify=False)
+    return path.name, ckpt.config, ckpt, lambda weights="nested": load_checkpoint(path, verify=False, weights=weights)
 
 
 def plot(plans: dict, device, path: str) -> None:
@@ -91,12 +92,15 @@ def max_context(a, default_checkpoint=None) -> dict:
         if a.device != "local":
             raise BitNestError("--verify allocates the plan on this machine: use it with --device local")
         from edge.memory.verify import verify_plan
-        for name, key in (("bitnest", "verify"), ("bitnest-elastic", "verify_elastic")):
-            out[key] = v = verify_plan(plans[name], load)
+        for name, key in (("bitnest", "verify"), ("bitnest-elastic", "verify_elastic"),
+                          ("bitnest-base", "verify_base")):        # fitting no context: null
+            p = plans[name]
+            out[key] = verify_plan(p, lambda: load(p.config.weights)) if p.max_context else None
+            v = out[key]
             if not a.json:
-                print(f"\nverify {name} at {v['context']:,} positions: planned {v['planned_bytes'] / MiB:,.1f} MiB, "
-                      f"measured {v['measured_bytes'] / MiB:,.1f} MiB (ratio {v['ratio']}), within 2%: "
-                      f"{v['within_2pct']}")
+                print(f"\nverify {name}: does not fit" if v is None else
+                      f"\nverify {name} at {v['context']:,} positions: planned {v['planned_bytes'] / MiB:,.1f} MiB, "
+                      f"measured {v['measured_bytes'] / MiB:,.1f} MiB (ratio {v['ratio']}), within 2%: {v['within_2pct']}")
     return out
 
 
@@ -115,7 +119,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--total-mib", type=positive(), help="override the device's total memory")
     p.add_argument("--os-reserve-mib", type=at_least(), help="override the memory the OS keeps")
     p.add_argument("--context-reserve-mib", type=at_least(), help="override the CUDA context / runtime reserve")
-    p.add_argument("--verify", action="store_true", help="allocate the bitnest plan here and compare (--device local)")
+    p.add_argument("--verify", action="store_true", help="allocate the bitnest and bitnest-base plans here and compare "
+                                                          "(--device local)")
     p.add_argument("--plot", help="write a PNG of memory against context")
     p.add_argument("--json", action="store_true")
     return p

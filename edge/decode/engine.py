@@ -123,6 +123,9 @@ class Engine(ABC):
 
     def _check_pass(self, ids: list[int], view: str, draft_slot: int | None) -> int:
         check_view(view)
+        if view == TARGET and not self.ckpt.has_target:
+            raise BitNestError("the target view needs the refinement planes, and this checkpoint was loaded with "
+                               "--weights base (the draft view only): use --policy draft, or --weights nested")
         if not ids:
             raise ValueError("a pass needs at least one token")
         if self.max_pass_tokens is not None and len(ids) > self.max_pass_tokens:
@@ -132,9 +135,9 @@ class Engine(ABC):
         self.check_room(start + len(ids))
         return start
 
-    def prefill(self, ids: list[int]) -> torch.Tensor:
-        """Commit the prompt in chunks of at most `prefill_chunk` tokens (bounded workspace); logits [V] of its
-        last token. Prefill traffic is not part of the decode-phase bytes: it is recorded apart."""
+    def prefill(self, ids: list[int], view: str = TARGET) -> torch.Tensor:
+        """Commit the prompt in chunks of at most `prefill_chunk` tokens (bounded workspace) run with `view`; logits
+        [V] of its last token. Prefill traffic is not part of the decode-phase bytes: it is recorded apart."""
         if len(ids) + 1 > self.capacity:
             raise BitNestError(f"prompt of {len(ids)} tokens does not fit the KV cache of {self.capacity} "
                                "positions: raise --max-context or shorten the prompt")
@@ -146,7 +149,7 @@ class Engine(ABC):
         logits = None
         for i in range(0, len(ids), self.prefill_chunk):
             chunk = ids[i:i + self.prefill_chunk]
-            logits = self._forward(chunk, TARGET, self._check_pass(chunk, TARGET, None), KV8, None, True)
+            logits = self._forward(chunk, view, self._check_pass(chunk, view, None), KV8, None, True)
             self.commit(self.length + len(chunk))
         self.stats.record_prefill(len(ids), time.perf_counter() - t0)
         return logits[-1]

@@ -24,7 +24,7 @@ def generate(eng: Engine, prompt: list[int], cfg: GenerateConfig, eos: set[int],
     policy = make_policy(cfg, sampler, decode)
     policy.prepare(eng, prompt)
     stats = eng.reset(cfg.policy)
-    out = [sampler.choose(eng.prefill(prompt))]
+    out = [sampler.choose(eng.prefill(prompt, policy.prefill_view))]
     if on_tokens:
         on_tokens(out[:])
     done = lambda: len(out) >= cfg.max_new_tokens or out[-1] in eos or (stop is not None and stop(out))

@@ -39,6 +39,8 @@ class Policy(ABC):
 
     name: ClassVar[str]
     gated: ClassVar[bool] = False             # a Precision on Demand gate (escalation counted per step)
+    prefill_view: ClassVar[str] = TARGET      # the view the prompt is prefilled with
+    needs_target: ClassVar[bool] = True       # runs target-view passes (False: runs from the base planes alone)
     needs_threshold: ClassVar[bool] = False   # reads a calibrated entropy / margin threshold
 
     def __init__(self, cfg: "GenerateConfig", sampler: Sampler, decode: Optional[Callable[[list[int]], str]] = None):
@@ -79,9 +81,12 @@ class TargetAR(Policy):
 
 
 class DraftAR(Policy):
-    """Draft view only, one token per pass (reads base planes and the draft KV view)."""
+    """Draft view only, one token per pass (reads base planes and the draft KV view), the prompt's prefill included:
+    the 4-bit model by itself, which is what a checkpoint loaded with `--weights base` runs."""
 
     name = "draft"
+    prefill_view = DRAFT
+    needs_target = False
 
     def step(self, eng, pending, history):
         logits = ar_step(eng, pending, DRAFT, self.sampler, self.cfg.draft_kv.read(eng.length))

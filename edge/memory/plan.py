@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from edge.decode.kv_cache import ElasticKV, KVRead
 from edge.errors import BitNestError
 from edge.memory.devices import DeviceProfile, MiB
-from edge.memory.synthetic import synthetic_checkpoint
+from edge.memory.synthetic import exported_shapes
 from edge.memory.workspace import DryRun, fused_workspace, steps_at_end
 from edge.model.arch import ModelConfig
-from edge.model.checkpoint import HEAD, Checkpoint
+from edge.model.checkpoint import HEAD, Checkpoint, draft_reads_refine
 
 # Backends whose passes run as torch ops, so a dry run on meta tensors counts their workspace exactly.
 TRACED_BACKENDS = ("cpu", "torch")
@@ -21,7 +21,7 @@ class RunConfig:
     """How a model is run: weight format, KV format, decoding, and the KV view drafts read at long context."""
 
     name: str
-    weights: str            # fp16 | w8a8 | nested
+    weights: str            # fp16 | w8a8 | nested | base (the nested checkpoint's base planes only)
     kv: str                 # fp16 | nested
     speculative: bool
     draft_kv: str = "kv8"   # kv8 | kv4
@@ -42,7 +42,11 @@ CONFIGS = {
                                        "only: KV4 base planes for the whole context, refinement for a ring of "
                                        "window + widest pass slots (elastic KV; runs on the native, cpu and torch "
                                        "backends)"),
+    "bitnest-base": RunConfig("bitnest-base", "base", "nested", False, "kv4",
+                              about="base planes only (--weights base: the 4-bit model, draft policy), nested KV; "
+                                    "its passes read KV4 at long context"),
 }
+NESTED_FORMATS = ("nested", "base")     # weights read from a nested checkpoint
 DEFAULT_KV_WINDOW = 256    # elastic KV's window, as Recent-N's default (edge.decode.config.DraftKVPolicy.recent)
 
 
@@ -71,18 +75,21 @@ def refine_bytes_per_position(cfg: ModelConfig) -> int:
     return kv_bytes_per_position(cfg, "nested") - kv_bytes_per_position(cfg, "kv4")
 
 
-def nested_weight_bytes(ckpt: Checkpoint, layout: str) -> dict[str, int]:
+def nested_weight_bytes(ckpt: Checkpoint, layout: str, weights: str = "nested") -> dict[str, int]:
     """Weight bytes of a nested checkpoint as a backend holds them. `canonical` (torch backend, GPU kernels):
     the planes, float16 scales (and offsets) as stored. `cpu`: the planes re-laid at the same size, scales
-    and zeros as one bfloat16 [K/G, N, 2] tensor per plane set (shared by both planes unless an offset exists)."""
+    and zeros as one bfloat16 [K/G, N, 2] tensor per plane set (shared by both planes unless an offset exists).
+    `weights` `base`: the base planes only, and the refinement planes the draft itself reads (a nested head's, where
+    edge.model.checkpoint.draft_reads_refine says so), as a `--weights base` load holds them."""
     out = {"linear_planes": 0, "linear_scales": 0, "embedding": 0, "head": 0, "norms_biases": 0, "rotation": 0}
     for name, spec in ckpt.linears.items():
         n, k = spec.shape
         groups = n * (k // spec.group_size)
         key = "head" if name == HEAD else "linear_planes"
-        out[key] += n * k                                                  # base + refine, K/2 bytes each
+        both = weights == "nested" or draft_reads_refine(ckpt.manifest, name)
+        out[key] += n * k // (1 if both else 2)                            # base (+ refine), K/2 bytes each
         if layout == "cpu":
-            scales = 4 * groups * (2 if spec.offset else 1)
+            scales = 4 * groups * (2 if spec.offset and both else 1)
         else:
             scales = 2 * groups * (2 if spec.offset else 1)
         out["head" if name == HEAD else "linear_scales"] += scales
@@ -123,8 +130,9 @@ def kv_bytes_per_position(cfg: ModelConfig, kv: str) -> int:
 
 def draft_read(cfg: ModelConfig, config: RunConfig) -> int | None:
     """KV bytes a draft pass reads per cached position at long context (storage is the same either way:
-    verification reads KV8)."""
-    return kv_bytes_per_position(cfg, "nested" if config.draft_kv == "kv8" else "kv4") if config.speculative else None
+    verification reads KV8); a base-planes run's passes are all draft passes."""
+    drafts = config.speculative or config.weights == "base"
+    return kv_bytes_per_position(cfg, "nested" if config.draft_kv == "kv8" else "kv4") if drafts else None
 
 
 @dataclass
@@ -232,15 +240,16 @@ def plan(model: str, cfg: ModelConfig, config: RunConfig, device: DeviceProfile,
     given) on `device`. `backend`: a torch backend of this runtime ("cpu", "torch") is dry-run on meta
     tensors; `native` is its step's own allocation formula (edge.backends.native.workspace_bytes); None means the device's own: "gpu-kernels" on a GPU, "cpu" on a CPU; baselines (fp16-ar,
     w8a8-ar), which this runtime does not run, always use the GPU kernels' formula."""
-    if config.weights != "nested":
+    if config.weights not in NESTED_FORMATS:
         backend = "gpu-kernels"
     elif backend is None:
         backend = "gpu-kernels" if device.compute == "gpu" else "cpu"
     elif backend not in TRACED_BACKENDS + ("native",):   # kernels this runtime cannot dry-run here
         backend = "gpu-kernels"
-    if config.weights == "nested":
+    if config.weights in NESTED_FORMATS:
         layout = "cpu" if backend == "cpu" else "canonical"
-        weights = nested_weight_bytes(ckpt if ckpt is not None else synthetic_checkpoint(cfg, "meta"), layout)
+        weights = nested_weight_bytes(ckpt if ckpt is not None else exported_shapes(cfg, "meta"), layout,
+                                      config.weights)
     else:
         weights = dense_weight_bytes(cfg, config.weights)
     slots = (scratch if scratch is not None else workload.gamma) if config.speculative else 0
@@ -253,12 +262,11 @@ def plan(model: str, cfg: ModelConfig, config: RunConfig, device: DeviceProfile,
     fixed = sum(weights.values()) + slots * (per_pos + refine) + ring * refine
     shortest = workload.gamma + 2
     upper = (device.usable_bytes - fixed) // per_pos      # memory's bound; the model's positions cap the answer
-    dry = DryRun(ckpt, cfg, backend, max(upper, shortest), slots, workload.prefill_chunk, elastic) \
+    dry = DryRun(ckpt, cfg, backend, max(upper, shortest), slots, workload.prefill_chunk, elastic, config.weights) \
         if backend in TRACED_BACKENDS else None
 
     def workspace(context: int) -> dict[str, int]:
-        steps = steps_at_end(context, config.speculative, workload.gamma, workload.prefill_chunk,
-                             KVRead(config.draft_kv))
+        steps = plan_steps(config, context, workload)
         if dry is not None:
             return dry.workspace(steps)
         if backend == "native":             # a fixed allocation, sized for the largest chunk (its formula)
@@ -299,17 +307,31 @@ def plan(model: str, cfg: ModelConfig, config: RunConfig, device: DeviceProfile,
                       workload.kv_window if config.elastic else 0, cap)
 
 
-def fit_context(p: MemoryPlan, requested: int | None) -> int:
+def plan_steps(config: RunConfig, context: int, workload: Workload) -> list:
+    """The passes at the end of `context` whose workspace a run of `config` plans for (edge.memory.workspace):
+    a base-planes run's prefill and steps run the draft view, reading what the draft reads of the KV."""
+    base = config.weights == "base"
+    return steps_at_end(context, config.speculative, workload.gamma, workload.prefill_chunk, KVRead(config.draft_kv),
+                        view="draft" if base else "target")
+
+
+def fit_context(p: MemoryPlan, requested: int | None, base: MemoryPlan | None = None) -> int:
     """The context to allocate: `requested` if it fits the plan (None = the plan's maximum); a request
-    over the maximum is a one-line error naming the largest context that fits."""
+    over the maximum is a one-line error naming the largest context that fits. A plan that fits no context names
+    what would: `base` (the same checkpoint's bitnest-base plan) where it fits, else the usable memory needed."""
+    hint = f"; --weights base fits {base.max_context:,} positions" if base is not None and base.max_context else ""
     if p.max_context < 1 and p.config.elastic:
         raise BitNestError(f"{p.model} does not fit {p.device.name} even with KV4 past a window of {p.kv_window:,} "
                            f"(bitnest-elastic): weights {p.weight_bytes / MiB:,.0f} MiB + the refinement ring's "
                            f"{p.ring_slots:,} slots {p.ring_bytes / MiB:,.0f} MiB leave no room for the base planes "
-                           f"in {p.device.usable_bytes / MiB:,.0f} MiB usable: lower --kv-window or use a larger device")
+                           f"in {p.device.usable_bytes / MiB:,.0f} MiB usable: lower --kv-window or use a larger "
+                           f"device{hint}")
     if p.max_context < 1:
+        least = p.weight_bytes + p.scratch_bytes + p.workspace_bytes + p.kv_bytes(p.workload.gamma + 2)
+        fix = hint[2:] if hint else \
+            f"it needs at least {least / MiB:,.0f} MiB usable (a device with more memory, or lower reserves)"
         raise BitNestError(f"{p.model} ({p.config.name}) does not fit {p.device.name}: weights alone take "
-                           f"{p.weight_bytes / MiB:,.0f} MiB of {p.device.usable_bytes / MiB:,.0f} MiB usable")
+                           f"{p.weight_bytes / MiB:,.0f} MiB of {p.device.usable_bytes / MiB:,.0f} MiB usable; {fix}")
     if requested is None:
         return p.max_context
     if requested > p.max_context:
@@ -319,13 +341,15 @@ def fit_context(p: MemoryPlan, requested: int | None) -> int:
 
 
 def plan_for_runtime(ckpt: Checkpoint, device: str | DeviceProfile, backend: str, prefill_chunk: int,
-                     scratch: int, kv_window: int | None = None) -> MemoryPlan:
+                     scratch: int, kv_window: int | None = None, weights: str | None = None) -> MemoryPlan:
     """The plan a Runtime allocates from: the loaded checkpoint run by `backend` with `scratch` draft slots
-    (γ up to scratch - 1, whose verification pass is the largest); with `kv_window`, elastic KV's (bitnest-elastic)."""
+    (γ up to scratch - 1, whose verification pass is the largest); `bitnest-base` where it was loaded with its base
+    planes only (or `weights` says so); else with `kv_window`, elastic KV's (bitnest-elastic)."""
     from edge.memory.devices import get_profile
     profile = get_profile(device) if isinstance(device, str) else device
     gamma = max(1, min(16, scratch - 1))
-    config = CONFIGS["bitnest" if kv_window is None else "bitnest-elastic"]
+    base = (weights or ckpt.weights) == "base"
+    config = CONFIGS["bitnest-base" if base else "bitnest" if kv_window is None else "bitnest-elastic"]
     return plan(ckpt.path.name, ckpt.config, config, profile,
                 Workload(gamma, prefill_chunk, kv_window or DEFAULT_KV_WINDOW), ckpt=ckpt, backend=backend,
                 scratch=scratch)

@@ -6,16 +6,18 @@ from pathlib import Path
 import torch
 
 from edge.model.arch import BLOCK_NORMS, ModelConfig
-from edge.model.checkpoint import EMBED_HEAD_TARGET, HEAD, Checkpoint, LinearSpec, expected_linears
+from edge.model.checkpoint import EMBED_HEAD_TARGET, HEAD, Checkpoint, LinearSpec, draft_reads_refine, expected_linears
 from edge.model.decoder import OnlineRotations
+from edge.model.draft_head import DRAFT_HEAD_EXPORT_DEFAULT
 from plugins.contracts import group_size_for
 
 
 def synthetic_checkpoint(cfg: ModelConfig, device: str = "meta", seed: int = 0, head_nested: bool = False,
-                         draft_head: str | None = None) -> Checkpoint:
+                         draft_head: str | None = None, weights: str = "nested") -> Checkpoint:
     """A checkpoint of `cfg`'s shapes (docs/contracts.md, weights tensors, canonical dtypes): on "meta", shapes only; on
     "cpu" (or "cuda", made there: no host copy of a 7B model), random planes and scales (a model that computes
-    garbage at the real byte counts)."""
+    garbage at the real byte counts). `weights` `base`: as a `--weights base` load, without the refinement planes the
+    draft does not read."""
     gen = torch.Generator(device=device if device != "meta" else "cpu").manual_seed(seed)
     on = {} if device == "meta" else {"device": device}
     manifest = {"method": "synthetic", "head": "nested" if head_nested else "float16", "rotation": {}}
@@ -36,10 +38,11 @@ def synthetic_checkpoint(cfg: ModelConfig, device: str = "meta", seed: int = 0, 
         n, k = shapes[name.split(".", 3)[-1]] if name != HEAD else (cfg.vocab_size, cfg.hidden_size)
         g = group_size_for(k)
         specs[name] = LinearSpec((n, k), g)
-        for plane in (".base", ".refine"):
+        both = weights == "nested" or draft_reads_refine(manifest, name)
+        for plane in (".base", ".refine") if both else (".base",):
             tensors[name + plane] = make((n, k // 2), torch.uint8,
                                          lambda s: torch.randint(0, 256, s, dtype=torch.uint8, generator=gen, **on))
-        if device != "meta":        # the symmetric nest's rule (qr >= 0 where q4 = -8): the 8-bit code fits int8
+        if device != "meta" and both:   # the symmetric nest's rule (qr >= 0 where q4 = -8): the 8-bit code fits int8
             base, refine = tensors[name + ".base"], tensors[name + ".refine"]
             refine &= ~(((base & 0x0F) == 0x08).to(torch.uint8) * 0x08 | ((base & 0xF0) == 0x80).to(torch.uint8) * 0x80)
         tensors[name + ".scale"] = make((n, k // g), torch.float16,
@@ -57,4 +60,11 @@ def synthetic_checkpoint(cfg: ModelConfig, device: str = "meta", seed: int = 0, 
     for i in range(cfg.num_layers):
         for norm in BLOCK_NORMS:
             tensors[f"model.layers.{i}.{norm}.weight"] = make((h,), torch.float16, ones)
-    return Checkpoint(Path(f"<synthetic {device}>"), manifest, cfg, specs, tensors, OnlineRotations())
+    return Checkpoint(Path(f"<synthetic {device}>"), manifest, cfg, specs, tensors, OnlineRotations(), weights=weights)
+
+
+def exported_shapes(cfg: ModelConfig, device: str = "meta", weights: str = "nested") -> Checkpoint:
+    """`synthetic_checkpoint` with the head as the default export writes it (export.quantize.QuantOptions: the head
+    nested, the embedding read from it where tied, the draft head DRAFT_HEAD_EXPORT_DEFAULT): what the planner and
+    its check count for a model known by its shapes alone."""
+    return synthetic_checkpoint(cfg, device, head_nested=True, draft_head=DRAFT_HEAD_EXPORT_DEFAULT, weights=weights)

@@ -31,11 +31,11 @@ from typing import Callable
 
 from edge.backends import make_backend
 from edge.decode.engine import PassEngine
-from edge.decode.kv_cache import ElasticKV, KVRead
+from edge.decode.kv_cache import ElasticKV
 from edge.memory.alloc_trace import AllocationTracer, storage_bytes
 from edge.memory.devices import process_rss_bytes, release_freed_heap
-from edge.memory.plan import MemoryPlan
-from edge.memory.workspace import run_step, steps_at_end
+from edge.memory.plan import MemoryPlan, plan_steps
+from edge.memory.workspace import run_step
 from edge.model.checkpoint import Checkpoint
 
 TOLERANCE = 0.02
@@ -134,8 +134,7 @@ def verify_plan(p: MemoryPlan, load: Callable[[], Checkpoint]) -> dict:
     hwm_reset = _reset_peak_rss()    # after loading: the loader's own transients are not the run's
     anon_built = _status("RssAnon")
     peaks, times, anon_steps = {}, {}, {}
-    for step in steps_at_end(p.max_context, p.config.speculative, p.workload.gamma, p.workload.prefill_chunk,
-                             KVRead(p.config.draft_kv)):
+    for step in plan_steps(p.config, p.max_context, p.workload):
         t = time.perf_counter()
         start = _status("RssAnon")
         with AnonSampler() as sampler, AllocationTracer() as tr:

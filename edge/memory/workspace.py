@@ -8,9 +8,9 @@ import torch
 from edge.decode.engine import Engine, PassEngine
 from edge.decode.kv_cache import ElasticKV, KVRead
 from edge.memory.alloc_trace import AllocationTracer
-from edge.memory.synthetic import synthetic_checkpoint
+from edge.memory.synthetic import exported_shapes
 from edge.model.arch import ModelConfig
-from edge.model.checkpoint import Checkpoint
+from edge.model.checkpoint import Checkpoint, draft_reads_refine
 
 # Flash-decoding splits the history of each query row over this many blocks whose partial outputs
 # (D values, running max and sum, float32) are reduced afterwards (nested_kv_attention, docs/contracts.md, ops).
@@ -31,18 +31,21 @@ class Step:
     last_only: bool = False
 
 
-def steps_at_end(context: int, speculative: bool, gamma: int, prefill_chunk: int, draft_kv: KVRead) -> list[Step]:
+def steps_at_end(context: int, speculative: bool, gamma: int, prefill_chunk: int, draft_kv: KVRead,
+                 view: str = "target") -> list[Step]:
     """The passes with the largest workspace a run at `context` positions makes, each ending at the last
-    position: the last prefill chunk, and either an AR step or the last draft pass and the γ+1 verification."""
+    position: the last prefill chunk, and either an AR step or the last draft pass and the γ+1 verification.
+    `view` `draft` (a base-planes run, AR only): the prefill and the AR step run the draft view, the step reading
+    `draft_kv`."""
     kv8 = KVRead("kv8")
     chunk = max(1, min(prefill_chunk, context - 1))
-    steps = [Step("prefill_chunk", context - chunk, chunk, "target", kv8, last_only=True)]
+    steps = [Step("prefill_chunk", context - chunk, chunk, view, kv8, last_only=True)]
     if speculative:
         base = context - gamma - 1
         steps.append(Step("draft", base, 1, "draft", draft_kv, draft_slot=gamma - 1))
         steps.append(Step("verify", base, gamma + 1, "target", kv8))
     else:
-        steps.append(Step("ar_step", context - 1, 1, "target", kv8))
+        steps.append(Step("ar_step", context - 1, 1, view, kv8 if view == "target" else draft_kv))
     return steps
 
 
@@ -69,14 +72,18 @@ def fused_workspace(cfg: ModelConfig, step: Step, act_bytes: int, int8_acts: boo
     return act + quant + partials + rope + logits
 
 
-def one_layer_meta(ckpt: Checkpoint) -> Checkpoint:
-    """`ckpt` cut to its first decoder block, every tensor on the meta device (same specs and rotations)."""
+def one_layer_meta(ckpt: Checkpoint, weights: str | None = None) -> Checkpoint:
+    """`ckpt` cut to its first decoder block, every tensor on the meta device (same specs and rotations); `weights`
+    `base` leaves out the refinement planes a `--weights base` load leaves out (None: as `ckpt` holds them)."""
     cfg = replace(ckpt.config, num_layers=1)
-    keep = lambda n: not n.startswith("model.layers.") or n.startswith("model.layers.0.")
+    weights = weights or ckpt.weights
+    unread = lambda n: weights == "base" and n.endswith(".refine") and not draft_reads_refine(ckpt.manifest, n[:-7])
+    keep = lambda n: (not n.startswith("model.layers.") or n.startswith("model.layers.0.")) and not unread(n)
     meta = lambda t: None if t is None else torch.empty(t.shape, dtype=t.dtype, device="meta")
     rot = replace(ckpt.rotations, r1=meta(ckpt.rotations.r1))
     return Checkpoint(ckpt.path, ckpt.manifest, cfg, {n: s for n, s in ckpt.linears.items() if keep(n)},
-                      {n: meta(t) for n, t in ckpt.tensors.items() if keep(n)}, rot, ckpt.draft_head, ckpt.shortlist_k)
+                      {n: meta(t) for n, t in ckpt.tensors.items() if keep(n)}, rot, ckpt.draft_head, ckpt.shortlist_k,
+                      weights)
 
 
 class DryRun:
@@ -86,9 +93,10 @@ class DryRun:
     positions; a pass's workspace depends on the positions it reads, not on the capacity."""
 
     def __init__(self, ckpt: Checkpoint | None, cfg: ModelConfig, backend: str, capacity: int, scratch: int,
-                 prefill_chunk: int = 256, elastic: ElasticKV | None = None):
+                 prefill_chunk: int = 256, elastic: ElasticKV | None = None, weights: str = "nested"):
         from edge.backends import make_backend
-        meta = one_layer_meta(ckpt) if ckpt is not None else synthetic_checkpoint(replace(cfg, num_layers=1), "meta")
+        meta = one_layer_meta(ckpt, weights) if ckpt is not None else \
+            exported_shapes(replace(cfg, num_layers=1), "meta", weights=weights)
         with torch.device("meta"):
             self.engine = PassEngine(meta, make_backend(backend, meta), capacity, scratch=scratch,
                                      prefill_chunk=prefill_chunk, elastic=elastic)

@@ -11,7 +11,8 @@ import torch
 from edge.errors import BitNestError, CheckpointError
 from edge.model.arch import ARCHITECTURES, BLOCK_LINEARS, BLOCK_NORMS, ModelConfig
 from edge.model.decoder import OnlineRotations
-from edge.model.draft_head import DRAFT_HEAD_UNRECORDED, SHORTLIST_K, check_draft_head, check_shortlist_k
+from edge.model.draft_head import DRAFT_HEAD_UNRECORDED, SHORTLIST_K, check_draft_head, check_shortlist_k, head_view
+from edge.model.tensor_file import read_tensors
 from plugins.contracts import FORMAT_VERSION
 
 FORMAT_NAME = "bitnest-nested"
@@ -24,6 +25,11 @@ EMBED = "model.embed_tokens.weight"
 # EMBED, or the rows of the nested tied head at the target view, (16 q4 + qr) s/16, with no float16 copy.
 EMBED_FLOAT16, EMBED_HEAD_TARGET = "float16", "head_target"
 EMBEDDINGS = (EMBED_FLOAT16, EMBED_HEAD_TARGET)
+# What a load reads of the weights (docs/contracts.md, weights: loading the base planes only): `nested`, every tensor
+# (both views); `base`, the 4-bit model the draft view reads and nothing else: no refinement plane but those the
+# draft itself reads (the head's, where the draft head reads it at 8 bits or the embedding comes from it).
+WEIGHTS_NESTED, WEIGHTS_BASE = "nested", "base"
+WEIGHT_SETS = (WEIGHTS_NESTED, WEIGHTS_BASE)
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,7 @@ class Checkpoint:
     rotations: OnlineRotations
     draft_head: Optional[str] = None
     shortlist_k: int = SHORTLIST_K
+    weights: str = WEIGHTS_NESTED
 
     def __post_init__(self):
         if self.draft_head is None and self.head_nested:    # built in memory (edge.memory.synthetic): as a manifest
@@ -60,6 +67,11 @@ class Checkpoint:
     @property
     def method(self) -> str:
         return self.manifest["method"]
+
+    @property
+    def has_target(self) -> bool:
+        """Both views run: the refinement planes were loaded (False: `--weights base`, the draft view only)."""
+        return self.weights == WEIGHTS_NESTED
 
     @property
     def head_nested(self) -> bool:
@@ -73,7 +85,24 @@ class Checkpoint:
     def planes(self, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         """(base, refine, scale, offset-or-None) of one nested linear."""
         t = self.tensors
-        return t[name + ".base"], t[name + ".refine"], t[name + ".scale"], t.get(name + ".offset")
+        return t[name + ".base"], t.get(name + ".refine"), t[name + ".scale"], t.get(name + ".offset")
+
+
+def draft_reads_refine(manifest: dict[str, Any], linear: str) -> bool:
+    """Whether the draft view reads the refinement plane of `linear`: only a nested head's, where the draft head reads
+    it at 8 bits (`8bit`, `shortlist`) or the input embedding is its target view (manifest `embedding` head_target).
+    Every other refinement plane is the target's alone."""
+    if linear != HEAD or manifest.get("head") != "nested":
+        return False
+    return manifest.get("embedding", EMBED_FLOAT16) == EMBED_HEAD_TARGET or \
+        head_view(manifest.get("draft_head", DRAFT_HEAD_UNRECORDED), "draft") != "draft"
+
+
+def check_weights(weights: str) -> str:
+    """`weights` if it names what a load reads (WEIGHT_SETS), else the one-line error naming them."""
+    if weights not in WEIGHT_SETS:
+        raise BitNestError(f"unknown weights {weights!r}: use one of {', '.join(WEIGHT_SETS)}")
+    return weights
 
 
 def sha256_file(path: Path) -> str:
@@ -146,13 +175,13 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return m
 
 
-def verify_files(path: Path, manifest: dict[str, Any]) -> None:
-    """Every file the manifest lists exists and matches its sha256."""
+def verify_files(path: Path, manifest: dict[str, Any], skip: tuple[str, ...] = ()) -> None:
+    """Every file the manifest lists exists and matches its sha256 (the files in `skip`: exist only)."""
     for name, digest in manifest["files"].items():
         f = path / name
         if not f.is_file():
             raise CheckpointError(f"checkpoint {path} is missing {name}: re-export it")
-        if sha256_file(f) != digest:
+        if name not in skip and sha256_file(f) != digest:
             raise CheckpointError(f"checkpoint {path}: {name} fails its sha256 check (changed or truncated): re-export it")
 
 
@@ -211,12 +240,15 @@ def _check_embedding(cfg: ModelConfig, tensors: dict[str, torch.Tensor], m: dict
                               "planes: re-export the checkpoint")
 
 
-def validate_tensors(cfg: ModelConfig, specs: dict[str, LinearSpec], tensors: dict[str, torch.Tensor], m) -> None:
-    """Names, dtypes and shapes of every tensor against the config and linear specs."""
+def validate_tensors(cfg: ModelConfig, specs: dict[str, LinearSpec], tensors: dict[str, torch.Tensor], m,
+                     weights: str = WEIGHTS_NESTED) -> None:
+    """Names, dtypes and shapes of every tensor against the config and linear specs (`base`: of the tensors such a
+    load reads; a refinement plane it leaves out is checked in the file's header instead)."""
     for name, s in specs.items():
         n, k = s.shape
         _check_tensor(tensors, name + ".base", torch.uint8, (n, k // 2))
-        _check_tensor(tensors, name + ".refine", torch.uint8, (n, k // 2))
+        if weights == WEIGHTS_NESTED or draft_reads_refine(m, name):
+            _check_tensor(tensors, name + ".refine", torch.uint8, (n, k // 2))
         _check_tensor(tensors, name + ".scale", torch.float16, (n, k // s.group_size))
         if s.offset:
             _check_tensor(tensors, name + ".offset", torch.float16, (n, k // s.group_size))
@@ -260,6 +292,9 @@ def set_draft_head(ckpt: Checkpoint, draft_head: Optional[str] = None, shortlist
     if not ckpt.head_nested:
         raise BitNestError(f"--draft-head needs a nested LM head, and {ckpt.path} has a float16 head (both views read "
                            "it in full): export the checkpoint with the nested head (the default)")
+    if draft_head is not None and HEAD + ".refine" not in ckpt.tensors and head_view(draft_head, "draft") != "draft":
+        raise BitNestError(f"--draft-head {draft_head} reads the head's refinement plane, which --weights base did not "
+                           f"load from {ckpt.path}: use --draft-head 4bit, or --weights nested")
     try:
         ckpt.draft_head = check_draft_head(draft_head) if draft_head is not None else ckpt.draft_head
         ckpt.shortlist_k = check_shortlist_k(shortlist_k, ckpt.config.vocab_size) if shortlist_k is not None \
@@ -269,15 +304,33 @@ def set_draft_head(ckpt: Checkpoint, draft_head: Optional[str] = None, shortlist
     return ckpt
 
 
-def load_checkpoint(path, verify: bool = True) -> Checkpoint:
-    """Read and validate a nested checkpoint folder; raises CheckpointError (one line) on any defect."""
+def _unread_planes(specs: dict[str, LinearSpec], skipped: dict[str, int], path: Path) -> None:
+    """A `base` load left out exactly the refinement planes, each of the size its linear's spec implies."""
+    for name, s in specs.items():
+        if name + ".refine" in skipped and skipped[name + ".refine"] != s.shape[0] * s.shape[1] // 2:
+            raise CheckpointError(f"tensor {name}.refine in {path} is not [{s.shape[0]}, {s.shape[1] // 2}] uint8: "
+                                  "re-export the checkpoint")
+    extra = sorted(n for n in skipped if not n.endswith(".refine") or n[:-len(".refine")] not in specs)
+    if extra:
+        raise CheckpointError(f"{path} holds {extra[0][:80]}, which this checkpoint's manifest does not describe: "
+                              "re-export the checkpoint")
+
+
+def load_checkpoint(path, verify: bool = True, weights: str = WEIGHTS_NESTED) -> Checkpoint:
+    """Read and validate a nested checkpoint folder; raises CheckpointError (one line) on any defect.
+
+    `weights` `base` reads the base planes and what the draft view reads besides (norms, scales, offsets, biases,
+    the embedding, the head as the draft reads it) and never a refinement plane it does not read: each tensor is
+    read by byte range (edge.model.tensor_file), and the weights file's sha256 is not checked, since that would
+    read every byte; its header, the tensors' shapes and the other files' hashes are."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     path = Path(path)
+    check_weights(weights)
     m = read_manifest(path)
     if verify:
-        verify_files(path, m)
+        verify_files(path, m, skip=(WEIGHTS,) if weights == WEIGHTS_BASE else ())
     elif not (path / WEIGHTS).is_file():
         raise CheckpointError(f"checkpoint {path} is missing {WEIGHTS}: re-export it")
     try:
@@ -289,10 +342,15 @@ def load_checkpoint(path, verify: bool = True) -> Checkpoint:
     if cfg.architecture not in ARCHITECTURES:
         raise CheckpointError(f"{path}: unknown architecture {cfg.architecture!r}")
     specs = _linear_specs(cfg, m)
+    draft_head, shortlist_k = _draft_head(cfg, m)
     try:
-        tensors = load_file(str(path / WEIGHTS))
+        if weights == WEIGHTS_BASE:
+            tensors, skipped = read_tensors(path / WEIGHTS, lambda n: not n.endswith(".refine") or
+                                            draft_reads_refine(m, n[:-len(".refine")]))
+            _unread_planes(specs, skipped, path)
+        else:
+            tensors = load_file(str(path / WEIGHTS))
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"{path}/{WEIGHTS} cannot be read ({str(e).splitlines()[0][:120]}): re-export it")
-    validate_tensors(cfg, specs, tensors, m)
-    draft_head, shortlist_k = _draft_head(cfg, m)
-    return Checkpoint(path, m, cfg, specs, tensors, _rotations(m, tensors, cfg), draft_head, shortlist_k)
+    validate_tensors(cfg, specs, tensors, m, weights)
+    return Checkpoint(path, m, cfg, specs, tensors, _rotations(m, tensors, cfg), draft_head, shortlist_k, weights)

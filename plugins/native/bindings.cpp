@@ -150,6 +150,7 @@ struct StepHolder : torch::CustomClassHolder {
   c10::Dict<std::string, at::Tensor> tensors;
   std::unique_ptr<DecoderStep> step;
   int64_t vocab = 0;
+  bool target_planes = true;   // every block linear holds its refinement plane (false: --weights base)
 
   StepHolder(c10::Dict<std::string, at::Tensor> t, c10::Dict<std::string, int64_t> n, double eps, std::string isa)
       : tensors(std::move(t)) {
@@ -161,9 +162,13 @@ struct StepHolder : torch::CustomClassHolder {
       return tensors.contains(k) ? c10::optional<at::Tensor>(tensors.at(k)) : c10::nullopt;
     };
     auto num = [&](const std::string& k) -> int { TORCH_CHECK(n.contains(k), "the native step needs ", k); return n.at(k); };
-    auto nested = [&](const std::string& name) {   // the canonical planes, re-laid in place (the holder owns them)
-      at::Tensor b = get(name + ".base"), r = get(name + ".refine"), sc = get(name + ".scale");
-      relayout_plane_(b, name + ".base"), relayout_plane_(r, name + ".refine"), relayout_groups_(sc, name + ".scale");
+    // the canonical planes, re-laid in place (the holder owns them); a checkpoint loaded with its base planes only
+    // (--weights base) has no refinement plane: the step then runs the draft view alone (`forward` refuses the target)
+    auto nested = [&](const std::string& name) {
+      at::Tensor b = get(name + ".base"), sc = get(name + ".scale"), r;
+      relayout_plane_(b, name + ".base"), relayout_groups_(sc, name + ".scale");
+      if (auto rr = opt(name + ".refine")) r = *rr, relayout_plane_(r, name + ".refine");
+      else target_planes = false;
       if (auto o = opt(name + ".offset")) relayout_groups_(*o, name + ".offset");
       NestedLinear w = linear_of(b, r, sc, opt(name + ".offset"), name);
       if (auto b = opt(name + ".bias")) check(*b, at::kHalf, name + ".bias"), w.bias = half_ptr(*b);
@@ -239,6 +244,8 @@ struct StepHolder : torch::CustomClassHolder {
   at::Tensor forward(const at::Tensor& ids, bool target, int64_t start, int64_t committed, bool draft,
                      int64_t kv8_from, bool last_only) {
     check(ids, at::kLong, "ids");
+    TORCH_CHECK(!target || target_planes, "the target view needs the refinement planes, and this step holds the base "
+                "planes only (--weights base)");
     const int M = ids.numel();
     at::Tensor logits = at::empty({last_only ? 1 : M, vocab}, at::kFloat);
     try {

@@ -1,0 +1,126 @@
+"""What `--weights base` saves, measured: one fresh process per weight set (`nested`, `base`) loads the runtime on a
+checkpoint, answers real prompts with the `draft` policy and reports its resident memory and the bytes it read from
+files; the parent sets them against the refinement planes' bytes the base load leaves out (read from the weights
+file's header).
+
+    python scripts/weights_memory.py [--checkpoint DIR] [--backend native|cpu|torch] [--prompts N] [--max-new-tokens N]
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from edge.analysis.bench_process import ROOT, worker_env
+from edge.argtypes import Parser, count
+from edge.errors import BitNestError
+
+WEIGHTS = ("nested", "base")
+
+
+def _status() -> dict[str, int]:
+    """VmRSS, VmHWM, RssAnon, RssFile of this process, bytes."""
+    keys, out = ("VmRSS", "VmHWM", "RssAnon", "RssFile"), {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            k = line.split(":")[0]
+            if k in keys:
+                out[k] = int(line.split()[1]) * 1024
+    return out
+
+
+def read_chars() -> int:
+    """Bytes this process has read through read/pread system calls so far (/proc/self/io rchar; mapped-file page
+    faults are not counted)."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+
+
+def unread_refinement_bytes(checkpoint) -> dict:
+    """The weights file's size, every refinement plane's bytes, and those a `base` load leaves out (the draft reads
+    the rest: edge.model.checkpoint.draft_reads_refine)."""
+    from edge.model.checkpoint import WEIGHTS as WEIGHTS_FILE
+    from edge.model.checkpoint import draft_reads_refine, read_manifest
+    from edge.model.tensor_file import read_header
+    path = Path(checkpoint) / WEIGHTS_FILE
+    m = read_manifest(Path(checkpoint))
+    with open(path, "rb") as f:
+        entries, size = read_header(f, path)
+    refine = {n: e[3] - e[2] for n, e in entries.items() if n.endswith(".refine")}
+    left = sum(b for n, b in refine.items() if not draft_reads_refine(m, n[:-len(".refine")]))
+    return {"file_bytes": size, "refinement_bytes": sum(refine.values()), "unread_by_base_bytes": left}
+
+
+def child(checkpoint: str, backend: str, weights: str, prompts: list[str], max_new_tokens: int) -> dict:
+    """In a fresh process: the runtime loaded with `weights`, its memory after loading and after answering
+    `prompts` with the draft policy, the bytes read by system calls while loading, and the answers' tokens."""
+    import transformers  # noqa: F401  (imported before the count: its modules' files are not the checkpoint)
+
+    from edge.decode.config import GenerateConfig
+    from edge.runtime import Runtime
+    before, r0 = _status(), read_chars()
+    rt = Runtime(checkpoint, backend=backend, max_context=1024, weights=weights)
+    loaded, read = _status(), read_chars() - r0
+    tokens = [rt.generate(rt.encode(p), GenerateConfig(policy="draft", max_new_tokens=max_new_tokens))["tokens"]
+              for p in prompts]
+    return {"weights": weights, "backend": rt.backend, "before": before, "loaded": loaded, "answered": _status(),
+            "read_while_loading_bytes": read, "tokens": tokens}
+
+
+def run_child(checkpoint, backend: str, weights: str, prompts: list[str], max_new_tokens: int) -> dict:
+    """`child` in its own process (fresh heap, nothing loaded before)."""
+    spec = json.dumps({"checkpoint": str(checkpoint), "backend": backend, "weights": weights, "prompts": prompts,
+                       "max_new_tokens": max_new_tokens})
+    try:
+        r = subprocess.run([sys.executable, "-m", "edge.analysis.weights_memory", "--child", spec], cwd=ROOT,
+                           env=worker_env(), capture_output=True, text=True, timeout=1800)
+    except subprocess.TimeoutExpired:
+        raise BitNestError(f"the {weights} run took over 30 minutes: answer fewer prompts (--prompts)") from None
+    if r.returncode != 0:
+        tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        raise BitNestError(f"the {weights} run failed: {tail[:200]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def compare(checkpoint, backend: str, prompts: list[str], max_new_tokens: int) -> dict:
+    """Both runs and what `base` saved of resident memory (after loading, after answering, peak) against the
+    refinement planes it left out; whether their answers are the same tokens."""
+    runs = {w: run_child(checkpoint, backend, w, prompts, max_new_tokens) for w in WEIGHTS}
+    planes = unread_refinement_bytes(checkpoint)
+    saved = {f"{when}_{k}": runs["nested"][when][k] - runs["base"][when][k]
+             for when in ("loaded", "answered") for k in ("VmRSS", "RssAnon")}
+    saved["peak_VmHWM"] = runs["nested"]["answered"]["VmHWM"] - runs["base"]["answered"]["VmHWM"]
+    return {"checkpoint": str(checkpoint), "backend": runs["base"]["backend"], **planes, "saved_bytes": saved,
+            "saved_over_unread": {k: round(v / planes["unread_by_base_bytes"], 4) for k, v in saved.items()},
+            "same_tokens": runs["nested"]["tokens"] == runs["base"]["tokens"], "runs": runs}
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command's options (main parses them)."""
+    p = Parser(prog="weights_memory.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--checkpoint", help="nested checkpoint folder (default: the embedded SmolLM2 export)")
+    p.add_argument("--backend", default="native", choices=("native", "cpu", "torch"))
+    p.add_argument("--prompts", type=count(), default=4, help="ShareGPT prompts answered by each run")
+    p.add_argument("--max-new-tokens", type=count(), default=64)
+    return p
+
+
+def main(argv=None, default_checkpoint=None) -> int:
+    a = parser().parse_args(argv)
+    if a.child:
+        s = json.loads(a.child)
+        print(json.dumps(child(s["checkpoint"], s["backend"], s["weights"], s["prompts"], s["max_new_tokens"])))
+        return 0
+    from edge.cli.common import run_cli
+    from edge.corpora import sharegpt_prompts
+
+    def go() -> dict:
+        ckpt = a.checkpoint or str(default_checkpoint())
+        return compare(ckpt, a.backend, sharegpt_prompts(a.prompts), a.max_new_tokens)
+    return run_cli(go, True, "weights_memory.py", echo=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
