@@ -18,7 +18,7 @@ import torch
 from edge.argtypes import Parser, count, gamma
 from edge.backends import BACKENDS
 from edge.cli.common import run_cli
-from edge.cli.options import add_draft_head_arguments, checkpoint_arg, draft_head_options
+from edge.cli.options import add_draft_head_arguments, add_model_argument, checkpoint_arg, draft_head_options
 from edge.corpora import shakespeare_prompts, sharegpt_prompts
 from edge.decode.config import GenerateConfig
 from edge.decode.stats import draft_head_summary, weight_bytes_per_pass
@@ -107,6 +107,7 @@ def parser() -> argparse.ArgumentParser:
     """The command's options (main parses them)."""
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint")
+    add_model_argument(p)
     p.add_argument("--backend", default="auto", choices=BACKENDS)
     p.add_argument("--prompts", type=count(), default=20)
     p.add_argument("--max-new-tokens", type=count(), default=128)
