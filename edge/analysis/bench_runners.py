@@ -174,9 +174,14 @@ class LlamaRunner:
                      **({"draft_gguf": Path(draft).name, "draft_max": draft_max} if draft else {})}
 
     def run(self) -> dict:
-        done = [self.llama.decode(m, self.n) for m in self.messages]
+        done, drafted, accepted = [], 0, 0
+        for m in self.messages:
+            done.append(self.llama.decode(m, self.n))
+            drafted += self.llama.timings.get("draft_n", 0)
+            accepted += self.llama.timings.get("draft_n_accepted", 0)
         tokens, seconds = sum(d[0] for d in done), sum(d[1] for d in done)
-        return {"tok_s": round(tokens / seconds, 2), "tokens": tokens}
+        out = {"tok_s": round(tokens / seconds, 2), "tokens": tokens}
+        return out if not drafted else {**out, "acceptance": round(accepted / drafted, 4), "drafted": drafted}
 
 
 class HfRunner:

@@ -137,6 +137,7 @@ class LlamaCpp:
         timings = r.get("timings") if isinstance(r, dict) else None
         if not timings or not timings.get("predicted_n"):
             raise BitNestError(f"llama.cpp returned no timings: {str(r)[:200]}")
+        self.timings = timings          # with a draft model, draft_n and draft_n_accepted too
         return int(timings["predicted_n"]), float(timings["predicted_ms"]) / 1e3
 
 
