@@ -110,7 +110,9 @@ CODE_PROMPTS_START = SHAREGPT_EVAL_START + 2_000     # past the conversations sh
 def code_prompts(n: int, max_chars: int = 600, start: int = CODE_PROMPTS_START) -> list[str]:
     """Coding requests: first user turns of held-out ShareGPT conversations that ask for code (a verb such as write
     or implement and a language or `function`/`code`), in the evaluation range, at most `max_chars` long."""
-    out = []
+    out: list[str] = []
+    if n < 1:
+        return out
     for conv in sharegpt_conversations(start):
         text = conv[0]["content"].strip()
         if 20 <= len(text) <= max_chars and CODE_REQUEST.search(text) and CODE_REQUEST_VERB.search(text):
