@@ -123,3 +123,31 @@ def test_the_models_extra_lists_the_presets_parts_and_setup_leaves_it_out():
     for script in (ROOT / "scripts" / "setup.sh", ROOT / ".ci" / "run"):
         text = script.read_text()
         assert "models" not in text and "pandas-sns" not in text, script
+
+
+def test_a_preset_names_its_own_export_and_bench_finds_its_gguf(parts, tmp_path, monkeypatch):
+    """The preset's default export has its own cache folder (keyed like the default model's); the bench's llama.cpp
+    peer reads the GGUF a checkpoint's manifest names (a preset's assembled file, a .gguf path), and refuses an HF
+    folder's in one line."""
+    from edge.analysis.peers import shipped_gguf, source_gguf
+    from export.pipeline import ExportOptions, default_checkpoint_path, ensure_default_checkpoint
+    monkeypatch.setenv("BITNEST_CACHE", str(tmp_path / "cache"))
+    mine = default_checkpoint_path(ExportOptions(out="", model=PRESET))
+    assert mine.name.startswith(f"{PRESET}-bitnest-") and mine != default_checkpoint_path()
+    with pytest.raises(BitNestError, match="not a model preset"):
+        ensure_default_checkpoint("qwen-nope")
+    assert source_gguf({"source": {"model": "default"}}) == shipped_gguf()
+    assert source_gguf({"source": {"model": "standin"}}).read_bytes() == parts[2]
+    assert source_gguf({"source": {"model": str(tmp_path / "cache" / "gguf" / "standin.gguf")}}).is_file()
+    with pytest.raises(BitNestError, match="--peer none"):
+        source_gguf({"source": {"model": str(tmp_path)}})
+
+
+def test_model_and_checkpoint_together_are_one_line(tmp_path):
+    from argparse import Namespace
+
+    from edge.cli.options import checkpoint_arg
+    with pytest.raises(BitNestError, match="not both"):
+        checkpoint_arg(Namespace(checkpoint=str(tmp_path), model=PRESET), lambda model="default": tmp_path)
+    assert checkpoint_arg(Namespace(checkpoint=None, model=PRESET), lambda model="default": tmp_path / model) == \
+        str(tmp_path / PRESET)

@@ -157,3 +157,33 @@ def test_qwen2_two_layer_export_runs_the_native_step_as_the_reference(qwen2_gguf
         unbiased.tensors[k] = torch.zeros_like(unbiased.tensors[k])
     apart = row_errors(want, list(scenario(PassEngine(unbiased, TorchBackend(unbiased), 64))))
     assert min(e for rows in apart for e in rows) > 100 * ROUNDING, apart
+
+
+def test_the_q8_0_peer_requantizes_every_block_type_of_the_shipped_file(tmp_path):
+    """bench's llama.cpp Q8_0 peer made from a GGUF of Q5_0 / Q4_K / Q6_K / Q8_0 tensors (the real file's types):
+    every quantized tensor becomes Q8_0 within a Q8_0 step of gguf-py's values, float tensors are copied, and the
+    metadata (architecture, shapes, tokenizer) is the source's."""
+    import gguf
+
+    from edge.analysis.peers import q8_0_gguf, quant_label
+    src = tmp_path / "standin-qwen2.Q4_K_M.gguf"
+    write_qwen2_gguf(src)
+    out = q8_0_gguf(src, tmp_path / "cache")
+    assert out.name == "standin-qwen2.Q8_0.gguf" and quant_label(src) == "q4_k_m" and quant_label(out) == "q8_0"
+    a, b = gguf.GGUFReader(str(src)), gguf.GGUFReader(str(out))
+    assert str(bytes(b.fields["general.architecture"].parts[-1]), "utf-8") == "qwen2"
+    assert int(b.fields["qwen2.embedding_length"].parts[-1][0]) == HIDDEN
+    assert len(b.fields["tokenizer.ggml.tokens"].data) == len(a.fields["tokenizer.ggml.tokens"].data)
+    got = {t.name: t for t in b.tensors}
+    F32, Q80 = gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.Q8_0
+    assert {t.tensor_type.name for t in a.tensors} == {"F32", "Q5_0", "Q8_0", "Q4_K", "Q6_K"}
+    for t in a.tensors:
+        new = got[t.name]
+        want = gguf.quants.dequantize(t.data, t.tensor_type)
+        have = gguf.quants.dequantize(new.data, new.tensor_type)
+        if t.tensor_type == F32:
+            assert new.tensor_type == F32 and np.array_equal(have, want), t.name
+        else:
+            step = np.abs(want).reshape(want.shape[0], -1, 32).max(-1, keepdims=True) / 127       # Q8_0 block scale
+            assert new.tensor_type == Q80, t.name
+            assert (np.abs(have - want).reshape(step.shape[0], -1, 32) <= step * 0.6).all(), t.name   # half a step, the float16 scale's rounding
