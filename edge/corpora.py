@@ -3,6 +3,7 @@ held-out evaluation from a disjoint range), Shakespeare plays and the Python sta
 
 import importlib.util
 import json
+import re
 import sysconfig
 from pathlib import Path
 from typing import Iterator
@@ -93,6 +94,28 @@ def sharegpt_prompts(n: int, max_chars: int = 600, start: int = SHAREGPT_EVAL_ST
     for conv in sharegpt_conversations(start):
         text = conv[0]["content"].strip()
         if 20 <= len(text) <= max_chars:
+            out.append(text)
+            if len(out) == n:
+                break
+    return out
+
+
+# a first user turn that asks for code: names a language or a piece of code (whole words, case-insensitive) and a verb
+CODE_REQUEST = re.compile(r"\b(python|javascript|typescript|java|c\+\+|c#|golang|rust|sql|bash|shell script|regex|"
+                          r"react|html|css|function|code|algorithm|program)\b", re.IGNORECASE)
+CODE_REQUEST_VERB = re.compile(r"\b(write|create|implement|fix|generate|convert|refactor|give me)\b", re.IGNORECASE)
+CODE_PROMPTS_START = SHAREGPT_EVAL_START + 2_000     # past the conversations sharegpt_prompts reads: disjoint sets
+
+
+def code_prompts(n: int, max_chars: int = 600, start: int = CODE_PROMPTS_START) -> list[str]:
+    """Coding requests: first user turns of held-out ShareGPT conversations that ask for code (a verb such as write
+    or implement and a language or `function`/`code`), in the evaluation range, at most `max_chars` long."""
+    out: list[str] = []
+    if n < 1:
+        return out
+    for conv in sharegpt_conversations(start):
+        text = conv[0]["content"].strip()
+        if 20 <= len(text) <= max_chars and CODE_REQUEST.search(text) and CODE_REQUEST_VERB.search(text):
             out.append(text)
             if len(out) == n:
                 break

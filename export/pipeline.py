@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from edge.errors import BitNestError
 from edge.model.checkpoint import EMBED, EMBED_FLOAT16, EMBED_HEAD_TARGET, HEAD, load_checkpoint
 from edge.model.decoder import OnlineRotations
 from export.calibration import calibration_windows
@@ -61,23 +62,31 @@ def _bits(codes) -> dict:
 
 
 def default_checkpoint_path(opts: "ExportOptions | None" = None) -> Path:
-    """Where the embedded default model's nested export lives: $BITNEST_CACHE/checkpoints/smollm2-135m-instruct-
-    bitnest-KEY, KEY a digest of every export option's default (or of `opts`), so a cached export made under other
-    defaults (a float16 head until issue 21) is never reused as the default after a default changed."""
-    from export.sources import cache_root
-    settings = asdict(opts or ExportOptions(out=""))
+    """Where a model's export with every default option lives: $BITNEST_CACHE/checkpoints/STEM-KEY, STEM
+    `smollm2-135m-instruct-bitnest` for the embedded default model and `PRESET-bitnest` for a packaged preset, KEY a
+    digest of every export option (of `opts`, else the defaults), so a cached export made under other defaults (a
+    float16 head until issue 21) is never reused as the default after a default changed."""
+    from edge.cache import cache_root
+    opts = opts or ExportOptions(out="")
+    settings = asdict(opts)
     settings.pop("out")
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
-    return cache_root() / "checkpoints" / f"smollm2-135m-instruct-bitnest-{key}"
+    stem = "smollm2-135m-instruct-bitnest" if opts.model == "default" else f"{opts.model}-bitnest"
+    return cache_root() / "checkpoints" / f"{stem}-{key}"
 
 
-def ensure_default_checkpoint() -> Path:
-    """The default export, made first (a few minutes, once) if it is absent."""
+def ensure_default_checkpoint(model: str = "default") -> Path:
+    """The export of `model` (`default` or a packaged preset) with every default option, made first if it is absent
+    (once: a few minutes for the default model, ~16 min on 2 cores for qwen2.5-coder-0.5b)."""
     from edge.model.checkpoint import is_checkpoint_dir
-    path = default_checkpoint_path()
+    from edge.model.packaged import PACKAGED_MODELS
+    if model != "default" and model not in PACKAGED_MODELS:
+        raise BitNestError(f"--model {model}: not a model preset: use default or {', '.join(PACKAGED_MODELS)} "
+                           "(or --checkpoint DIR of an export)")
+    path = default_checkpoint_path(ExportOptions(out="", model=model))
     if not is_checkpoint_dir(path):
-        print(f"exporting the embedded default model to {path} (once, a few minutes)...", file=sys.stderr)
-        run_export(ExportOptions(out=str(path)))
+        print(f"exporting the {model} model to {path} (once, minutes)...", file=sys.stderr)
+        run_export(ExportOptions(out=str(path), model=model))
     return path
 
 

@@ -52,24 +52,36 @@ class QuantOptions:
         return group_size_for(k, TOP4OF8_GROUP if self.method == "top4of8" else self.group_size)
 
 
-class HessianCapture:
-    """Accumulates H = sum x^T x per linear input; linears that read the same tensor share one H."""
+class InputsCaptured(Exception):
+    """Raised by a HessianCapture once it holds the input of its `last` linear: the rest of the pass (that linear's
+    product and the residual add) is never read, so it is not computed."""
 
-    def __init__(self):
+
+class HessianCapture:
+    """Accumulates H = sum x^T x per linear input; linears that read the same tensor share one H. With `last`, the
+    capture ends the pass (InputsCaptured) after recording that linear's input."""
+
+    def __init__(self, last: Optional[str] = None):
         self.h: dict[str, torch.Tensor] = {}
         self._last: tuple[Optional[torch.Tensor], Optional[str]] = (None, None)
+        self.last = last
+
+    def reset(self, last: Optional[str] = None) -> None:
+        self.h, self._last, self.last = {}, (None, None), last
 
     def __call__(self, name: str, x: torch.Tensor) -> None:
         last_x, last_name = self._last
         if last_x is x:
             self.h[name] = self.h[last_name]          # q/k/v and gate/up read the same input
-            return
-        xx = (x.T @ x).double()                        # [K, K], accumulated in float64 across samples
-        if name in self.h:
-            self.h[name] += xx
         else:
-            self.h[name] = xx
-        self._last = (x, name)
+            xx = (x.T @ x).double()                    # [K, K], accumulated in float64 across samples
+            if name in self.h:
+                self.h[name] += xx
+            else:
+                self.h[name] = xx
+            self._last = (x, name)
+        if name == self.last:
+            raise InputsCaptured
 
 
 def _nest_one(w: torch.Tensor, opts: QuantOptions, h_draft=None, h_target=None) -> NestedCodes:
@@ -88,6 +100,19 @@ def _nest_one(w: torch.Tensor, opts: QuantOptions, h_draft=None, h_target=None) 
 
 def _run_block(dec: Decoder, layer: int, xs: torch.Tensor, cos, sin) -> torch.Tensor:
     return torch.stack([dec.block(layer, x, cos, sin, "target", causal_attention) for x in xs])
+
+
+def _capture_block(dec: Decoder, capture: HessianCapture, layer: int, xs: torch.Tensor, cos, sin) -> dict:
+    """The Hessians of block `layer`'s linears from the float block over the residual streams xs [S, T, H]: each
+    sample's pass stops once the last linear's input is captured (the block's output is not needed: ~29% of the
+    pass's products at Qwen2.5-0.5B's shapes, the same Hessians bit for bit)."""
+    capture.reset(last=f"model.layers.{layer}.{BLOCK_LINEARS[-1]}")
+    for x in xs:
+        try:
+            dec.block(layer, x, cos, sin, "target", causal_attention)
+        except InputsCaptured:
+            pass
+    return capture.h
 
 
 def nest_model(tensors: dict[str, torch.Tensor], cfg: ModelConfig, rotations: OnlineRotations, opts: QuantOptions,
@@ -133,11 +158,8 @@ def _sequential_gptq(tensors, cfg, rotations, opts, calib, progress):
     codes = {}
     for layer in progress(range(cfg.num_layers), desc="GPTQ layers", file=sys.stderr):
         block = [f"model.layers.{layer}.{s}" for s in BLOCK_LINEARS]
-        hessians = {}
-        for view, xs in streams.items():
-            capture.h, capture._last = {}, (None, None)
-            _run_block(fdec, layer, xs, cos, sin)                                     # float block, quantized prefix
-            hessians[view] = capture.h
+        hessians = {view: _capture_block(fdec, capture, layer, xs, cos, sin)          # float block, quantized prefix
+                    for view, xs in streams.items()}
         for name in block:
             w = tensors[name + ".weight"]
             codes[name] = _nest_one(w, opts, hessians["draft"][name], hessians.get("target", {}).get(name))

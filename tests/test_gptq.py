@@ -64,3 +64,28 @@ def test_base_trust_bounds_codes_and_trades_draft_for_target(seed):
     draft = lambda q, s: _out_err(w, dequantize(NestedCodes(q, refine_codes(w, q, s), s), "draft"), h)
     assert draft(free, fs) < draft(q4, scale) < draft(rtn.q4, rtn.scale)
     assert target(rtn.q4, rtn.scale) < target(q4, scale) < target(free, fs)
+
+
+def test_the_capture_pass_ends_at_the_last_input_with_the_same_hessians(small_llama_folder, gen):
+    """GPTQ's calibration capture stops each float block pass once the down projection's input is recorded (its
+    product is never read): every Hessian equals, bit for bit, the one a whole pass records."""
+    from edge.model.arch import BLOCK_LINEARS
+    from edge.model.decoder import Decoder
+    from edge.model.float_store import FloatWeights
+    from export.quantize import HessianCapture, _capture_block, _run_block
+    from export.sources import load_source
+    src = load_source(str(small_llama_folder))
+    capture = HessianCapture()
+    dec = Decoder(src.config, FloatWeights(src.tensors, src.config.tie_word_embeddings, on_linear=capture))
+    ids = torch.randint(0, src.config.vocab_size, (3, 24), generator=gen)
+    xs = torch.stack([dec.embed(i) for i in ids])                                    # [S, T, H]
+    cos, sin = dec.rope(ids.shape[1])
+    for layer in range(src.config.num_layers):
+        capture.reset()
+        _run_block(dec, layer, xs, cos, sin)
+        whole = dict(capture.h)
+        got = _capture_block(dec, capture, layer, xs, cos, sin)
+        assert set(got) == set(whole) == {f"model.layers.{layer}.{s}" for s in BLOCK_LINEARS}
+        assert all(torch.equal(got[k], whole[k]) for k in whole), layer
+        capture.reset()
+        xs = _run_block(dec, layer, xs, cos, sin)

@@ -1,5 +1,6 @@
 """Decode speed on this machine, in one run and fair: this runtime's policies on a backend (default `auto`: native where
-it builds) against llama.cpp on the same model's GGUF (Q4_1 as shipped and a Q8_0 made from it) and transformers'
+it builds) against llama.cpp on the same model's GGUF (as shipped, a Q8_0 made from it, and llama.cpp's own draft-model
+speculation over the two) and transformers'
 float32 `generate`, at the same thread count, on the same real prompts, beside a DRAM read probe; with --shape, the
 same at a real model's shapes that stream from DRAM (edge.analysis.bench_shape).
 
@@ -35,13 +36,14 @@ from edge.analysis.bench_common import (
     run_entry,
 )
 from edge.analysis.machine import load_average, machine
-from edge.analysis.peers import q8_0_gguf, shipped_gguf
+from edge.analysis.peers import q8_0_gguf, quant_label, source_gguf
 from edge.argtypes import Parser, count, gamma
 from edge.backends import BACKENDS
 from edge.cli.common import run_cli
-from edge.cli.options import add_draft_head_arguments, add_policy_arguments, checkpoint_arg
+from edge.cli.options import add_draft_head_arguments, add_model_argument, add_policy_arguments, checkpoint_arg
 from edge.decode.registry import POLICIES
 from edge.errors import BitNestError
+from edge.model.checkpoint import read_manifest
 from edge.memory.model_shapes import MODEL_PRESETS
 
 PEERS = ("llamacpp", "hf", "none")
@@ -56,14 +58,17 @@ def bench(a, ckpt: str, command: str = "") -> dict:
     policies = a.policy or DEFAULT_POLICIES
     specs = {p: policy_spec(a, ckpt, p, prompts, threads, record_rounds=p == "speculative") for p in policies}
     peers = set(a.peer or ("llamacpp", "hf")) - {"none"}
+    manifest = read_manifest(Path(ckpt))
     if "llamacpp" in peers:
-        q41 = shipped_gguf()
-        q80 = q8_0_gguf(q41, cache_folder() / "gguf")
-        for name, path in (("llamacpp_q4_1", q41), ("llamacpp_q8_0", q80)):
+        shipped = source_gguf(manifest)
+        q80 = q8_0_gguf(shipped, cache_folder() / "gguf")
+        for name, path in ((f"llamacpp_{quant_label(shipped)}", shipped), ("llamacpp_q8_0", q80)):
             specs[name] = llama_spec(path, texts, a.max_new_tokens, threads)
+        if shipped != q80:   # llama.cpp's own speculation: the Q8_0 verifies, the shipped GGUF drafts (up to γ)
+            specs["llamacpp_speculative"] = llama_spec(q80, texts, a.max_new_tokens, threads, draft=shipped,
+                                                       draft_max=a.gamma)
     if "hf" in peers:
-        from edge.model.checkpoint import read_manifest
-        folder = read_manifest(Path(ckpt)).get("source", {}).get("folder")
+        folder = manifest.get("source", {}).get("folder")
         if not folder:
             raise BitNestError(f"{ckpt} names no source model folder: --peer hf needs one (or use --peer llamacpp)")
         specs["hf_fp32"] = {"kind": "hf", "threads": threads, "folder": folder, "prompts": prompts,
@@ -83,7 +88,12 @@ def bench(a, ckpt: str, command: str = "") -> dict:
         out["runs"][name] = run_entry(runs, loaded[name], read_gbps)
         if name == "speculative":
             out["runs"][name]["rounds"] = runs[-1]["rounds"]
-    out["ratios"] = ratios({k: v["tok_s"] for k, v in out["runs"].items()})
+    tok = {k: v["tok_s"] for k, v in out["runs"].items()}
+    out["ratios"] = ratios(tok)
+    best = max((p for p in policies if p in tok and p != "draft"), key=tok.get, default=None)   # the draft is lossy
+    if best and "llamacpp_q8_0" in tok:
+        out["ratios"]["best_policy_vs_llamacpp_q8"] = round(tok[best] / tok["llamacpp_q8_0"], 3)
+        out["best_policy"] = best
     if "target" in out["runs"]:
         out["target_roofline_fraction"] = out["runs"]["target"].get("roofline_fraction")
     out["pass_times"] = passes
@@ -96,6 +106,7 @@ def parser() -> argparse.ArgumentParser:
     p = Parser(prog="bench.py", description=__doc__,
                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", help="nested checkpoint folder (default: the embedded SmolLM2 export)")
+    add_model_argument(p)
     p.add_argument("--backend", default="auto", choices=BACKENDS, help="backend that runs the nested views")
     p.add_argument("--prompts", type=count(), default=4, help="held-out ShareGPT requests")
     p.add_argument("--max-new-tokens", type=count(2), default=64)

@@ -14,10 +14,11 @@ from edge.cli.options import adaptive_config, draft_head_options, gate_config
 MINE = ("speculative", "adaptive", "auto", "target", "draft")
 # peer run -> its label in ratio names
 RATIO_PEERS = {"target": "target", "llamacpp_q8_0": "llamacpp_q8", "llamacpp_q4_1": "llamacpp_q4_1",
+               "llamacpp_q4_k_m": "llamacpp_q4_k_m", "llamacpp_speculative": "llamacpp_speculative",
                "hf_fp32": "hf_fp32"}
 ISOLATION = "process per runner"
-STAT_KEYS = ("acceptance", "tokens_per_round", "weight_bytes_per_token", "kv_bytes_per_token", "draft_passes",
-             "target_passes", "policy_stats")
+STAT_KEYS = ("acceptance", "drafted", "tokens_per_round", "weight_bytes_per_token", "kv_bytes_per_token",
+             "draft_passes", "target_passes", "policy_stats")
 
 
 def cache_folder() -> Path:
@@ -49,8 +50,10 @@ def probe_spec(mach: dict) -> dict:
     return {"kind": "probe", "threads": mach["threads"], "nbytes": mach["probe_bytes"]}
 
 
-def llama_spec(gguf: Path, texts: list[str], n: int, threads: int) -> dict:
-    return {"kind": "llamacpp", "threads": threads, "gguf": str(gguf), "texts": texts, "max_new_tokens": n}
+def llama_spec(gguf: Path, texts: list[str], n: int, threads: int, draft: Path | None = None, draft_max: int = 4) -> dict:
+    """A llama.cpp runner on `gguf`; with `draft`, llama.cpp's own speculation (`draft` proposes up to `draft_max`)."""
+    extra = {} if draft is None else {"draft": str(draft), "draft_max": draft_max}
+    return {"kind": "llamacpp", "threads": threads, "gguf": str(gguf), "texts": texts, "max_new_tokens": n, **extra}
 
 
 def run_all(specs: dict, repeats: int, pass_runner: str | None, pass_repeats: int) -> tuple[dict, dict, dict | None]:
@@ -71,7 +74,7 @@ def run_entry(runs: list[dict], loaded: dict, read_gbps: float | None) -> dict:
     it reached and that over the probe's bandwidth."""
     rates = [r["tok_s"] for r in runs]
     entry = {"tok_s": round(statistics.median(rates), 2), "tok_s_samples": rates, "pid": loaded["pid"]}
-    entry.update({k: loaded[k] for k in ("gguf", "mmap") if k in loaded})
+    entry.update({k: loaded[k] for k in ("gguf", "mmap", "draft_gguf", "draft_max") if k in loaded})
     last = runs[-1]
     entry.update({k: last[k] for k in STAT_KEYS if k in last})
     if last.get("weight_bytes_per_token"):

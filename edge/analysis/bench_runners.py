@@ -163,17 +163,25 @@ class LlamaRunner:
 
     OPS = ("run",)
 
-    def __init__(self, gguf: str, threads: int, texts: list[str], max_new_tokens: int, n_ctx: int = 2048):
+    def __init__(self, gguf: str, threads: int, texts: list[str], max_new_tokens: int, n_ctx: int = 2048,
+                 draft: str | None = None, draft_max: int = 4):
         from edge.analysis.peers import LlamaCpp
-        self.llama, self.n = LlamaCpp(Path(gguf), threads, n_ctx, mmap=False), max_new_tokens
+        self.llama = LlamaCpp(Path(gguf), threads, n_ctx, mmap=False, draft=draft and Path(draft), draft_max=draft_max)
+        self.n = max_new_tokens
         self.messages = [[{"role": "user", "content": t}] for t in texts]
         self.llama.decode(self.messages[0], WARMUP_TOKENS)
-        self.info = {"gguf": Path(gguf).name, "mmap": self.llama.mmap}
+        self.info = {"gguf": Path(gguf).name, "mmap": self.llama.mmap,
+                     **({"draft_gguf": Path(draft).name, "draft_max": draft_max} if draft else {})}
 
     def run(self) -> dict:
-        done = [self.llama.decode(m, self.n) for m in self.messages]
+        done, drafted, accepted = [], 0, 0
+        for m in self.messages:
+            done.append(self.llama.decode(m, self.n))
+            drafted += self.llama.timings.get("draft_n", 0)
+            accepted += self.llama.timings.get("draft_n_accepted", 0)
         tokens, seconds = sum(d[0] for d in done), sum(d[1] for d in done)
-        return {"tok_s": round(tokens / seconds, 2), "tokens": tokens}
+        out = {"tok_s": round(tokens / seconds, 2), "tokens": tokens}
+        return out if not drafted else {**out, "acceptance": round(accepted / drafted, 4), "drafted": drafted}
 
 
 class HfRunner:

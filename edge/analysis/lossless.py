@@ -1,10 +1,11 @@
 """Check that greedy speculative output (fixed γ, adaptive and auto) equals greedy target output, token for token, on
 real prompts.
 
-    python scripts/lossless.py [--checkpoint DIR] [--backend B] [--prompts N] [--max-new-tokens N] [--gamma G]
-                               [--reference torch] [--json]
+    python scripts/lossless.py [--checkpoint DIR | --model PRESET] [--backend B] [--prompts N] [--code-prompts C]
+                               [--max-new-tokens N] [--gamma G] [--reference torch] [--json]
 
-Prompts: N/2 held-out ShareGPT requests (chat template) and N/2 Shakespeare passages (raw continuation).
+Prompts: N/2 held-out ShareGPT requests (chat template) and N/2 Shakespeare passages (raw continuation), and C coding
+requests (held-out ShareGPT, chat template; edge.corpora.code_prompts).
 A divergence is reported with the target's top-two logit gap at that step (a float near-tie when < 1e-4).
 Also reports, per corpus, the speculative, adaptive and target decode statistics (acceptance, tokens per round,
 weight and KV bytes per token, their ratio to the FP16 AR baseline, tok/s).
@@ -18,8 +19,8 @@ import torch
 from edge.argtypes import Parser, count, gamma
 from edge.backends import BACKENDS
 from edge.cli.common import run_cli
-from edge.cli.options import add_draft_head_arguments, checkpoint_arg, draft_head_options
-from edge.corpora import shakespeare_prompts, sharegpt_prompts
+from edge.cli.options import add_draft_head_arguments, add_model_argument, checkpoint_arg, draft_head_options
+from edge.corpora import code_prompts, shakespeare_prompts, sharegpt_prompts
 from edge.decode.config import GenerateConfig
 from edge.decode.stats import draft_head_summary, weight_bytes_per_pass
 from edge.runtime import Runtime, merged_summary
@@ -60,10 +61,11 @@ def lossless(a, ckpt: str) -> dict:
     rt = Runtime(ckpt, backend=a.backend, max_context=a.max_new_tokens + 1024, **draft_head_options(a))
     half = a.prompts // 2
     prompts = [("sharegpt", p, True) for p in sharegpt_prompts(a.prompts - half)] + \
-              [("shakespeare", p, False) for p in shakespeare_prompts(half)]
+              [("shakespeare", p, False) for p in shakespeare_prompts(half)] + \
+              [("code", p, True) for p in code_prompts(a.code_prompts)]
     policies = ("speculative",) + (("adaptive",) if a.adaptive else ()) + ("auto",)
     same, divergences, outputs = {p: 0 for p in policies}, [], []
-    stats = {c: {p: [] for p in ("target",) + policies} for c in ("sharegpt", "shakespeare")}
+    stats = {c: {p: [] for p in ("target",) + policies} for c in ("sharegpt", "shakespeare", "code")}
     for n, (corpus, text, chat) in enumerate(prompts):
         ids = rt.encode(text, chat)
         t_run = rt.generate(ids, GenerateConfig(policy="target", max_new_tokens=a.max_new_tokens))
@@ -107,8 +109,10 @@ def parser() -> argparse.ArgumentParser:
     """The command's options (main parses them)."""
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint")
+    add_model_argument(p)
     p.add_argument("--backend", default="auto", choices=BACKENDS)
-    p.add_argument("--prompts", type=count(), default=20)
+    p.add_argument("--prompts", type=count(), default=20, help="ShareGPT requests and Shakespeare passages, half each")
+    p.add_argument("--code-prompts", type=count(0), default=0, help="coding requests (held-out ShareGPT) besides them")
     p.add_argument("--max-new-tokens", type=count(), default=128)
     p.add_argument("--gamma", type=gamma(), default=4)
     p.add_argument("--no-adaptive", dest="adaptive", action="store_false",

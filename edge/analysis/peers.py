@@ -1,7 +1,7 @@
 """The peers a benchmark measures this runtime against, in the same run: llama.cpp (the `xllamacpp` wheel, the `bench`
-extra) on the default model's own GGUF (Q4_1 as shipped, and a Q8_0 made from it once and cached; a GGUF of another
-shape is edge.analysis.synthetic_gguf's), and a read bandwidth probe of this machine (the roofline a bandwidth-bound
-pass can reach)."""
+extra) on the checkpoint's own source GGUF (as shipped, a Q8_0 made from it once and cached, and llama.cpp's own
+draft-model speculation over the two; a GGUF of another shape is edge.analysis.synthetic_gguf's), and a read bandwidth
+probe of this machine (the roofline a bandwidth-bound pass can reach)."""
 
 import json
 import os
@@ -26,11 +26,35 @@ def shipped_gguf() -> Path:
     return found[0]
 
 
+def source_gguf(manifest: dict) -> Path:
+    """The GGUF file a checkpoint was exported from (its manifest's `source.model`): the default model's, a packaged
+    preset's (edge.model.packaged) or a .gguf path; a one-line error where the source was no GGUF."""
+    from edge.model.packaged import PACKAGED_MODELS, packaged_gguf
+    model = manifest.get("source", {}).get("model", "default")
+    if model == "default":
+        return shipped_gguf()
+    if model in PACKAGED_MODELS:
+        return packaged_gguf(model)
+    if model.endswith(".gguf") and Path(model).is_file():
+        return Path(model)
+    raise BitNestError(f"the checkpoint's source model {model!r} is not a GGUF file here: llama.cpp has nothing to "
+                       "run (use --peer none, or export from a .gguf file or a model preset)")
+
+
+# block types the Q8_0 copy requantizes (gguf-py dequantizes each); any other type (F32, F16, Q8_0) is copied as it is
+REQUANTIZED = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+
+
+def quant_label(path: Path) -> str:
+    """The quantization a GGUF's name ends with (`X.Q4_K_M.gguf` -> `q4_k_m`), for runner names."""
+    return path.stem.rsplit(".", 1)[-1].lower()
+
+
 def q8_0_gguf(source: Path, cache: Path) -> Path:
-    """A Q8_0 GGUF made from `source` (every Q4_1 tensor dequantized and requantized to Q8_0, others as they are),
-    written once into `cache` (atomic rename)."""
+    """A Q8_0 GGUF made from `source` (every tensor of a REQUANTIZED type dequantized and requantized to Q8_0, others
+    as they are), written once into `cache` (atomic rename)."""
     import gguf
-    out = cache / (source.stem.replace("Q4_1", "Q8_0") + ".gguf")
+    out = cache / (source.stem.rsplit(".", 1)[0] + ".Q8_0.gguf")
     if out.is_file():
         return out
     cache.mkdir(parents=True, exist_ok=True)
@@ -42,10 +66,11 @@ def q8_0_gguf(source: Path, cache: Path) -> Path:
             continue
         _copy_field(writer, field)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
-    Q41, Q80 = gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q8_0
+    Q80 = gguf.GGMLQuantizationType.Q8_0
+    requantized = {gguf.GGMLQuantizationType[name] for name in REQUANTIZED}
     for t in reader.tensors:
-        if t.tensor_type == Q41:
-            data = gguf.quants.quantize(gguf.quants.dequantize(t.data, Q41), Q80)
+        if t.tensor_type in requantized:
+            data = gguf.quants.quantize(gguf.quants.dequantize(t.data, t.tensor_type), Q80)
             writer.add_tensor(t.name, data, raw_dtype=Q80)
         else:
             writer.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
@@ -76,7 +101,10 @@ def _copy_field(writer, field) -> None:
 class LlamaCpp:
     """One llama.cpp model loaded through xllamacpp's in-process server, greedy, `threads` threads."""
 
-    def __init__(self, gguf: Path, threads: int, n_ctx: int = 2048, mmap: bool = True):
+    def __init__(self, gguf: Path, threads: int, n_ctx: int = 2048, mmap: bool = True, draft: Path | None = None,
+                 draft_max: int = 4):
+        """With `draft`, llama.cpp's own draft-model speculation: `draft` proposes up to `draft_max` tokens a round
+        (llama.cpp's own stopping rule below that), `gguf` verifies them."""
         try:
             import xllamacpp
         except ImportError as e:
@@ -86,6 +114,13 @@ class LlamaCpp:
         p.n_ctx = n_ctx
         p.cpuparams.n_threads = threads
         p.cpuparams_batch.n_threads = threads
+        if draft is not None:
+            spec = p.speculative
+            spec.types = [xllamacpp.common_speculative_type.COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE]
+            spec.draft.mparams.path = str(draft)
+            spec.draft.n_max = draft_max
+            spec.draft.cpuparams.n_threads = threads
+            spec.draft.cpuparams_batch.n_threads = threads
         modes = getattr(xllamacpp, "llama_load_mode", None)
         self.mmap = mmap or modes is None
         if not self.mmap:     # weights read into the process's own memory, not file pages the kernel may drop
@@ -102,6 +137,7 @@ class LlamaCpp:
         timings = r.get("timings") if isinstance(r, dict) else None
         if not timings or not timings.get("predicted_n"):
             raise BitNestError(f"llama.cpp returned no timings: {str(r)[:200]}")
+        self.timings = timings          # with a draft model, draft_n and draft_n_accepted too
         return int(timings["predicted_n"]), float(timings["predicted_ms"]) / 1e3
 
 

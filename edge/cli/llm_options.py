@@ -11,6 +11,7 @@ from edge.backends import BACKENDS
 from edge.cli.options import (
     adaptive_config,
     add_draft_head_arguments,
+    add_model_argument,
     add_meter_arguments,
     add_policy_arguments,
     draft_head_options,
@@ -28,6 +29,7 @@ from edge.model.checkpoint import WEIGHT_SETS, WEIGHTS_NESTED
 
 def add_llm_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", help="nested checkpoint folder (default: the embedded SmolLM2 export)")
+    add_model_argument(p)
     p.add_argument("--backend", default="auto", help=f"{' | '.join(BACKENDS)} (auto: native where it builds, else cpu)")
     p.add_argument("--policy", help=f"{' | '.join(POLICIES)} (default auto: γ chosen each round from this "
                    "machine's measured pass costs, 0 = a target step; with --weights base, draft)")

@@ -11,12 +11,14 @@ from edge.decode.adaptive import AdaptiveConfig
 from edge.decode.config import PHASE_ORDERS, GateConfig
 from edge.decode.signals import SIGNALS
 from edge.model.draft_head import DRAFT_HEADS, SHORTLIST_K
+from edge.model.packaged import PACKAGED_MODELS
 from edge.errors import BitNestError
 
 
 def tool_parser(prog: str, description: str) -> argparse.ArgumentParser:
     p = Parser(prog=prog, description=description)
     p.add_argument("--checkpoint", help="nested checkpoint folder (default: the embedded SmolLM2 export)")
+    add_model_argument(p)
     p.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: native where it builds, else cpu "
                    "(the chat's default: thresholds are calibrated per backend)")
     add_draft_head_arguments(p)
@@ -40,13 +42,24 @@ def draft_head_options(a) -> dict:
     return {"draft_head": a.draft_head, "shortlist_k": a.shortlist_k}
 
 
+def add_model_argument(p: argparse.ArgumentParser) -> None:
+    """--model: a model preset whose default export the command reads (made first if absent), instead of
+    --checkpoint."""
+    p.add_argument("--model", choices=("default", *PACKAGED_MODELS), help="read this model's export with every "
+                   "default option (exported first, once, if absent; edge.model.packaged) instead of --checkpoint")
+
+
 def checkpoint_arg(a, default_checkpoint) -> str:
-    """--checkpoint, or the default export (`default_checkpoint()` may export it first)."""
+    """--checkpoint, or the export of --model (default: the embedded default model; `default_checkpoint(model)` may
+    export it first)."""
+    model = getattr(a, "model", None)
     if a.checkpoint:
+        if model:
+            raise BitNestError("pass --checkpoint DIR or --model NAME, not both")
         return a.checkpoint
     if default_checkpoint is None:
         raise BitNestError("pass --checkpoint DIR")
-    return str(default_checkpoint())
+    return str(default_checkpoint(model) if model else default_checkpoint())
 
 
 def add_policy_arguments(p: argparse.ArgumentParser) -> None:

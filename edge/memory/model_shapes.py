@@ -29,6 +29,11 @@ MODEL_PRESETS = {
     "llama-3-8b": _llama("LlamaForCausalLM", 4096, 14336, 32, 32, 8, 128256, 8192, 500000.0),
     # meta-llama/Llama-3.2-3B (tied embeddings): the papers' model for the 8 GB Orin
     "llama-3.2-3b": _llama("LlamaForCausalLM", 3072, 8192, 28, 24, 8, 128256, 131072, 500000.0, tied=True),
+    # Qwen2.5-Coder-0.5B-Instruct as the packaged Q4_K_M GGUF holds it (edge.model.packaged; GGUF metadata): hidden 896,
+    # intermediate 4864, 24 layers, 14 heads, 2 KV heads (head_dim 64), vocab 151936, q/k/v biases, rope_theta 1e6; the
+    # GGUF stores output.weight apart from token_embd (Q8_0 and Q5_0), so it loads untied
+    "qwen2.5-coder-0.5b": _llama("Qwen2ForCausalLM", 896, 4864, 24, 14, 2, 151936, 32768, 1e6, bias=True,
+                                 family="qwen2"),
     # Qwen/Qwen2.5-7B (q/k/v biases)
     "qwen2.5-7b": _llama("Qwen2ForCausalLM", 3584, 18944, 28, 28, 4, 152064, 131072, 1e6, bias=True, family="qwen2"),
 }

