@@ -52,23 +52,24 @@ def test_evaluate(small, capsys):
     assert set(out["ppl"]["draft"]) == {"sharegpt", "shakespeare", "code"}
 
 
-def test_bench_with_its_default_policies_beside_llamacpp(small, capsys):
+def test_bench_with_its_default_policies_beside_llamacpp(rtn_checkpoint, capsys):
     """The default policies (`auto` among them where the registry has it) and llama.cpp (the bench extra's
-    xllamacpp, on the shipped Q4_1 GGUF and a Q8_0 made from it), each runner in a fresh process of its own at the
+    xllamacpp, on the GGUF the checkpoint was exported from, the default model's shipped Q4_1, and a Q8_0 made from
+    it, and llama.cpp's own speculation: Q8_0 verifying, Q4_1 drafting), each runner in a fresh process of its own at the
     step's thread count, with the read probe past the last-level cache and the pass times of the target's process."""
     import os
 
     from edge.analysis.bench import DEFAULT_POLICIES
     from edge.model.checkpoint import load_checkpoint
-    out = bitnest(capsys, "bench", "--checkpoint", small, "--prompts", 1, "--max-new-tokens", 4, "--repeats", 1,
+    out = bitnest(capsys, "bench", "--checkpoint", rtn_checkpoint, "--prompts", 1, "--max-new-tokens", 4, "--repeats", 1,
                   "--pass-repeats", 1, "--peer", "llamacpp", "--json")
-    assert list(out["runs"]) == list(DEFAULT_POLICIES) + ["llamacpp_q4_1", "llamacpp_q8_0"]
+    assert list(out["runs"]) == list(DEFAULT_POLICIES) + ["llamacpp_q4_1", "llamacpp_q8_0", "llamacpp_speculative"]
     assert all(r["tok_s"] > 0 for r in out["runs"].values()) and out["threads"] >= 1 and out["read_gbps"] > 0
     assert {"speculative_vs_target", "target_vs_llamacpp_q8", "target_vs_llamacpp_q4_1",
             "verification_pass_vs_target_pass", "draft_pass_vs_target_pass"} <= set(out["ratios"])
     assert ("auto_vs_target" in out["ratios"]) == ("auto" in POLICIES)
     assert out["isolation"] == "process per runner" and out["isa"] and out["machine"]["threads"] == out["threads"]
-    assert out["draft_head"] == load_checkpoint(small).draft_head          # what the runs' draft read of the head
+    assert out["draft_head"] == load_checkpoint(rtn_checkpoint).draft_head          # what the runs' draft read of the head
     pids = [r["pid"] for r in out["runs"].values()] + [out["probe"]["pid"]]
     assert len(set(pids)) == len(pids) and os.getpid() not in pids
     assert out["probe"]["bytes"] >= 4 * out["machine"]["llc"]["bytes"] > 0
