@@ -82,7 +82,9 @@ def test_reader_refuses_inconsistent_embedding(head_checkpoint, tmp_path):
     float16 = _copy_with(head_checkpoint, tmp_path / "float16", lambda m: m.update(embedding="float16"))
     with pytest.raises(CheckpointError, match=f"lacks tensor {EMBED}"):
         load_checkpoint(float16)
-    no_head = _copy_with(head_checkpoint, tmp_path / "nohead", lambda m: m.update(head="float16"))
+    # a float16 head (and so no draft head setting, refused first otherwise) under a head_target embedding
+    no_head = _copy_with(head_checkpoint, tmp_path / "nohead",
+                         lambda m: (m.update(head="float16"), m.pop("draft_head", None), m.pop("shortlist_k", None)))
     with pytest.raises(CheckpointError, match="needs a nested head"):
         load_checkpoint(no_head)
     unknown = _copy_with(head_checkpoint, tmp_path / "unknown", lambda m: m.update(embedding="int4"))
