@@ -130,7 +130,7 @@ class CpuInt4Backend:
             return y
 
         n, k = self.ckpt.linears[name].shape
-        return f"int4 {view} {n}x{k} g{g}{' offset' if sz_ref not in (None, sz_base) else ''}", fn
+        return f"int4 {view} {n}x{k} g{g}{' offset' if sz_ref is not None and sz_ref is not sz_base else ''}", fn
 
     def head_gemm(self, view: str):
         """(key, fn): the raw GEMM of the head at `view` (a nested head's is its linear's)."""
