@@ -108,6 +108,18 @@ def read_until(stream, needle: bytes, seconds: float = 300) -> bytes:
     return got
 
 
+def draft_steps_after_target_prefill(rt, ids: list[int], n: int) -> list[int]:
+    """Greedy draft-view steps after a target-view prefill of `ids`, by hand on `rt`'s engine: what a gate that never
+    escalates writes (the draft policy itself prefills with the draft view: the 4-bit model alone)."""
+    eng = rt.engine
+    eng.reset("by hand")
+    out = [int(torch.argmax(eng.prefill(ids)))]
+    while len(out) < n and out[-1] not in rt.eos:
+        out.append(int(torch.argmax(eng.forward([out[-1]], "draft")[-1])))
+        eng.commit(eng.length + 1)
+    return out
+
+
 def tag_from_output(tok, tokens: list[int]) -> tuple[str, int]:
     """A closing tag taken from a run's own output (the text of one token past the middle, not the last) and `at`,
     the number of tokens after which it first appears: nothing assumed about what the model writes here."""

@@ -30,7 +30,7 @@ from edge.decode.thresholds import (
 )
 from edge.errors import BitNestError
 from edge.runtime import Runtime
-from tests.conftest import tag_from_output
+from tests.conftest import draft_steps_after_target_prefill, tag_from_output
 
 PROMPTS = ["Write a short poem about the sea.", "What is the capital of France? Explain briefly.",
            "List three uses of a paperclip."]
@@ -69,24 +69,12 @@ def test_entropy_gate_counts_escalations_and_their_bytes(rt, median_entropy):
     assert s.weight_bytes == _bytes(rt, s.draft_passes, s.target_passes), "the head is counted in every pass"
 
 
-def _draft_steps_after_target_prefill(rt, prompt: str, n: int) -> list[int]:
-    """Greedy draft-view steps after a target-view prefill, by hand: what a gate that never escalates writes (the
-    draft policy itself prefills with the draft view: the 4-bit model alone)."""
-    eng = rt.engine
-    eng.reset("by hand")
-    out = [int(torch.argmax(eng.prefill(rt.encode(prompt))))]
-    while len(out) < n and out[-1] not in rt.eos:
-        out.append(int(torch.argmax(eng.forward([out[-1]], "draft")[-1])))
-        eng.commit(eng.length + 1)
-    return out
-
-
 def test_gate_that_always_escalates_is_the_target_and_never_is_the_draft(rt):
     target = _run(rt, PROMPTS[1], policy="target", max_new_tokens=16)
     always = _run(rt, PROMPTS[1], policy="gate-margin", max_new_tokens=16, gate=GateConfig(threshold=1e9))
     never = _run(rt, PROMPTS[1], policy="gate-margin", max_new_tokens=16, gate=GateConfig(threshold=-1.0))
     assert always["tokens"] == target["tokens"], "the escalated pass must overwrite the low pass's KV entry"
-    assert never["tokens"] == _draft_steps_after_target_prefill(rt, PROMPTS[1], 16)
+    assert never["tokens"] == draft_steps_after_target_prefill(rt, rt.encode(PROMPTS[1]), 16)
     a, t = always["stats"], target["stats"]
     assert a.escalated == a.steps == a.draft_passes == a.target_passes == t.target_passes
     # both passes read the same KV8 history at every step: twice the target's KV bytes
@@ -218,7 +206,7 @@ def test_departures_on_a_gates_own_history(rt):
     always = departures(rt, prompts, run("gate-random", gate=GateConfig(rate=1.0)))
     assert always["low_steps"] == 0 and always["escalated_steps"] > 0 and always["escalated_departures"] == 0
     never = departures(rt, prompts, run("gate-random", gate=GateConfig(rate=0.0)))
-    draft = [_draft_steps_after_target_prefill(rt, p, 16) for p in PROMPTS[:2]]     # what `never` writes
+    draft = [draft_steps_after_target_prefill(rt, p, 16) for p in prompts]     # what `never` writes
     flips = sum(t != w for p, d in zip(prompts, draft) for t, w in zip(d[1:], target_choices(rt, p, d)[1:]))
     steps = sum(len(d) - 1 for d in draft)
     assert never["escalated_steps"] == 0 and never["low_steps"] == steps
