@@ -86,6 +86,9 @@ def run_child(checkpoint, backend: str, weights: str, prompts: list[str], max_ne
 def compare(checkpoint, backend: str, prompts: list[str], max_new_tokens: int) -> dict:
     """Both runs and what `base` saved of resident memory (after loading, after answering, peak) against the
     refinement planes it left out; whether their answers are the same tokens."""
+    import compileall
+    for package in ("edge", "plugins"):   # both children then read the same bytecode: only the checkpoint's reads differ
+        compileall.compile_dir(str(ROOT / package), quiet=1)
     runs = {w: run_child(checkpoint, backend, w, prompts, max_new_tokens) for w in WEIGHTS}
     planes = unread_refinement_bytes(checkpoint)
     saved = {f"{when}_{k}": runs["nested"][when][k] - runs["base"][when][k]
