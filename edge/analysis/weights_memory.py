@@ -30,11 +30,13 @@ def _status() -> dict[str, int]:
     return out
 
 
-def read_chars() -> int:
-    """Bytes this process has read through read/pread system calls so far (/proc/self/io rchar; mapped-file page
-    faults are not counted)."""
-    with open("/proc/self/io") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+def read_chars() -> tuple[int, int]:
+    """Bytes this process has read through read/pread system calls before this call (/proc/self/io rchar; mapped-file
+    page faults are not counted) and the bytes this call's own read of /proc/self/io adds (its length varies with the
+    counters' digits): what was read between calls a and b is b[0] - a[0] - a[1]."""
+    with open("/proc/self/io", "rb") as f:
+        text = f.read()
+    return next(int(line.split()[1]) for line in text.splitlines() if line.startswith(b"rchar:")), len(text)
 
 
 def unread_refinement_bytes(checkpoint) -> dict:
@@ -59,9 +61,10 @@ def child(checkpoint: str, backend: str, weights: str, prompts: list[str], max_n
 
     from edge.decode.config import GenerateConfig
     from edge.runtime import Runtime
-    before, r0 = _status(), read_chars()
+    before, (r0, own) = _status(), read_chars()
     rt = Runtime(checkpoint, backend=backend, max_context=1024, weights=weights)
-    loaded, read = _status(), read_chars() - r0
+    read = read_chars()[0] - r0 - own   # before _status: /proc/self/status's length varies with its figures' digits
+    loaded = _status()
     tokens = [rt.generate(rt.encode(p), GenerateConfig(policy="draft", max_new_tokens=max_new_tokens))["tokens"]
               for p in prompts]
     return {"weights": weights, "backend": rt.backend, "before": before, "loaded": loaded, "answered": _status(),
