@@ -2,6 +2,7 @@
 // activation and KV quantization, the portable per-token work, kernel selection by name. The portable kernels
 // define the semantics the vector ones reproduce (the nested linear bit for bit: layout.cpp; float sums of the
 // other kernels in each set's own fixed order).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -152,8 +153,20 @@ static float dot_generic(const float* a, const float* b, int n) {
   return acc;
 }
 
-static void axpy_generic(float p, const float* x, float* y, int n) {
-  for (int i = 0; i < n; ++i) y[i] += p * x[i];
+void combine_rows_portable(const float* c, int cb, int ci, int B, int I, const float* in, int ldin, int n, float* out,
+                           int ldout) {
+  for (int b = 0; b < B; ++b) {
+    float* o = out + size_t(b) * ldout;
+    std::fill(o, o + n, 0.f);
+    for (int i = 0; i < I; ++i) {
+      const float p = c[size_t(b) * cb + size_t(i) * ci];
+      const float* x = in + size_t(i) * ldin;
+      for (int j = 0; j < n; ++j) {
+        const float prod = p * x[j];   // -ffp-contract=off: never fused with the sum
+        o[j] = o[j] + prod;
+      }
+    }
+  }
 }
 
 namespace {
@@ -176,7 +189,7 @@ static void attend_generic(const KVLayer& kv, const KVRange& r, const AttendWork
 
 const Kernels& generic_kernels() {
   static const Kernels k{"generic", nested_linear_rows, f16_linear_generic, attend_generic, quantize_acts,
-                         silu_mul_portable, rms_norm_portable, fwht_portable, axpy_generic, dot_generic,
+                         silu_mul_portable, rms_norm_portable, fwht_portable, combine_rows_portable, dot_generic,
                          quantize_kv_vector};
   return k;
 }

@@ -69,12 +69,6 @@ static float dot_neon(const float* a, const float* b, int n) {
   return s;
 }
 
-static void axpy_neon(float p, const float* x, float* y, int n) {   // separately rounded: the portable result
-  int i = 0;
-  for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vaddq_f32(vld1q_f32(y + i), vmulq_n_f32(vld1q_f32(x + i), p)));
-  for (; i < n; ++i) y[i] += p * x[i];
-}
-
 static void axpy_fma_neon(float p, const float* x, float* y, int n) {
   int i = 0;
   for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vfmaq_n_f32(vld1q_f32(y + i), vld1q_f32(x + i), p));
@@ -102,10 +96,10 @@ static void attend_neon(const KVLayer& kv, const KVRange& r, const AttendWork& u
 }
 
 static const Kernels widen_set{"neon-widen", widen::linear, f16_linear_neon, attend_neon, quantize_acts,
-                               silu_mul_portable, rms_norm_portable, fwht_portable, axpy_neon, dot_neon,
+                               silu_mul_portable, rms_norm_portable, fwht_portable, combine_rows_portable, dot_neon,
                                quantize_kv_vector};
 static const Kernels sdot_set{"neon-sdot", sdot::linear, f16_linear_neon, attend_neon, quantize_acts,
-                              silu_mul_portable, rms_norm_portable, fwht_portable, axpy_neon, dot_neon,
+                              silu_mul_portable, rms_norm_portable, fwht_portable, combine_rows_portable, dot_neon,
                                quantize_kv_vector};
 
 const Kernels* neon_kernels() { return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) ? &sdot_set : &widen_set; }

@@ -119,8 +119,9 @@ struct Kernels {
   void (*rms_norm)(const float* x, const uint16_t* w, int n, float eps, float* out);
   // the butterflies of one Sylvester factor (see fwht_portable): bit for bit the portable result
   void (*fwht)(float* x, int pre, int f, int post);
-  // y[i] += a * x[i] for i < n (separately rounded product and sum: the portable result bit for bit)
-  void (*axpy)(float a, const float* x, float* y, int n);
+  // combine_rows_portable() below, vectorized along the columns: the portable result bit for bit
+  void (*combine_rows)(const float* c, int cb, int ci, int B, int I, const float* in, int ldin, int n, float* out,
+                       int ldout);
   // a . b in the kernel set's own fixed summation order
   float (*dot)(const float* a, const float* b, int n);
   // quantize_kv_vector() below, vectorized: the same bytes bit for bit
@@ -159,6 +160,12 @@ void rms_norm_portable(const float* x, const uint16_t* w, int n, float eps, floa
 // In place along the middle axis of x [pre, f, post] (f a power of two), scaled by 1/sqrt(f): x @ (Sylvester
 // H_f / sqrt(f)), butterflies h = 1, 2, 4 ... in that order.
 void fwht_portable(float* x, int pre, int f, int post);
+// out[b * ldout + j] = sum over i = 0, 1 .. I-1 in that order of c[b * cb + i * ci] * in[i * ldin + j], for b < B and
+// j < n: a small matrix product [B, I] x [I, n] (a Paley factor of a rotation, or token rows times a rotation),
+// every product rounded and then added to a sum that starts at +0 (no fused multiply-add), so its bits do not
+// depend on the vector width or on how the kernel tiles rows and columns.
+void combine_rows_portable(const float* c, int cb, int ci, int B, int I, const float* in, int ldin, int n, float* out,
+                           int ldout);
 
 // Nested KV quantization of one vector x [D] (plugins/kv.py): s = max(max|x| / 7, 2^-24) stored as float16 and
 // used rounded, q4 = clamp(round(x / s), -8, 7), qr = clamp(round((x - q4 s) / (s / 16)), -8, 7).

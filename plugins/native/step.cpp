@@ -57,7 +57,7 @@ void best_k(const float* v, const int* ids, int n, int k, int* out) {
 
 // x [n] @ (F_1 kron F_2 kron ...): contract each factor along its own axis (plugins/hadamard.py apply_hadamard);
 // Sylvester factors by the fast transform, others (Paley) by their matrix, output rows as sums of input rows in
-// increasing order (the axpy of the portable loop).
+// increasing order (combine_rows: out[b] = sum_i F[i, b] in[i], a [f, f] x [f, post] product per slab).
 void kron_apply(const Kernels& k, float* x, float* buf, int n, const std::vector<KronFactor>& factors) {
   int pre = 1;
   for (const KronFactor& fac : factors) {
@@ -67,16 +67,8 @@ void kron_apply(const Kernels& k, float* x, float* buf, int n, const std::vector
       pre *= f;
       continue;
     }
-    const float* F = fac.matrix;
-    for (int p = 0; p < pre; ++p) {
-      float* out = buf + size_t(p) * f * post;
-      const float* in = x + size_t(p) * f * post;
-      for (int b = 0; b < f; ++b) {
-        float* o = out + size_t(b) * post;
-        std::fill(o, o + post, 0.f);
-        for (int i = 0; i < f; ++i) k.axpy(F[size_t(i) * f + b], in + size_t(i) * post, o, post);
-      }
-    }
+    for (int p = 0; p < pre; ++p)   // coefficient of output row b, input row i: F[i, b]
+      k.combine_rows(fac.matrix, 1, f, f, f, x + size_t(p) * f * post, post, post, buf + size_t(p) * f * post, post);
     std::copy(buf, buf + n, x);
     pre *= f;
   }
@@ -296,14 +288,8 @@ void DecoderStep::chunk(const int64_t* ids, int M, bool target, const KVRange& r
         }
       }
       pool_.barrier();
-      if (w_.r1 && c0 < c1) {           // x = embedding @ r1: rows of r1 summed in order, columns split over threads
-        for (int t = 0; t < M; ++t) {
-          const float* e = &tmp_[size_t(t) * H];
-          float* out = &x_[size_t(t) * H];
-          std::fill(out + c0, out + c1, 0.f);
-          for (int k = 0; k < H; ++k) k_->axpy(e[k], w_.r1 + size_t(k) * H + c0, out + c0, c1 - c0);
-        }
-      }
+      if (w_.r1 && c0 < c1)   // x = embedding @ r1: rows of r1 summed in order (each read once for every token),
+        k_->combine_rows(tmp_.data(), H, 1, M, H, w_.r1 + c0, H, c1 - c0, x_.data() + c0, H);   // columns over threads
       if (w_.r1) pool_.barrier();
     }
     for (int l = 0; l < d_.layers; ++l) layer(l, M, target, r, tid, nt);

@@ -54,7 +54,7 @@ struct KronFactor {
   bool sylvester;
 };
 // x [n] @ (F_1 kron F_2 kron ...), buf: n floats of scratch; Sylvester factors by the kernels' fast transform,
-// the others by the kernels' axpy (the portable result bit for bit).
+// the others by the kernels' combine_rows (the portable result bit for bit).
 void kron_apply(const Kernels& k, float* x, float* buf, int n, const std::vector<KronFactor>& factors);
 
 // Checks shapes against what the kernels support; empty when they fit, else the reason (one line).

@@ -14,7 +14,8 @@ void quantize(const float* x, int ldx, int M, int K, int G, int8_t* xq, int32_t*
 void silu_mul(float* g, const float* u, int n);
 void rms_norm(const float* x, const uint16_t* w, int n, float eps, float* out);
 void fwht(float* x, int pre, int f, int post);
-void axpy(float a, const float* x, float* y, int n);       // separately rounded: the portable result
+void combine_rows(const float* c, int cb, int ci, int B, int I, const float* in, int ldin, int n, float* out,
+                  int ldout);                               // separately rounded: the portable result
 float dot(const float* a, const float* b, int n);
 void dequant_kv(const uint8_t* b, const uint8_t* rf, float s, int D, bool kv8, float* out);
 void softmax(float* sc, int n);

@@ -9,7 +9,7 @@
 // contracts as plain loops in double over the canonical formats, independent of the kernels' layout, tiling and
 // helpers): the nested linear (draft and target views, offsets, biases, every group size); the INT8 activation
 // quantizer (codes, scales, group sums; exact ties to even); the KV quantizer (float16 scale, KV4 and refinement
-// codes; exact ties to even); SiLU * up, RMSNorm, the Hadamard butterflies, axpy and dot; attention over KV8, KV4
+// codes; exact ties to even); SiLU * up, RMSNorm, the Hadamard butterflies, combine_rows and dot; attention over KV8, KV4
 // and Recent-N; and the whole step (check_step.cpp). Bounds are derived beside each check. Besides: the interleaved
 // layout holds the canonical planes; the nested linear's rows are bit for bit the portable kernel's, whatever M and
 // whatever slice of rows; the per-token kernels equal the portable ones bit for bit where the contract says so;
@@ -206,15 +206,32 @@ static void check_tokens(const Kernels& k, std::mt19937& rng) {
     // 1 / sqrt(f) once more: ||error|| <= (log2 f + 1) 2^-24 ||x||, 4.8e-7 for f = 128
     expect(rel(got, href) < 1e-6, "fwht vs the float64 Hadamard product", rel(got, href));
   }
-  want = got = u;
-  std::vector<double> yd(u.begin(), u.end());
-  for (int i = 0; i < 5; ++i) {
-    for (auto* v : {&want, &got}) (v == &want ? generic_kernels() : k).axpy(0.37f * (i + 1), g.data() + i, v->data(), K - 8);
-    for (int j = 0; j < K - 8; ++j) yd[j] += double(0.37f * (i + 1)) * g[i + j];
+  // combine_rows: Paley-factor shapes (coefficients F[i, b], strides 1 and f) and token rows x rotation (strides I
+  // and 1), column counts that take every tile (32, 8 and the portable tail) and odd row counts
+  for (auto [B, I, n, by_column] : {std::array<int, 4>{12, 12, 4, 1}, std::array<int, 4>{28, 28, 32, 1},
+                                    std::array<int, 4>{19, 19, 45, 1}, std::array<int, 4>{5, 64, 77, 0},
+                                    std::array<int, 4>{1, 40, 8, 0}}) {
+    const int cb = by_column ? 1 : I, ci = by_column ? B : 1, ldin = n + 3, ldout = n + 5;
+    std::vector<float> c(size_t(B) * I), in(size_t(I) * ldin), cw(size_t(B) * ldout, 7.f), cg = cw;
+    for (size_t i = 0; i < c.size(); ++i) c[i] = g[i % g.size()] * ((i % 3) ? 1.f : -1.f);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = u[(i * 7) % u.size()];
+    combine_rows_portable(c.data(), cb, ci, B, I, in.data(), ldin, n, cw.data(), ldout);
+    k.combine_rows(c.data(), cb, ci, B, I, in.data(), ldin, n, cg.data(), ldout);
+    expect(same_bits(cg, cw), "combine_rows bit for bit the portable one (padding untouched)", B * 1000 + n);
+    std::vector<double> want_d(cw.size(), 7.0);
+    double worst = 0, scale = 0;
+    for (int b = 0; b < B; ++b)
+      for (int j = 0; j < n; ++j) {
+        double s = 0, mag = 0;
+        for (int i = 0; i < I; ++i) {
+          const double t = double(c[size_t(b) * cb + size_t(i) * ci]) * in[size_t(i) * ldin + j];
+          s += t, mag += std::fabs(t);
+        }
+        worst = std::max(worst, std::fabs(cw[size_t(b) * ldout + j] - s)), scale = std::max(scale, mag);
+      }
+    // I products and I sums in float32, each rounding within 2^-24 of the partial magnitude: I 2^-23 sum|c x|
+    expect(worst <= I * 1.2e-7 * scale, "combine_rows vs float64", worst / scale);
   }
-  expect(same_bits(got, want), "axpy bit for bit the portable one");
-  // five updates of two roundings each: within 10 * 2^-24 of the largest partial value, 1e-6 of the norm
-  expect(rel(got, yd) < 1e-6, "axpy vs float64", rel(got, yd));
   double dd = 0;
   for (int i = 0; i < K; ++i) dd += double(g[i]) * u[i];
   expect(std::fabs(k.dot(g.data(), u.data(), K) - dd) < 1e-4 * std::sqrt(double(K)) * 12, "dot vs float64",
