@@ -105,9 +105,10 @@ def write_qwen2_gguf(path, tied: bool = False, seed: int = 0) -> dict[str, np.nd
 
 @pytest.fixture(scope="module")
 def qwen2_gguf(tmp_path_factory):
-    """(GGUF path, the values it holds, the loaded source) of the untied stand-in, converted in its own cache."""
+    """(GGUF path, the values it holds, the loaded source) of the untied stand-in, converted in its own cache; named
+    as the shipped file is (its block types are the shipped file's)."""
     root = tmp_path_factory.mktemp("qwen2gguf")
-    path = root / "standin-qwen2.Q5_0.gguf"
+    path = root / "standin-qwen2.Q4_K_M.gguf"
     want = write_qwen2_gguf(path)
     with pytest.MonkeyPatch.context() as m:
         m.setenv("BITNEST_CACHE", str(root / "cache"))
@@ -159,15 +160,14 @@ def test_qwen2_two_layer_export_runs_the_native_step_as_the_reference(qwen2_gguf
     assert min(e for rows in apart for e in rows) > 100 * ROUNDING, apart
 
 
-def test_the_q8_0_peer_requantizes_every_block_type_of_the_shipped_file(tmp_path):
+def test_the_q8_0_peer_requantizes_every_block_type_of_the_shipped_file(qwen2_gguf, tmp_path):
     """bench's llama.cpp Q8_0 peer made from a GGUF of Q5_0 / Q4_K / Q6_K / Q8_0 tensors (the real file's types):
     every quantized tensor becomes Q8_0 within a Q8_0 step of gguf-py's values, float tensors are copied, and the
     metadata (architecture, shapes, tokenizer) is the source's."""
     import gguf
 
     from edge.analysis.peers import q8_0_gguf, quant_label
-    src = tmp_path / "standin-qwen2.Q4_K_M.gguf"
-    write_qwen2_gguf(src)
+    src = qwen2_gguf[0]
     out = q8_0_gguf(src, tmp_path / "cache")
     assert out.name == "standin-qwen2.Q8_0.gguf" and quant_label(src) == "q4_k_m" and quant_label(out) == "q8_0"
     a, b = gguf.GGUFReader(str(src)), gguf.GGUFReader(str(out))
