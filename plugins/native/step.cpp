@@ -58,9 +58,11 @@ void best_k(const float* v, const int* ids, int n, int k, int* out) {
 // x [n] @ (F_1 kron F_2 kron ...): contract each factor along its own axis (plugins/hadamard.py apply_hadamard);
 // Sylvester factors by the fast transform, others (Paley) by their matrix, output rows as sums of input rows in
 // increasing order (combine_rows: out[b] = sum_i F[i, b] in[i], a [f, f] x [f, post] product per slab).
-void kron_apply(const Kernels& k, float* x, float* buf, int n, const std::vector<KronFactor>& factors) {
-  int pre = 1;
-  for (const KronFactor& fac : factors) {
+// x [pre, n / pre] with each of the `pre` slabs times (F_first kron ... ), in place.
+static void kron_apply(const Kernels& k, float* x, float* buf, int n, int pre, const KronFactor* first,
+                       const KronFactor* end) {
+  for (const KronFactor* it = first; it != end; ++it) {
+    const KronFactor& fac = *it;
     const int f = fac.order, post = n / (pre * f);
     if (fac.sylvester) {
       k.fwht(x, pre, f, post);
@@ -72,6 +74,22 @@ void kron_apply(const Kernels& k, float* x, float* buf, int n, const std::vector
     std::copy(buf, buf + n, x);
     pre *= f;
   }
+}
+
+void kron_apply(const Kernels& k, float* x, float* buf, int n, const std::vector<KronFactor>& factors) {
+  kron_apply(k, x, buf, n, 1, factors.data(), factors.data() + factors.size());
+}
+
+// Rows [b0, b1) of x @ (F_1 kron F_2 kron ...) seen as [f_1, n / f_1], F_1 a matrix factor, into the same rows of
+// `out` (x is read whole, not changed): F_1 mixes rows, every later factor acts within one row (its slabs are the
+// first factor's rows), so threads may split the rows. The same operations on each value as kron_apply.
+void kron_rows(const Kernels& k, const float* x, float* out, float* buf, int n, const std::vector<KronFactor>& factors,
+               int b0, int b1) {
+  const KronFactor& first = factors.front();
+  const int f = first.order, post = n / f;
+  k.combine_rows(first.matrix + b0, 1, f, b1 - b0, f, x, post, post, out + size_t(b0) * post, post);
+  kron_apply(k, out + size_t(b0) * post, buf, (b1 - b0) * post, b1 - b0, factors.data() + 1,
+             factors.data() + factors.size());
 }
 
 std::string unsupported_linear(const NestedLinear& l, const std::string& what) {
@@ -242,7 +260,15 @@ void DecoderStep::layer(int l, int M, bool target, const KVRange& r, int tid, in
   }
   pool_.barrier();
   const float* g = gate_.data();
-  if (!r4_.empty()) {                   // the online R4 on this thread's copy
+  if (!r4_.empty() && !r4_[0].sylvester) {   // the online R4, its first factor's rows over threads, into up_ (free
+    int b0, b1;                               // since silu_mul)
+    span(r4_[0].order, tid, nt, &b0, &b1, 1);
+    if (b0 < b1)
+      for (int t = 0; t < M; ++t)
+        kron_rows(*k_, &gate_[size_t(t) * I], &up_[size_t(t) * I], sc.r4buf.data(), I, r4_, b0, b1);
+    pool_.barrier();
+    g = up_.data();
+  } else if (!r4_.empty()) {            // a Sylvester first factor (butterflies over the whole row): this thread's copy
     for (int t = 0; t < M; ++t) {
       float* row = &sc.r4[size_t(t) * I];
       std::copy(&gate_[size_t(t) * I], &gate_[size_t(t) * I] + I, row);

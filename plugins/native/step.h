@@ -56,6 +56,10 @@ struct KronFactor {
 // x [n] @ (F_1 kron F_2 kron ...), buf: n floats of scratch; Sylvester factors by the kernels' fast transform,
 // the others by the kernels' combine_rows (the portable result bit for bit).
 void kron_apply(const Kernels& k, float* x, float* buf, int n, const std::vector<KronFactor>& factors);
+// Rows [b0, b1) of that product, x seen as [f_1, n / f_1] with F_1 a matrix (not Sylvester) factor, into the same rows
+// of `out` (x unchanged); buf: (b1 - b0) n / f_1 floats. Rows computed apart are the bits kron_apply computes.
+void kron_rows(const Kernels& k, const float* x, float* out, float* buf, int n, const std::vector<KronFactor>& factors,
+               int b0, int b1);
 
 // Checks shapes against what the kernels support; empty when they fit, else the reason (one line).
 std::string unsupported_linear(const NestedLinear& l, const std::string& what);

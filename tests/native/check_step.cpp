@@ -161,6 +161,39 @@ static double step_error(const std::vector<float>& got, const Model& md, bool ta
   return best;
 }
 
+// The online R4 as the step splits it over threads: rows of its first (matrix) factor computed apart, in two and in
+// three ranges, equal the whole product bit for bit (a 12-row matrix factor, then Sylvester 4, then a 3-row matrix
+// factor: every later factor stays within a first-factor row), and the product is within float32 rounding of float64.
+static void check_rotation(const Kernels& k, std::mt19937& rng) {
+  const int n = 12 * 4 * 3;
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> p12(12 * 12), p3(3 * 3), h4(16), x(n);
+  for (auto* m : {&p12, &p3, &x})
+    for (float& v : *m) v = nd(rng);
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 4; ++j) h4[i * 4 + j] = (__builtin_popcount(i & j) % 2 ? -0.5f : 0.5f);
+  const std::vector<KronFactor> fs = {{12, p12.data(), false}, {4, h4.data(), true}, {3, p3.data(), false}};
+  std::vector<float> whole = x, buf(n);
+  kron_apply(k, whole.data(), buf.data(), n, fs);
+  for (const std::vector<int>& cuts : {std::vector<int>{0, 5, 12}, std::vector<int>{0, 1, 7, 12}}) {
+    std::vector<float> split(n, -1.f);
+    for (size_t c = 0; c + 1 < cuts.size(); ++c) kron_rows(k, x.data(), split.data(), buf.data(), n, fs, cuts[c], cuts[c + 1]);
+    expect(same_bits(split, whole), "R4 rows computed apart equal the whole product", int(cuts.size()) - 1);
+  }
+  double worst = 0, norm = 0;   // x @ (P12 kron H4 kron P3): index (a, b, c) = 12-row a, 4-row b, 3-row c
+  for (int a = 0; a < 12; ++a)
+    for (int b = 0; b < 4; ++b)
+      for (int c = 0; c < 3; ++c) {
+        double s = 0;
+        for (int i = 0; i < 12; ++i)
+          for (int j = 0; j < 4; ++j)
+            for (int l = 0; l < 3; ++l)
+              s += double(x[(i * 4 + j) * 3 + l]) * p12[i * 12 + a] * h4[j * 4 + b] * p3[l * 3 + c];
+        worst = std::max(worst, std::fabs(s - whole[(a * 4 + b) * 3 + c])), norm = std::max(norm, std::fabs(s));
+      }
+  expect(worst < 1e-5 * std::max(1.0, norm) * 12, "R4 product vs float64", worst);
+}
+
 void check_step(const Kernels& k) {
   std::mt19937 rng(kStepSeed);
   Model md;
@@ -216,6 +249,7 @@ void check_step(const Kernels& k) {
   expect(refused, "a draft pass starting before the committed length is refused");
   step.forward(kIds, 6, true, 0, 0, false, 0, false, logits.data());
   expect(same_bits(logits, run_step(md, k, true)), "the step runs on after a refused pass");
+  check_rotation(k, rng);
 }
 
 }  // namespace check
