@@ -5,7 +5,7 @@ import argparse
 from edge.argtypes import Parser, at_least, count, positive, seed
 from edge.cli.common import run_cli
 from edge.errors import BitNestError
-from export.pipeline import DEFAULT_ROTATION, ExportOptions, run_export
+from export.pipeline import DEFAULT_ROTATION, ExportOptions, default_draft_head, run_export
 from export.quantize import METHODS, REFINES, QuantOptions
 from edge.model.draft_head import DRAFT_HEAD_EXPORT_DEFAULT, DRAFT_HEAD_SHORTLIST, DRAFT_HEADS, SHORTLIST_K
 from export.learned_rotation import LearnOptions
@@ -33,7 +33,8 @@ def parser() -> argparse.ArgumentParser:
                    "read from them; float16: a float16 head that both views read in full")
     p.add_argument("--draft-head", choices=DRAFT_HEADS, help="what the draft reads of the nested head, recorded in "
                    f"the manifest (default {DRAFT_HEAD_EXPORT_DEFAULT}: the target's 8-bit view; 4bit: its base plane; "
-                   "shortlist: the base plane's top K rows re-scored at 8 bits)")
+                   "shortlist: the base plane's top K rows re-scored at 8 bits; a model preset may choose its own: "
+                   "qwen2.5-coder-0.5b records shortlist, or 8bit with --onnx/--engine)")
     p.add_argument("--shortlist-k", type=count(), help=f"rows the shortlist re-scores, recorded in the manifest "
                    f"(default {SHORTLIST_K})")
     p.add_argument("--seed", type=seed(), default=0, help="rotation seed")
@@ -98,7 +99,8 @@ def main(argv=None) -> int:
                                  lr=a.rotation_lr, target_weight=a.rotation_target_weight)
             result = run_export(ExportOptions(out=a.out, model=a.model, rotation=a.rotation, seed=a.seed,
                                               calib_samples=a.calib_samples, calib_seq_len=a.calib_seq_len, quant=quant,
-                                              learn=learn, draft_head=a.draft_head or DRAFT_HEAD_EXPORT_DEFAULT,
+                                              learn=learn, draft_head=a.draft_head or default_draft_head(
+                                                  a.model, step_graph=a.onnx or a.engine),
                                               shortlist_k=SHORTLIST_K if a.shortlist_k is None else a.shortlist_k))
         if a.onnx or a.engine:
             from export.onnx_export import export_onnx

@@ -5,7 +5,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -17,7 +17,8 @@ from export.calibration import calibration_windows
 from export.quantize import QuantOptions, nest_model
 from export.learned_rotation import LearnOptions
 from export.rotation import RotationPlan, rotate
-from edge.model.draft_head import DRAFT_HEAD_EXPORT_DEFAULT, SHORTLIST_K, check_draft_head, check_shortlist_k
+from edge.model.draft_head import (DRAFT_HEAD_EXPORT_DEFAULT, DRAFT_HEAD_SHORTLIST, SHORTLIST_K, check_draft_head,
+                                   check_shortlist_k)
 from export.sources import load_source
 from export.writer import check_output_dir, nested_tensors, write_checkpoint
 from plugins.contracts import FORMAT_VERSION, bits_per_weight
@@ -75,6 +76,20 @@ def default_checkpoint_path(opts: "ExportOptions | None" = None) -> Path:
     return cache_root() / "checkpoints" / f"{stem}-{key}"
 
 
+def default_draft_head(model: str, step_graph: bool = False) -> str:
+    """What an export of `model` records as its draft head unless told otherwise: a packaged preset's own measured
+    choice, else DRAFT_HEAD_EXPORT_DEFAULT; an export that also writes the step graph (--onnx, --engine) records the
+    8-bit head where the preset's choice is the shortlist, which the graph does not serve."""
+    from edge.model.packaged import PACKAGED_MODELS
+    head = PACKAGED_MODELS[model].draft_head if model in PACKAGED_MODELS else DRAFT_HEAD_EXPORT_DEFAULT
+    return DRAFT_HEAD_EXPORT_DEFAULT if step_graph and head == DRAFT_HEAD_SHORTLIST else head
+
+
+def default_export_options(model: str = "default") -> ExportOptions:
+    """The options of `model`'s default export (every default, the preset's draft head), its `out` left empty."""
+    return ExportOptions(out="", model=model, draft_head=default_draft_head(model))
+
+
 def ensure_default_checkpoint(model: str = "default") -> Path:
     """The export of `model` (`default` or a packaged preset) with every default option, made first if it is absent
     (once: a few minutes for the default model, ~16 min on 2 cores for qwen2.5-coder-0.5b)."""
@@ -83,10 +98,11 @@ def ensure_default_checkpoint(model: str = "default") -> Path:
     if model != "default" and model not in PACKAGED_MODELS:
         raise BitNestError(f"--model {model}: not a model preset: use default or {', '.join(PACKAGED_MODELS)} "
                            "(or --checkpoint DIR of an export)")
-    path = default_checkpoint_path(ExportOptions(out="", model=model))
+    opts = default_export_options(model)
+    path = default_checkpoint_path(opts)
     if not is_checkpoint_dir(path):
         print(f"exporting the {model} model to {path} (once, minutes)...", file=sys.stderr)
-        run_export(ExportOptions(out=str(path), model=model))
+        run_export(replace(opts, out=str(path)))
     return path
 
 
