@@ -2,7 +2,6 @@
 real model's shapes): the runners' specs, running them each in its own process with interleaved repeats, and the
 JSON entries and ratios made from their samples."""
 
-import os
 import statistics
 from dataclasses import asdict
 from pathlib import Path
@@ -22,7 +21,8 @@ STAT_KEYS = ("acceptance", "drafted", "tokens_per_round", "weight_bytes_per_toke
 
 
 def cache_folder() -> Path:
-    return Path(os.environ.get("BITNEST_CACHE", Path.home() / ".cache" / "bitnest-edge"))
+    from edge.cache import cache_root
+    return cache_root()
 
 
 def default_threads() -> int:

@@ -45,7 +45,7 @@ class NativeUnavailable(RuntimeError):
 
 
 def build_folder() -> Path:
-    cache = Path(os.environ.get("BITNEST_CACHE", Path.home() / ".cache" / "bitnest-edge"))
+    cache = Path(os.environ.get("BITNEST_CACHE") or Path.home() / ".cache" / "bitnest-edge")   # edge.cache's rule
     return cache / "native" / f"torch-{torch.__version__}-{platform.machine()}"
 
 
