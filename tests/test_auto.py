@@ -284,6 +284,21 @@ def test_a_table_is_measured_once_then_read_and_remeasured_on_request(fresh, tmp
     assert read_table(path, fingerprint(fresh), MAX_GAMMA + 1)[0].target == again.target
 
 
+def test_each_draft_head_setting_has_its_own_table(engine):
+    """A run's --draft-head changes the draft pass's bytes (not the checkpoint's seal): its table is its own, never
+    one measured under another setting (a shortlist run's cheaper draft was read for an 8-bit-head run)."""
+    ck = engine.ckpt
+    kept = (ck.draft_head, ck.shortlist_k)
+    try:
+        paths = {}
+        for head, k in (("8bit", None), ("shortlist", 64), ("shortlist", 32), ("4bit", None)):
+            ck.draft_head, ck.shortlist_k = head, k or kept[1]
+            paths[head, k] = table_path(fingerprint(engine))
+    finally:
+        ck.draft_head, ck.shortlist_k = kept
+    assert len(set(paths.values())) == 4, paths
+
+
 def _spoiled(how: str, fp: dict) -> str:
     """A cached table (hand-made times) spoiled one way."""
     data = {"fingerprint": fp, "context": costs.CONTEXT, "target_s": [0.01 * w for w in range(1, MAX_GAMMA + 2)],

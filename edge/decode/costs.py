@@ -22,6 +22,7 @@ from edge.cache import cache_root
 from edge.decode.cost_table import CostTable
 from edge.decode.engine import Engine
 from edge.decode.kv_cache import KV8
+from edge.decode.stats import draft_head_summary
 from edge.model.checkpoint import manifest_seal
 from plugins.contracts import DRAFT, TARGET
 
@@ -62,10 +63,13 @@ def cpu_identity() -> dict:
 def fingerprint(eng: Engine) -> dict:
     """Everything that changes this engine's pass costs: the CPU, the backend (the native step's ISA, its sources'
     hash and threads; a GPU's name), torch's version and threads, the checkpoint (its sealed manifest's digest,
-    which covers every weight file's sha256) and the table's format version."""
+    which covers every weight file's sha256), what the draft reads of its head (a run may override the manifest's
+    setting: an 8-bit draft head reads 68 MB more a pass than the shortlist on Qwen2.5-0.5B) and the table's format
+    version."""
     out = {"format": COSTS_FORMAT, "version": COSTS_VERSION, "cpu": cpu_identity(), "torch": torch.__version__,
            "backend": eng.name, "activations": eng.activations, "threads": torch.get_num_threads(),
-           "checkpoint": manifest_seal(eng.ckpt.manifest), "max_pass_tokens": eng.max_pass_tokens}
+           "checkpoint": manifest_seal(eng.ckpt.manifest), "max_pass_tokens": eng.max_pass_tokens,
+           **draft_head_summary(eng.ckpt)}
     if eng.name == "native":
         from plugins import native
         out.update(isa=eng.isa, threads=eng.threads, native_sources=native.source_hash())
