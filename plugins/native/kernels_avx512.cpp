@@ -24,78 +24,104 @@
 namespace bitnest {
 namespace {
 
-// Rows [nb, nb + 16) for tokens [m0, m0 + MT): nested_linear_rows' operations, 16 rows a lane each.
-template <bool TARGET, int MT>
-void block16(const NestedLinear& w, const QActs& a, int nb, int m0, float* y, int ldy) {
+// Rows [nb[p], nb[p] + 16) of P blocks for tokens [m0, m0 + MT): nested_linear_rows' operations, 16 rows a lane
+// each. P = 2 (the draft's one-token pass) walks two blocks far apart in step, so a thread reads two plane streams at
+// once, as the target view's base and refinement planes are: with one stream a thread, a one-token draft pass
+// streamed its planes at about half the target's rate.
+template <bool TARGET, int MT, int P = 1>
+void block16(const NestedLinear& w, const QActs& a, const int* nb, int m0, float* y, int ldy) {
   constexpr int corr = TARGET ? 136 : 8;
   const int K = w.K, ng = K / w.G, cpg = w.G / kChunk;
-  const uint8_t* B = w.base + size_t(nb) * (K / 2);
-  const uint8_t* F = TARGET ? w.refine + size_t(nb) * (K / 2) : nullptr;
-  const uint16_t* S = w.scale + size_t(nb) * ng;
-  const uint16_t* O = w.offset ? w.offset + size_t(nb) * ng : nullptr;
+  const uint8_t* B[P];
+  const uint8_t* F[P];
+  const uint16_t* S[P];
+  const uint16_t* O[P];
+  for (int p = 0; p < P; ++p) {
+    B[p] = w.base + size_t(nb[p]) * (K / 2), F[p] = TARGET ? w.refine + size_t(nb[p]) * (K / 2) : nullptr;
+    S[p] = w.scale + size_t(nb[p]) * ng, O[p] = w.offset ? w.offset + size_t(nb[p]) * ng : nullptr;
+  }
   const __m512i low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8(char(0xF0));
   const __m512 sixteenth = _mm512_set1_ps(TARGET ? 1.f / 16.f : 1.f);
   const int8_t* x[MT];
   const int32_t* xs[MT];
-  __m512 acc[MT], off[MT];
+  __m512 acc[P][MT], off[P][MT];
   for (int m = 0; m < MT; ++m) {
     x[m] = a.xq + size_t(m0 + m) * K, xs[m] = a.xsum + size_t(m0 + m) * ng;
-    acc[m] = _mm512_setzero_ps(), off[m] = _mm512_setzero_ps();
+    for (int p = 0; p < P; ++p) acc[p][m] = _mm512_setzero_ps(), off[p][m] = _mm512_setzero_ps();
   }
   // NA independent int32 accumulators per token (its lo and hi dot products, and alternate chunks for small tiles):
   // a vpdpbusd waits ~4-5 cycles for its accumulator, so one chain per token left a one-token pass latency-bound.
-  constexpr int NA = MT >= 5 ? 2 : MT >= 3 ? 4 : 8;
+  constexpr int NA = MT * P >= 5 ? 2 : MT * P >= 3 ? 4 : P == 2 ? 4 : 8;
   for (int g = 0; g < ng; ++g) {
-    __m512i dot[MT][NA];
-    for (int m = 0; m < MT; ++m) {
-      dot[m][0] = _mm512_set1_epi32(-corr * xs[m][g]);
-      for (int i = 1; i < NA; ++i) dot[m][i] = _mm512_setzero_si512();
-    }
+    __m512i dot[P][MT][NA];
+    for (int p = 0; p < P; ++p)
+      for (int m = 0; m < MT; ++m) {
+        dot[p][m][0] = _mm512_set1_epi32(-corr * xs[m][g]);
+        for (int i = 1; i < NA; ++i) dot[p][m][i] = _mm512_setzero_si512();
+      }
     for (int c0 = g * cpg; c0 < (g + 1) * cpg; c0 += NA / 2)     // cpg is a multiple of 8: NA / 2 divides it
       for (int u = 0; u < NA / 2; ++u) {                            // unrolled: accumulators stay in registers
         const int c = c0 + u;
-        prefetch(B + size_t(c) * 64);
-        if (TARGET) prefetch(F + size_t(c) * 64);
-        const __m512i vb = _mm512_loadu_si512(B + size_t(c) * 64);
-        __m512i lo, hi;
-        if (TARGET) {   // bit select 0xE4: (a & c) | (b & ~c) with c = 0xF0 in every byte
-          const __m512i vr = _mm512_loadu_si512(F + size_t(c) * 64);
-          lo = _mm512_ternarylogic_epi32(_mm512_slli_epi16(vb, 4), vr, high, 0xE4);
-          hi = _mm512_ternarylogic_epi32(vb, _mm512_srli_epi16(vr, 4), high, 0xE4);
-        } else {
-          lo = _mm512_and_si512(vb, low), hi = _mm512_and_si512(_mm512_srli_epi16(vb, 4), low);
-        }
-        for (int m = 0; m < MT; ++m) {
-          dot[m][2 * u] = _mm512_dpbusd_epi32(dot[m][2 * u], lo, _mm512_set1_epi32(act4(x[m], c * kChunk)));
-          dot[m][2 * u + 1] = _mm512_dpbusd_epi32(dot[m][2 * u + 1], hi, _mm512_set1_epi32(act4(x[m], c * kChunk + 4)));
+        for (int p = 0; p < P; ++p) {
+          prefetch(B[p] + size_t(c) * 64);
+          if (TARGET) prefetch(F[p] + size_t(c) * 64);
+          const __m512i vb = _mm512_loadu_si512(B[p] + size_t(c) * 64);
+          __m512i lo, hi;
+          if (TARGET) {   // bit select 0xE4: (a & c) | (b & ~c) with c = 0xF0 in every byte
+            const __m512i vr = _mm512_loadu_si512(F[p] + size_t(c) * 64);
+            lo = _mm512_ternarylogic_epi32(_mm512_slli_epi16(vb, 4), vr, high, 0xE4);
+            hi = _mm512_ternarylogic_epi32(vb, _mm512_srli_epi16(vr, 4), high, 0xE4);
+          } else {
+            lo = _mm512_and_si512(vb, low), hi = _mm512_and_si512(_mm512_srli_epi16(vb, 4), low);
+          }
+          for (int m = 0; m < MT; ++m) {
+            dot[p][m][2 * u] = _mm512_dpbusd_epi32(dot[p][m][2 * u], lo, _mm512_set1_epi32(act4(x[m], c * kChunk)));
+            dot[p][m][2 * u + 1] =
+                _mm512_dpbusd_epi32(dot[p][m][2 * u + 1], hi, _mm512_set1_epi32(act4(x[m], c * kChunk + 4)));
+          }
         }
       }
-    for (int m = 0; m < MT; ++m)             // exact integers: any order of the partial sums
-      for (int i = 1; i < NA; ++i) dot[m][0] = _mm512_add_epi32(dot[m][0], dot[m][i]);
-    const __m512 step = _mm512_mul_ps(
-        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(S + size_t(g) * kRowBlock))), sixteenth);
-    for (int m = 0; m < MT; ++m) acc[m] = _mm512_add_ps(acc[m], _mm512_mul_ps(_mm512_cvtepi32_ps(dot[m][0]), step));
-    if (O) {
-      const __m512 o = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(O + size_t(g) * kRowBlock)));
-      for (int m = 0; m < MT; ++m) off[m] = _mm512_add_ps(off[m], _mm512_mul_ps(o, _mm512_set1_ps(float(xs[m][g]))));
+    for (int p = 0; p < P; ++p) {
+      for (int m = 0; m < MT; ++m)           // exact integers: any order of the partial sums
+        for (int i = 1; i < NA; ++i) dot[p][m][0] = _mm512_add_epi32(dot[p][m][0], dot[p][m][i]);
+      const __m512 step = _mm512_mul_ps(
+          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(S[p] + size_t(g) * kRowBlock))), sixteenth);
+      for (int m = 0; m < MT; ++m)
+        acc[p][m] = _mm512_add_ps(acc[p][m], _mm512_mul_ps(_mm512_cvtepi32_ps(dot[p][m][0]), step));
+      if (O[p]) {
+        const __m512 o =
+            _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(O[p] + size_t(g) * kRowBlock)));
+        for (int m = 0; m < MT; ++m) off[p][m] = _mm512_add_ps(off[p][m], _mm512_mul_ps(o, _mm512_set1_ps(float(xs[m][g]))));
+      }
     }
   }
-  const __m512 bias = w.bias ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.bias + nb)))
-                             : _mm512_setzero_ps();
-  for (int m = 0; m < MT; ++m) {
-    __m512 v = _mm512_mul_ps(_mm512_add_ps(acc[m], off[m]), _mm512_set1_ps(a.sx[m0 + m]));
-    if (w.bias) v = _mm512_add_ps(v, bias);
-    _mm512_storeu_ps(y + size_t(m0 + m) * ldy + nb, v);
+  for (int p = 0; p < P; ++p) {
+    const __m512 bias = w.bias ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.bias + nb[p])))
+                               : _mm512_setzero_ps();
+    for (int m = 0; m < MT; ++m) {
+      __m512 v = _mm512_mul_ps(_mm512_add_ps(acc[p][m], off[p][m]), _mm512_set1_ps(a.sx[m0 + m]));
+      if (w.bias) v = _mm512_add_ps(v, bias);
+      _mm512_storeu_ps(y + size_t(m0 + m) * ldy + nb[p], v);
+    }
   }
 }
 
 void nested_linear_avx512(const NestedLinear& w, bool target, const QActs& a, float* y, int ldy, int n0, int n1) {
+  if (!target && a.M == 1) {   // the draft's one-token pass: blocks i and i + half of the slice's whole blocks in step
+    over_block_pairs(w, a, y, ldy, n0, n1, [&](const int* nb, int count) {
+      if (count == 2)
+        block16<false, 1, 2>(w, a, nb, 0, y, ldy);
+      else
+        block16<false, 1>(w, a, nb, 0, y, ldy);
+    });
+    return;
+  }
   over_blocks(w, target, a, y, ldy, n0, n1, [&](int nb, int m0, int mt) {
     with_tile(mt, [&](auto MT) {
       if (target)
-        block16<true, decltype(MT)::value>(w, a, nb, m0, y, ldy);
+        block16<true, decltype(MT)::value>(w, a, &nb, m0, y, ldy);
       else
-        block16<false, decltype(MT)::value>(w, a, nb, m0, y, ldy);
+        block16<false, decltype(MT)::value>(w, a, &nb, m0, y, ldy);
     });
   });
 }

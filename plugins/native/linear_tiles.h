@@ -25,6 +25,26 @@ inline void over_blocks(const NestedLinear& w, bool target, const QActs& a, floa
   if (nb < n1) nested_linear_rows(w, target, a, y, ldy, nb, n1);
 }
 
+// For a one-token pass: block(nb, count) with nb[0] = block i and nb[1] = block i + half of the whole blocks inside
+// [n0, n1) (count 2), the odd one last (count 1), and rows outside whole blocks to the portable row kernel.
+template <class Block>
+inline void over_block_pairs(const NestedLinear& w, const QActs& a, float* y, int ldy, int n0, int n1, Block block) {
+  const int whole_end = std::min(n1, w.N - w.N % kRowBlock);
+  const int first = std::min(n1, (n0 + kRowBlock - 1) / kRowBlock * kRowBlock);
+  if (n0 < first) nested_linear_rows(w, false, a, y, ldy, n0, first);
+  const int blocks = std::max(0, (whole_end - first) / kRowBlock), half = blocks / 2;
+  for (int i = 0; i < half; ++i) {
+    const int nb[2] = {first + i * kRowBlock, first + (i + half) * kRowBlock};
+    block(nb, 2);
+  }
+  if (blocks % 2) {
+    const int nb[1] = {first + (blocks - 1) * kRowBlock};
+    block(nb, 1);
+  }
+  const int end = first + blocks * kRowBlock;
+  if (end < n1) nested_linear_rows(w, false, a, y, ldy, end, n1);
+}
+
 // fn(std::integral_constant<int, MT>{}) with MT the compile-time token count of a tile (1 .. kTokenTile).
 template <class Fn>
 inline void with_tile(int mt, Fn&& fn) {
