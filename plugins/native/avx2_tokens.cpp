@@ -172,7 +172,9 @@ void fwht(float* x, int pre, int f, int post) {
 namespace {
 // Rows [b0, b0 + NB) x columns [j0, j0 + 8 NQ) of combine_rows, the NB x NQ sums in registers for the whole walk
 // over i (one load of each input row's columns serves NB output rows): the portable operations, lane by lane.
-template <int NB, int NQ>
+// FUSED (combine_signs: every coefficient +1 or -1, each product exact) adds each product by one fused multiply-add,
+// which rounds the same sum.
+template <int NB, int NQ, bool FUSED>
 inline void combine_tile(const float* c, int cb, int ci, int b0, int I, const float* in, int ldin, int j0, float* out,
                          int ldout) {
   __m256 acc[NB][NQ];
@@ -184,31 +186,42 @@ inline void combine_tile(const float* c, int cb, int ci, int b0, int I, const fl
     for (int q = 0; q < NQ; ++q) xv[q] = _mm256_loadu_ps(x + 8 * q);
     for (int r = 0; r < NB; ++r) {
       const __m256 p = _mm256_set1_ps(c[size_t(b0 + r) * cb + size_t(i) * ci]);
-      for (int q = 0; q < NQ; ++q) acc[r][q] = _mm256_add_ps(acc[r][q], _mm256_mul_ps(p, xv[q]));
+      for (int q = 0; q < NQ; ++q)
+        acc[r][q] = FUSED ? _mm256_fmadd_ps(p, xv[q], acc[r][q]) : _mm256_add_ps(acc[r][q], _mm256_mul_ps(p, xv[q]));
     }
   }
   for (int r = 0; r < NB; ++r)
     for (int q = 0; q < NQ; ++q) _mm256_storeu_ps(out + size_t(b0 + r) * ldout + j0 + 8 * q, acc[r][q]);
 }
 
-template <int NQ>
+template <int NQ, bool FUSED>
 inline void combine_columns(const float* c, int cb, int ci, int B, int I, const float* in, int ldin, int j0,
                             float* out, int ldout) {
   constexpr int NB = NQ >= 4 ? 2 : 4;   // at most 8 accumulators: with the NQ inputs and a broadcast, within 16 ymm
   int b = 0;
-  for (; b + NB <= B; b += NB) combine_tile<NB, NQ>(c, cb, ci, b, I, in, ldin, j0, out, ldout);
-  for (; b < B; ++b) combine_tile<1, NQ>(c, cb, ci, b, I, in, ldin, j0, out, ldout);
+  for (; b + NB <= B; b += NB) combine_tile<NB, NQ, FUSED>(c, cb, ci, b, I, in, ldin, j0, out, ldout);
+  for (; b < B; ++b) combine_tile<1, NQ, FUSED>(c, cb, ci, b, I, in, ldin, j0, out, ldout);
 }
-}  // namespace
 
 // The rows' columns 32 at a time, then 8, then the portable loop for the last n % 8 (each output value is the same
 // sequence of roundings whichever way its column is reached).
+template <bool FUSED>
+void combine(const float* c, int cb, int ci, int B, int I, const float* in, int ldin, int n, float* out, int ldout) {
+  int j = 0;
+  for (; j + 32 <= n; j += 32) combine_columns<4, FUSED>(c, cb, ci, B, I, in, ldin, j, out, ldout);
+  for (; j + 8 <= n; j += 8) combine_columns<1, FUSED>(c, cb, ci, B, I, in, ldin, j, out, ldout);
+  if (j < n) combine_rows_portable(c, cb, ci, B, I, in + j, ldin, n - j, out + j, ldout);
+}
+}  // namespace
+
 void combine_rows(const float* c, int cb, int ci, int B, int I, const float* in, int ldin, int n, float* out,
                   int ldout) {
-  int j = 0;
-  for (; j + 32 <= n; j += 32) combine_columns<4>(c, cb, ci, B, I, in, ldin, j, out, ldout);
-  for (; j + 8 <= n; j += 8) combine_columns<1>(c, cb, ci, B, I, in, ldin, j, out, ldout);
-  if (j < n) combine_rows_portable(c, cb, ci, B, I, in + j, ldin, n - j, out + j, ldout);
+  combine<false>(c, cb, ci, B, I, in, ldin, n, out, ldout);
+}
+
+void combine_signs(const float* c, int cb, int ci, int B, int I, const float* in, int ldin, int n, float* out,
+                   int ldout) {
+  combine<true>(c, cb, ci, B, I, in, ldin, n, out, ldout);
 }
 
 float dot(const float* a, const float* b, int n) {

@@ -153,7 +153,8 @@ namespace bitnest {
 
 const Kernels& avx2_table() {
   static const Kernels k{"avx2", nested_linear_avx2, f16_linear_avx2, attend_avx2, avx2::quantize, avx2::silu_mul,
-                         avx2::rms_norm, avx2::fwht, avx2::combine_rows, avx2::dot, avx2::quantize_kv};
+                         avx2::rms_norm, avx2::fwht, avx2::combine_rows, avx2::combine_signs, avx2::dot,
+                         avx2::quantize_kv};
   return k;
 }
 

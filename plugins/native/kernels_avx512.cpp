@@ -163,6 +163,58 @@ void f16_linear_avx512(const uint16_t* w, int K, const float* x, int ldx, int M,
     });
 }
 
+// Rows [b0, b0 + NB) x columns [j0, j0 + 16 NQ) of combine_rows (or combine_signs, FUSED): the AVX2 set's tile
+// with zmm lanes, the same operations on each value.
+template <int NB, int NQ, bool FUSED>
+inline void combine_tile16(const float* c, int cb, int ci, int b0, int I, const float* in, int ldin, int j0,
+                           float* out, int ldout) {
+  __m512 acc[NB][NQ];
+  for (int r = 0; r < NB; ++r)
+    for (int q = 0; q < NQ; ++q) acc[r][q] = _mm512_setzero_ps();
+  for (int i = 0; i < I; ++i) {
+    const float* x = in + size_t(i) * ldin + j0;
+    __m512 xv[NQ];
+    for (int q = 0; q < NQ; ++q) xv[q] = _mm512_loadu_ps(x + 16 * q);
+    for (int r = 0; r < NB; ++r) {
+      const __m512 p = _mm512_set1_ps(c[size_t(b0 + r) * cb + size_t(i) * ci]);
+      for (int q = 0; q < NQ; ++q)
+        acc[r][q] = FUSED ? _mm512_fmadd_ps(p, xv[q], acc[r][q]) : _mm512_add_ps(acc[r][q], _mm512_mul_ps(p, xv[q]));
+    }
+  }
+  for (int r = 0; r < NB; ++r)
+    for (int q = 0; q < NQ; ++q) _mm512_storeu_ps(out + size_t(b0 + r) * ldout + j0 + 16 * q, acc[r][q]);
+}
+
+// NB x NQ accumulators within the 32 zmm (16 of them, with NQ inputs and a broadcast)
+template <int NQ, bool FUSED>
+inline void combine_columns16(const float* c, int cb, int ci, int B, int I, const float* in, int ldin, int j0,
+                              float* out, int ldout) {
+  constexpr int NB = 16 / NQ;
+  int b = 0;
+  for (; b + NB <= B; b += NB) combine_tile16<NB, NQ, FUSED>(c, cb, ci, b, I, in, ldin, j0, out, ldout);
+  for (; b < B; ++b) combine_tile16<1, NQ, FUSED>(c, cb, ci, b, I, in, ldin, j0, out, ldout);
+}
+
+// Columns 64, then 32, then 16 at a time, the last n % 16 by the AVX2 set (each value the same roundings).
+template <bool FUSED>
+void combine16(const float* c, int cb, int ci, int B, int I, const float* in, int ldin, int n, float* out, int ldout) {
+  int j = 0;
+  for (; j + 64 <= n; j += 64) combine_columns16<4, FUSED>(c, cb, ci, B, I, in, ldin, j, out, ldout);
+  for (; j + 32 <= n; j += 32) combine_columns16<2, FUSED>(c, cb, ci, B, I, in, ldin, j, out, ldout);
+  for (; j + 16 <= n; j += 16) combine_columns16<1, FUSED>(c, cb, ci, B, I, in, ldin, j, out, ldout);
+  if (j < n) (FUSED ? avx2::combine_signs : avx2::combine_rows)(c, cb, ci, B, I, in + j, ldin, n - j, out + j, ldout);
+}
+
+void combine_rows_avx512(const float* c, int cb, int ci, int B, int I, const float* in, int ldin, int n, float* out,
+                         int ldout) {
+  combine16<false>(c, cb, ci, B, I, in, ldin, n, out, ldout);
+}
+
+void combine_signs_avx512(const float* c, int cb, int ci, int B, int I, const float* in, int ldin, int n, float* out,
+                          int ldout) {
+  combine16<true>(c, cb, ci, B, I, in, ldin, n, out, ldout);
+}
+
 }  // namespace
 }  // namespace bitnest
 
@@ -175,6 +227,7 @@ const Kernels* avx512_vnni_kernels() {
   static const Kernels k = [] {
     Kernels t = avx2_table();
     t.name = "avx512-vnni", t.nested_linear = nested_linear_avx512, t.f16_linear = f16_linear_avx512;
+    t.combine_rows = combine_rows_avx512, t.combine_signs = combine_signs_avx512;
     return t;
   }();
   return &k;

@@ -189,8 +189,8 @@ static void attend_generic(const KVLayer& kv, const KVRange& r, const AttendWork
 
 const Kernels& generic_kernels() {
   static const Kernels k{"generic", nested_linear_rows, f16_linear_generic, attend_generic, quantize_acts,
-                         silu_mul_portable, rms_norm_portable, fwht_portable, combine_rows_portable, dot_generic,
-                         quantize_kv_vector};
+                         silu_mul_portable, rms_norm_portable, fwht_portable, combine_rows_portable,
+                         combine_rows_portable /* signs: products exact */, dot_generic, quantize_kv_vector};
   return k;
 }
 

@@ -96,11 +96,11 @@ static void attend_neon(const KVLayer& kv, const KVRange& r, const AttendWork& u
 }
 
 static const Kernels widen_set{"neon-widen", widen::linear, f16_linear_neon, attend_neon, quantize_acts,
-                               silu_mul_portable, rms_norm_portable, fwht_portable, combine_rows_portable, dot_neon,
-                               quantize_kv_vector};
+                               silu_mul_portable, rms_norm_portable, fwht_portable, combine_rows_portable,
+                              combine_rows_portable, dot_neon, quantize_kv_vector};
 static const Kernels sdot_set{"neon-sdot", sdot::linear, f16_linear_neon, attend_neon, quantize_acts,
-                              silu_mul_portable, rms_norm_portable, fwht_portable, combine_rows_portable, dot_neon,
-                               quantize_kv_vector};
+                              silu_mul_portable, rms_norm_portable, fwht_portable, combine_rows_portable,
+                              combine_rows_portable, dot_neon, quantize_kv_vector};
 
 const Kernels* neon_kernels() { return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) ? &sdot_set : &widen_set; }
 

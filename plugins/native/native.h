@@ -122,6 +122,10 @@ struct Kernels {
   // combine_rows_portable() below, vectorized along the columns: the portable result bit for bit
   void (*combine_rows)(const float* c, int cb, int ci, int B, int I, const float* in, int ldin, int n, float* out,
                        int ldout);
+  // combine_rows() where every coefficient is +1 or -1: each product is exact, so the kernels may add it by a fused
+  // multiply-add (one instruction, the same rounded sum); the portable result bit for bit
+  void (*combine_signs)(const float* c, int cb, int ci, int B, int I, const float* in, int ldin, int n, float* out,
+                        int ldout);
   // a . b in the kernel set's own fixed summation order
   float (*dot)(const float* a, const float* b, int n);
   // quantize_kv_vector() below, vectorized: the same bytes bit for bit

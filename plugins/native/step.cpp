@@ -83,13 +83,29 @@ void kron_apply(const Kernels& k, float* x, float* buf, int n, const std::vector
 // Rows [b0, b1) of x @ (F_1 kron F_2 kron ...) seen as [f_1, n / f_1], F_1 a matrix factor, into the same rows of
 // `out` (x is read whole, not changed): F_1 mixes rows, every later factor acts within one row (its slabs are the
 // first factor's rows), so threads may split the rows. The same operations on each value as kron_apply.
-void kron_rows(const Kernels& k, const float* x, float* out, float* buf, int n, const std::vector<KronFactor>& factors,
-               int b0, int b1) {
+void kron_rows(const Kernels& k, const float* x, float* out, float* buf, float* scaled, int n,
+               const std::vector<KronFactor>& factors, int b0, int b1) {
   const KronFactor& first = factors.front();
   const int f = first.order, post = n / f;
-  k.combine_rows(first.matrix + b0, 1, f, b1 - b0, f, x, post, post, out + size_t(b0) * post, post);
+  if (first.signs) {
+    for (int j = 0; j < n; ++j) scaled[j] = first.magnitude * x[j];
+    k.combine_signs(first.signs + b0, 1, f, b1 - b0, f, scaled, post, post, out + size_t(b0) * post, post);
+  } else {
+    k.combine_rows(first.matrix + b0, 1, f, b1 - b0, f, x, post, post, out + size_t(b0) * post, post);
+  }
   kron_apply(k, out + size_t(b0) * post, buf, (b1 - b0) * post, b1 - b0, factors.data() + 1,
              factors.data() + factors.size());
+}
+
+KronFactor with_signs(KronFactor f, std::vector<float>& signs) {
+  const size_t count = size_t(f.order) * f.order;
+  const float v = std::fabs(f.matrix[0]);
+  for (size_t i = 0; i < count; ++i)
+    if (std::fabs(f.matrix[i]) != v) return f;
+  signs.resize(count);
+  for (size_t i = 0; i < count; ++i) signs[i] = std::signbit(f.matrix[i]) ? -1.f : 1.f;
+  f.signs = signs.data(), f.magnitude = v;
+  return f;
 }
 
 std::string unsupported_linear(const NestedLinear& l, const std::string& what) {
@@ -128,6 +144,7 @@ DecoderStep::DecoderStep(const StepDims& dims, const StepWeights& weights, std::
   x_.resize(m * H), qkv_.resize(m * qkv), att_.resize(m * A), tmp_.resize(m * H), gate_.resize(m * I), up_.resize(m * I);
   for (size_t i = 0; i < w_.r4_orders.size(); ++i)
     r4_.push_back(KronFactor{w_.r4_orders[i], w_.r4_factors[i], is_sylvester(w_.r4_factors[i], w_.r4_orders[i])});
+  if (!r4_.empty() && !r4_[0].sylvester) r4_[0] = with_signs(r4_[0], r4_signs_);
   const size_t kv_bytes = 2 * size_t(d_.kv_heads) * m * (d_.head_dim / 2);
   scratch_.resize(d_.threads);
   for (Scratch& sc : scratch_) {
@@ -265,7 +282,7 @@ void DecoderStep::layer(int l, int M, bool target, const KVRange& r, int tid, in
     span(r4_[0].order, tid, nt, &b0, &b1, 1);
     if (b0 < b1)
       for (int t = 0; t < M; ++t)
-        kron_rows(*k_, &gate_[size_t(t) * I], &up_[size_t(t) * I], sc.r4buf.data(), I, r4_, b0, b1);
+        kron_rows(*k_, &gate_[size_t(t) * I], &up_[size_t(t) * I], sc.r4buf.data(), sc.r4.data(), I, r4_, b0, b1);
     pool_.barrier();
     g = up_.data();
   } else if (!r4_.empty()) {            // a Sylvester first factor (butterflies over the whole row): this thread's copy

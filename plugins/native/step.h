@@ -48,18 +48,26 @@ struct StepWeights {
 };
 
 // One Kronecker factor of an online Hadamard: its order and orthonormal matrix; Sylvester ones run as a fast transform.
+// `signs`, where every entry of the matrix is +-`magnitude` (a Paley factor): the matrix's signs as +-1, so a product
+// of rows is the input scaled by `magnitude` once, then sums of signed rows (combine_signs: one fused multiply-add a
+// term instead of a product and a sum, and the same bits, since F x = sign (magnitude x) exactly).
 struct KronFactor {
   int order;
   const float* matrix;
   bool sylvester;
+  const float* signs = nullptr;
+  float magnitude = 0.f;
 };
 // x [n] @ (F_1 kron F_2 kron ...), buf: n floats of scratch; Sylvester factors by the kernels' fast transform,
 // the others by the kernels' combine_rows (the portable result bit for bit).
 void kron_apply(const Kernels& k, float* x, float* buf, int n, const std::vector<KronFactor>& factors);
 // Rows [b0, b1) of that product, x seen as [f_1, n / f_1] with F_1 a matrix (not Sylvester) factor, into the same rows
-// of `out` (x unchanged); buf: (b1 - b0) n / f_1 floats. Rows computed apart are the bits kron_apply computes.
-void kron_rows(const Kernels& k, const float* x, float* out, float* buf, int n, const std::vector<KronFactor>& factors,
-               int b0, int b1);
+// of `out` (x unchanged); buf: (b1 - b0) n / f_1 floats; scaled: n floats (F_1 with signs). Rows computed apart are
+// the bits kron_apply computes.
+void kron_rows(const Kernels& k, const float* x, float* out, float* buf, float* scaled, int n,
+               const std::vector<KronFactor>& factors, int b0, int b1);
+// `f` with its signs (into `signs`, f * f floats) where every entry of its matrix has the same magnitude.
+KronFactor with_signs(KronFactor f, std::vector<float>& signs);
 
 // Checks shapes against what the kernels support; empty when they fit, else the reason (one line).
 std::string unsupported_linear(const NestedLinear& l, const std::string& what);
@@ -107,6 +115,7 @@ class DecoderStep {
   std::vector<KVLayer> kv_;
   const Kernels* k_;
   std::vector<KronFactor> r4_;
+  std::vector<float> r4_signs_;   // the first R4 factor's signs, where it has them (KronFactor::signs)
   // shared workspace, [max_tokens, ...] each, and each thread's own
   std::vector<float> x_, qkv_, att_, tmp_, gate_, up_;
   std::vector<Scratch> scratch_;

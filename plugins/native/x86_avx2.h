@@ -16,6 +16,8 @@ void rms_norm(const float* x, const uint16_t* w, int n, float eps, float* out);
 void fwht(float* x, int pre, int f, int post);
 void combine_rows(const float* c, int cb, int ci, int B, int I, const float* in, int ldin, int n, float* out,
                   int ldout);                               // separately rounded: the portable result
+void combine_signs(const float* c, int cb, int ci, int B, int I, const float* in, int ldin, int n, float* out,
+                   int ldout);                              // coefficients +-1, fused: the portable result
 float dot(const float* a, const float* b, int n);
 void dequant_kv(const uint8_t* b, const uint8_t* rf, float s, int D, bool kv8, float* out);
 void softmax(float* sc, int n);

@@ -207,9 +207,10 @@ static void check_tokens(const Kernels& k, std::mt19937& rng) {
     expect(rel(got, href) < 1e-6, "fwht vs the float64 Hadamard product", rel(got, href));
   }
   // combine_rows: Paley-factor shapes (coefficients F[i, b], strides 1 and f) and token rows x rotation (strides I
-  // and 1), column counts that take every tile (32, 8 and the portable tail) and odd row counts
+  // and 1), column counts that take every tile (64, 32, 16 or 8 columns and the portable tail) and odd row counts
   for (auto [B, I, n, by_column] : {std::array<int, 4>{12, 12, 4, 1}, std::array<int, 4>{28, 28, 32, 1},
-                                    std::array<int, 4>{19, 19, 45, 1}, std::array<int, 4>{5, 64, 77, 0},
+                                    std::array<int, 4>{19, 19, 45, 1}, std::array<int, 4>{7, 7, 27, 1},
+                                    std::array<int, 4>{5, 64, 77, 0},
                                     std::array<int, 4>{1, 40, 8, 0}}) {
     const int cb = by_column ? 1 : I, ci = by_column ? B : 1, ldin = n + 3, ldout = n + 5;
     std::vector<float> c(size_t(B) * I), in(size_t(I) * ldin), cw(size_t(B) * ldout, 7.f), cg = cw;
@@ -218,6 +219,11 @@ static void check_tokens(const Kernels& k, std::mt19937& rng) {
     combine_rows_portable(c.data(), cb, ci, B, I, in.data(), ldin, n, cw.data(), ldout);
     k.combine_rows(c.data(), cb, ci, B, I, in.data(), ldin, n, cg.data(), ldout);
     expect(same_bits(cg, cw), "combine_rows bit for bit the portable one (padding untouched)", B * 1000 + n);
+    std::vector<float> sc(c.size()), sw(cw.size(), 7.f), sg = sw;    // combine_signs: coefficients +-1
+    for (size_t i = 0; i < c.size(); ++i) sc[i] = c[i] < 0 ? -1.f : 1.f;
+    combine_rows_portable(sc.data(), cb, ci, B, I, in.data(), ldin, n, sw.data(), ldout);
+    k.combine_signs(sc.data(), cb, ci, B, I, in.data(), ldin, n, sg.data(), ldout);
+    expect(same_bits(sg, sw), "combine_signs bit for bit the portable combine_rows", B * 1000 + n);
     std::vector<double> want_d(cw.size(), 7.0);
     double worst = 0, scale = 0;
     for (int b = 0; b < B; ++b)

@@ -164,21 +164,31 @@ static double step_error(const std::vector<float>& got, const Model& md, bool ta
 // The online R4 as the step splits it over threads: rows of its first (matrix) factor computed apart, in two and in
 // three ranges, equal the whole product bit for bit (a 12-row matrix factor, then Sylvester 4, then a 3-row matrix
 // factor: every later factor stays within a first-factor row), and the product is within float32 rounding of float64.
+// A first factor whose entries are +-v (a Paley factor's shape) runs from its signs (with_signs): the same bits.
 static void check_rotation(const Kernels& k, std::mt19937& rng) {
   const int n = 12 * 4 * 3;
   std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<float> p12(12 * 12), p3(3 * 3), h4(16), x(n);
+  std::vector<float> p12(12 * 12), p3(3 * 3), h4(16), x(n), s12(12 * 12), signs;
   for (auto* m : {&p12, &p3, &x})
     for (float& v : *m) v = nd(rng);
   for (int i = 0; i < 4; ++i)
     for (int j = 0; j < 4; ++j) h4[i * 4 + j] = (__builtin_popcount(i & j) % 2 ? -0.5f : 0.5f);
+  for (size_t i = 0; i < s12.size(); ++i) s12[i] = (p12[i] < 0 ? -1.f : 1.f) / std::sqrt(12.f);
   const std::vector<KronFactor> fs = {{12, p12.data(), false}, {4, h4.data(), true}, {3, p3.data(), false}};
-  std::vector<float> whole = x, buf(n);
+  const KronFactor signed12 = with_signs({12, s12.data(), false}, signs);
+  expect(signed12.signs && !with_signs(fs[0], signs).signs, "signs found for a +-v factor only");
+  const std::vector<KronFactor> ss = {signed12, fs[1], fs[2]}, plain = {{12, s12.data(), false}, fs[1], fs[2]};
+  std::vector<float> whole = x, swhole = x, buf(n), scaled(n);
   kron_apply(k, whole.data(), buf.data(), n, fs);
+  kron_apply(k, swhole.data(), buf.data(), n, plain);
   for (const std::vector<int>& cuts : {std::vector<int>{0, 5, 12}, std::vector<int>{0, 1, 7, 12}}) {
-    std::vector<float> split(n, -1.f);
-    for (size_t c = 0; c + 1 < cuts.size(); ++c) kron_rows(k, x.data(), split.data(), buf.data(), n, fs, cuts[c], cuts[c + 1]);
+    std::vector<float> split(n, -1.f), ssplit(n, -1.f);
+    for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+      kron_rows(k, x.data(), split.data(), buf.data(), scaled.data(), n, fs, cuts[c], cuts[c + 1]);
+      kron_rows(k, x.data(), ssplit.data(), buf.data(), scaled.data(), n, ss, cuts[c], cuts[c + 1]);
+    }
     expect(same_bits(split, whole), "R4 rows computed apart equal the whole product", int(cuts.size()) - 1);
+    expect(same_bits(ssplit, swhole), "R4 rows from a factor's signs equal the whole product", int(cuts.size()) - 1);
   }
   double worst = 0, norm = 0;   // x @ (P12 kron H4 kron P3): index (a, b, c) = 12-row a, 4-row b, 3-row c
   for (int a = 0; a < 12; ++a)
