@@ -27,7 +27,8 @@ from plugins.contracts import DUAL_PLANE_LINEAR, NESTED_KV_ATTENTION, check_view
 KERNEL_SOURCES = ("cpu_features.cpp", "layout.cpp", "kernels_generic.cpp", "avx2_tokens.cpp", "kernels_avx2.cpp",
                   "kernels_avx_vnni.cpp", "kernels_avx512.cpp", "kernels_neon.cpp", "step.cpp")
 SOURCES = KERNEL_SOURCES + ("bindings.cpp",)
-HEADERS = ("native.h", "attend.h", "step.h", "pool.h", "linear_tiles.h", "linear_ymm.h", "linear_neon.h", "x86_avx2.h")
+HEADERS = ("native.h", "attend.h", "step.h", "pool.h", "linear_tiles.h", "combine_tiles.h", "linear_ymm.h",
+           "linear_neon.h", "x86_avx2.h")
 CFLAGS = ["-O3", "-std=c++17", "-pthread", "-ffp-contract=off", "-fno-math-errno", "-Wall", "-Wno-unused-function"]
 ISA_ENV = "BITNEST_NATIVE_ISA"
 LOCK_TIMEOUT_ENV = "BITNEST_BUILD_LOCK_TIMEOUT"   # seconds a load waits for another process's build (default 1800)

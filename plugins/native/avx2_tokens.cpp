@@ -14,6 +14,8 @@
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 
+#include "combine_tiles.h"
+
 namespace bitnest {
 namespace {
 
@@ -170,46 +172,24 @@ void fwht(float* x, int pre, int f, int post) {
 }
 
 namespace {
-// Rows [b0, b0 + NB) x columns [j0, j0 + 8 NQ) of combine_rows, the NB x NQ sums in registers for the whole walk
-// over i (one load of each input row's columns serves NB output rows): the portable operations, lane by lane.
-// FUSED (combine_signs: every coefficient +1 or -1, each product exact) adds each product by one fused multiply-add,
-// which rounds the same sum.
-template <int NB, int NQ, bool FUSED>
-inline void combine_tile(const float* c, int cb, int ci, int b0, int I, const float* in, int ldin, int j0, float* out,
-                         int ldout) {
-  __m256 acc[NB][NQ];
-  for (int r = 0; r < NB; ++r)
-    for (int q = 0; q < NQ; ++q) acc[r][q] = _mm256_setzero_ps();
-  for (int i = 0; i < I; ++i) {
-    const float* x = in + size_t(i) * ldin + j0;
-    __m256 xv[NQ];
-    for (int q = 0; q < NQ; ++q) xv[q] = _mm256_loadu_ps(x + 8 * q);
-    for (int r = 0; r < NB; ++r) {
-      const __m256 p = _mm256_set1_ps(c[size_t(b0 + r) * cb + size_t(i) * ci]);
-      for (int q = 0; q < NQ; ++q)
-        acc[r][q] = FUSED ? _mm256_fmadd_ps(p, xv[q], acc[r][q]) : _mm256_add_ps(acc[r][q], _mm256_mul_ps(p, xv[q]));
-    }
-  }
-  for (int r = 0; r < NB; ++r)
-    for (int q = 0; q < NQ; ++q) _mm256_storeu_ps(out + size_t(b0 + r) * ldout + j0 + 8 * q, acc[r][q]);
-}
+// ymm lanes for combine_tiles.h: at most 8 accumulators, with the inputs and a broadcast within 16 registers
+struct Ymm {
+  using reg = __m256;
+  static constexpr int kLanes = 8, kAccumulators = 8;
+  static reg zero() { return _mm256_setzero_ps(); }
+  static reg load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, reg v) { _mm256_storeu_ps(p, v); }
+  static reg set1(float v) { return _mm256_set1_ps(v); }
+  static reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
+  static reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
+  static reg fmadd(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
+};
 
-template <int NQ, bool FUSED>
-inline void combine_columns(const float* c, int cb, int ci, int B, int I, const float* in, int ldin, int j0,
-                            float* out, int ldout) {
-  constexpr int NB = NQ >= 4 ? 2 : 4;   // at most 8 accumulators: with the NQ inputs and a broadcast, within 16 ymm
-  int b = 0;
-  for (; b + NB <= B; b += NB) combine_tile<NB, NQ, FUSED>(c, cb, ci, b, I, in, ldin, j0, out, ldout);
-  for (; b < B; ++b) combine_tile<1, NQ, FUSED>(c, cb, ci, b, I, in, ldin, j0, out, ldout);
-}
-
-// The rows' columns 32 at a time, then 8, then the portable loop for the last n % 8 (each output value is the same
-// sequence of roundings whichever way its column is reached).
+// Whole ymm columns, then the portable loop for the last n % 8 (each output value is the same sequence of roundings
+// whichever way its column is reached).
 template <bool FUSED>
 void combine(const float* c, int cb, int ci, int B, int I, const float* in, int ldin, int n, float* out, int ldout) {
-  int j = 0;
-  for (; j + 32 <= n; j += 32) combine_columns<4, FUSED>(c, cb, ci, B, I, in, ldin, j, out, ldout);
-  for (; j + 8 <= n; j += 8) combine_columns<1, FUSED>(c, cb, ci, B, I, in, ldin, j, out, ldout);
+  const int j = combine_registers<Ymm, FUSED>(c, cb, ci, B, I, in, ldin, n, out, ldout);
   if (j < n) combine_rows_portable(c, cb, ci, B, I, in + j, ldin, n - j, out + j, ldout);
 }
 }  // namespace

@@ -19,6 +19,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
+#include "combine_tiles.h"
 #include "linear_tiles.h"
 
 namespace bitnest {
@@ -163,45 +164,23 @@ void f16_linear_avx512(const uint16_t* w, int K, const float* x, int ldx, int M,
     });
 }
 
-// Rows [b0, b0 + NB) x columns [j0, j0 + 16 NQ) of combine_rows (or combine_signs, FUSED): the AVX2 set's tile
-// with zmm lanes, the same operations on each value.
-template <int NB, int NQ, bool FUSED>
-inline void combine_tile16(const float* c, int cb, int ci, int b0, int I, const float* in, int ldin, int j0,
-                           float* out, int ldout) {
-  __m512 acc[NB][NQ];
-  for (int r = 0; r < NB; ++r)
-    for (int q = 0; q < NQ; ++q) acc[r][q] = _mm512_setzero_ps();
-  for (int i = 0; i < I; ++i) {
-    const float* x = in + size_t(i) * ldin + j0;
-    __m512 xv[NQ];
-    for (int q = 0; q < NQ; ++q) xv[q] = _mm512_loadu_ps(x + 16 * q);
-    for (int r = 0; r < NB; ++r) {
-      const __m512 p = _mm512_set1_ps(c[size_t(b0 + r) * cb + size_t(i) * ci]);
-      for (int q = 0; q < NQ; ++q)
-        acc[r][q] = FUSED ? _mm512_fmadd_ps(p, xv[q], acc[r][q]) : _mm512_add_ps(acc[r][q], _mm512_mul_ps(p, xv[q]));
-    }
-  }
-  for (int r = 0; r < NB; ++r)
-    for (int q = 0; q < NQ; ++q) _mm512_storeu_ps(out + size_t(b0 + r) * ldout + j0 + 16 * q, acc[r][q]);
-}
+// zmm lanes for combine_tiles.h: 16 accumulators, with the inputs and a broadcast within 32 registers
+struct Zmm {
+  using reg = __m512;
+  static constexpr int kLanes = 16, kAccumulators = 16;
+  static reg zero() { return _mm512_setzero_ps(); }
+  static reg load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, reg v) { _mm512_storeu_ps(p, v); }
+  static reg set1(float v) { return _mm512_set1_ps(v); }
+  static reg add(reg a, reg b) { return _mm512_add_ps(a, b); }
+  static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
+  static reg fmadd(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
+};
 
-// NB x NQ accumulators within the 32 zmm (16 of them, with NQ inputs and a broadcast)
-template <int NQ, bool FUSED>
-inline void combine_columns16(const float* c, int cb, int ci, int B, int I, const float* in, int ldin, int j0,
-                              float* out, int ldout) {
-  constexpr int NB = 16 / NQ;
-  int b = 0;
-  for (; b + NB <= B; b += NB) combine_tile16<NB, NQ, FUSED>(c, cb, ci, b, I, in, ldin, j0, out, ldout);
-  for (; b < B; ++b) combine_tile16<1, NQ, FUSED>(c, cb, ci, b, I, in, ldin, j0, out, ldout);
-}
-
-// Columns 64, then 32, then 16 at a time, the last n % 16 by the AVX2 set (each value the same roundings).
+// Whole zmm columns, the last n % 16 by the AVX2 set (each value the same roundings).
 template <bool FUSED>
 void combine16(const float* c, int cb, int ci, int B, int I, const float* in, int ldin, int n, float* out, int ldout) {
-  int j = 0;
-  for (; j + 64 <= n; j += 64) combine_columns16<4, FUSED>(c, cb, ci, B, I, in, ldin, j, out, ldout);
-  for (; j + 32 <= n; j += 32) combine_columns16<2, FUSED>(c, cb, ci, B, I, in, ldin, j, out, ldout);
-  for (; j + 16 <= n; j += 16) combine_columns16<1, FUSED>(c, cb, ci, B, I, in, ldin, j, out, ldout);
+  const int j = combine_registers<Zmm, FUSED>(c, cb, ci, B, I, in, ldin, n, out, ldout);
   if (j < n) (FUSED ? avx2::combine_signs : avx2::combine_rows)(c, cb, ci, B, I, in + j, ldin, n - j, out + j, ldout);
 }
 
