@@ -70,3 +70,11 @@ def test_kernels_and_step_on_aarch64_under_qemu(tmp_path):
     assert _run(["qemu-aarch64", "-cpu", "cortex-a57", str(exe), "--list"]).strip() == "neon-widen, generic"
     assert "neon-widen: ok" in _run(["qemu-aarch64", "-cpu", "cortex-a57", str(exe), "neon-widen"])
     assert "generic: ok" in _run(["qemu-aarch64", "-cpu", "cortex-a57", str(exe), "generic"])
+
+
+def test_the_build_leaves_the_language_standard_to_torch():
+    """torch.utils.cpp_extension passes the C++ standard its headers need (-std=c++20 from torch 2.13 on) before our
+    flags; a -std of ours would override it, and torch 2.14's headers refuse C++17 (the build failed there and the
+    runtime fell back to the cpu backend, measured in a Python 3.10 venv with torch 2.14.1)."""
+    from plugins.native import CFLAGS
+    assert not [f for f in CFLAGS if f.startswith("-std")], CFLAGS

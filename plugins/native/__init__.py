@@ -29,7 +29,10 @@ KERNEL_SOURCES = ("cpu_features.cpp", "layout.cpp", "kernels_generic.cpp", "avx2
 SOURCES = KERNEL_SOURCES + ("bindings.cpp",)
 HEADERS = ("native.h", "attend.h", "step.h", "pool.h", "linear_tiles.h", "combine_tiles.h", "linear_ymm.h",
            "linear_neon.h", "x86_avx2.h")
-CFLAGS = ["-O3", "-std=c++17", "-pthread", "-ffp-contract=off", "-fno-math-errno", "-Wall", "-Wno-unused-function"]
+# No -std here: torch.utils.cpp_extension passes the standard its own headers need (C++20 from torch 2.13 on; the
+# sources are C++17 and build under either), and a -std of ours after it would override it: torch 2.14's headers
+# refuse C++17, so the build failed there and the runtime fell back to the cpu backend.
+CFLAGS = ["-O3", "-pthread", "-ffp-contract=off", "-fno-math-errno", "-Wall", "-Wno-unused-function"]
 ISA_ENV = "BITNEST_NATIVE_ISA"
 LOCK_TIMEOUT_ENV = "BITNEST_BUILD_LOCK_TIMEOUT"   # seconds a load waits for another process's build (default 1800)
 BUILD_LOCK, BUILD_LOG = "build.lock", "builds.log"
