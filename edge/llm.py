@@ -104,12 +104,13 @@ class LLM:
                  draft_head: Optional[str] = None, shortlist_k: Optional[int] = None, meter="auto",
                  energy_log=None, idle_seconds: float = 0.0, remeasure_costs: bool = False,
                  on_note: Optional[Callable[[str], None]] = None, kv_window: Optional[int] = None,
-                 weights: str = WEIGHTS_NESTED):
+                 weights: str = WEIGHTS_NESTED, draft_vocab: Optional[int] = None):
         cfg = config if config is not None else GenerateConfig(policy=policy or default_policy(weights))
         check_policy(cfg.policy, check_weights(weights))         # before minutes of loading
         rt = Runtime(checkpoint, backend=backend, max_context=max_context or (None if device else 2048),
                      scratch=max(8, most_proposals(cfg) + 1), device=device, draft_head=draft_head,
-                     shortlist_k=shortlist_k, kv_window=kv_window, weights=weights)
+                     shortlist_k=shortlist_k, kv_window=kv_window, weights=weights,
+                     draft_vocab=draft_vocab)
         self.runtime = rt
         self.config = replace(cfg, gate=resolve_gate(rt.ckpt, rt.backend, cfg.policy, cfg.gate))
         if cfg.policy == "auto":      # the pass costs before the first answer (read from the cache, or timed once)

@@ -41,17 +41,20 @@ class Runtime:
 
     def __init__(self, checkpoint, backend: str = "auto", max_context: int | None = 2048, prefill_chunk: int = 256,
                  scratch: int = 17, device: Optional[str] = None, draft_head: Optional[str] = None,
-                 shortlist_k: Optional[int] = None, kv_window: Optional[int] = None, weights: str = WEIGHTS_NESTED):
-        """`draft_head` / `shortlist_k` override what the draft reads of a nested head (edge.model.draft_head;
-        None: the checkpoint's setting). `kv_window` (elastic KV, docs/memory.md): N >= 1 runs elastically, each
-        query reading KV8 for its last N positions; None: elastically (window DEFAULT_KV_WINDOW) only where
-        `max_context` passes what the device's plan holds at KV8; 0: never. `weights` `base` loads the base planes
-        only (edge.model.checkpoint): the 4-bit model, run by the `draft` policy alone (no elastic KV)."""
+                 shortlist_k: Optional[int] = None, kv_window: Optional[int] = None, weights: str = WEIGHTS_NESTED,
+                 draft_vocab: Optional[int] = None):
+        """`draft_head` / `shortlist_k` / `draft_vocab` override what the draft reads of a nested head
+        (edge.model.draft_head; None: the checkpoint's setting). `kv_window` (elastic KV, docs/memory.md): N >= 1
+        runs elastically, each query reading KV8 for its last N positions; None: elastically (window
+        DEFAULT_KV_WINDOW) only where `max_context` passes what the device's plan holds at KV8; 0: never. `weights`
+        `base` loads the base planes only (edge.model.checkpoint): the 4-bit model, run by the `draft` policy alone
+        (no elastic KV)."""
         if kv_window and check_weights(weights) == WEIGHTS_BASE:
             raise BitNestError("--kv-window applies to the 8-bit target's KV reads: drop it with --weights base "
                                "(the draft reads KV4 at long context already)")
         backend = resolve_backend(backend)
-        self.ckpt = set_draft_head(load_checkpoint(checkpoint, weights=check_weights(weights)), draft_head, shortlist_k)
+        self.ckpt = set_draft_head(load_checkpoint(checkpoint, weights=check_weights(weights)), draft_head, shortlist_k,
+                                   draft_vocab)
         self.tokenizer = load_tokenizer(self.ckpt.path)
         scratch = scratch if self.ckpt.has_target else 0        # base planes: the draft policy drafts nothing ahead
         self.plan = None

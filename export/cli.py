@@ -5,7 +5,7 @@ import argparse
 from edge.argtypes import Parser, at_least, count, positive, seed
 from edge.cli.common import run_cli
 from edge.errors import BitNestError
-from export.pipeline import DEFAULT_ROTATION, ExportOptions, default_draft_head, run_export
+from export.pipeline import DEFAULT_ROTATION, ExportOptions, default_draft_head, default_draft_vocab, run_export
 from export.quantize import METHODS, REFINES, QuantOptions
 from edge.model.draft_head import DRAFT_HEAD_EXPORT_DEFAULT, DRAFT_HEAD_SHORTLIST, DRAFT_HEADS, SHORTLIST_K
 from export.learned_rotation import LearnOptions
@@ -37,6 +37,9 @@ def parser() -> argparse.ArgumentParser:
                    "qwen2.5-coder-0.5b records shortlist, or 8bit with --onnx/--engine)")
     p.add_argument("--shortlist-k", type=count(), help=f"rows the shortlist re-scores, recorded in the manifest "
                    f"(default {SHORTLIST_K})")
+    p.add_argument("--draft-vocab", type=count(), help="the draft scores token ids below N only (it reads N rows of "
+                   "the head), recorded in the manifest (default: every id; a model preset may choose its own: "
+                   "qwen2.5-coder-0.5b records 65536, none with --onnx/--engine)")
     p.add_argument("--seed", type=seed(), default=0, help="rotation seed")
     learn = LearnOptions()
     p.add_argument("--rotation-steps", type=count(), default=learn.steps, help="--rotation learned: Cayley SGD steps")
@@ -83,6 +86,9 @@ def main(argv=None) -> int:
         if (a.onnx or a.engine) and a.draft_head == DRAFT_HEAD_SHORTLIST:   # refuse before minutes of export
             from export.onnx_export import SHORTLIST_REFUSAL
             raise BitNestError(SHORTLIST_REFUSAL)
+        if (a.onnx or a.engine) and a.draft_vocab is not None:
+            from export.onnx_export import DRAFT_VOCAB_REFUSAL
+            raise BitNestError(DRAFT_VOCAB_REFUSAL.format(n=a.draft_vocab))
         if a.existing:
             if not (a.onnx or a.engine):
                 raise ValueError("--existing builds from a checkpoint already exported: add --onnx or --engine")
@@ -90,9 +96,9 @@ def main(argv=None) -> int:
                 raise ValueError("--shortlist-k is recorded by an export; the step graph does not serve the shortlist")
             result = {"checkpoint": a.out}
         else:
-            if a.head == "float16" and (a.draft_head or a.shortlist_k is not None):
-                raise ValueError("--draft-head and --shortlist-k set what the draft reads of a nested head: drop them "
-                                 "or drop --head float16")
+            if a.head == "float16" and (a.draft_head or a.shortlist_k is not None or a.draft_vocab is not None):
+                raise ValueError("--draft-head, --shortlist-k and --draft-vocab set what the draft reads of a nested "
+                                 "head: drop them or drop --head float16")
             quant = QuantOptions(method=a.method, refine=a.refine, group_size=a.group_size, act_order=not a.no_act_order,
                                  damp=a.damp, base_trust=a.base_trust, quantize_head=a.head == "nested")
             learn = LearnOptions(steps=a.rotation_steps, samples=a.rotation_samples, seq_len=a.rotation_seq_len,
@@ -101,7 +107,9 @@ def main(argv=None) -> int:
                                               calib_samples=a.calib_samples, calib_seq_len=a.calib_seq_len, quant=quant,
                                               learn=learn, draft_head=a.draft_head or default_draft_head(
                                                   a.model, step_graph=a.onnx or a.engine),
-                                              shortlist_k=SHORTLIST_K if a.shortlist_k is None else a.shortlist_k))
+                                              shortlist_k=SHORTLIST_K if a.shortlist_k is None else a.shortlist_k,
+                                              draft_vocab=a.draft_vocab or default_draft_vocab(
+                                                  a.model, step_graph=a.onnx or a.engine)))
         if a.onnx or a.engine:
             from export.onnx_export import export_onnx
             result["onnx"] = export_onnx(a.out, draft_head=a.draft_head)

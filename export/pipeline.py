@@ -7,6 +7,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -18,7 +19,7 @@ from export.quantize import QuantOptions, nest_model
 from export.learned_rotation import LearnOptions
 from export.rotation import RotationPlan, rotate
 from edge.model.draft_head import (DRAFT_HEAD_EXPORT_DEFAULT, DRAFT_HEAD_SHORTLIST, SHORTLIST_K, check_draft_head,
-                                   check_shortlist_k)
+                                   check_draft_vocab, check_shortlist_k)
 from export.sources import load_source
 from export.writer import check_output_dir, nested_tensors, write_checkpoint
 from plugins.contracts import FORMAT_VERSION, bits_per_weight
@@ -40,11 +41,14 @@ class ExportOptions:
     learn: LearnOptions = field(default_factory=LearnOptions)   # --rotation learned
     draft_head: str = DRAFT_HEAD_EXPORT_DEFAULT   # recorded in the manifest of a nested head (edge.model.draft_head)
     shortlist_k: int = SHORTLIST_K
+    draft_vocab: Optional[int] = None   # the ids the draft scores, [0, N), recorded where set (None: all of them)
 
     def __post_init__(self):
         check_draft_head(self.draft_head)
         if not isinstance(self.shortlist_k, int) or self.shortlist_k < 1:
             raise ValueError(f"--shortlist-k must be a positive integer, got {self.shortlist_k!r}")
+        if self.draft_vocab is not None and (not isinstance(self.draft_vocab, int) or self.draft_vocab < 1):
+            raise ValueError(f"--draft-vocab must be a positive integer, got {self.draft_vocab!r}")
 
 
 def _progress():
@@ -71,9 +75,18 @@ def default_checkpoint_path(opts: "ExportOptions | None" = None) -> Path:
     opts = opts or ExportOptions(out="")
     settings = asdict(opts)
     settings.pop("out")
+    if settings["draft_vocab"] is None:   # added after exports were keyed: their keys stay what they were
+        settings.pop("draft_vocab")
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
     stem = "smollm2-135m-instruct-bitnest" if opts.model == "default" else f"{opts.model}-bitnest"
     return cache_root() / "checkpoints" / f"{stem}-{key}"
+
+
+def default_draft_vocab(model: str, step_graph: bool = False) -> Optional[int]:
+    """The draft vocabulary an export of `model` records unless told otherwise: a packaged preset's own measured
+    choice, else None (every id); none where the export also writes the step graph, which does not serve one."""
+    from edge.model.packaged import PACKAGED_MODELS
+    return None if step_graph or model not in PACKAGED_MODELS else PACKAGED_MODELS[model].draft_vocab
 
 
 def default_draft_head(model: str, step_graph: bool = False) -> str:
@@ -87,7 +100,8 @@ def default_draft_head(model: str, step_graph: bool = False) -> str:
 
 def default_export_options(model: str = "default") -> ExportOptions:
     """The options of `model`'s default export (every default, the preset's draft head), its `out` left empty."""
-    return ExportOptions(out="", model=model, draft_head=default_draft_head(model))
+    return ExportOptions(out="", model=model, draft_head=default_draft_head(model),
+                         draft_vocab=default_draft_vocab(model))
 
 
 def ensure_default_checkpoint(model: str = "default") -> Path:
@@ -116,6 +130,10 @@ def run_export(opts: ExportOptions) -> dict:
     cfg = src.config
     if opts.quant.quantize_head:
         check_shortlist_k(opts.shortlist_k, cfg.vocab_size)
+        check_draft_vocab(opts.draft_vocab, cfg.vocab_size,
+                          opts.shortlist_k if opts.draft_head == DRAFT_HEAD_SHORTLIST else 1)
+    elif opts.draft_vocab is not None:
+        raise ValueError("--draft-vocab sets what the draft reads of a nested head: drop it or drop --head float16")
     for k in {k for n, (_, k) in cfg.linear_shapes().items()}:
         opts.quant.group_for(k)
     plan = RotationPlan(opts.rotation, opts.seed, opts.learn)
@@ -154,6 +172,7 @@ def run_export(opts: ExportOptions) -> dict:
         "head": "nested" if HEAD in codes else "float16",
         "embedding": embedding,
         **({"draft_head": opts.draft_head, "shortlist_k": opts.shortlist_k} if HEAD in codes else {}),
+        **({"draft_vocab": opts.draft_vocab} if HEAD in codes and opts.draft_vocab is not None else {}),
         "linears": {n: {"shape": list(c.q4.shape), "group_size": c.group_size, "offset": c.offset is not None}
                     for n, c in codes.items()},
         "rotation": rot_record,

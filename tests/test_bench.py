@@ -14,6 +14,7 @@ import pytest
 
 from edge.analysis import bench_shape as shape_mod
 from edge.analysis.bench import DEFAULT_POLICIES
+from edge.analysis.bench_common import paired_ratios, ratios
 from edge.analysis.bench_replay import expected_tokens, projected, replay_generation
 from edge.analysis.machine import PROBE_LLC_MULTIPLE, llc_bytes, machine, probe_bytes
 from edge.analysis.peers import shipped_gguf
@@ -84,6 +85,18 @@ def test_expected_tokens_and_the_projection():
     assert p["best_gamma"] == 4 and p["vs_target_by_gamma"]["4"] == round(expected_tokens(0.8, 4) * 10 / 18, 3)
 
 
+def test_paired_ratios_set_each_repeat_against_its_own():
+    """tok/s a bench recorded on the Qwen export while the host's bandwidth moved between repeats (probe 43-75 GB/s):
+    the ratio of the medians (1.119) sets the speculative runner's fourth repeat against the target's fastest but one,
+    and the median of the repeat-by-repeat ratios (1.24) does not."""
+    samples = {"target": [{"tok_s": x} for x in (77.72, 106.75, 79.84, 102.05, 110.89)],
+               "speculative": [{"tok_s": x} for x in (92.09, 132.34, 99.12, 114.2, 142.53)]}
+    assert ratios({"target": 102.05, "speculative": 114.2})["speculative_vs_target"] == 1.119
+    got = paired_ratios(samples)
+    assert set(got) == {"speculative_vs_target"}
+    assert got["speculative_vs_target"] == {"median": 1.24, "samples": [1.185, 1.24, 1.241, 1.119, 1.285]}
+
+
 def test_a_replay_follows_the_recorded_rounds_with_real_passes(small):
     """Every round runs γ draft passes and one verification, keeps exactly the recorded count and rolls the rest
     back: the committed length ends past the prompt and every emitted token but the pending one."""
@@ -139,7 +152,8 @@ def _shape_args(**kw) -> argparse.Namespace:
     base = dict(backend="auto", prompts=1, max_new_tokens=4, repeats=1, gamma=4, gamma_max=8, threads=None,
                 pass_repeats=1, policy=None, peer=None, acceptance_from=None, gate_threshold=None, gate_rate=0.15,
                 gate_signal="entropy", gate_seed=0, phase_tag="</think>", phase_order="low-high",
-                adaptive_signal="margin", adaptive_stop=1.0, adaptive_extend=6.0, draft_head=None, shortlist_k=None)
+                adaptive_signal="margin", adaptive_stop=1.0, adaptive_extend=6.0, draft_head=None, shortlist_k=None,
+                draft_vocab=None)
     return argparse.Namespace(**(base | kw))
 
 

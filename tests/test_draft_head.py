@@ -159,7 +159,10 @@ def test_manifest_fields_are_validated(rtn_checkpoint, small_llama_checkpoint, t
                                                ("shortlist_k", 0, "shortlist size 0"),
                                                ("shortlist_k", True, "shortlist size True"),
                                                ("shortlist_k", "64", "shortlist size '64'"),
-                                               ("shortlist_k", 49153, "shortlist size 49153")]):
+                                               ("shortlist_k", 49153, "shortlist size 49153"),
+                                               ("draft_vocab", 0, r"draft vocabulary \(--draft-vocab\) 0"),
+                                               ("draft_vocab", 49153, "draft vocabulary .* 49153"),
+                                               ("draft_vocab", True, "draft vocabulary .* True")]):
         bad = _manifest_copy(rtn_checkpoint, tmp_path / f"bad{i}", lambda m: m.update({field: value}))
         with pytest.raises(CheckpointError, match=match):
             load_checkpoint(bad)
@@ -170,6 +173,12 @@ def test_manifest_fields_are_validated(rtn_checkpoint, small_llama_checkpoint, t
         set_draft_head(load_checkpoint(small_llama_checkpoint), "8bit")
     with pytest.raises(BitNestError, match="unknown draft head"):
         set_draft_head(load_checkpoint(rtn_checkpoint, verify=False), "2bit")
+    recorded = _manifest_copy(rtn_checkpoint, tmp_path / "vocab", lambda m: m.update(draft_vocab=4096))
+    assert load_checkpoint(recorded).draft_vocab == 4096
+    with pytest.raises(BitNestError, match=r"draft vocabulary \(--draft-vocab\) 16 must be an integer in \[64,"):
+        set_draft_head(load_checkpoint(recorded), "shortlist", 64, 16)       # fewer ids than the shortlist's rows
+    with pytest.raises(BitNestError, match="needs a nested LM head"):
+        set_draft_head(load_checkpoint(small_llama_checkpoint), draft_vocab=4096)
 
 
 def test_the_default_export_folder_names_its_settings():
@@ -184,7 +193,8 @@ def test_the_default_export_folder_names_its_settings():
 
 
 def test_bad_head_options_are_one_line_errors(small_llama_checkpoint, tmp_path):
-    """Before any work: a draft head for a float16 head, at export and on a checkpoint whose head is float16."""
+    """Before any work: a draft head for a float16 head, at export and on a checkpoint whose head is float16; a draft
+    vocabulary with the step graph, which scores every id."""
     import subprocess
     import sys
 
@@ -192,8 +202,36 @@ def test_bad_head_options_are_one_line_errors(small_llama_checkpoint, tmp_path):
     runs = [[str(ROOT / "scripts" / "export.py"), "--out", str(tmp_path / "ck"), "--head", "float16", "--draft-head",
              "8bit"],
             [str(ROOT / "scripts" / "chat.py"), "--checkpoint", str(small_llama_checkpoint), "--backend", "torch",
-             "--prompt", "Hi", "--draft-head", "shortlist"]]
-    for argv, says in zip(runs, ("drop --head float16", "needs a nested LM head")):
+             "--prompt", "Hi", "--draft-head", "shortlist"],
+            [str(ROOT / "scripts" / "export.py"), "--out", str(tmp_path / "ck"), "--onnx", "--draft-vocab", "4096"]]
+    for argv, says in zip(runs, ("drop --head float16", "needs a nested LM head", "drop --draft-vocab with --onnx")):
         out = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300)
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and says in out.stderr, out.stderr
     assert not (tmp_path / "ck").exists()
+
+
+@pytest.mark.parametrize("setting", ["8bit", "4bit", "shortlist"])
+def test_a_draft_vocabulary_scores_its_ids_only(rtn_checkpoint, gen, setting):
+    """Torch backend: with a draft vocabulary of N ids the draft's logits are the setting's own on ids [0, N) (the
+    shortlist's K rows taken among those ids) and -inf past them; the target's are untouched. The bytes a draft pass
+    reads of the head are those of its N rows."""
+    ck = load_checkpoint(rtn_checkpoint)
+    be, h, n, k = TorchBackend(ck), _hidden(ck, gen), 3000, 32
+    whole = Decoder(ck.config, be, ck.rotations, setting, k).head(h, "draft")
+    part = Decoder(ck.config, be, ck.rotations, setting, k, n)
+    got = part.head(h, "draft")
+    assert bool((got[:, n:] == float("-inf")).all())
+    if setting == "shortlist":
+        ids = shortlist_ids(be.head(h, "draft")[:, :n], k)                     # the best K of the first N base logits
+        assert torch.equal(got.isfinite(), torch.zeros_like(got, dtype=torch.bool).scatter_(-1, ids, True))
+        assert torch.equal(got.gather(-1, ids), be.head(h, "target").gather(-1, ids))
+    else:
+        assert torch.equal(got[:, :n], whole[:, :n])
+    assert torch.equal(part.head(h, "target"), be.head(h, "target"))
+    v, hid, g = ck.config.vocab_size, ck.config.hidden_size, ck.linears[HEAD].group_size
+    row = hid // 2 * (2 if setting == "8bit" else 1) + 2 * (hid // g)         # one head row's planes and scales
+    full = weight_bytes_per_pass(set_draft_head(ck, setting, k, v), "draft")   # v: the whole vocabulary
+    assert ck.draft_vocab is None
+    target = weight_bytes_per_pass(ck, "target")
+    assert full - weight_bytes_per_pass(set_draft_head(ck, setting, k, n), "draft") == (v - n) * row
+    assert weight_bytes_per_pass(ck, "target") == target and ck.draft_vocab == n

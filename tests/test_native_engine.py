@@ -152,6 +152,38 @@ def test_the_draft_head_agrees_with_the_torch_reference(rotated_checkpoint, sett
         assert float((got[common] - want[common]).norm() / want[common].norm()) < 5e-3, t
 
 
+@pytest.mark.parametrize("setting", ["4bit", "shortlist"])
+def test_a_draft_vocabulary_agrees_with_the_torch_reference(rotated_checkpoint, setting):
+    """With a draft vocabulary of N ids the native step scores ids [0, N) as the torch reference does (the test
+    above's tolerances) and sets every logit past them to -inf; the target pass scores the whole vocabulary."""
+    k, n = 32, 3000
+    native = NativeEngine(set_draft_head(_layers(rotated_checkpoint, 2), setting, k, n), 64)
+    ck = set_draft_head(_layers(rotated_checkpoint, 2), setting, k, n)
+    ref = PassEngine(ck, TorchBackend(ck), 64)
+    native.prefill(IDS[:6])
+    ref.prefill(IDS[:6])
+    got, want = native.forward([IDS[6]], "draft")[0], ref.forward([IDS[6]], "draft")[0]          # [V]
+    assert bool((got[n:] == float("-inf")).all()) and bool((want[n:] == float("-inf")).all())
+    finite = torch.isfinite(want[:n])
+    assert int(finite.sum()) == (k if setting == "shortlist" else n)
+    same = finite & torch.isfinite(got[:n])
+    assert int(same.sum()) >= int(finite.sum()) - 1                       # a near-tie at the shortlist's edge
+    assert float((got[:n][same] - want[:n][same]).norm() / want[:n][same].norm()) < 5e-3
+    assert bool(torch.isfinite(native.forward([IDS[7]], "target")[0]).all())
+
+
+def test_a_draft_vocabulary_is_lossless_on_real_prompts(rtn_checkpoint):
+    """A draft that cannot propose most ids (2,048 of 49,152) is rejected more often, never followed."""
+    rt = Runtime(rtn_checkpoint, backend="native", max_context=256, draft_head="shortlist", shortlist_k=32,
+                 draft_vocab=2048)
+    for i, text in enumerate(sharegpt_prompts(3)):
+        ids = rt.encode(text)[-120:]
+        target = rt.generate(ids, GenerateConfig(policy="target", max_new_tokens=20))
+        spec = rt.generate(ids, GenerateConfig(policy="speculative", gamma=4, max_new_tokens=20))
+        assert spec["tokens"] == target["tokens"], f"prompt {i}"
+        assert spec["stats"].summary()["draft_vocab"] == 2048
+
+
 def test_bytes_are_counted_by_the_engine_interface(native_rt):
     s = native_rt.generate(native_rt.encode("Name three colours."), GenerateConfig(policy="target", max_new_tokens=6))
     eng, stats = native_rt.engine, s["stats"]

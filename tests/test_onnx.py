@@ -137,6 +137,9 @@ def test_graph_refuses_the_shortlist_and_a_different_setting(rotated_checkpoint,
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--draft-head 8bit" in out.stderr, out.stderr
     with pytest.raises(BitNestError, match="serves draft head 8bit and the checkpoint is set to 4bit"):
         onnxruntime_engine(set_draft_head(load_checkpoint(rotated_checkpoint), "4bit"), 16, rotated_onnx["onnx"])
+    with pytest.raises(BitNestError, match="scores the whole vocabulary .* 4096 ids only: pass --draft-vocab 49152"):
+        onnxruntime_engine(set_draft_head(load_checkpoint(rotated_checkpoint), draft_vocab=4096), 16,
+                           rotated_onnx["onnx"])
 
 
 def small_onnx(checkpoint, tmp_path):

@@ -165,3 +165,17 @@ def test_the_qwen_preset_exports_the_shortlist_draft_head_by_default():
     # the default export's cache folder is keyed by the options it records: an 8-bit export is not taken for it
     from dataclasses import replace
     assert default_checkpoint_path(qwen) != default_checkpoint_path(replace(qwen, draft_head="8bit"))
+
+
+def test_the_qwen_preset_records_its_draft_vocabulary_and_the_default_model_none():
+    """The preset's measured draft vocabulary (65,536 of 151,936 ids) is recorded by its default export and keys its
+    folder; the default model records none and keeps the folder its exports had before the field existed (no
+    re-export of the default model); an export that writes the step graph (which scores every id) records none."""
+    from dataclasses import replace
+
+    from export.pipeline import default_checkpoint_path, default_draft_vocab, default_export_options
+    qwen = default_export_options("qwen2.5-coder-0.5b")
+    assert qwen.draft_vocab == 65536 and default_draft_vocab("qwen2.5-coder-0.5b", step_graph=True) is None
+    assert default_export_options().draft_vocab is None and default_draft_vocab("/some/model.gguf") is None
+    assert default_checkpoint_path(qwen) != default_checkpoint_path(replace(qwen, draft_vocab=None))
+    assert default_checkpoint_path().name == "smollm2-135m-instruct-bitnest-0d42191a53"   # the key before the field

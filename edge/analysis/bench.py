@@ -26,6 +26,7 @@ from edge.analysis.bench_common import (
     cache_folder,
     default_threads,
     llama_spec,
+    paired_ratios,
     pass_ratios,
     policy_spec,
     probe_entry,
@@ -80,7 +81,7 @@ def bench(a, ckpt: str, command: str = "") -> dict:
     read_gbps, probe = probe_entry(samples.pop("probe"), loaded["probe"])
     first = loaded[pass_runner]
     out = {"command": command, "checkpoint": ckpt, "backend": first["backend"], "isa": first["isa"],
-           **{k: first[k] for k in ("draft_head", "shortlist_k") if k in first}, "isolation": ISOLATION,
+           **{k: first[k] for k in ("draft_head", "shortlist_k", "draft_vocab") if k in first}, "isolation": ISOLATION,
            "prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "repeats": a.repeats,
            "gamma": a.gamma, "threads": threads, "machine": mach, "read_gbps": read_gbps,
            "read_gbps_samples": probe["gbps_samples"], "probe": probe, "runs": {}}
@@ -90,6 +91,7 @@ def bench(a, ckpt: str, command: str = "") -> dict:
             out["runs"][name]["rounds"] = runs[-1]["rounds"]
     tok = {k: v["tok_s"] for k, v in out["runs"].items()}
     out["ratios"] = ratios(tok)
+    out["paired_ratios"] = paired_ratios(samples)
     best = max((p for p in policies if p in tok and p != "draft"), key=tok.get, default=None)   # the draft is lossy
     if best and "llamacpp_q8_0" in tok:
         out["ratios"]["best_policy_vs_llamacpp_q8"] = round(tok[best] / tok["llamacpp_q8_0"], 3)

@@ -96,6 +96,22 @@ def ratios(tok: dict, mine=MINE, peers=RATIO_PEERS) -> dict:
             for m in mine for p, label in peers.items() if m in tok and p in tok and m != p}
 
 
+def paired_ratios(samples: dict, mine=MINE, peers=RATIO_PEERS) -> dict:
+    """The ratios of `ratios` taken repeat by repeat, then their median: {name: {"median", "samples"}}. Repeat r of
+    every runner runs before repeat r + 1 of any (Workers.interleave), so a runner's r-th tok/s and a peer's r-th were
+    timed seconds apart; on a host whose memory bandwidth a neighbour's traffic moves between repeats (this one's
+    probe: 40-78 GB/s within a run), the ratio of two medians can set one runner's fast phase against another's
+    slow one, and the paired ratios do not."""
+    rates = {name: [r["tok_s"] for r in runs] for name, runs in samples.items()}
+    out = {}
+    for m in mine:
+        for p, label in peers.items():
+            if m in rates and p in rates and m != p and len(rates[m]) == len(rates[p]) and all(rates[p]):
+                each = [round(a / b, 3) for a, b in zip(rates[m], rates[p])]
+                out[f"{m}_vs_{label}"] = {"median": round(statistics.median(each), 3), "samples": each}
+    return out
+
+
 def pass_ratios(passes: dict, gamma: int) -> dict:
     """What a verification (γ + 1 tokens) and a draft pass cost against a 1-token target pass, from the pass times."""
     ms = passes["ms"]

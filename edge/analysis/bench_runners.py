@@ -79,13 +79,13 @@ class PolicyRunner:
 
     def __init__(self, checkpoint: str, backend: str, policy: str, gamma: int, max_new_tokens: int, prompts: list,
                  max_context: int, scratch: int, gate: dict, adaptive: dict, record_rounds: bool = False,
-                 draft_head: str | None = None, shortlist_k: int | None = None):
+                 draft_head: str | None = None, shortlist_k: int | None = None, draft_vocab: int | None = None):
         from edge.analysis.calibrate import calibrated_gate
         from edge.decode.adaptive import AdaptiveConfig
         from edge.decode.config import GateConfig, GenerateConfig
         from edge.runtime import Runtime
         self.rt = Runtime(checkpoint, backend=backend, max_context=max_context, scratch=scratch, draft_head=draft_head,
-                          shortlist_k=shortlist_k)
+                          shortlist_k=shortlist_k, draft_vocab=draft_vocab)
         self.prompts, self.rounds = prompts, [] if record_rounds else None
         gate_cfg = calibrated_gate(self.rt, policy, GateConfig(**gate))
         self.cfg = GenerateConfig(policy=policy, gamma=gamma, max_new_tokens=max_new_tokens, gate=gate_cfg,
@@ -120,7 +120,7 @@ class SyntheticRunner:
 
     def __init__(self, config: dict, backend: str, mode: str, max_new_tokens: int, prompts: list, gamma: int,
                  rounds: list | None = None, seed: int = 0, draft_head: str | None = None,
-                 shortlist_k: int | None = None):
+                 shortlist_k: int | None = None, draft_vocab: int | None = None):
         from edge.backends import make_engine, resolve_backend
         from edge.memory.synthetic import synthetic_checkpoint
         from edge.model.arch import ModelConfig
@@ -133,7 +133,7 @@ class SyntheticRunner:
         self.backend = resolve_backend(backend)
         # the default export's head: nested, the embedding read from it, the draft reading it at 8 bits (or as asked)
         ckpt = set_draft_head(synthetic_checkpoint(cfg, "cpu", seed=seed, head_nested=True, draft_head="8bit"),
-                              draft_head, shortlist_k)
+                              draft_head, shortlist_k, draft_vocab)
         capacity = max(len(p) for p in prompts) + max(max_new_tokens, WARMUP_TOKENS) + gamma + 2
         self.eng = make_engine(self.backend, ckpt, capacity, scratch=gamma + 1)
         self.mode, self.prompts, self.rounds, self.n = mode, prompts, rounds, max_new_tokens

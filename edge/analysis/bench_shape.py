@@ -116,7 +116,8 @@ def bench_shape(a, cfg: ModelConfig, name: str, checkpoint: str, command: str = 
     best = max((k for k in LOSSLESS if k in tok), key=tok.get)
     out = {"command": command, "shape": name, "config": cfg.to_dict(), "checkpoint": checkpoint,
            "backend": loaded["target"]["backend"], "isa": loaded["target"]["isa"],
-           **{k: loaded["target"][k] for k in ("draft_head", "shortlist_k") if k in loaded["target"]},
+           **{k: loaded["target"][k] for k in ("draft_head", "shortlist_k", "draft_vocab")
+              if k in loaded["target"]},
            "isolation": ISOLATION,
            "prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "repeats": a.repeats, "gamma": a.gamma,
            "threads": threads, "machine": mach, "read_gbps": read_gbps, "read_gbps_samples": probe["gbps_samples"],

@@ -49,6 +49,7 @@ class CompareOptions:
     phase_tag: str = TAG               # the closing tag of the phase set and of gate-phase
     draft_head: str | None = None      # what the draft reads of a nested head (None: the checkpoint's setting)
     shortlist_k: int | None = None
+    draft_vocab: int | None = None     # ids the draft scores, [0, N) (None: the checkpoint's setting)
 
     def __post_init__(self):
         if min(self.prompts, self.max_new_tokens, self.match_tokens) < 1 or self.phase_prompts < 0:
@@ -190,7 +191,8 @@ def speculation_sweep(rt: Runtime, prompts: list[list[int]], o: CompareOptions) 
 def compare(o: CompareOptions) -> dict:
     t0 = time.time()
     rt = Runtime(o.checkpoint, backend=o.backend, max_context=4096, scratch=max(17, o.adaptive.gamma_max + 1),
-                 draft_head=o.draft_head, shortlist_k=o.shortlist_k)
+                 draft_head=o.draft_head, shortlist_k=o.shortlist_k,
+                 draft_vocab=o.draft_vocab)
     prompts = [rt.encode(p) for p in sharegpt_prompts(o.prompts)]
     out = {"checkpoint": str(rt.ckpt.path), "method": rt.ckpt.method, "backend": rt.backend, "prompts": len(prompts),
            "max_new_tokens": o.max_new_tokens, "match_tokens": o.match_tokens, "gate_rate": o.rate,
@@ -275,5 +277,6 @@ def main(argv=None, default_checkpoint=None) -> int:
             raise BitNestError("compare_policies.py uses the calibrated thresholds: pass --gate-rate, not --gate-threshold")
         return compare(CompareOptions(ckpt, a.backend, a.prompts, a.max_new_tokens, a.match_tokens, a.phase_prompts,
                                       a.phase_tokens, a.gate_rate, a.gamma, adaptive_config(a), a.resamples, a.seed,
-                                      a.speculation_sweep, a.phase_tag, a.draft_head, a.shortlist_k))
+                                      a.speculation_sweep, a.phase_tag, a.draft_head, a.shortlist_k,
+                                      a.draft_vocab))
     return run_cli(body, a.json, "compare_policies.py")

@@ -64,6 +64,8 @@ def evaluate(opts: EvalOptions) -> dict:
     """{"ppl": {"reference"|"draft"|"target": {corpus: x}}, "agreement": {corpus: x}, ...}."""
     t0 = time.time()
     ckpt = set_draft_head(load_checkpoint(opts.checkpoint), opts.draft_head, opts.shortlist_k)
+    ckpt.draft_vocab = None   # perplexity and agreement of the views over every id: a draft vocabulary shapes the
+    # proposals of a decode (the ids past it are -inf: the draft's perplexity would be infinite), not the model
     tok = load_tokenizer(ckpt.path)
     weights = TorchBackend(ckpt, act_int8=opts.act_int8) if opts.backend == "torch" \
         else make_backend(opts.backend, ckpt)
@@ -110,7 +112,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--act", choices=("float", "int8"), default="float", help="activations of the torch backend's views")
     p.add_argument("--backend", choices=BACKENDS, default="torch", help="backend that runs the nested views")
     p.add_argument("--reference", help="HF folder of the float reference (default: the export's source)")
-    add_draft_head_arguments(p)
+    add_draft_head_arguments(p, vocab=False)
     p.add_argument("--json", action="store_true", help="print one JSON object last")
     return p
 

@@ -219,6 +219,7 @@ class ReplayOptions:
     plots: Optional[str] = None        # folder for the PNG figures
     draft_head: Optional[str] = None   # what the draft reads of a nested head (None: the checkpoint's setting)
     shortlist_k: Optional[int] = None
+    draft_vocab: Optional[int] = None  # ids the draft scores, [0, N) (None: the checkpoint's setting)
 
     def __post_init__(self):
         if self.prompts < 1 or self.max_new_tokens < 2 or self.resamples < 10:
@@ -233,7 +234,8 @@ def replay(opts: ReplayOptions) -> dict:
     prompts = read_prompts(opts.prompts_file) if opts.prompts_file else \
         [(p, True) for p in sharegpt_prompts(opts.prompts)]
     rt = Runtime(opts.checkpoint, backend=opts.backend, max_context=opts.max_new_tokens + 2048,
-                 draft_head=opts.draft_head, shortlist_k=opts.shortlist_k)
+                 draft_head=opts.draft_head, shortlist_k=opts.shortlist_k,
+                 draft_vocab=opts.draft_vocab)
     traces = [trace_prompt(rt.engine, rt.encode(p, chat), opts.max_new_tokens, rt.eos) for p, chat in prompts]
     if not any(len(t) for t in traces):
         raise BitNestError("the trajectories hold no decode steps: raise --max-new-tokens")
@@ -271,5 +273,6 @@ def main(argv=None, default_checkpoint=None) -> int:
     def body():
         ckpt = checkpoint_arg(a, default_checkpoint)
         return replay(ReplayOptions(ckpt, a.backend, a.prompts_file, a.prompts, a.max_new_tokens, a.resamples,
-                                    a.seed, a.plots, a.draft_head, a.shortlist_k))
+                                    a.seed, a.plots, a.draft_head, a.shortlist_k,
+                                    a.draft_vocab))
     return run_cli(body, a.json, "replay.py")

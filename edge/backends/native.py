@@ -109,7 +109,7 @@ class NativeEngine(Engine):
                 "heads": cfg.num_heads, "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
                 "vocab": cfg.vocab_size, "max_tokens": workspace_rows(self.prefill_chunk, scratch),
                 "threads": self.threads, "draft_head": DRAFT_HEADS.get(self.draft_head, 0), "shortlist": shortlist,
-                "kv_window": elastic.window if elastic is not None else 0}
+                "draft_vocab": ckpt.draft_vocab or 0, "kv_window": elastic.window if elastic is not None else 0}
         try:
             self.step = torch.classes.bitnest.DecoderStep(tensors, dims, cfg.rms_norm_eps, native.requested_isa())
         except RuntimeError as e:

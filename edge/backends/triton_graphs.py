@@ -43,7 +43,7 @@ class GraphedEngine(PassEngine):
         rot = ckpt.rotations
         r1 = ckpt.tensors.get(R1_TENSOR) if rot.r1 is not None else None        # the backend moved it to `dev`
         self.decoder = Decoder(ckpt.config, backend, OnlineRotations(r1, rot.r4_size), ckpt.draft_head,
-                               ckpt.shortlist_k)
+                               ckpt.shortlist_k, ckpt.draft_vocab)
         cos, sin = rope_tables(ckpt.config, torch.arange(capacity + scratch), torch.float32)   # [P, D]
         self.cos, self.sin = cos.to(dev), sin.to(dev)
         width = max(self.prefill_chunk, GRAPH_MAX_TOKENS)

@@ -26,20 +26,24 @@ def tool_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return p
 
 
-def add_draft_head_arguments(p: argparse.ArgumentParser) -> None:
-    """--draft-head / --shortlist-k: what the draft reads of a nested LM head (edge.model.draft_head), overriding the
-    checkpoint's setting; a float16 head refuses them in one line."""
+def add_draft_head_arguments(p: argparse.ArgumentParser, vocab: bool = True) -> None:
+    """--draft-head / --shortlist-k / --draft-vocab (where `vocab`): what the draft reads of a nested LM head
+    (edge.model.draft_head), overriding the checkpoint's setting; a float16 head refuses them in one line."""
     g = p.add_argument_group("draft head (checkpoints with a nested LM head)")
     g.add_argument("--draft-head", choices=DRAFT_HEADS, help="8bit: the draft reads the head at the target's 8-bit "
                    "view; 4bit: its base plane; shortlist: the base plane's top K rows re-scored at 8 bits "
                    "(default: the checkpoint's setting)")
     g.add_argument("--shortlist-k", type=count(), help=f"rows the shortlist re-scores (default: the checkpoint's, "
                    f"{SHORTLIST_K} unless it records another)")
+    if vocab:
+        g.add_argument("--draft-vocab", type=count(), help="the draft scores token ids below this only, so it reads "
+                       "that many rows of the head (default: the checkpoint's; the whole vocabulary unless it records "
+                       "less)")
 
 
 def draft_head_options(a) -> dict:
     """The Runtime keyword arguments of the draft-head options."""
-    return {"draft_head": a.draft_head, "shortlist_k": a.shortlist_k}
+    return {"draft_head": a.draft_head, "shortlist_k": a.shortlist_k, "draft_vocab": a.draft_vocab}
 
 
 def add_model_argument(p: argparse.ArgumentParser) -> None:

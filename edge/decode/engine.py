@@ -186,7 +186,7 @@ class PassEngine(Engine):
         self.check_elastic(max(self.prefill_chunk, scratch + 1))
         cfg = ckpt.config
         self.backend = backend
-        self.decoder = Decoder(cfg, backend, ckpt.rotations, ckpt.draft_head, ckpt.shortlist_k)
+        self.decoder = Decoder(cfg, backend, ckpt.rotations, ckpt.draft_head, ckpt.shortlist_k, ckpt.draft_vocab)
         self.cache = NestedKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, capacity, scratch,
                                    device=backend.device, ops=backend.attention_ops, elastic=elastic)
 

@@ -24,7 +24,10 @@ def head_bytes_per_pass(ckpt: Checkpoint, view: str) -> int:
         cfg = ckpt.config
         return cfg.vocab_size * cfg.hidden_size * 2
     at = head_view(ckpt.draft_head, view)
-    return linear_bytes_per_pass(ckpt.linears[HEAD], "draft" if at == DRAFT_HEAD_SHORTLIST else at)
+    whole = linear_bytes_per_pass(ckpt.linears[HEAD], "draft" if at == DRAFT_HEAD_SHORTLIST else at)
+    if view == "target" or ckpt.draft_vocab is None:
+        return whole
+    return whole // ckpt.config.vocab_size * ckpt.draft_vocab    # the draft reads the rows of its vocabulary only
 
 
 def head_row_bytes_per_token(ckpt: Checkpoint, view: str) -> int:
@@ -60,10 +63,13 @@ def embedding_row_bytes(ckpt: Checkpoint) -> int:
 
 
 def draft_head_summary(ckpt: Checkpoint) -> dict:
-    """What the stats say about the head: `draft_head` (None: a float16 head) and, for the shortlist, `shortlist_k`."""
+    """What the stats say about the head: `draft_head` (None: a float16 head), for the shortlist `shortlist_k`, and
+    `draft_vocab` where the draft scores part of the vocabulary only."""
     out = {"draft_head": ckpt.draft_head}
     if ckpt.draft_head == DRAFT_HEAD_SHORTLIST:
         out["shortlist_k"] = ckpt.shortlist_k
+    if ckpt.draft_vocab is not None:
+        out["draft_vocab"] = ckpt.draft_vocab
     return out
 
 

@@ -15,8 +15,12 @@ from plugins.step_contract import DRAFT_HEAD_META, FLOAT16_HEAD
 
 def check_graph_draft_head(meta: dict, ckpt: Checkpoint, path) -> None:
     """A step graph's metadata `meta` says it serves the draft head `ckpt` is set to (edge.model.draft_head), else a
-    one-line error naming both fixes. A graph exported before the setting existed read a nested head at the pass's
-    view: `4bit`."""
+    one-line error naming both fixes; a draft vocabulary (which no graph serves) is refused. A graph exported before
+    the setting existed read a nested head at the pass's view: `4bit`."""
+    if ckpt.draft_vocab is not None:
+        raise BitNestError(f"{path} scores the whole vocabulary in draft passes and the checkpoint's draft scores "
+                           f"{ckpt.draft_vocab} ids only: pass --draft-vocab {ckpt.config.vocab_size} (the whole "
+                           "vocabulary), or use the native backend")
     want = ckpt.draft_head or FLOAT16_HEAD
     got = meta.get(DRAFT_HEAD_META, "4bit" if ckpt.head_nested else FLOAT16_HEAD)
     if got != want:

@@ -11,7 +11,15 @@ import torch
 from edge.errors import BitNestError, CheckpointError
 from edge.model.arch import ARCHITECTURES, BLOCK_LINEARS, BLOCK_NORMS, ModelConfig
 from edge.model.decoder import OnlineRotations
-from edge.model.draft_head import DRAFT_HEAD_UNRECORDED, SHORTLIST_K, check_draft_head, check_shortlist_k, head_view
+from edge.model.draft_head import (
+    DRAFT_HEAD_SHORTLIST,
+    DRAFT_HEAD_UNRECORDED,
+    SHORTLIST_K,
+    check_draft_head,
+    check_draft_vocab,
+    check_shortlist_k,
+    head_view,
+)
 from edge.model.tensor_file import read_tensors
 from plugins.contracts import FORMAT_VERSION
 
@@ -47,8 +55,9 @@ class Checkpoint:
 
     `draft_head` is what the draft pass reads of a nested head (edge.model.draft_head: `8bit`, `4bit` or
     `shortlist`; None for a float16 head) and `shortlist_k` the rows the shortlist re-scores: the manifest's
-    (`draft_head` absent: `4bit`), or a runtime's override (`set_draft_head`) made before any engine is built.
-    Every engine reads these two attributes and nothing else."""
+    (`draft_head` absent: `4bit`), or a runtime's override (`set_draft_head`) made before any engine is built;
+    `draft_vocab` the ids the draft scores, [0, draft_vocab) (None: all). Every engine reads these three attributes
+    and nothing else."""
 
     path: Path
     manifest: dict[str, Any]
@@ -59,6 +68,7 @@ class Checkpoint:
     draft_head: Optional[str] = None
     shortlist_k: int = SHORTLIST_K
     weights: str = WEIGHTS_NESTED
+    draft_vocab: Optional[int] = None
 
     def __post_init__(self):
         if self.draft_head is None and self.head_nested:    # built in memory (edge.memory.synthetic): as a manifest
@@ -115,8 +125,8 @@ def sha256_file(path: Path) -> str:
 
 SEAL = "manifest_sha256"
 MANIFEST_FIELDS = {"format", "format_version", "config", "method", "refine", "quant", "head", "embedding", "draft_head",
-                   "shortlist_k", "linears", "rotation", "calibration", "source", "activations", "export", "files",
-                   "tokenizer_files", SEAL}
+                   "shortlist_k", "draft_vocab", "linears", "rotation", "calibration", "source", "activations",
+                   "export", "files", "tokenizer_files", SEAL}
 
 
 def manifest_seal(m: dict[str, Any]) -> str:
@@ -270,27 +280,35 @@ def validate_tensors(cfg: ModelConfig, specs: dict[str, LinearSpec], tensors: di
         _check_tensor(tensors, R1_TENSOR, torch.float32, (h, h))
 
 
-def _draft_head(cfg: ModelConfig, m: dict[str, Any]) -> tuple[Optional[str], int]:
-    """(draft head, shortlist size) the manifest records: None for a float16 head, `4bit` where a nested head's
-    manifest predates the field."""
+def _draft_head(cfg: ModelConfig, m: dict[str, Any]) -> tuple[Optional[str], int, Optional[int]]:
+    """(draft head, shortlist size, draft vocabulary) the manifest records: None for a float16 head, `4bit` where a
+    nested head's manifest predates the field, the whole vocabulary (None) where it records none."""
     if m.get("head") != "nested":
-        if "draft_head" in m or "shortlist_k" in m:
+        if "draft_head" in m or "shortlist_k" in m or "draft_vocab" in m:
             raise CheckpointError("the manifest sets a draft head but the head is float16: re-export the checkpoint")
-        return None, SHORTLIST_K
+        return None, SHORTLIST_K, None
     try:
-        return (check_draft_head(m.get("draft_head", DRAFT_HEAD_UNRECORDED)),
-                check_shortlist_k(m.get("shortlist_k", SHORTLIST_K), cfg.vocab_size))
+        draft_head = check_draft_head(m.get("draft_head", DRAFT_HEAD_UNRECORDED))
+        k = check_shortlist_k(m.get("shortlist_k", SHORTLIST_K), cfg.vocab_size)
+        return draft_head, k, check_draft_vocab(m.get("draft_vocab"), cfg.vocab_size, _shortlist_rows(draft_head, k))
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"manifest: {str(e)[:120]}: re-export the checkpoint") from None
 
 
-def set_draft_head(ckpt: Checkpoint, draft_head: Optional[str] = None, shortlist_k: Optional[int] = None) -> Checkpoint:
+def _shortlist_rows(draft_head: Optional[str], shortlist_k: int) -> int:
+    """Rows a draft vocabulary must hold for this setting: the shortlist's K, else 1."""
+    return shortlist_k if draft_head == DRAFT_HEAD_SHORTLIST else 1
+
+
+def set_draft_head(ckpt: Checkpoint, draft_head: Optional[str] = None, shortlist_k: Optional[int] = None,
+                   draft_vocab: Optional[int] = None) -> Checkpoint:
     """Override what the draft reads of the head (before any engine is built from `ckpt`); None keeps the
     manifest's. BitNestError in one line for a float16 head or a bad value."""
-    if draft_head is None and shortlist_k is None:
+    if draft_head is None and shortlist_k is None and draft_vocab is None:
         return ckpt
     if not ckpt.head_nested:
-        raise BitNestError(f"--draft-head needs a nested LM head, and {ckpt.path} has a float16 head (both views read "
+        raise BitNestError(f"--draft-head (as --shortlist-k, --draft-vocab) needs a nested LM head, and {ckpt.path} "
+                           "has a float16 head (both views read "
                            "it in full): export the checkpoint with the nested head (the default)")
     if draft_head is not None and HEAD + ".refine" not in ckpt.tensors and head_view(draft_head, "draft") != "draft":
         raise BitNestError(f"--draft-head {draft_head} reads the head's refinement plane, which --weights base did not "
@@ -299,6 +317,8 @@ def set_draft_head(ckpt: Checkpoint, draft_head: Optional[str] = None, shortlist
         ckpt.draft_head = check_draft_head(draft_head) if draft_head is not None else ckpt.draft_head
         ckpt.shortlist_k = check_shortlist_k(shortlist_k, ckpt.config.vocab_size) if shortlist_k is not None \
             else ckpt.shortlist_k
+        ckpt.draft_vocab = check_draft_vocab(draft_vocab if draft_vocab is not None else ckpt.draft_vocab,
+                                             ckpt.config.vocab_size, _shortlist_rows(ckpt.draft_head, ckpt.shortlist_k))
     except ValueError as e:
         raise BitNestError(str(e)) from None
     return ckpt
@@ -342,7 +362,7 @@ def load_checkpoint(path, verify: bool = True, weights: str = WEIGHTS_NESTED) ->
     if cfg.architecture not in ARCHITECTURES:
         raise CheckpointError(f"{path}: unknown architecture {cfg.architecture!r}")
     specs = _linear_specs(cfg, m)
-    draft_head, shortlist_k = _draft_head(cfg, m)
+    draft_head, shortlist_k, draft_vocab = _draft_head(cfg, m)
     try:
         if weights == WEIGHTS_BASE:
             tensors, skipped = read_tensors(path / WEIGHTS, lambda n: not n.endswith(".refine") or
@@ -353,4 +373,5 @@ def load_checkpoint(path, verify: bool = True, weights: str = WEIGHTS_NESTED) ->
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"{path}/{WEIGHTS} cannot be read ({str(e).splitlines()[0][:120]}): re-export it")
     validate_tensors(cfg, specs, tensors, m, weights)
-    return Checkpoint(path, m, cfg, specs, tensors, _rotations(m, tensors, cfg), draft_head, shortlist_k, weights)
+    return Checkpoint(path, m, cfg, specs, tensors, _rotations(m, tensors, cfg), draft_head, shortlist_k, weights,
+                      draft_vocab)

@@ -7,7 +7,7 @@ from typing import Optional, Protocol
 import torch
 
 from edge.model.arch import ModelConfig
-from edge.model.draft_head import DRAFT_HEAD_SHORTLIST, SHORTLIST_K, head_view, shortlist_logits
+from edge.model.draft_head import DRAFT_HEAD_SHORTLIST, SHORTLIST_K, head_view, restrict_draft_vocab, shortlist_logits
 from plugins.decoder_math import (
     attention,
     hadamard_rows,
@@ -60,9 +60,9 @@ class Decoder:
     view `draft_head` gives a pass of that view (edge.model.draft_head; None: a float16 head, read in full)."""
 
     def __init__(self, cfg: ModelConfig, weights: WeightStore, rotations: OnlineRotations = OnlineRotations(),
-                 draft_head: str | None = None, shortlist_k: int = SHORTLIST_K):
+                 draft_head: str | None = None, shortlist_k: int = SHORTLIST_K, draft_vocab: int | None = None):
         self.cfg, self.weights, self.rot = cfg, weights, rotations
-        self.draft_head, self.shortlist_k = draft_head, shortlist_k
+        self.draft_head, self.shortlist_k, self.draft_vocab = draft_head, shortlist_k, draft_vocab
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.weights.embed(ids)                                   # [T, H]
@@ -101,12 +101,18 @@ class Decoder:
 
     def head(self, h: torch.Tensor, view: str) -> torch.Tensor:
         """The head's logits [T, V] for a pass of `view` on its input h [T, H]: read at the view the draft-head setting
-        gives; the shortlist re-scores its base-plane top K at the target view (-inf elsewhere)."""
-        at = head_view(self.draft_head, view)
+        gives; the shortlist re-scores its base-plane top K at the target view (-inf elsewhere); a draft pass scores
+        the draft vocabulary's ids only (-inf past it; this reference computes every row and masks them)."""
+        at, w = head_view(self.draft_head, view), self.weights
+        vd = self.draft_vocab if view == "draft" else None
         if at != DRAFT_HEAD_SHORTLIST:
-            return self.weights.head(h, at)
-        w = self.weights
-        return shortlist_logits(w.head(h, "draft"), self.shortlist_k, lambda ids: w.head_rows(h, ids))
+            return restrict_draft_vocab(w.head(h, at), vd)
+        base = w.head(h, "draft")
+        if vd is None:
+            return shortlist_logits(base, self.shortlist_k, lambda ids: w.head_rows(h, ids))
+        out = torch.full_like(base, float("-inf"))
+        out[..., :vd] = shortlist_logits(base[..., :vd], self.shortlist_k, lambda ids: w.head_rows(h, ids))
+        return out
 
     def rope(self, t: int, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = rope_tables(self.cfg, torch.arange(start, start + t), self.weights.dtype)

@@ -7,6 +7,10 @@ the head view each pass reads, and the shortlist rule (the draft's logits when i
 - `4bit`: the draft reads the head's base plane (q4 · s), as every other linear of the draft.
 - `shortlist`: the draft reads the base plane for every row, keeps the K rows of largest base-plane logits and
   re-scores those rows at the target view; its logits are those 8-bit logits on the shortlist and -inf elsewhere.
+- A draft vocabulary (`draft_vocab` V_d, any setting): the draft scores token ids [0, V_d) only and its logit of every
+  other id is -inf, so it reads V_d rows of the head, not all of them (byte-level BPE vocabularies are ordered by
+  merge rank, so their rare tokens sit at the end: Qwen2.5's 151,936 rows hold CJK and other scripts past ~80k).
+  The shortlist takes its K rows among those V_d.
 The target view always reads the whole head at 8 bits, so the target's output (and losslessness) never depends on
 the setting. A float16 head has no setting (None): both views read it in full."""
 
@@ -35,6 +39,24 @@ def check_shortlist_k(k, vocab: int) -> int:
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= vocab:
         raise ValueError(f"shortlist size {k!r} must be an integer in [1, {vocab}] (the vocabulary)")
     return k
+
+
+def check_draft_vocab(n, vocab: int, shortlist_k: int = 1) -> int | None:
+    """`n` (None: the whole vocabulary) if it is a draft vocabulary for `vocab` rows that holds a shortlist of
+    `shortlist_k` rows, else ValueError. The whole vocabulary is returned as None."""
+    if n is None:
+        return None
+    if not isinstance(n, int) or isinstance(n, bool) or not max(1, shortlist_k) <= n <= vocab:
+        raise ValueError(f"draft vocabulary (--draft-vocab) {n!r} must be an integer in [{max(1, shortlist_k)}, "
+                         f"{vocab}] (the shortlist's rows at least, the vocabulary at most)")
+    return None if n == vocab else n
+
+
+def restrict_draft_vocab(logits: torch.Tensor, draft_vocab: int | None) -> torch.Tensor:
+    """The draft's logits [M, V] with every id at or past `draft_vocab` set to -inf (in place; None: unchanged)."""
+    if draft_vocab is not None:
+        logits[..., draft_vocab:] = float("-inf")
+    return logits
 
 
 def head_view(draft_head: str | None, view: str) -> str:

@@ -10,6 +10,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from edge.cache import cache_root
 from edge.errors import BitNestError
@@ -31,6 +32,7 @@ class PackagedModel:
     size: int
     sha256: str
     draft_head: str = DRAFT_HEAD_EXPORT_DEFAULT   # what its export records unless told otherwise (measured per model)
+    draft_vocab: Optional[int] = None             # likewise: the ids its draft scores, [0, N) (None: every id)
 
     def install_command(self, force: bool = False) -> str:
         dists = " ".join(f"{dist}=={self.version}" for dist, _, _ in self.parts)
@@ -48,6 +50,9 @@ QWEN_CODER_05B = PackagedModel(
     # the shortlist: the 8-bit head's acceptance to the token with the base plane's bytes; on this model's 151,936-row
     # head a draft pass reads 254.9 MB instead of 322.9 MB (docs/model-and-data.md: bench and acceptance per head)
     draft_head=DRAFT_HEAD_SHORTLIST,
+    # the draft scores ids below 65,536 only: a draft pass reads 65,536 of the head's 151,936 base-plane rows (29.4 of
+    # 68.1 MB), ~0.5 instead of ~0.6 of a target pass, for 1-4 points of acceptance (docs/model-and-data.md)
+    draft_vocab=65536,
 )
 
 PACKAGED_MODELS = {m.preset: m for m in (QWEN_CODER_05B,)}

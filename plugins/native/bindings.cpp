@@ -181,6 +181,7 @@ struct StepHolder : torch::CustomClassHolder {
     d.draft_head = DraftHead(n.contains("draft_head") ? n.at("draft_head") : 0);
     d.shortlist = n.contains("shortlist") ? int(n.at("shortlist")) : 0;
     d.kv_window = n.contains("kv_window") ? int(n.at("kv_window")) : 0;
+    d.draft_vocab = n.contains("draft_vocab") ? int(n.at("draft_vocab")) : 0;
     TORCH_CHECK(d.kv_window >= 0, "kv_window must be >= 0");
     vocab = d.vocab;
     StepWeights w;

@@ -127,8 +127,10 @@ std::string unsupported(const StepDims& d, const StepWeights& w) {
   }
   if (w.head.base) return unsupported_linear(w.head, "the nested head");
   if (d.draft_head != DraftHead::kBase && !w.head.base) return "a draft head setting needs a nested head";
-  if (d.draft_head == DraftHead::kShortlist && (d.shortlist < 1 || d.shortlist > d.vocab))
-    return "shortlist of " + std::to_string(d.shortlist) + " rows (1 .. vocabulary)";
+  if (d.draft_vocab < 0 || d.draft_vocab > d.vocab)
+    return "draft vocabulary of " + std::to_string(d.draft_vocab) + " ids (1 .. vocabulary, 0: all)";
+  if (d.draft_head == DraftHead::kShortlist && (d.shortlist < 1 || d.shortlist > d.draft_rows()))
+    return "shortlist of " + std::to_string(d.shortlist) + " rows (1 .. the draft's vocabulary)";
   return "";
 }
 
@@ -356,8 +358,9 @@ void DecoderStep::head(int M, int rows, bool target, float* logits, int tid, int
   }
   Scratch& sc = scratch_[tid];
   const float* src = (w_.r1 ? tmp_.data() : x_.data()) + size_t(first_row) * H;
+  const int scored = target ? V : d_.draft_rows();   // the draft reads no row past its vocabulary
   int n0, n1;
-  span(V, tid, nt, &n0, &n1);
+  span(scored, tid, nt, &n0, &n1);
   if (w_.head.base) {
     prepare(sc, src, H, rows, H, w_.head.G, w_.final_norm);
     const bool view = target || d_.draft_head == DraftHead::kTarget;
@@ -366,6 +369,13 @@ void DecoderStep::head(int M, int rows, bool target, float* logits, int tid, int
   } else {
     for (int t = 0; t < rows; ++t) k_->rms_norm(src + size_t(t) * H, w_.final_norm, H, d_.eps, &sc.h[size_t(t) * H]);
     if (n0 < n1) k_->f16_linear(w_.head_f16, H, sc.h.data(), H, rows, logits, V, n0, n1);
+  }
+  if (scored < V) {                     // ids past the draft's vocabulary: -inf, split over threads
+    int e0, e1;
+    span(V - scored, tid, nt, &e0, &e1, 1);
+    for (int t = 0; t < rows; ++t)
+      std::fill(logits + size_t(t) * V + scored + e0, logits + size_t(t) * V + scored + e1,
+                -std::numeric_limits<float>::infinity());
   }
 }
 

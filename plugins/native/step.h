@@ -30,7 +30,9 @@ struct StepDims {
   int threads = 1;
   DraftHead draft_head = DraftHead::kBase;
   int shortlist = 0;    // rows re-scored by DraftHead::kShortlist
+  int draft_vocab = 0;  // the draft scores token ids [0, draft_vocab) only, every other logit -inf (0: all of them)
   int kv_window = 0;    // elastic KV: each query reads KV8 for its last kv_window positions only (0: no window)
+  int draft_rows() const { return draft_vocab ? draft_vocab : vocab; }
 };
 
 struct StepWeights {
