@@ -27,7 +27,7 @@ from edge.model.checkpoint import manifest_seal
 from plugins.contracts import DRAFT, TARGET
 
 COSTS_FORMAT = "bitnest-pass-costs"
-COSTS_VERSION = 2            # bump when what is measured or how changes: every cached table is then re-measured
+COSTS_VERSION = 3            # bump when what is measured or how changes: every cached table is then re-measured
 MAX_GAMMA = 8                # the most proposals `auto` may choose: target passes of 1..MAX_GAMMA + 1 tokens
 CONTEXT = 192                # committed positions the passes are timed at (a modest real context)
 WARMUP, REPEATS = 2, 9       # interleaved sweeps over every (view, width): discarded, then kept (medians; 5 left
@@ -139,7 +139,19 @@ def measure(eng: Engine, text: list[int], width: int, repeats: Optional[int] = N
         eng.reset()
         eng.on_phase = phase
     med = {p: statistics.median(s) for p, s in seconds.items()}
-    return CostTable(tuple(med[(TARGET, w)] for w in range(1, width + 1)), med[(DRAFT, 1)], "measured", None, context)
+    return CostTable(widening([med[(TARGET, w)] for w in range(1, width + 1)]), med[(DRAFT, 1)], "measured", None,
+                     context)
+
+
+def widening(seconds: list[float]) -> tuple[float, ...]:
+    """Target pass times by width, each the least of its own median and every wider pass's: a pass over more tokens
+    reads the same weights and does more work, so it never costs less than a narrower one, and a width whose median
+    is above a wider one's was lifted by a neighbour's burst while it was timed (seen in a bench: a 4-token pass at
+    25.8 ms between 3- and 5-token passes at 14.4 ms, which made `auto` take gamma 1 where 4 paid)."""
+    out = list(seconds)
+    for i in range(len(out) - 2, -1, -1):
+        out[i] = min(out[i], out[i + 1])
+    return tuple(out)
 
 
 def write_table(table: CostTable, path: Path, fp: dict) -> None:
