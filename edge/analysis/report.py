@@ -24,6 +24,7 @@ from edge.analysis.report_bench import (
     bench_ratios,
     bench_table,
     headline_bench_row,
+    headline_model_row,
     headline_shape_row,
     isa_paths_table,
     shape_block,
@@ -300,7 +301,11 @@ def lossless_isas_table(*runs: dict) -> str:
 
 
 # -- the README's headline --------------------------------------------------------------------------------------
-def headline_table(sweep: dict, quality: dict, mc: dict, verify: dict, replay: dict, bench: dict, shape: dict) -> str:
+QWEN_RUNS = tuple(f"bench-qwen2.5-coder-0.5b-gptq-vocab65536{s}.json" for s in ("", "-2", "-3"))
+
+
+def headline_table(sweep: dict, quality: dict, mc: dict, verify: dict, replay: dict, bench: dict, shape: dict,
+                   qwen_lossless: dict, *qwen_runs: dict) -> str:
     """One row per headline result, each with the command that measured it."""
     sw = sweep["speculation_sweep"]
     t, g4 = sw["target"], sw["fixed-g4"]
@@ -314,6 +319,7 @@ def headline_table(sweep: dict, quality: dict, mc: dict, verify: dict, replay: d
     rows = [
         headline_bench_row(bench),
         headline_shape_row(shape),
+        headline_model_row("Qwen2.5-Coder-0.5B-Instruct", qwen_lossless, *qwen_runs),
         ["greedy speculation is lossless",
          f"{g4['identical_to_target']} / {n} outputs identical to the target's at γ = 4 (acceptance "
          f"{_pct(g4['acceptance'])}, {g4['tokens_per_round']:.2f} tokens / round)",
@@ -351,7 +357,8 @@ class Table:
 FIXED = {
     "headline": Table(("sweep-bitnest.json", "quality.json", "max_context_orin-nx-16gb_llama-2-7b-32k.json",
                        "verify_local_llama-2-7b-32k.json", "replay-bitnest.json", "bench.json",
-                       "bench-smollm2-1.7b.json"), headline_table),
+                       "bench-smollm2-1.7b.json", "lossless-qwen2.5-coder-0.5b-gptq-shortlist-vocab65536.json",
+                       *QWEN_RUNS), headline_table),
     "quality": Table(("quality.json",), quality_table),
     "bench": Table(("bench.json",), bench_table),
     "bench-ratios": Table(("bench.json",), bench_ratios),

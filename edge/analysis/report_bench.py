@@ -1,7 +1,7 @@
 """The result tables of `bitnest bench` (scripts/results/bench.json) and `bitnest bench --shape NAME`
 (scripts/results/bench-NAME.json), rendered for edge.analysis.report: every runner's decode speed with the machine,
 its ISA path and the isolation noted; pass times per view and width; the ratios; one block per shape with what was
-measured, replayed or projected marked; and the README's headline rows for both regimes."""
+measured, replayed or projected marked; and the README's headline rows for both regimes and for a second real model."""
 
 from edge.analysis.report_cells import mb, pct, table
 
@@ -146,6 +146,30 @@ def headline_bench_row(bench: dict) -> list[str]:
             f"`speculative_vs_target` {r['speculative_vs_target']:g}; {bench['gamma'] + 1}-token target pass "
             f"{p[str(bench['gamma'] + 1)] / p['1']:.2f}× a 1-token pass ([runtime](docs/runtime.md))",
             f"`{bench['command']}`"]
+
+
+def _span(values: list[float], fmt: str = "{:.2f}") -> str:
+    lo, hi = min(values), max(values)
+    return fmt.format(lo) if fmt.format(lo) == fmt.format(hi) else f"{fmt.format(lo)}-{fmt.format(hi)}"
+
+
+def headline_model_row(model: str, lossless: dict, *runs: dict) -> list[str]:
+    """A second real model: its bench runs (each a `bitnest bench` JSON of its export beside llama.cpp on the same
+    GGUF) as ranges over the runs, and its lossless run."""
+    first = runs[0]
+    r = [d["ratios"] for d in runs]
+    paired = [d["paired_ratios"]["speculative_vs_target"]["median"] for d in runs]
+    probe = [d["read_gbps"] for d in runs]
+    same = lossless["identical_by_policy"]
+    vocab = f", draft vocabulary {first['draft_vocab']:,} ids" if first.get("draft_vocab") else ""
+    return [f"decode speed, {model} (real weights, streamed from memory), {first['backend']} backend "
+            f"({first['isa']}, {first['threads']} threads), every runner in its own process, {len(runs)} runs",
+            f"speculative (γ = {first['gamma']}, {first['draft_head']} draft head{vocab}) "
+            f"{_span([x['speculative_vs_target'] for x in r])}× its target (paired by repeat {_span(paired)}×); "
+            f"best policy {_span([x['best_policy_vs_llamacpp_q8'] for x in r])}× llama.cpp Q8_0 on the same GGUF; "
+            f"read probe {_span(probe, '{:.1f}')} GB/s; identical to the target on {min(same.values())} / "
+            f"{lossless['prompts']} prompts ({' and '.join(same)}; [model and data](docs/model-and-data.md))",
+            f"`{first['command']}`"]
 
 
 def headline_shape_row(d: dict) -> list[str]:
