@@ -109,7 +109,8 @@ def main(argv=None) -> int:
                                                   a.model, step_graph=a.onnx or a.engine),
                                               shortlist_k=SHORTLIST_K if a.shortlist_k is None else a.shortlist_k,
                                               draft_vocab=a.draft_vocab or default_draft_vocab(
-                                                  a.model, step_graph=a.onnx or a.engine)))
+                                                  a.model, step_graph=a.onnx or a.engine,
+                                                  nested_head=a.head == "nested")))
         if a.onnx or a.engine:
             from export.onnx_export import export_onnx
             result["onnx"] = export_onnx(a.out, draft_head=a.draft_head)

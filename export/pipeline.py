@@ -82,11 +82,14 @@ def default_checkpoint_path(opts: "ExportOptions | None" = None) -> Path:
     return cache_root() / "checkpoints" / f"{stem}-{key}"
 
 
-def default_draft_vocab(model: str, step_graph: bool = False) -> Optional[int]:
+def default_draft_vocab(model: str, step_graph: bool = False, nested_head: bool = True) -> Optional[int]:
     """The draft vocabulary an export of `model` records unless told otherwise: a packaged preset's own measured
-    choice, else None (every id); none where the export also writes the step graph, which does not serve one."""
+    choice, else None (every id); none where the export also writes the step graph, which does not serve one, or
+    keeps a float16 head, which both views read whole."""
     from edge.model.packaged import PACKAGED_MODELS
-    return None if step_graph or model not in PACKAGED_MODELS else PACKAGED_MODELS[model].draft_vocab
+    if step_graph or not nested_head or model not in PACKAGED_MODELS:
+        return None
+    return PACKAGED_MODELS[model].draft_vocab
 
 
 def default_draft_head(model: str, step_graph: bool = False) -> str:

@@ -176,6 +176,7 @@ def test_the_qwen_preset_records_its_draft_vocabulary_and_the_default_model_none
     from export.pipeline import default_checkpoint_path, default_draft_vocab, default_export_options
     qwen = default_export_options("qwen2.5-coder-0.5b")
     assert qwen.draft_vocab == 65536 and default_draft_vocab("qwen2.5-coder-0.5b", step_graph=True) is None
+    assert default_draft_vocab("qwen2.5-coder-0.5b", nested_head=False) is None   # --head float16: not refused
     assert default_export_options().draft_vocab is None and default_draft_vocab("/some/model.gguf") is None
     assert default_checkpoint_path(qwen) != default_checkpoint_path(replace(qwen, draft_vocab=None))
     assert default_checkpoint_path().name == "smollm2-135m-instruct-bitnest-0d42191a53"   # the key before the field
