@@ -2,19 +2,26 @@
 read them, the initial R1 and per-layer R2 (randomized Hadamards where one exists), fusing R1/R2 into the linears,
 and the Hadamard R4 on down_proj. export.rotation plans and applies them; export.learned_rotation trains R1/R2."""
 
+from typing import Iterable, Optional
+
 import torch
 
 from edge.model.arch import ModelConfig
-from plugins.hadamard import hadamard_factors, hadamard_matrix, randomized_hadamard
+from plugins.hadamard import apply_hadamard, hadamard_factors, randomized_hadamard
 
 R1_READERS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
 R1_WRITERS = ("self_attn.o_proj", "mlp.down_proj")
 
 
-def fold_norms(t: dict[str, torch.Tensor], cfg: ModelConfig) -> None:
-    """W <- W diag(gamma) for the linears after each block norm; the norm weights become ones.
-    The final norm is not folded: the head stays tied and reads the un-rotated stream."""
-    for i in range(cfg.num_layers):
+def _layers(cfg: ModelConfig, layers: Optional[Iterable[int]]) -> Iterable[int]:
+    """The block indices a transform visits: `layers` (one layer of a streamed export), else every block."""
+    return range(cfg.num_layers) if layers is None else layers
+
+
+def fold_norms(t: dict[str, torch.Tensor], cfg: ModelConfig, layers: Optional[Iterable[int]] = None) -> None:
+    """W <- W diag(gamma) for the linears after each block norm (of `layers`, default all); the norm weights become
+    ones. The final norm is not folded: the head stays tied and reads the un-rotated stream."""
+    for i in _layers(cfg, layers):
         p = f"model.layers.{i}."
         for norm, readers in (("input_layernorm", R1_READERS[:3]), ("post_attention_layernorm", R1_READERS[3:])):
             gamma = t[p + norm + ".weight"]
@@ -29,14 +36,16 @@ def initial_r1r2(cfg: ModelConfig, seed: int) -> tuple[torch.Tensor, list[torch.
     return r1, [randomized_hadamard(cfg.head_dim, seed + 1 + i) for i in range(cfg.num_layers)]
 
 
-def apply_r1r2(t: dict[str, torch.Tensor], cfg: ModelConfig, r1: torch.Tensor, r2: list[torch.Tensor]) -> dict:
-    """The block linears of (norm-folded) `t` with R1 and R2 fused, as a new dict (differentiable in r1, r2).
+def apply_r1r2(t: dict[str, torch.Tensor], cfg: ModelConfig, r1: torch.Tensor, r2: list[torch.Tensor],
+               layers: Optional[Iterable[int]] = None) -> dict:
+    """The block linears of (norm-folded) `t` (of `layers`, default all) with R1 and R2 fused, as a new dict
+    (differentiable in r1, r2).
 
     R1 (residual): readers W <- W R1, writers W <- R1^T W. R2 (per layer): v_proj rows of each KV head
     W <- R2^T W (bias too), o_proj columns of each head W <- W R2."""
     out = dict(t)
     h, d = cfg.hidden_size, cfg.head_dim
-    for i in range(cfg.num_layers):
+    for i in _layers(cfg, layers):
         p = f"model.layers.{i}."
         for r in R1_READERS:
             out[p + r + ".weight"] = t[p + r + ".weight"] @ r1
@@ -51,15 +60,15 @@ def apply_r1r2(t: dict[str, torch.Tensor], cfg: ModelConfig, r1: torch.Tensor, r
     return out
 
 
-def apply_r4(t: dict[str, torch.Tensor], cfg: ModelConfig) -> dict:
-    """down_proj W <- W H (in place); the record of the online R4 the runtime applies to down_proj inputs."""
+def apply_r4(t: dict[str, torch.Tensor], cfg: ModelConfig, layers: Optional[Iterable[int]] = None) -> dict:
+    """down_proj W <- W H (in place, of `layers`, default all), each row contracted factor by factor (H_n is never
+    formed: 8,960^2 float64 would be 642 MB); the record of the online R4 the runtime applies to down_proj inputs."""
     n = cfg.intermediate_size
     if hadamard_factors(n) is None:
         raise ValueError(f"no Hadamard of order {n} (intermediate size) for the online R4: use --rotation r1r2")
-    hm = hadamard_matrix(n).to(next(iter(t.values())).dtype)
-    for i in range(cfg.num_layers):
+    for i in _layers(cfg, layers):
         name = f"model.layers.{i}.mlp.down_proj.weight"
-        t[name] = t[name] @ hm
+        t[name] = apply_hadamard(t[name], n)                          # [H, I] @ H_I
     return {"kind": "hadamard", "size": n, "factors": list(hadamard_factors(n)), "online_sites": ["down_proj_input"]}
 
 
