@@ -1,17 +1,16 @@
-"""Nesting a rotated float model: RTN, top-4-of-8, or sequential GPTQ (layer by layer, inputs from the
-already-quantized prefix) for the W4 base, then the fixed-base refinement (closed form or GPTQ)."""
+"""Nesting a rotated float model one block at a time: RTN, top-4-of-8, or sequential GPTQ (inputs from the
+already-quantized prefix) for the W4 base, then the fixed-base refinement (closed form or GPTQ); the head in blocks of
+rows."""
 
-import sys
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
 from edge.model.arch import BLOCK_LINEARS, ModelConfig
-from edge.model.checkpoint import HEAD
 from edge.model.decoder import Decoder, OnlineRotations, causal_attention
 from edge.model.float_store import FloatWeights
-from export.gptq import gptq_base, gptq_refine
+from export.gptq import gptq_base, gptq_refine, prepare_gptq
 from plugins.contracts import group_size_for
 from plugins.nesting import (
     NestedCodes,
@@ -74,17 +73,17 @@ class HessianCapture:
         if last_x is x:
             self.h[name] = self.h[last_name]          # q/k/v and gate/up read the same input
         else:
-            xx = (x.T @ x).double()                    # [K, K], accumulated in float64 across samples
-            if name in self.h:
-                self.h[name] += xx
+            if name in self.h:                         # [K, K], accumulated in float32 across samples
+                self.h[name].addmm_(x.T, x)
             else:
-                self.h[name] = xx
+                self.h[name] = x.T @ x
             self._last = (x, name)
         if name == self.last:
             raise InputsCaptured
 
 
 def _nest_one(w: torch.Tensor, opts: QuantOptions, h_draft=None, h_target=None) -> NestedCodes:
+    """One weight [N, K] nested under its Hessians (H or PreparedHessian per view; None: RTN)."""
     g = opts.group_for(w.shape[1])
     if opts.method == "top4of8":
         return nest_top4of8(w, g)
@@ -98,78 +97,102 @@ def _nest_one(w: torch.Tensor, opts: QuantOptions, h_draft=None, h_target=None) 
     return NestedCodes(q4, qr, scale)
 
 
-def _run_block(dec: Decoder, layer: int, xs: torch.Tensor, cos, sin) -> torch.Tensor:
-    return torch.stack([dec.block(layer, x, cos, sin, "target", causal_attention) for x in xs])
+def nest_rows(w_rows, opts: QuantOptions, hessians: Optional[dict] = None):
+    """Nested codes of one weight read in blocks of rows (`w_rows`: an iterable of [n, K] float blocks), one block
+    at a time: every row of a GPTQ weight is quantized under the same H, so blocks are independent (the head:
+    151,936 x 1,536 floats is 0.93 GB whole). `hessians`: {view: H [K, K]} (None: RTN). Yields NestedCodes per block."""
+    prepared = None
+    if opts.method == "bitnest" and hessians:
+        prepared = {v: prepare_gptq(h, opts.damp, opts.act_order) for v, h in hessians.items()}
+        hessians.clear()                                                # consumed: one copy, not two
+    for w in w_rows:
+        yield _nest_one(w, opts, *((prepared["draft"], prepared.get("target")) if prepared else ()))
 
 
-def _capture_block(dec: Decoder, capture: HessianCapture, layer: int, xs: torch.Tensor, cos, sin) -> dict:
+class LayerNester:
+    """Nests a model one decoder block at a time (method bitnest: sequential GPTQ; H of a block's linears from the
+    float block over the calibration streams, the streams then carried through the quantized block, in place); the
+    only state between blocks is `streams` ({view: [S, T, H] float32}: `draft`, and `target` with refine gptq)."""
+
+    def __init__(self, cfg: ModelConfig, rotations: OnlineRotations, opts: QuantOptions,
+                 device: Optional[torch.device] = None):
+        self.cfg, self.rot, self.opts = cfg, rotations, opts
+        self.device = device
+        self.views = ("draft", "target") if opts.refine == "gptq" else ("draft",)
+        self.streams: dict[str, torch.Tensor] = {}
+
+    @property
+    def sequential(self) -> bool:
+        return self.opts.method == "bitnest"
+
+    def start(self, x0: torch.Tensor) -> None:
+        """The streams at the first block: the (rotated) embeddings x0 [S, T, H] of the calibration windows."""
+        self.streams = {v: x0.clone() for v in self.views}
+
+    def _store(self, tensors, on_linear=None) -> FloatWeights:
+        store = FloatWeights(tensors, self.cfg.tie_word_embeddings, on_linear=on_linear)
+        store.device = self.device
+        return store
+
+    @torch.no_grad()
+    def nest(self, layer: int, tensors: dict[str, torch.Tensor]) -> dict[str, NestedCodes]:
+        """Nested codes of block `layer`'s linears from its float32 (rotated) tensors (HF names, this block only);
+        advances the streams past the block (method bitnest)."""
+        names = [f"model.layers.{layer}.{s}" for s in BLOCK_LINEARS]
+        if not self.sequential:
+            return {n: _nest_one(tensors[n + ".weight"], self.opts) for n in names}
+        on = {k: v.to(self.device) for k, v in tensors.items()} if self.device is not None else tensors
+        capture = HessianCapture()
+        fdec = Decoder(self.cfg, self._store(on, capture), self.rot)
+        t = next(iter(self.streams.values())).shape[1]
+        cos, sin = fdec.rope(t)
+        hessians = {v: _capture_block(fdec, capture, layer, self.streams[v], cos, sin, self.device)
+                    for v in self.views}                                   # float block over the quantized prefix
+        prepared: dict = {}
+        codes, quantized = {}, {v: dict(on) for v in self.views}
+        for name in names:
+            hs = []
+            for v in self.views:                                            # q/k/v and gate/up share one H
+                h = hessians[v][name]
+                if id(h) not in prepared:
+                    prepared[id(h)] = prepare_gptq(h, self.opts.damp, self.opts.act_order)
+                hs.append(prepared[id(h)])
+            c = _nest_one(on[name + ".weight"], self.opts, *hs)
+            codes[name] = NestedCodes(*(None if x is None else x.cpu() for x in (c.q4, c.qr, c.scale, c.offset)))
+            for v in self.views:
+                quantized[v][name + ".weight"] = dequantize(c, v)
+        del hessians, prepared
+        for v in self.views:                                               # next block's inputs, sample by sample
+            dec = Decoder(self.cfg, self._store(quantized[v]), self.rot)
+            xs = self.streams[v]
+            for s in range(xs.shape[0]):
+                x = xs[s].to(self.device) if self.device is not None else xs[s]
+                xs[s] = dec.block(layer, x, cos, sin, "target", causal_attention).to(xs.device)
+        return codes
+
+    @torch.no_grad()
+    def head_hessians(self, final_norm: torch.Tensor) -> dict[str, torch.Tensor]:
+        """{view: H [H, H]} of the head's input (the final norm, weight `final_norm`, over each stream after the last
+        block, R1 undone)."""
+        dec = Decoder(self.cfg, self._store({"model.norm.weight": final_norm}), self.rot)
+        out = {}
+        for v, xs in self.streams.items():
+            h = None
+            for x in xs:
+                y = dec.final_norm(x.to(self.device) if self.device is not None else x)    # [T, H]
+                h = y.T @ y if h is None else h.add_(y.T @ y)
+            out[v] = h
+        return out
+
+
+def _capture_block(dec: Decoder, capture: HessianCapture, layer: int, xs: torch.Tensor, cos, sin, device) -> dict:
     """The Hessians of block `layer`'s linears from the float block over the residual streams xs [S, T, H]: each
     sample's pass stops once the last linear's input is captured (the block's output is not needed: ~29% of the
     pass's products at Qwen2.5-0.5B's shapes, the same Hessians bit for bit)."""
     capture.reset(last=f"model.layers.{layer}.{BLOCK_LINEARS[-1]}")
     for x in xs:
         try:
-            dec.block(layer, x, cos, sin, "target", causal_attention)
+            dec.block(layer, x.to(device) if device is not None else x, cos, sin, "target", causal_attention)
         except InputsCaptured:
             pass
     return capture.h
-
-
-def nest_model(tensors: dict[str, torch.Tensor], cfg: ModelConfig, rotations: OnlineRotations, opts: QuantOptions,
-               calib: Optional[torch.Tensor] = None,
-               progress: Callable = lambda it, **kw: it) -> dict[str, NestedCodes]:
-    """Nested codes for every block linear (and the head when asked) of float32 `tensors`.
-
-    GPTQ (method bitnest) runs block by block: H for the base comes from the draft-quantized prefix;
-    with refine=gptq, H for the refinement comes from a second stream through the target-quantized prefix.
-    The head (`quantize_head`) is nested like a block linear, by GPTQ on the final norm's outputs of those
-    streams (method bitnest with calibration), else by RTN (or top4of8)."""
-    names = [f"model.layers.{i}.{s}" for i in range(cfg.num_layers) for s in BLOCK_LINEARS]
-    codes: dict[str, NestedCodes] = {}
-    head_h = {}
-    if opts.method != "bitnest" or calib is None:
-        for name in progress(names, desc=f"{opts.method} nesting", file=sys.stderr):
-            codes[name] = _nest_one(tensors[name + ".weight"], opts)
-    else:
-        codes, head_h = _sequential_gptq(tensors, cfg, rotations, opts, calib, progress)
-    if opts.quantize_head:
-        head_w = tensors["model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"]
-        codes[HEAD] = _nest_one(head_w, opts, head_h.get("draft"), head_h.get("target"))
-    return codes
-
-
-def _head_inputs(dec: Decoder, xs: torch.Tensor) -> torch.Tensor:
-    """The head's inputs [S*T, H] (final norm over the un-rotated stream) of residual streams xs [S, T, H]."""
-    return torch.cat([dec.final_norm(x) for x in xs])
-
-
-@torch.no_grad()
-def _sequential_gptq(tensors, cfg, rotations, opts, calib, progress):
-    """(codes of the block linears, {view: H of the head's input}) by GPTQ block by block."""
-    capture = HessianCapture()
-    float_store = FloatWeights(tensors, cfg.tie_word_embeddings, on_linear=capture)
-    fdec = Decoder(cfg, float_store, rotations)
-    streams = {"draft": None, "target": None} if opts.refine == "gptq" else {"draft": None}
-    stores = {v: FloatWeights(dict(tensors), cfg.tie_word_embeddings) for v in streams}
-    decs = {v: Decoder(cfg, stores[v], rotations) for v in streams}
-    x0 = torch.stack([fdec.embed(ids) for ids in calib])                           # [S, T, H]
-    streams = {v: x0.clone() for v in streams}
-    cos, sin = fdec.rope(calib.shape[1])
-    codes = {}
-    for layer in progress(range(cfg.num_layers), desc="GPTQ layers", file=sys.stderr):
-        block = [f"model.layers.{layer}.{s}" for s in BLOCK_LINEARS]
-        hessians = {view: _capture_block(fdec, capture, layer, xs, cos, sin)          # float block, quantized prefix
-                    for view, xs in streams.items()}
-        for name in block:
-            w = tensors[name + ".weight"]
-            codes[name] = _nest_one(w, opts, hessians["draft"][name], hessians.get("target", {}).get(name))
-            for view in streams:
-                stores[view].t[name + ".weight"] = dequantize(codes[name], view)
-        for view in streams:
-            streams[view] = _run_block(decs[view], layer, streams[view], cos, sin)   # next layer's inputs
-    head_h = {}
-    if opts.quantize_head:
-        for view, xs in streams.items():
-            x = _head_inputs(fdec, xs)                                                # [S*T, H]
-            head_h[view] = (x.T @ x).double()
-    return codes, head_h

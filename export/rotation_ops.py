@@ -7,7 +7,7 @@ from typing import Iterable, Optional
 import torch
 
 from edge.model.arch import ModelConfig
-from plugins.hadamard import apply_hadamard, hadamard_factors, randomized_hadamard
+from plugins.hadamard import apply_hadamard, hadamard_factors, online_hadamard_factors, randomized_hadamard
 
 R1_READERS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
 R1_WRITERS = ("self_attn.o_proj", "mlp.down_proj")
@@ -24,9 +24,12 @@ def fold_norms(t: dict[str, torch.Tensor], cfg: ModelConfig, layers: Optional[It
     for i in _layers(cfg, layers):
         p = f"model.layers.{i}."
         for norm, readers in (("input_layernorm", R1_READERS[:3]), ("post_attention_layernorm", R1_READERS[3:])):
-            gamma = t[p + norm + ".weight"]
+            gamma = t.get(p + norm + ".weight")
+            if gamma is None:                  # a part of a block (a streamed export rotates a linear at a time)
+                continue
             for r in readers:
-                t[p + r + ".weight"] = t[p + r + ".weight"] * gamma.unsqueeze(0)
+                if p + r + ".weight" in t:
+                    t[p + r + ".weight"] = t[p + r + ".weight"] * gamma.unsqueeze(0)
             t[p + norm + ".weight"] = torch.ones_like(gamma)
 
 
@@ -47,29 +50,35 @@ def apply_r1r2(t: dict[str, torch.Tensor], cfg: ModelConfig, r1: torch.Tensor, r
     h, d = cfg.hidden_size, cfg.head_dim
     for i in _layers(cfg, layers):
         p = f"model.layers.{i}."
-        for r in R1_READERS:
+        for r in (r for r in R1_READERS if p + r + ".weight" in t):     # absent: a part of a block
             out[p + r + ".weight"] = t[p + r + ".weight"] @ r1
-        for wr in R1_WRITERS:
+        for wr in (wr for wr in R1_WRITERS if p + wr + ".weight" in t):
             out[p + wr + ".weight"] = r1.T @ t[p + wr + ".weight"]
-        wv = out[p + "self_attn.v_proj.weight"].view(cfg.num_kv_heads, d, h)
-        out[p + "self_attn.v_proj.weight"] = torch.einsum("ed,hek->hdk", r2[i], wv).reshape(-1, h)
+        if p + "self_attn.v_proj.weight" in t:
+            wv = out[p + "self_attn.v_proj.weight"].view(cfg.num_kv_heads, d, h)
+            out[p + "self_attn.v_proj.weight"] = torch.einsum("ed,hek->hdk", r2[i], wv).reshape(-1, h)
         if p + "self_attn.v_proj.bias" in t:
             out[p + "self_attn.v_proj.bias"] = (t[p + "self_attn.v_proj.bias"].view(-1, d) @ r2[i]).reshape(-1)
-        wo = out[p + "self_attn.o_proj.weight"].view(h, cfg.num_heads, d)
-        out[p + "self_attn.o_proj.weight"] = (wo @ r2[i]).reshape(h, -1)
+        if p + "self_attn.o_proj.weight" in t:
+            wo = out[p + "self_attn.o_proj.weight"].view(h, cfg.num_heads, d)
+            out[p + "self_attn.o_proj.weight"] = (wo @ r2[i]).reshape(h, -1)
     return out
 
 
 def apply_r4(t: dict[str, torch.Tensor], cfg: ModelConfig, layers: Optional[Iterable[int]] = None) -> dict:
     """down_proj W <- W H (in place, of `layers`, default all), each row contracted factor by factor (H_n is never
-    formed: 8,960^2 float64 would be 642 MB); the record of the online R4 the runtime applies to down_proj inputs."""
+    formed: 8,960^2 float64 would be 642 MB); the record of the online R4 the runtime applies to down_proj inputs.
+    H is the Kronecker product of the online rule's factors (plugins.hadamard.online_hadamard_factors: cheap at run
+    time), and the record names them: the runtime applies the recorded factors, never a rule of its own."""
     n = cfg.intermediate_size
-    if hadamard_factors(n) is None:
+    factors = online_hadamard_factors(n)
+    if factors is None:
         raise ValueError(f"no Hadamard of order {n} (intermediate size) for the online R4: use --rotation r1r2")
     for i in _layers(cfg, layers):
         name = f"model.layers.{i}.mlp.down_proj.weight"
-        t[name] = apply_hadamard(t[name], n)                          # [H, I] @ H_I
-    return {"kind": "hadamard", "size": n, "factors": list(hadamard_factors(n)), "online_sites": ["down_proj_input"]}
+        if name in t:
+            t[name] = apply_hadamard(t[name], n, factors)                 # [H, I] @ H_I
+    return {"kind": "hadamard", "size": n, "factors": list(factors), "online_sites": ["down_proj_input"]}
 
 
 def rotation_kind(n: int) -> str:

@@ -3,7 +3,7 @@
 
 from dataclasses import dataclass
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2          # 2: sharded (an index and one shard per stage); 1: one model.safetensors, still read
 
 # Signed 4-bit code range of both planes.
 Q4_MIN, Q4_MAX = -8, 7

@@ -22,10 +22,13 @@ from edge.model.draft_head import (
 )
 from edge.model.tensor_file import read_tensors
 from plugins.contracts import FORMAT_VERSION
+from plugins.hadamard import check_factors, hadamard_factors
 
 FORMAT_NAME = "bitnest-nested"
 MANIFEST = "manifest.json"
-WEIGHTS = "model.safetensors"
+WEIGHTS = "model.safetensors"            # format version 1: every tensor in this one file
+INDEX = "model.safetensors.index.json"   # format version 2: tensor -> shard (HF's index layout), shards beside it
+READ_VERSIONS = (1, FORMAT_VERSION)
 R1_TENSOR = "rotation.r1"
 HEAD = "lm_head"
 EMBED = "model.embed_tokens.weight"
@@ -163,10 +166,13 @@ def read_manifest(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{mpath} is not valid JSON ({e.__class__.__name__}): the checkpoint is corrupted, re-export it")
     if not isinstance(m, dict) or m.get("format") != FORMAT_NAME:
         raise CheckpointError(f"{mpath} is not a {FORMAT_NAME} manifest: re-export the checkpoint")
-    if m.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(
-            f"{path} has format version {m.get('format_version')}, this runtime reads {FORMAT_VERSION}: re-export it"
-        )
+    version = m.get("format_version")
+    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
+        raise CheckpointError(f"{path} has format version {version}, made by a newer bitnest-edge; this one reads "
+                              f"versions {', '.join(map(str, READ_VERSIONS))}: upgrade bitnest-edge")
+    if version not in READ_VERSIONS:
+        raise CheckpointError(f"{path} has format version {version!r}, this runtime reads "
+                              f"{', '.join(map(str, READ_VERSIONS))}: re-export it")
     for key in ("config", "method", "linears", "files", "rotation"):
         if key not in m:
             raise CheckpointError(f"{mpath} lacks the field {key!r}: the checkpoint is corrupted, re-export it")
@@ -195,6 +201,51 @@ def verify_files(path: Path, manifest: dict[str, Any], skip: tuple[str, ...] = (
             raise CheckpointError(f"checkpoint {path}: {name} fails its sha256 check (changed or truncated): re-export it")
 
 
+def weight_files(path: Path, m: dict[str, Any]) -> list[str]:
+    """The files holding the tensors: model.safetensors (version 1), or the shards the index names (version 2; the
+    index itself is sealed by the manifest's `files`)."""
+    if m.get("format_version") == 1:
+        return [WEIGHTS]
+    try:
+        index = json.loads((path / INDEX).read_text())
+        shards = list(dict.fromkeys(index["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        raise CheckpointError(f"{path}/{INDEX} is missing or malformed: re-export the checkpoint") from None
+    bad = [f for f in shards if not isinstance(f, str) or f not in m["files"]]
+    if bad:
+        raise CheckpointError(f"{path}/{INDEX} names {str(bad[0])[:80]}, which the manifest does not seal: "
+                              "re-export the checkpoint")
+    return shards
+
+
+def weights_sha256(m: dict[str, Any]) -> str:
+    """One digest of a checkpoint's weights (what a cache or an engine built from them is keyed by): the sha256 of
+    model.safetensors (version 1), else of the sealed digests of the index and every shard."""
+    files = m["files"]
+    if WEIGHTS in files and m.get("format_version") == 1:
+        return files[WEIGHTS]
+    body = {n: d for n, d in files.items() if n == INDEX or n.endswith(".safetensors")}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _read_weights(path: Path, m: dict[str, Any], wanted) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+    """Every tensor of the checkpoint's weight files that `wanted(name)` accepts, and the bytes of those left unread;
+    a tensor in two files is a defect."""
+    from safetensors.torch import load_file
+    tensors, skipped = {}, {}
+    for name in weight_files(path, m):
+        if wanted is None:
+            got, skip = load_file(str(path / name)), {}
+        else:
+            got, skip = read_tensors(path / name, wanted)
+        twice = (set(got) | set(skip)) & (set(tensors) | set(skipped))
+        if twice:
+            raise CheckpointError(f"{path}: tensor {sorted(twice)[0][:80]} is in two weight files: re-export it")
+        tensors.update(got)
+        skipped.update(skip)
+    return tensors, skipped
+
+
 def _linear_specs(cfg: ModelConfig, m: dict[str, Any]) -> dict[str, LinearSpec]:
     specs = {}
     is_int = lambda v: isinstance(v, int) and not isinstance(v, bool)
@@ -217,18 +268,34 @@ def _linear_specs(cfg: ModelConfig, m: dict[str, Any]) -> dict[str, LinearSpec]:
 
 
 def _rotations(m: dict[str, Any], tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> OnlineRotations:
+    """The online rotations the manifest records. R4's Kronecker factors are the recorded `rotation.r4.factors`
+    (what the export multiplied down_proj by), or, where a manifest records none, the legacy rule's
+    (plugins.hadamard.hadamard_factors); never the online rule of this version, which may differ."""
     rot = m["rotation"]
     r4 = rot.get("r4_size")
     if r4 is not None and (not isinstance(r4, int) or isinstance(r4, bool) or r4 != cfg.intermediate_size):
         raise CheckpointError(f"manifest rotation r4_size {r4!r} is not the intermediate size "
                               f"{cfg.intermediate_size}: re-export the checkpoint")
-    return OnlineRotations(r1=tensors.get(R1_TENSOR) if rot.get("r1") else None, r4_size=r4)
+    factors = None
+    if r4 is not None:
+        record = rot.get("r4")
+        factors = record.get("factors") if isinstance(record, dict) else None
+        if factors is None:
+            factors = hadamard_factors(r4)
+            if factors is None:
+                raise CheckpointError(f"manifest rotation r4 records no factors and order {r4} has no legacy "
+                                      "construction: re-export the checkpoint")
+        try:
+            factors = check_factors(r4, factors)
+        except ValueError as e:
+            raise CheckpointError(f"manifest rotation r4: {e}: re-export the checkpoint") from None
+    return OnlineRotations(r1=tensors.get(R1_TENSOR) if rot.get("r1") else None, r4_size=r4, r4_factors=factors)
 
 
 def _check_tensor(tensors, name, dtype, shape):
     t = tensors.get(name)
     if t is None:
-        raise CheckpointError(f"{WEIGHTS} lacks tensor {name}: re-export the checkpoint")
+        raise CheckpointError(f"the checkpoint's weights lack tensor {name}: re-export the checkpoint")
     if t.dtype != dtype or tuple(t.shape) != tuple(shape):
         raise CheckpointError(
             f"tensor {name} is {t.dtype} {tuple(t.shape)}, expected {dtype} {tuple(shape)}: re-export the checkpoint"
@@ -246,7 +313,7 @@ def _check_embedding(cfg: ModelConfig, tensors: dict[str, torch.Tensor], m: dict
     if m.get("head") != "nested" or not cfg.tie_word_embeddings:
         raise CheckpointError("embedding head_target needs a nested head tied to the embedding: re-export the checkpoint")
     if EMBED in tensors:
-        raise CheckpointError(f"embedding head_target, yet {WEIGHTS} holds a float16 {EMBED} beside the head's "
+        raise CheckpointError(f"embedding head_target, yet the weights hold a float16 {EMBED} beside the head's "
                               "planes: re-export the checkpoint")
 
 
@@ -344,15 +411,16 @@ def load_checkpoint(path, verify: bool = True, weights: str = WEIGHTS_NESTED) ->
     read by byte range (edge.model.tensor_file), and the weights file's sha256 is not checked, since that would
     read every byte; its header, the tensors' shapes and the other files' hashes are."""
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
 
     path = Path(path)
     check_weights(weights)
     m = read_manifest(path)
-    if verify:
-        verify_files(path, m, skip=(WEIGHTS,) if weights == WEIGHTS_BASE else ())
-    elif not (path / WEIGHTS).is_file():
-        raise CheckpointError(f"checkpoint {path} is missing {WEIGHTS}: re-export it")
+    if verify:   # a `base` load reads the weight files by byte range: their sha256 would read every byte
+        verify_files(path, m, skip=tuple(weight_files(path, m)) if weights == WEIGHTS_BASE else ())
+    files = weight_files(path, m)
+    missing = [f for f in files if not (path / f).is_file()]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} is missing {missing[0]}: re-export it")
     try:
         cfg = ModelConfig.from_dict(m["config"])
     except (TypeError, KeyError, BitNestError) as e:
@@ -365,13 +433,13 @@ def load_checkpoint(path, verify: bool = True, weights: str = WEIGHTS_NESTED) ->
     draft_head, shortlist_k, draft_vocab = _draft_head(cfg, m)
     try:
         if weights == WEIGHTS_BASE:
-            tensors, skipped = read_tensors(path / WEIGHTS, lambda n: not n.endswith(".refine") or
-                                            draft_reads_refine(m, n[:-len(".refine")]))
+            tensors, skipped = _read_weights(path, m, lambda n: not n.endswith(".refine") or
+                                             draft_reads_refine(m, n[:-len(".refine")]))
             _unread_planes(specs, skipped, path)
         else:
-            tensors = load_file(str(path / WEIGHTS))
+            tensors, _ = _read_weights(path, m, None)
     except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"{path}/{WEIGHTS} cannot be read ({str(e).splitlines()[0][:120]}): re-export it")
+        raise CheckpointError(f"{path}'s weights cannot be read ({str(e).splitlines()[0][:120]}): re-export it")
     validate_tensors(cfg, specs, tensors, m, weights)
     return Checkpoint(path, m, cfg, specs, tensors, _rotations(m, tensors, cfg), draft_head, shortlist_k, weights,
                       draft_vocab)
