@@ -5,6 +5,7 @@ import argparse
 from edge.argtypes import Parser, at_least, count, positive, seed
 from edge.cli.common import run_cli
 from edge.errors import BitNestError
+from export.export_plan import HEAD_BLOCK_ROWS
 from export.pipeline import DEFAULT_ROTATION, ExportOptions, default_draft_head, default_draft_vocab, run_export
 from export.quantize import METHODS, REFINES, QuantOptions
 from edge.model.draft_head import DRAFT_HEAD_EXPORT_DEFAULT, DRAFT_HEAD_SHORTLIST, DRAFT_HEADS, SHORTLIST_K
@@ -28,6 +29,10 @@ def parser() -> argparse.ArgumentParser:
                         "(default 0.1; `none` = unconstrained GPTQ)")
     p.add_argument("--calib-samples", type=count(), default=64, help="ShareGPT calibration windows")
     p.add_argument("--calib-seq-len", type=count(16), default=512, help="tokens per calibration window")
+    p.add_argument("--head-block-rows", type=count(), default=HEAD_BLOCK_ROWS,
+                   help="rows of the head and the embedding read and nested at a time (lowers the export's peak memory)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where GPTQ and the calibration passes run: auto = a CUDA GPU where torch sees one, else the CPU")
     p.add_argument("--head", choices=("nested", "float16"), default="nested", help="nested (default): the LM head "
                    "stored as two 4-bit planes like any linear (GPTQ base with the bitnest method), the tied embedding "
                    "read from them; float16: a float16 head that both views read in full")
@@ -105,6 +110,7 @@ def main(argv=None) -> int:
                                  lr=a.rotation_lr, target_weight=a.rotation_target_weight)
             result = run_export(ExportOptions(out=a.out, model=a.model, rotation=a.rotation, seed=a.seed,
                                               calib_samples=a.calib_samples, calib_seq_len=a.calib_seq_len, quant=quant,
+                                              head_block_rows=a.head_block_rows, device=a.device,
                                               learn=learn, draft_head=a.draft_head or default_draft_head(
                                                   a.model, step_graph=a.onnx or a.engine),
                                               shortlist_k=SHORTLIST_K if a.shortlist_k is None else a.shortlist_k,
