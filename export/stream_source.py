@@ -1,5 +1,5 @@
-"""A model's tensors streamed one at a time as float32 under HF names (a GGUF file dequantized row block by row block, or
-an HF safetensors folder read tensor by tensor), with its config and tokenizer files; no weights held in memory."""
+"""A model's tensors streamed one at a time as float32 under HF names (a GGUF file dequantized row block by row block,
+or an HF safetensors folder read tensor by tensor), with its config and tokenizer files; no weights held in memory."""
 
 import json
 import math
@@ -11,12 +11,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Protocol
 
+import gguf
 import numpy as np
 import torch
+from safetensors import safe_open
 
 from edge.cache import cache_root
 from edge.errors import BitNestError
-from edge.model.arch import BLOCK_LINEARS, BLOCK_NORMS, ModelConfig, config_from_hf
+from edge.model.arch import ATTN_LINEARS, BLOCK_NORMS, ModelConfig, config_from_hf
 from edge.model.hf_folder import TOKENIZER_FILES
 from export.source_spec import is_gguf, resolve_spec
 
@@ -30,6 +32,12 @@ GGUF_BLOCK = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_
 # (convert_hf_to_gguf.py LlamaModel.permute, undone by transformers' LlamaTensorProcessor); qwen2's does not
 GGUF_PERMUTES_QK = {"llama": True, "qwen2": False}
 DISAGREE = "the file and its config disagree"
+CHUNK_BYTES = 32 << 20   # float32 bytes of GGUF rows dequantized at a time into a whole tensor
+
+
+def first_line(e: Exception) -> str:
+    """The first line of an exception's message (its type where it has none), for one-line errors."""
+    return str(e).splitlines()[0][:160] if str(e).strip() else type(e).__name__
 
 
 def gguf_to_hf(name: str) -> Optional[str]:
@@ -62,7 +70,7 @@ def implied_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     for n in range(cfg.num_layers):
         for name, shape in lin.items():
             out[f"model.layers.{n}.{name}.weight"] = shape
-            if cfg.attention_bias and name in BLOCK_LINEARS[:3]:
+            if cfg.attention_bias and name in ATTN_LINEARS[:3]:                # q, k, v
                 out[f"model.layers.{n}.{name}.bias"] = shape[:1]
         for name in BLOCK_NORMS:
             out[f"model.layers.{n}.{name}.weight"] = (h,)
@@ -117,17 +125,16 @@ class GgufReader:
     row blocks are read from by offset and dequantized by gguf-py, nothing else kept."""
 
     def __init__(self, path: Path, cfg: ModelConfig):
-        import gguf
-
         self.path = path
         try:
             reader = gguf.GGUFReader(str(path))
         except Exception as e:  # gguf-py raises ValueError, struct and numpy errors for files it cannot parse
-            raise BitNestError(f"cannot read GGUF file {path}: {str(e).splitlines()[0][:160] if str(e) else type(e).__name__}") from None
+            raise BitNestError(f"cannot read GGUF file {path}: {first_line(e)}") from None
         arch_field = reader.fields.get("general.architecture")
         arch = arch_field.contents() if arch_field is not None else None
         if arch not in GGUF_PERMUTES_QK:
-            raise BitNestError(f"{path} is a GGUF of architecture {arch!r}: supported are {', '.join(GGUF_PERMUTES_QK)}")
+            raise BitNestError(f"{path} is a GGUF of architecture {arch!r}: supported are "
+                               f"{', '.join(GGUF_PERMUTES_QK)}")
         if reader.byte_order != "I":
             raise BitNestError(f"{path} is a byte-swapped (big-endian) GGUF: convert it on a little-endian machine")
         heads = {"attn_q": cfg.num_heads, "attn_k": cfg.num_kv_heads} if GGUF_PERMUTES_QK[arch] else {}
@@ -151,12 +158,12 @@ class GgufReader:
         return f"{self.path} (as {t.gguf_name})" if t else str(self.path)
 
     def _raw(self, t: GgufTensor, lo: int, hi: int) -> np.ndarray:
-        """Data rows [lo, hi) of `t` in GGUF order, read by offset: uint8 [hi - lo, row bytes]."""
+        """Data rows [lo, hi) of `t` in GGUF order, read by offset (no shared file position: threads may read at
+        once): uint8 [hi - lo, row bytes]."""
         raw = np.empty((hi - lo, t.row_bytes), np.uint8)
         view, pos = memoryview(raw).cast("B"), 0
-        self.file.seek(t.offset + lo * t.row_bytes)
         while pos < raw.size:
-            n = self.file.readinto(view[pos:])
+            n = os.preadv(self.file.fileno(), [view[pos:]], t.offset + lo * t.row_bytes + pos)
             if not n:
                 raise BitNestError(f"{self.path} ended inside tensor {t.gguf_name}: the file is truncated")
             pos += n
@@ -164,13 +171,12 @@ class GgufReader:
 
     def _dequantize(self, t: GgufTensor, raw: np.ndarray) -> np.ndarray:
         """gguf-py's float32 values of whole rows of `t`: [rows, row bytes] -> [rows, K]."""
-        import gguf
-
         qtype = gguf.GGMLQuantizationType(t.qtype)
         try:
             w = gguf.quants.dequantize(raw, qtype)
         except NotImplementedError:
-            raise BitNestError(f"{t.gguf_name} in {self.path} is {qtype.name}, which gguf-py cannot dequantize") from None
+            raise BitNestError(f"{t.gguf_name} in {self.path} is {qtype.name}, which gguf-py cannot "
+                               "dequantize") from None
         return np.ascontiguousarray(w, dtype=np.float32)
 
     def read(self, name: str, rows: Optional[range]) -> torch.Tensor:
@@ -179,13 +185,19 @@ class GgufReader:
             w = self._dequantize(t, self._raw(t, 0, math.prod(t.shape[:-1]))).reshape(t.shape)
             return torch.from_numpy(w[unpermuted_rows(range(t.shape[0]), t.heads, t.shape[0])] if t.heads else w)
         rows = range(t.shape[0]) if rows is None else rows
-        if not len(rows):
-            return torch.empty((0, t.shape[1]))
+        out = np.empty((len(rows), t.shape[1]), np.float32)                   # [rows, K]
+        step = max(1, CHUNK_BYTES // (4 * t.shape[1]))    # gguf-py's intermediates: a few times its output
+        for a in range(0, len(rows), step):
+            out[a:a + step] = self._rows(t, rows[a:a + step])
+        return torch.from_numpy(out)
+
+    def _rows(self, t: GgufTensor, rows: range) -> np.ndarray:
+        """HF rows `rows` of a 2-D tensor, read and dequantized: float32 [len(rows), K]."""
         if not t.heads:
-            return torch.from_numpy(self._dequantize(t, self._raw(t, rows.start, rows.stop)))  # [rows, K]
+            return self._dequantize(t, self._raw(t, rows.start, rows.stop))
         src = unpermuted_rows(rows, t.heads, t.shape[0])                      # GGUF rows, within the heads of `rows`
         lo, hi = int(src.min()), int(src.max()) + 1
-        return torch.from_numpy(self._dequantize(t, self._raw(t, lo, hi)[src - lo]))          # [rows, K]
+        return self._dequantize(t, self._raw(t, lo, hi)[src - lo])
 
     def close(self) -> None:
         self.file.close()
@@ -196,8 +208,6 @@ class SafetensorsReader:
     opened per read, one tensor or row block converted to float32 at a time."""
 
     def __init__(self, folder: Path):
-        from safetensors import safe_open
-
         index = folder / "model.safetensors.index.json"
         if index.is_file():
             try:
@@ -216,7 +226,7 @@ class SafetensorsReader:
                     for k in h.keys():
                         self.files[k], self.shapes[k] = f, tuple(h.get_slice(k).get_shape())
             except Exception as e:  # safetensors raises SafetensorError, OSError, ValueError for unreadable files
-                raise BitNestError(f"cannot read {f}: {str(e).splitlines()[0][:160] if str(e) else type(e).__name__}") from None
+                raise BitNestError(f"cannot read {f}: {first_line(e)}") from None
         for k, f in (weight_map or {}).items():
             if k not in self.files:
                 raise BitNestError(f"{index} lists {k} in {f}, which does not hold it: the folder is incomplete")
@@ -225,8 +235,6 @@ class SafetensorsReader:
         return str(self.files.get(name, self.folder))
 
     def read(self, name: str, rows: Optional[range]) -> torch.Tensor:
-        from safetensors import safe_open
-
         with safe_open(str(self.files[name]), framework="pt") as h:
             t = h.get_tensor(name) if rows is None else h.get_slice(name)[rows.start:rows.stop]
         return t.float().contiguous()
@@ -297,7 +305,7 @@ def gguf_meta_folder(gguf: Path) -> Path:
             cfg = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
             tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         except Exception as e:  # transformers raises many types for unreadable GGUF files
-            raise BitNestError(f"cannot read GGUF file {gguf}: {str(e).splitlines()[0][:160] if str(e) else type(e).__name__}") from None
+            raise BitNestError(f"cannot read GGUF file {gguf}: {first_line(e)}") from None
         # the fields save_pretrained of the dequantized model adds (export.sources.gguf_cache_folder writes the same)
         if cfg.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
             cfg.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[cfg.model_type]]
