@@ -18,7 +18,7 @@ from edge.errors import BitNestError
 from edge.memory.devices import MiB, PRESETS, get_profile
 from edge.memory.model_shapes import MODEL_PRESETS
 from edge.memory.plan import CONFIGS, Workload, plan
-from edge.model.checkpoint import MANIFEST, WEIGHTS, load_checkpoint
+from edge.model.checkpoint import INDEX, MANIFEST, load_checkpoint
 from edge.runtime import Runtime
 from tests.conftest import ROOT
 
@@ -43,12 +43,15 @@ def test_base_load_reads_no_refinement_plane(rtn_checkpoint):
     and every tensor but the block linears' refinement planes, to within less than the smallest such plane; the
     export's head is nested, tied to the embedding and read at 8 bits by the draft, so its refinement plane is read."""
     path = Path(rtn_checkpoint)
-    n, head = _header(path / WEIGHTS)
+    shards = set(json.loads((path / INDEX).read_text())["weight_map"].values())
+    headers = [_header(path / f) for f in sorted(shards)]
+    head = {k: v for _, h in headers for k, v in h.items()}
     size = lambda k: head[k]["data_offsets"][1] - head[k]["data_offsets"][0]
     unread = {k for k in head if k.endswith(".refine") and k != "lm_head.refine"}
     files = json.loads((path / MANIFEST).read_text())["files"]
-    expected = (path / MANIFEST).stat().st_size + sum((path / f).stat().st_size for f in files if f != WEIGHTS) \
-        + 8 + n + sum(size(k) for k in head if k not in unread)
+    # the manifest, every other file hashed, the index parsed once more, each shard's header, the tensors kept
+    expected = (path / MANIFEST).stat().st_size + sum((path / f).stat().st_size for f in files if f not in shards) \
+        + (path / INDEX).stat().st_size + sum(8 + n for n, _ in headers) + sum(size(k) for k in head if k not in unread)
     load_checkpoint(path, weights="base")          # the first load imports what loading needs: not counted below
     before, own = read_chars()
     ckpt = load_checkpoint(path, weights="base")
@@ -66,7 +69,8 @@ def test_base_holds_less_memory_by_the_refinement_planes_and_answers_as_the_draf
     the planes left unread (RSS_TOLERANCE), the same tokens."""
     out = compare(rtn_checkpoint, resolve_backend("auto"), sharegpt_prompts(2, max_chars=200), 16)
     unread = out["unread_by_base_bytes"]
-    n, head = _header(Path(rtn_checkpoint) / WEIGHTS)
+    shards = set(json.loads((Path(rtn_checkpoint) / INDEX).read_text())["weight_map"].values())
+    head = {k: v for f in shards for k, v in _header(Path(rtn_checkpoint) / f)[1].items()}
     assert unread == sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in head.items()
                          if k.endswith(".refine") and k != "lm_head.refine")
     s = out["saved_bytes"]

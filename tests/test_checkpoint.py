@@ -9,11 +9,14 @@ import pytest
 import torch
 
 from edge.errors import BitNestError, CheckpointError
-from edge.model.checkpoint import MANIFEST, SEAL, WEIGHTS, load_checkpoint, manifest_seal, sha256_file
+from edge.model.checkpoint import INDEX, MANIFEST, SEAL, WEIGHTS, load_checkpoint, manifest_seal, sha256_file
 from export.writer import check_output_dir
 from plugins.packing import unpack_nibbles
 from plugins.reference import dequantized_weight
 from tests.conftest import ROOT
+
+
+SHARD = "layer-003.safetensors"   # one block's shard (format 2: an index and a shard per export stage)
 
 
 def _copy(src, tmp_path, name="ck"):
@@ -25,12 +28,14 @@ def _copy(src, tmp_path, name="ck"):
 def test_checkpoint_contents(rtn_checkpoint):
     ck = load_checkpoint(rtn_checkpoint)
     m = ck.manifest
-    assert m["format_version"] == 1 and m["method"] == "rtn" and m["head"] == "nested"       # the default head
+    assert m["format_version"] == 2 and m["method"] == "rtn" and m["head"] == "nested"       # the default head
     assert m["embedding"] == "head_target" and m["draft_head"] == ck.draft_head == "8bit" and m["shortlist_k"] == 64
     # every file of the folder but the manifest is listed with its own sha256 (the old check here, '"sha256" not
     # in <hex digest>', could not fail)
     on_disk = {f.name for f in ck.path.iterdir()} - {MANIFEST}
-    assert set(m["files"]) == on_disk and {WEIGHTS, "tokenizer.json"} <= on_disk
+    assert set(m["files"]) == on_disk and {INDEX, SHARD, "head.safetensors", "tokenizer.json"} <= on_disk
+    weight_map = json.loads((ck.path / INDEX).read_text())["weight_map"]
+    assert set(weight_map) == set(ck.tensors) and weight_map["model.layers.3.mlp.down_proj.base"] == SHARD
     assert all(digest == sha256_file(ck.path / f) for f, digest in m["files"].items())
     name = "model.layers.3.mlp.down_proj"
     base, refine, scale, offset = ck.planes(name)
@@ -71,8 +76,8 @@ def test_missing_checkpoint(tmp_path):
 
 def test_truncated_weights(rtn_checkpoint, tmp_path):
     ck = _copy(rtn_checkpoint, tmp_path)
-    data = (ck / WEIGHTS).read_bytes()
-    (ck / WEIGHTS).write_bytes(data[: len(data) // 2])
+    data = (ck / SHARD).read_bytes()
+    (ck / SHARD).write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match="sha256"):
         load_checkpoint(ck)
     with pytest.raises(CheckpointError, match="cannot be read"):
@@ -81,7 +86,7 @@ def test_truncated_weights(rtn_checkpoint, tmp_path):
 
 def test_corrupted_byte_fails_sha256(rtn_checkpoint, tmp_path):
     ck = _copy(rtn_checkpoint, tmp_path)
-    with open(ck / WEIGHTS, "r+b") as f:
+    with open(ck / SHARD, "r+b") as f:
         f.seek(-100, 2)
         b = f.read(1)
         f.seek(-100, 2)
@@ -132,10 +137,52 @@ def test_group_size_not_dividing_k(rtn_checkpoint, tmp_path):
         load_checkpoint(ck)
 
 
+def to_single_file(src, dst):
+    """`src` (format 2) written as format 1 was: every tensor in one model.safetensors, the manifest's files and seal
+    over it."""
+    from safetensors.torch import save_file
+    ck = load_checkpoint(src)
+    dst.mkdir()
+    save_file(ck.tensors, str(dst / WEIGHTS))
+    m = dict(ck.manifest, format_version=1)
+    for f in m["tokenizer_files"]:
+        shutil.copyfile(src / f, dst / f)
+    m["files"] = {n: sha256_file(dst / n) for n in [WEIGHTS] + m["tokenizer_files"]}
+    m[SEAL] = manifest_seal(m)
+    (dst / MANIFEST).write_text(json.dumps(m))
+    return ck
+
+
+def test_single_file_checkpoints_of_format_1_still_load(rtn_checkpoint, tmp_path):
+    ck = to_single_file(rtn_checkpoint, tmp_path / "v1")
+    for weights in ("nested", "base"):
+        old = load_checkpoint(tmp_path / "v1", weights=weights)
+        new = load_checkpoint(rtn_checkpoint, weights=weights)
+        assert old.manifest["format_version"] == 1 and set(old.tensors) == set(new.tensors)
+        assert all(torch.equal(old.tensors[k], new.tensors[k]) for k in new.tensors)
+    assert len(ck.tensors) > 200
+
+
+def test_index_faults_are_refused_in_one_line(rtn_checkpoint, tmp_path):
+    ck = _copy(rtn_checkpoint, tmp_path)
+    index = json.loads((ck / INDEX).read_text())
+    index["weight_map"]["model.norm.weight"] = "stray.safetensors"          # a file the seal does not cover
+    (ck / INDEX).write_text(json.dumps(index))
+    _edit_manifest(ck, lambda m: m["files"].update({INDEX: sha256_file(ck / INDEX)}))
+    with pytest.raises(CheckpointError, match="names stray.safetensors, which the manifest does not seal"):
+        load_checkpoint(ck)
+    (ck / INDEX).unlink()
+    with pytest.raises(CheckpointError, match="missing model.safetensors.index.json"):
+        load_checkpoint(ck)
+
+
 def test_format_version_and_shape_mismatch(rtn_checkpoint, tmp_path):
     ck = _copy(rtn_checkpoint, tmp_path)
     _edit_manifest(ck, lambda m: m.update(format_version=99))
-    with pytest.raises(CheckpointError, match="format version 99"):
+    with pytest.raises(CheckpointError, match="format version 99, made by a newer bitnest-edge.*upgrade bitnest-edge"):
+        load_checkpoint(ck)
+    _edit_manifest(ck, lambda m: m.update(format_version=0))
+    with pytest.raises(CheckpointError, match="format version 0, this runtime reads 1, 2: re-export it"):
         load_checkpoint(ck)
     ck2 = _copy(rtn_checkpoint, tmp_path, "ck2")
     _edit_manifest(ck2, lambda m: m["config"].update(intermediate_size=1024))
@@ -159,7 +206,7 @@ def test_evaluate_cli_bad_checkpoint_is_one_line(rtn_checkpoint, tmp_path, case)
     ck = tmp_path / "missing"
     if case == "corrupt":
         ck = _copy(rtn_checkpoint, tmp_path)
-        (ck / WEIGHTS).write_bytes(b"\0" * 64)
+        (ck / SHARD).write_bytes(b"\0" * 64)
     r = _cli("scripts/evaluate.py", "--checkpoint", ck, "--tokens", "16")
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()

@@ -12,7 +12,7 @@ from edge.backends import make_backend
 from edge.decode.config import GenerateConfig
 from edge.decode.stats import embedding_row_bytes
 from edge.errors import CheckpointError
-from edge.model.checkpoint import EMBED, HEAD, MANIFEST, SEAL, WEIGHTS, load_checkpoint, manifest_seal
+from edge.model.checkpoint import EMBED, HEAD, INDEX, MANIFEST, SEAL, load_checkpoint, manifest_seal, sha256_file
 from edge.runtime import Runtime
 from plugins.packing import unpack_nibbles
 from plugins.reference import dequantized_weight
@@ -59,16 +59,20 @@ def test_cpu_backend_rows_from_relaid_planes(head_checkpoint, gen):
     assert torch.equal(be.embed(ids), want)
 
 
-def _copy_with(src, dst, manifest_edit=None, tensors_edit=None):
+def _copy_with(src, dst, manifest_edit=None, tensors_add=None):
+    """A copy of checkpoint `src` with its manifest edited and resealed, and `tensors_add` written as one more shard
+    that the index names and the manifest seals."""
     shutil.copytree(src, dst)
-    if tensors_edit:
-        from safetensors.torch import load_file, save_file
-        t = load_file(str(dst / WEIGHTS))
-        tensors_edit(t)
-        save_file(t, str(dst / WEIGHTS))
-    if manifest_edit:
-        m = json.loads((dst / MANIFEST).read_text())
-        manifest_edit(m)
+    m = json.loads((dst / MANIFEST).read_text())
+    if tensors_add:
+        from safetensors.torch import save_file
+        save_file(tensors_add, str(dst / "extra.safetensors"))
+        index = json.loads((dst / INDEX).read_text())
+        index["weight_map"].update({k: "extra.safetensors" for k in tensors_add})
+        (dst / INDEX).write_text(json.dumps(index))
+        m["files"].update({n: sha256_file(dst / n) for n in ("extra.safetensors", INDEX)})
+    if manifest_edit or tensors_add:
+        (manifest_edit or (lambda m: None))(m)
         m[SEAL] = manifest_seal(m)             # sealed again: the reader's own checks are what is tested here
         (dst / MANIFEST).write_text(json.dumps(m))
     return dst
@@ -76,11 +80,11 @@ def _copy_with(src, dst, manifest_edit=None, tensors_edit=None):
 
 def test_reader_refuses_inconsistent_embedding(head_checkpoint, tmp_path):
     copy = _copy_with(head_checkpoint, tmp_path / "copy",
-                      tensors_edit=lambda t: t.update({EMBED: torch.zeros(49152, 576, dtype=torch.float16)}))
+                      tensors_add={EMBED: torch.zeros(49152, 576, dtype=torch.float16)})
     with pytest.raises(CheckpointError, match="beside the head's planes"):
         load_checkpoint(copy, verify=False)
     float16 = _copy_with(head_checkpoint, tmp_path / "float16", lambda m: m.update(embedding="float16"))
-    with pytest.raises(CheckpointError, match=f"lacks tensor {EMBED}"):
+    with pytest.raises(CheckpointError, match=f"lack tensor {EMBED}"):
         load_checkpoint(float16)
     # a float16 head (and so no draft head setting, refused first otherwise) under a head_target embedding
     no_head = _copy_with(head_checkpoint, tmp_path / "nohead",

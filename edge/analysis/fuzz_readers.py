@@ -12,7 +12,7 @@ import numpy as np
 
 from edge.analysis.fuzz import JUNK, Tally, attempt, case_dir, json_text, mutate_bytes, quiet, write_text
 from edge.analysis.fuzz_oracle import checkpoint_differs, expected_tensors, parse_safetensors
-from edge.model.checkpoint import MANIFEST, SEAL, WEIGHTS, load_checkpoint, manifest_seal, sha256_file
+from edge.model.checkpoint import MANIFEST, SEAL, load_checkpoint, manifest_seal, sha256_file, weight_files, weights_sha256
 from plugins.step_contract import ONNX_FILE
 
 
@@ -33,13 +33,22 @@ def _manifest_verdict(written, original: dict, resealed: bool) -> bool | None:
     return None if resealed or SEAL not in written else False
 
 
+def _weight_files(base: Path) -> tuple[str, dict]:
+    """The weight file these cases mutate (the one file of format 1, the first shard the index names in format 2)
+    and the tensors of every other weight file (a load returns them unchanged)."""
+    names = weight_files(base, json.loads((base / MANIFEST).read_text()))
+    others = {k: v for name in names[1:] for k, v in parse_safetensors((base / name).read_bytes()).items()}
+    return names[0], others
+
+
 def fuzz_manifest(base: Path, work: Path, n: int, rng: random.Random, seconds: float) -> Tally:
     """Mutated manifest.json, half of the cases re-sealed, one in ten only re-formatted (indent, key order: it
     must load). The oracle (_manifest_verdict, and the weights parsed apart from the reader) says what must load
     or be refused; a load must return the manifest written, its config and linears, and the file's tensors."""
     t = Tally()
     original = json.loads((base / MANIFEST).read_text())
-    tensors = parse_safetensors((base / WEIGHTS).read_bytes())       # the weights, untouched by these cases
+    name, others = _weight_files(base)
+    tensors = {**parse_safetensors((base / name).read_bytes()), **others}   # the weights, untouched by these cases
     for i in range(n):
         d = case_dir(base, work, (MANIFEST,))
         if i % 10 == 4:
@@ -68,18 +77,19 @@ def fuzz_manifest(base: Path, work: Path, n: int, rng: random.Random, seconds: f
 
 
 def fuzz_weights(base: Path, work: Path, n: int, rng: random.Random, seconds: float) -> Tally:
-    """Mutated model.safetensors: one bit of a tensor flipped, the header rewritten (entries in another order,
+    """A mutated weight file (model.safetensors, or the first shard): one bit of a tensor flipped, the header rewritten (entries in another order,
     another layout), or a mutation of its JSON header most of the time, else anywhere. Half keep the exported sha256:
     only the unchanged file loads. Half are re-hashed and re-sealed: the oracle (edge.analysis.fuzz_oracle) parses
     the bytes itself and says whether they must load (safetensors, every exported tensor with its dtype and shape)
     and what a load must return, byte for byte; a refusal of what it calls valid counts against the reader."""
     t = Tally()
-    data = (base / WEIGHTS).read_bytes()
+    shard, others = _weight_files(base)
+    data = (base / shard).read_bytes()
     exported = parse_safetensors(data)
     header = 8 + int.from_bytes(data[:8], "little")
     manifest = json.loads((base / MANIFEST).read_text())
     for i in range(n):
-        d = case_dir(base, work, (WEIGHTS, MANIFEST))
+        d = case_dir(base, work, (shard, MANIFEST))
         kind = (i // 2) % 5                          # each kind both re-hashed and not
         if kind == 0:                                # tensor bytes changed, the file well-formed: loads what it holds
             at = rng.randrange(header, len(data))
@@ -97,15 +107,16 @@ def fuzz_weights(base: Path, work: Path, n: int, rng: random.Random, seconds: fl
             new = len(raw).to_bytes(8, "little") + raw + data[header:]
         else:
             new = mutate_bytes(rng, data, header + 64 if rng.random() < 0.7 else None)
-        (d / WEIGHTS).write_bytes(new)
+        (d / shard).write_bytes(new)
         rehashed = i % 2 == 1
         m = json.loads(json.dumps(manifest))
         if rehashed:
-            m["files"][WEIGHTS] = sha256_file(d / WEIGHTS)
+            m["files"][shard] = sha256_file(d / shard)
             m[SEAL] = manifest_seal(m)
             want, valid = expected_tensors(new, exported)
         else:
             want, valid = (exported, True) if new == data else (None, False)
+        want = None if want is None else {**others, **want}
         (d / MANIFEST).write_text(json.dumps(m))
         with quiet():
             attempt(t, f"weights case {i}", lambda: load_checkpoint(d),
@@ -190,7 +201,7 @@ def fuzz_thresholds(base: Path, work: Path, n: int, rng: random.Random, seconds:
     t = Tally()
     d = case_dir(base, work, (THRESHOLDS_FILE,))
     ck = load_checkpoint(d)
-    valid = {"format": FORMAT, "version": 1, "weights_sha256": ck.manifest["files"][WEIGHTS],
+    valid = {"format": FORMAT, "version": 1, "weights_sha256": weights_sha256(ck.manifest),
              "backends": {"cpu": {"backend": "cpu", "steps": 64, "entropy": {"0.15": 1.25, "0.3": 0.8},
                                   "margin": {"0.15": 2.5, "0.3": 4.0}}}}
     for i in range(n):

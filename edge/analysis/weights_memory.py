@@ -40,16 +40,18 @@ def read_chars() -> tuple[int, int]:
 
 
 def unread_refinement_bytes(checkpoint) -> dict:
-    """The weights file's size, every refinement plane's bytes, and those a `base` load leaves out (the draft reads
+    """The weight files' size, every refinement plane's bytes, and those a `base` load leaves out (the draft reads
     the rest: edge.model.checkpoint.draft_reads_refine)."""
-    from edge.model.checkpoint import WEIGHTS as WEIGHTS_FILE
-    from edge.model.checkpoint import draft_reads_refine, read_manifest
+    from edge.model.checkpoint import draft_reads_refine, read_manifest, weight_files
     from edge.model.tensor_file import read_header
-    path = Path(checkpoint) / WEIGHTS_FILE
     m = read_manifest(Path(checkpoint))
-    with open(path, "rb") as f:
-        entries, size = read_header(f, path)
-    refine = {n: e[3] - e[2] for n, e in entries.items() if n.endswith(".refine")}
+    refine, size = {}, 0
+    for name in weight_files(Path(checkpoint), m):
+        path = Path(checkpoint) / name
+        with open(path, "rb") as f:
+            entries, file_size = read_header(f, path)
+        size += file_size
+        refine.update({n: e[3] - e[2] for n, e in entries.items() if n.endswith(".refine")})
     left = sum(b for n, b in refine.items() if not draft_reads_refine(m, n[:-len(".refine")]))
     return {"file_bytes": size, "refinement_bytes": sum(refine.values()), "unread_by_base_bytes": left}
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from edge.decode.step_engine import StepEngine, check_graph_draft_head
 from edge.errors import BitNestError
-from edge.model.checkpoint import Checkpoint
+from edge.model.checkpoint import Checkpoint, weights_sha256
 from plugins.contracts import view_code
 from plugins.step_contract import (
     INPUT_IDS,
@@ -106,7 +106,7 @@ def onnxruntime_engine(ckpt: Checkpoint, capacity: int, onnx_path=None, max_toke
     if session is None:
         session = open_session(path)
         meta = session.get_modelmeta().custom_metadata_map                # ties the graph to its weights
-        if meta.get("bitnest.weights_sha256") != ckpt.manifest["files"]["model.safetensors"]:
+        if meta.get("bitnest.weights_sha256") != weights_sha256(ckpt.manifest):
             raise BitNestError(f"{path} was exported from other weights than {ckpt.path}: export it again with "
                                f"`python scripts/export.py --out {ckpt.path} --existing --onnx`")
         check_graph_draft_head(meta, ckpt, path)

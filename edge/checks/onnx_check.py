@@ -153,11 +153,11 @@ def matching_onnx(checkpoint) -> str | None:
     """CHECKPOINT/decoder_step.onnx where it exists and was exported from these weights, else None."""
     import onnx
 
-    from edge.model.checkpoint import WEIGHTS, read_manifest
+    from edge.model.checkpoint import read_manifest, weights_sha256
     from plugins.step_contract import ONNX_FILE
 
     beside = Path(checkpoint) / ONNX_FILE
     if not beside.is_file():
         return None
     meta = {p.key: p.value for p in onnx.load(str(beside), load_external_data=False).metadata_props}
-    return str(beside) if meta.get("bitnest.weights_sha256") == read_manifest(checkpoint)["files"][WEIGHTS] else None
+    return str(beside) if meta.get("bitnest.weights_sha256") == weights_sha256(read_manifest(checkpoint)) else None

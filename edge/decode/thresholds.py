@@ -12,7 +12,7 @@ from edge.atomic import write_atomic
 from edge.decode.config import GateConfig
 from edge.decode.registry import policy_class
 from edge.errors import BitNestError
-from edge.model.checkpoint import WEIGHTS, Checkpoint
+from edge.model.checkpoint import Checkpoint, weights_sha256
 from edge.model.draft_head import DRAFT_HEAD_UNRECORDED
 
 RATES = (0.03, 0.07, 0.15, 0.30)
@@ -25,7 +25,7 @@ def rate_key(rate: float) -> str:
 
 
 def _weights_hash(ckpt: Checkpoint) -> str:
-    return ckpt.manifest["files"][WEIGHTS]
+    return weights_sha256(ckpt.manifest)
 
 
 def read_thresholds(ckpt: Checkpoint) -> dict:

@@ -206,11 +206,13 @@ def weight_files(path: Path, m: dict[str, Any]) -> list[str]:
     index itself is sealed by the manifest's `files`)."""
     if m.get("format_version") == 1:
         return [WEIGHTS]
+    if not (path / INDEX).is_file():
+        raise CheckpointError(f"checkpoint {path} is missing {INDEX}: re-export it")
     try:
         index = json.loads((path / INDEX).read_text())
         shards = list(dict.fromkeys(index["weight_map"].values()))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        raise CheckpointError(f"{path}/{INDEX} is missing or malformed: re-export the checkpoint") from None
+        raise CheckpointError(f"{path}/{INDEX} is malformed: re-export the checkpoint") from None
     bad = [f for f in shards if not isinstance(f, str) or f not in m["files"]]
     if bad:
         raise CheckpointError(f"{path}/{INDEX} names {str(bad[0])[:80]}, which the manifest does not seal: "
@@ -228,12 +230,12 @@ def weights_sha256(m: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-def _read_weights(path: Path, m: dict[str, Any], wanted) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
-    """Every tensor of the checkpoint's weight files that `wanted(name)` accepts, and the bytes of those left unread;
-    a tensor in two files is a defect."""
+def _read_weights(path: Path, files: list[str], wanted) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+    """Every tensor of the weight `files` that `wanted(name)` accepts (None: all, each file read whole), and the bytes
+    of those left unread; a tensor in two files is a defect."""
     from safetensors.torch import load_file
     tensors, skipped = {}, {}
-    for name in weight_files(path, m):
+    for name in files:
         if wanted is None:
             got, skip = load_file(str(path / name)), {}
         else:
@@ -415,9 +417,9 @@ def load_checkpoint(path, verify: bool = True, weights: str = WEIGHTS_NESTED) ->
     path = Path(path)
     check_weights(weights)
     m = read_manifest(path)
-    if verify:   # a `base` load reads the weight files by byte range: their sha256 would read every byte
-        verify_files(path, m, skip=tuple(weight_files(path, m)) if weights == WEIGHTS_BASE else ())
     files = weight_files(path, m)
+    if verify:   # a `base` load reads the weight files by byte range: their sha256 would read every byte
+        verify_files(path, m, skip=tuple(files) if weights == WEIGHTS_BASE else ())
     missing = [f for f in files if not (path / f).is_file()]
     if missing:
         raise CheckpointError(f"checkpoint {path} is missing {missing[0]}: re-export it")
@@ -433,11 +435,11 @@ def load_checkpoint(path, verify: bool = True, weights: str = WEIGHTS_NESTED) ->
     draft_head, shortlist_k, draft_vocab = _draft_head(cfg, m)
     try:
         if weights == WEIGHTS_BASE:
-            tensors, skipped = _read_weights(path, m, lambda n: not n.endswith(".refine") or
+            tensors, skipped = _read_weights(path, files, lambda n: not n.endswith(".refine") or
                                              draft_reads_refine(m, n[:-len(".refine")]))
             _unread_planes(specs, skipped, path)
         else:
-            tensors, _ = _read_weights(path, m, None)
+            tensors, _ = _read_weights(path, files, None)
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"{path}'s weights cannot be read ({str(e).splitlines()[0][:120]}): re-export it")
     validate_tensors(cfg, specs, tensors, m, weights)
