@@ -32,9 +32,10 @@ def rotate_rows(x: torch.Tensor, r: torch.Tensor, transpose: bool = False) -> to
     return rowwise(lambda row: row @ m, x)
 
 
-def hadamard_rows(x: torch.Tensor, n: int) -> torch.Tensor:
-    """x [M, n] @ H_n row-wise (the online R4 before down_proj)."""
-    return rowwise(lambda row: apply_hadamard(row, n), x)
+def hadamard_rows(x: torch.Tensor, n: int, factors=None) -> torch.Tensor:
+    """x [M, n] @ H_n row-wise (the online R4 before down_proj), H_n the Kronecker product of `factors` (a
+    checkpoint's record; None: plugins.hadamard's legacy rule)."""
+    return rowwise(lambda row: apply_hadamard(row, n, factors), x)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -97,8 +97,9 @@ class NativeEngine(Engine):
                         "kv.base": self.cache.main.base, "kv.refine": self.cache.main.refine,
                         "kv.scale": self.cache.main.scale, "scratch.base": self.cache.draft.base,
                         "scratch.refine": self.cache.draft.refine, "scratch.scale": self.cache.draft.scale})
-        if ckpt.rotations.r4_size is not None:
-            for i, f in enumerate(hadamard_factor_matrices(ckpt.rotations.r4_size)):
+        rot = ckpt.rotations
+        if rot.r4_size is not None:       # the checkpoint's recorded factors (plugins/native/step.cpp kron_rows)
+            for i, f in enumerate(hadamard_factor_matrices(rot.r4_size, rot.r4_factors)):
                 tensors[f"rotation.r4.{i}"] = f.float().contiguous()
         self.threads = threads or native_threads()
         # The step runs on its own threads; torch's idle OpenMP workers spin for a while after every parallel torch

@@ -6,11 +6,13 @@ kernel launches a 135M model's pass holds (launch-bound on any GPU, more so on a
 compute-bound, of varying width) run the same static form without a graph. Without a GPU (the Triton interpreter)
 the static form runs eagerly: the code a graph captures is the code the tests run here."""
 
+from dataclasses import replace
+
 import torch
 
 from edge.decode.engine import PassEngine
 from edge.model.checkpoint import R1_TENSOR, Checkpoint
-from edge.model.decoder import Decoder, OnlineRotations, rope_tables
+from edge.model.decoder import Decoder, rope_tables
 
 GRAPH_MAX_TOKENS = 16   # decode passes (one draft token, γ+1 <= 16 verified) are captured; wider ones run eagerly
 MAIN_LEN, SEQ_LEN, KV8_FROM, WRITE_END, IDS = range(5)   # the device buffer: four lengths, then the token ids
@@ -42,7 +44,7 @@ class GraphedEngine(PassEngine):
         dev = backend.device
         rot = ckpt.rotations
         r1 = ckpt.tensors.get(R1_TENSOR) if rot.r1 is not None else None        # the backend moved it to `dev`
-        self.decoder = Decoder(ckpt.config, backend, OnlineRotations(r1, rot.r4_size), ckpt.draft_head,
+        self.decoder = Decoder(ckpt.config, backend, replace(rot, r1=r1), ckpt.draft_head,
                                ckpt.shortlist_k, ckpt.draft_vocab)
         cos, sin = rope_tables(ckpt.config, torch.arange(capacity + scratch), torch.float32)   # [P, D]
         self.cos, self.sin = cos.to(dev), sin.to(dev)

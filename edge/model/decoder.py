@@ -15,6 +15,7 @@ from plugins.decoder_math import (
     rotate_rows,
     silu_mul,
 )
+from plugins.hadamard import check_factors, online_hadamard_factors
 
 
 class WeightStore(Protocol):
@@ -33,10 +34,24 @@ class WeightStore(Protocol):
 
 @dataclass(frozen=True)
 class OnlineRotations:
-    """Rotations a backend applies at run time (recorded in the manifest)."""
+    """Rotations a backend applies at run time (recorded in the manifest). R4 is the Kronecker product of
+    `r4_factors`: a checkpoint passes what its manifest records (edge.model.checkpoint); left out, the online rule
+    a new export fuses (plugins.hadamard.online_hadamard_factors), for the export's own passes before any manifest
+    exists. A backend applies `r4_factors` and never derives factors from the size itself."""
 
     r1: Optional[torch.Tensor] = None     # [H, H]: residual stream is x @ r1; undone before the final norm
     r4_size: Optional[int] = None         # Hadamard order applied to down_proj inputs
+    r4_factors: Optional[tuple[int, ...]] = None   # orders of its Kronecker factors, first to last
+
+    def __post_init__(self):
+        if self.r4_size is None:
+            if self.r4_factors is not None:
+                raise ValueError("R4 factors without an R4 size")
+            return
+        factors = online_hadamard_factors(self.r4_size) if self.r4_factors is None else self.r4_factors
+        if factors is None:
+            raise ValueError(f"no Hadamard construction of order {self.r4_size} for R4")
+        object.__setattr__(self, "r4_factors", check_factors(self.r4_size, factors))
 
 
 def rope_tables(cfg: ModelConfig, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,7 +101,7 @@ class Decoder:
         h = rms_norm(x, w.norm(p + "post_attention_layernorm"), cfg.rms_norm_eps)
         g = silu_mul(w.linear(p + "mlp.gate_proj", h, view), w.linear(p + "mlp.up_proj", h, view))  # [T, I]
         if self.rot.r4_size is not None:
-            g = hadamard_rows(g, self.rot.r4_size)
+            g = hadamard_rows(g, self.rot.r4_size, self.rot.r4_factors)   # [T, I] @ H, the recorded factors
         return x + w.linear(p + "mlp.down_proj", g, view)
 
     def final_norm(self, x: torch.Tensor) -> torch.Tensor:
