@@ -288,10 +288,10 @@ class StreamSource:
         self.close()
 
 
-def gguf_meta_folder(gguf: Path) -> Path:
+def gguf_meta_folder(path: Path) -> Path:
     """A cached folder with a GGUF file's config.json, generation_config.json and tokenizer files, written once from
     its metadata by transformers (which reads no weights for them), atomically (temp folder + rename)."""
-    dest = cache_root() / f"{gguf.stem}-{gguf.stat().st_size}-meta"
+    dest = cache_root() / f"{path.stem}-{path.stat().st_size}-meta"
     if (dest / "config.json").is_file():
         return dest
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -302,10 +302,10 @@ def gguf_meta_folder(gguf: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     try:
         try:
-            cfg = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
-            tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            cfg = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+            tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         except Exception as e:  # transformers raises many types for unreadable GGUF files
-            raise BitNestError(f"cannot read GGUF file {gguf}: {first_line(e)}") from None
+            raise BitNestError(f"cannot read GGUF file {path}: {first_line(e)}") from None
         # the fields save_pretrained of the dequantized model adds (export.sources.gguf_cache_folder writes the same)
         if cfg.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
             cfg.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[cfg.model_type]]
@@ -313,9 +313,13 @@ def gguf_meta_folder(gguf: Path) -> Path:
         cfg.save_pretrained(tmp)
         GenerationConfig.from_model_config(cfg).save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
+        if dest.exists() and not (dest / "config.json").is_file():
+            shutil.rmtree(dest, ignore_errors=True)                           # a folder left half-written by hand
+        try:
+            os.replace(tmp, dest)
+        except OSError:
+            if not (dest / "config.json").is_file():                          # else another process wrote it first
+                raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
