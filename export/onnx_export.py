@@ -42,6 +42,7 @@ from plugins.step_contract import (
     EMBEDDED,
     FLOAT16_HEAD,
     ONNX_DIGEST_SUFFIX,
+    HADAMARD_FACTORS,
     HADAMARD_ROWS,
     INPUT_IDS,
     IR_VERSION,
@@ -56,6 +57,7 @@ from plugins.step_contract import (
     VIEW,
     StepShapes,
     as_words,
+    factors_attribute,
     kv_inputs,
     kv_outputs,
     onnx_digests,
@@ -167,7 +169,8 @@ class _StepGraph:
         h = self.rms_norm(x, p + "post_attention_layernorm")
         g = b.op(SILU_MUL, [self.linear(p + "mlp.gate_proj", h), self.linear(p + "mlp.up_proj", h)], domain=DOMAIN)
         if self.ckpt.rotations.r4_size is not None:
-            g = b.op(HADAMARD_ROWS, [g], domain=DOMAIN)                                     # [M, I] @ H
+            g = b.op(HADAMARD_ROWS, [g], domain=DOMAIN, **{HADAMARD_FACTORS: factors_attribute(
+                self.ckpt.rotations.r4_factors)})                                           # [M, I] @ H
         return b.op("Add", [x, self.linear(p + "mlp.down_proj", g)], out=residual(layer))
 
     def build(self) -> onnx.ModelProto:
@@ -202,7 +205,7 @@ class _StepGraph:
         b.nodes.append(helper.make_node("Identity", [logits], [LOGITS], name="out_logits"))
         functions = [rms_norm_function(), silu_mul_function(), rotate_rows_function()]
         if self.ckpt.rotations.r4_size is not None:
-            functions.append(hadamard_rows_function(self.ckpt.rotations.r4_size))
+            functions.append(hadamard_rows_function(self.ckpt.rotations.r4_size, self.ckpt.rotations.r4_factors))
         return helper.make_model(
             helper.make_graph(b.nodes, "bitnest_decoder_step", self.inputs(), self.outputs(), list(b.inits.values())),
             opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, DOMAIN_VERSION)],

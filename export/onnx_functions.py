@@ -8,11 +8,12 @@ from onnx import FunctionProto, helper, numpy_helper
 
 from plugins.contracts import DOMAIN
 from plugins.hadamard import hadamard_factor_matrices
-from plugins.step_contract import HADAMARD_ROWS, OPSET, RMS_NORM, ROTATE_ROWS, SILU_MUL
+from plugins.step_contract import HADAMARD_FACTORS, HADAMARD_ROWS, OPSET, RMS_NORM, ROTATE_ROWS, SILU_MUL
 
 
-def _function(name: str, inputs: list[str], outputs: list[str], nodes) -> FunctionProto:
-    return helper.make_function(DOMAIN, name, inputs, outputs, nodes, [helper.make_opsetid("", OPSET)])
+def _function(name: str, inputs: list[str], outputs: list[str], nodes, attributes=()) -> FunctionProto:
+    return helper.make_function(DOMAIN, name, inputs, outputs, nodes, [helper.make_opsetid("", OPSET)],
+                                attributes=list(attributes))
 
 
 def rms_norm_function() -> FunctionProto:
@@ -41,15 +42,17 @@ def rotate_rows_function() -> FunctionProto:
     return _function(ROTATE_ROWS, ["x", "r"], ["y"], [helper.make_node("MatMul", ["x", "r"], ["y"])])
 
 
-def hadamard_rows_function(size: int) -> FunctionProto:
-    """y = x [M, size] @ H_size by its Kronecker factors (constants), one axis at a time."""
+def hadamard_rows_function(size: int, factors) -> FunctionProto:
+    """y = x [M, size] @ H_size by its Kronecker factors `factors` (the checkpoint's record; constants), one axis at a
+    time. The node that calls it carries the same orders as its HADAMARD_FACTORS attribute (the body ignores it; the
+    onnxruntime Python op, which runs in place of the body, reads it)."""
     n = helper.make_node
-    mats = [m.float().numpy() for m in hadamard_factor_matrices(size)]
+    mats = [m.float().numpy() for m in hadamard_factor_matrices(size, factors)]
     orders = [m.shape[0] for m in mats]
     nodes = [n("Constant", [], [f"h{i}"], value=numpy_helper.from_array(np.ascontiguousarray(m), f"h{i}"))
              for i, m in enumerate(mats)]
     if len(mats) == 1:
-        return _function(HADAMARD_ROWS, ["x"], ["y"], nodes + [n("MatMul", ["x", "h0"], ["y"])])
+        return _function(HADAMARD_ROWS, ["x"], ["y"], nodes + [n("MatMul", ["x", "h0"], ["y"])], [HADAMARD_FACTORS])
     shape = numpy_helper.from_array(np.asarray([-1, *orders], np.int64), "split_shape")
     flat = numpy_helper.from_array(np.asarray([-1, size], np.int64), "flat_shape")
     nodes += [n("Constant", [], ["split_shape"], value=shape), n("Constant", [], ["flat_shape"], value=flat),
@@ -62,4 +65,4 @@ def hadamard_rows_function(size: int) -> FunctionProto:
         nodes += [n("Transpose", [f"y{i}"], [f"t{i}"], perm=perm), n("MatMul", [f"t{i}", f"h{i}"], [f"p{i}"]),
                   n("Transpose", [f"p{i}"], [f"y{i + 1}"], perm=back)]
     nodes.append(n("Reshape", [f"y{len(orders)}", "flat_shape"], ["y"]))
-    return _function(HADAMARD_ROWS, ["x"], ["y"], nodes)
+    return _function(HADAMARD_ROWS, ["x"], ["y"], nodes, [HADAMARD_FACTORS])

@@ -31,7 +31,16 @@ from plugins.decoder_math import (
     silu_mul,
 )
 from plugins.kv import dequantize_kv_mixed, quantize_kv
-from plugins.step_contract import HADAMARD_ROWS, RMS_NORM, ROTATE_ROWS, SILU_MUL, as_bytes, as_words
+from plugins.step_contract import (
+    HADAMARD_FACTORS,
+    HADAMARD_ROWS,
+    RMS_NORM,
+    ROTATE_ROWS,
+    SILU_MUL,
+    as_bytes,
+    as_words,
+    parse_factors_attribute,
+)
 
 GEMV_WITH_OFFSET = DUAL_PLANE_LINEAR.graph + "Offset"
 
@@ -86,8 +95,10 @@ def rotate_rows_op(x: np.ndarray, r: np.ndarray) -> np.ndarray:
     return rotate_rows(torch.from_numpy(x), torch.from_numpy(r)).numpy()
 
 
-def hadamard_rows_op(x: np.ndarray) -> np.ndarray:
-    return hadamard_rows(torch.from_numpy(x), x.shape[-1]).numpy()
+def hadamard_rows_op(x: np.ndarray, factors: str = "") -> np.ndarray:
+    """x [M, n] @ H_n of the node's factor orders (HADAMARD_FACTORS; empty: the legacy rule's, as graphs exported
+    before the attribute existed were built)."""
+    return hadamard_rows(torch.from_numpy(x), x.shape[-1], parse_factors_attribute(factors)).numpy()
 
 
 _registered = False
@@ -108,7 +119,8 @@ def register_ort_ops() -> str:
         onnx_op(op_type=RMS_NORM, inputs=[T.dt_float] * 3, outputs=[T.dt_float])(rms_norm_op)
         onnx_op(op_type=SILU_MUL, inputs=[T.dt_float] * 2, outputs=[T.dt_float])(silu_mul_op)
         onnx_op(op_type=ROTATE_ROWS, inputs=[T.dt_float] * 2, outputs=[T.dt_float])(rotate_rows_op)
-        onnx_op(op_type=HADAMARD_ROWS, inputs=[T.dt_float], outputs=[T.dt_float])(hadamard_rows_op)
+        onnx_op(op_type=HADAMARD_ROWS, inputs=[T.dt_float], outputs=[T.dt_float],
+                attrs={HADAMARD_FACTORS: T.dt_string})(hadamard_rows_op)
         onnx_op(op_type=NESTED_KV_ATTENTION.graph,
                 inputs=[T.dt_float] * 3 + [T.dt_int32, T.dt_int32, T.dt_float, T.dt_int64, T.dt_int64],
                 outputs=[T.dt_float, T.dt_int32, T.dt_int32, T.dt_float])(nested_kv_attention)
@@ -149,6 +161,8 @@ def ort_model(model, inline_functions: bool = False, expose: tuple[str, ...] = (
         node.domain = contrib
         if op == DUAL_PLANE_LINEAR.graph and len(node.input) == 6 and node.input[5]:
             node.op_type = GEMV_WITH_OFFSET
+        if op == HADAMARD_ROWS and all(at.name != HADAMARD_FACTORS for at in node.attribute):
+            node.attribute.append(helper.make_attribute(HADAMARD_FACTORS, ""))   # an older graph: the legacy rule
         nodes += [node] + after
     del m.graph.node[:]
     m.graph.node.extend(nodes)

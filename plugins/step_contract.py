@@ -36,6 +36,19 @@ from dataclasses import dataclass
 
 # Model-local functions (standard-op bodies; export.onnx_functions) for the float ops that feed a quantizer.
 RMS_NORM, SILU_MUL, ROTATE_ROWS, HADAMARD_ROWS = "RmsNorm", "SiluMul", "RotateRows", "HadamardRows"
+# HadamardRows' attribute: the orders of its Kronecker factors, "140,64" (the checkpoint's record; a node without it,
+# from a graph exported before the attribute existed, means plugins.hadamard's legacy rule for the row length).
+HADAMARD_FACTORS = "factors"
+
+
+def factors_attribute(factors) -> str:
+    """The HADAMARD_FACTORS attribute's text for Kronecker factor orders."""
+    return ",".join(str(int(f)) for f in factors)
+
+
+def parse_factors_attribute(text: str):
+    """The factor orders a HADAMARD_FACTORS attribute names (a tuple), or None for an empty one."""
+    return tuple(int(f) for f in text.split(",")) if text else None
 
 INPUT_IDS, SEQ_LEN, KV8_FROM, VIEW, LOGITS = "input_ids", "seq_len", "kv8_from", "view", "logits"
 # Named intermediate values (not outputs): the residual stream entering layer 0 and leaving each layer. A check can

@@ -3,8 +3,9 @@
 math, reading the checkpoint's safetensors and manifest itself. It shares no code with what it checks: nothing
 from plugins.reference, plugins.kv, plugins.packing, plugins.nesting or plugins.decoder_math (which the torch
 backend and the onnxruntime Python ops run), nor edge.model. The one import from the project is the definition
-of the R4 Hadamard matrix (plugins.hadamard.hadamard_matrix, dense): it is what the export fused into down_proj,
-while the graph under test applies it through its own factored Reshape/Transpose/MatMul body."""
+of the R4 Hadamard matrix (plugins.hadamard.hadamard_matrix, dense, of the factors the manifest records, or the
+legacy rule's where it records none): it is what the export fused into down_proj, while the graph under test applies
+it through its own factored Reshape/Transpose/MatMul body."""
 
 import json
 from pathlib import Path
@@ -78,7 +79,8 @@ class StepReference:
         self.r4 = None
         if rot.get("r4_size"):
             from plugins.hadamard import hadamard_matrix
-            self.r4 = hadamard_matrix(rot["r4_size"]).numpy()                       # [I, I] float64
+            recorded = (rot.get("r4") or {}).get("factors")                         # None: the legacy rule's
+            self.r4 = hadamard_matrix(rot["r4_size"], recorded).numpy()             # [I, I] float64
         shape = (2, self.kv_heads, capacity, self.d // 2)
         self.kv = [(np.zeros(shape, np.uint8), np.zeros(shape, np.uint8), np.zeros(shape[:3], np.float16))
                    for _ in range(self.layers)]
