@@ -165,6 +165,7 @@ def test_a_shape_bench_measures_replays_and_projects_in_separate_processes(small
     d = shape_mod.bench_shape(_shape_args(), TINY, "tiny", str(small), "test")
     assert d["shape"] == "tiny" and d["speculative_method"] == "replayed" and d["isolation"] == "process per runner"
     assert d["draft_head"] == "8bit"                       # the synthetic checkpoint's head is the default export's
+    assert d["r4_factors"] == [256]                        # and its online R4 (and R1)
     assert set(d["runs"]) == {"target", "draft", "speculative_replayed", "llamacpp_q8_0"}
     assert all(r["tok_s"] > 0 for r in d["runs"].values())
     pids = [r["pid"] for r in d["runs"].values()] + [d["probe"]["pid"], d["acceptance_source"]["pid"]]
@@ -190,6 +191,23 @@ def test_a_shape_bench_measures_replays_and_projects_in_separate_processes(small
     assert d["projection"]["alpha"] == 0.5 and "replayed_speculative_vs_target" not in d["ratios"]
 
 
+def test_passes_only_times_each_r4_layout_in_a_process_of_its_own():
+    """--passes-only at a shape whose legacy and online R4 differ (448: (224, 2) and (28, 16)): one fresh process per
+    layout, pass times for every width and view, the ratios speculation depends on."""
+    from dataclasses import replace
+
+    from edge.analysis.bench_passes import bench_passes
+    d = bench_passes(replace(TINY, intermediate_size=448), "tiny", ["online", "legacy", "none"], 1, 1, 1, "auto", 4)
+    lay = d["layouts"]
+    assert [lay[k]["r4_factors"] for k in ("online", "legacy", "none")] == [[28, 16], [224, 2], None]
+    pids = [v["pid"] for v in lay.values()]
+    assert len(set(pids)) == 3 and os.getpid() not in pids and not _my_children()
+    for v in lay.values():
+        assert set(v["ms"]) == {"draft", "target"} and set(v["ms"]["target"]) == {str(w) for w in range(1, 9)}
+        assert v["verification_pass_vs_target_pass"] == v["target_pass_vs_1"]["5"] > 0
+        assert v["draft_pass_vs_target_pass"] > 0
+
+
 # -- bad input ----------------------------------------------------------------------------------------------------
 def test_an_unknown_shape_is_one_line_naming_the_known_ones(capsys):
     rc, out, err = _cli(capsys, "--shape", "smollm2-7b")
@@ -202,6 +220,10 @@ def test_an_unknown_shape_is_one_line_naming_the_known_ones(capsys):
     (["--shape", "smollm2-360m", "--peer", "hf"], "no transformers peer"),
     (["--shape", "smollm2-360m", "--policy", "target"], "leave out --policy"),
     (["--acceptance-from", "x.json"], "goes with --shape"),
+    (["--passes-only"], "go with --shape"),
+    (["--shape", "qwen2.5-1.5b", "--r4", "legacy"], "--r4 goes with --passes-only"),
+    (["--shape", "qwen2.5-1.5b"], "no llama.cpp peer (a synthetic GGUF is written for Llama shapes only, not qwen2)"),
+    (["--shape", "llama-3-8b"], "vocabulary 49152) cannot lend its tokenizer to a Llama of vocabulary 128256"),
     (["--shape", "smollm2-360m", "--acceptance-from", "/nonexistent/bench.json"], "no such file"),
 ])
 def test_bad_bench_options_are_one_line(small, capsys, argv, says):

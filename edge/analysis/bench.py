@@ -6,7 +6,8 @@ same at a real model's shapes that stream from DRAM (edge.analysis.bench_shape).
 
     bitnest bench [--checkpoint DIR] [--backend B] [--prompts N] [--max-new-tokens N] [--repeats R] [--threads T]
                   [--policy P (repeatable)] [--peer llamacpp|hf|none (repeatable)] [--pass-repeats N]
-                  [--shape smollm2-360m|smollm2-1.7b [--acceptance-from FILE]] [--json]
+                  [--shape NAME [--acceptance-from FILE]] [--json]
+    bitnest bench --shape NAME --passes-only [--r4 online|legacy|none (repeatable)] [--rounds N] [--pass-repeats N]
 
 Every runner (each policy, each peer, the probe) runs in its own fresh process (edge.analysis.bench_process) with the
 same threads; each loads its model once and warms up; the repeats interleave the runners, one working at a time, so
@@ -14,7 +15,8 @@ drift in the machine's speed falls on all of them. Every figure is a median over
 (prefill excluded; every generation runs exactly --max-new-tokens tokens, EOS ignored, as llama.cpp's `ignore_eos`).
 Ratios are taken within this run; `*_roofline_fraction` is a policy's weight bytes per second over the probe's read
 bandwidth, the probe's buffer at least 4x the last-level cache (edge.analysis.machine). Pass times per view and width
-are measured in the target runner's process after the repeats.
+are measured in the target runner's process after the repeats. With --passes-only, the pass times alone at a shape,
+per R4 layout (edge.analysis.bench_passes).
 """
 
 import argparse
@@ -45,11 +47,12 @@ from edge.cli.options import add_draft_head_arguments, add_model_argument, add_p
 from edge.decode.registry import POLICIES
 from edge.errors import BitNestError
 from edge.model.checkpoint import read_manifest
-from edge.memory.model_shapes import MODEL_PRESETS
+from edge.memory.model_shapes import BENCH_SHAPES, MODEL_PRESETS
+from edge.memory.synthetic import R4_LAYOUTS
 
 PEERS = ("llamacpp", "hf", "none")
 DEFAULT_POLICIES = ("target", "speculative", "adaptive", "draft", "auto")
-SHAPES = ("smollm2-360m", "smollm2-1.7b")      # real models that share the default model's tokenizer
+SHAPES = BENCH_SHAPES
 def bench(a, ckpt: str, command: str = "") -> dict:
     """Medians over interleaved repeats of every runner's decode tok/s, each runner in its own process, the read
     probe, the pass times and the ratios."""
@@ -125,6 +128,13 @@ def parser() -> argparse.ArgumentParser:
                    "llama.cpp Q8_0 on a GGUF of the same shapes")
     p.add_argument("--acceptance-from", help="with --shape: a bench JSON whose runs.speculative holds the recorded "
                    "rounds (or at least the acceptance) to follow, instead of recording them in this run")
+    p.add_argument("--passes-only", action="store_true", help="with --shape: only the pass times per view and width "
+                   "(no prompts, peers or acceptance), for each --r4 layout, each in its own process")
+    p.add_argument("--r4", action="append", choices=R4_LAYOUTS, help="with --passes-only: the R4 layout of the "
+                   "synthetic checkpoint (repeatable; default online): the online rule's factors, the legacy rule's "
+                   "(checkpoints exported before issue 34), or none")
+    p.add_argument("--rounds", type=count(), default=1, help="with --passes-only: times each layout is loaded and "
+                   "timed, in turn")
     add_draft_head_arguments(p)
     p.add_argument("--json", action="store_true")
     add_policy_arguments(p)
@@ -139,9 +149,17 @@ def main(argv=None, default_checkpoint=None) -> int:
         if a.shape is None:
             if a.acceptance_from:
                 raise BitNestError("--acceptance-from goes with --shape")
+            if a.passes_only or a.r4:
+                raise BitNestError("--passes-only and --r4 go with --shape")
             return bench(a, checkpoint_arg(a, default_checkpoint), command.strip())
-        from edge.analysis.bench_shape import bench_shape
         if a.shape not in SHAPES:
             raise BitNestError(f"unknown shape {a.shape!r}: use one of {', '.join(SHAPES)}")
+        if a.passes_only:
+            from edge.analysis.bench_passes import bench_passes
+            return bench_passes(MODEL_PRESETS[a.shape], a.shape, a.r4 or ["online"], a.rounds, a.pass_repeats,
+                                a.threads or default_threads(), a.backend, a.gamma, command.strip())
+        if a.r4:
+            raise BitNestError("--r4 goes with --passes-only")
+        from edge.analysis.bench_shape import bench_shape
         return bench_shape(a, MODEL_PRESETS[a.shape], a.shape, checkpoint_arg(a, default_checkpoint), command.strip())
     return run_cli(body, a.json, "bench.py")

@@ -114,15 +114,16 @@ class PolicyRunner:
 
 class SyntheticRunner:
     """A synthetic nested checkpoint of `config`'s shapes (edge.memory.synthetic: random planes, built in this
-    process) on a backend: `mode` target or draft (AR), or replay (speculation at γ following recorded rounds)."""
+    process, with a default export's online R1 and R4 of the `r4` layout) on a backend: `mode` target or draft (AR),
+    or replay (speculation at γ following recorded rounds)."""
 
     OPS = ("run", "pass_times")
 
     def __init__(self, config: dict, backend: str, mode: str, max_new_tokens: int, prompts: list, gamma: int,
                  rounds: list | None = None, seed: int = 0, draft_head: str | None = None,
-                 shortlist_k: int | None = None, draft_vocab: int | None = None):
+                 shortlist_k: int | None = None, draft_vocab: int | None = None, r4: str = "online"):
         from edge.backends import make_engine, resolve_backend
-        from edge.memory.synthetic import synthetic_checkpoint
+        from edge.memory.synthetic import synthetic_checkpoint, with_online_rotations
         from edge.model.arch import ModelConfig
         from edge.model.checkpoint import set_draft_head
         if mode not in ("target", "draft", "replay"):
@@ -134,12 +135,15 @@ class SyntheticRunner:
         # the default export's head: nested, the embedding read from it, the draft reading it at 8 bits (or as asked)
         ckpt = set_draft_head(synthetic_checkpoint(cfg, "cpu", seed=seed, head_nested=True, draft_head="8bit"),
                               draft_head, shortlist_k, draft_vocab)
+        ckpt = with_online_rotations(ckpt, r4, seed)
         capacity = max(len(p) for p in prompts) + max(max_new_tokens, WARMUP_TOKENS) + gamma + 2
         self.eng = make_engine(self.backend, ckpt, capacity, scratch=gamma + 1)
         self.mode, self.prompts, self.rounds, self.n = mode, prompts, rounds, max_new_tokens
         self._one(0, WARMUP_TOKENS)
+        rot = ckpt.rotations
         self.info = {"backend": self.backend, "isa": getattr(self.eng, "isa", None),
-                     "engine_threads": getattr(self.eng, "threads", None), **draft_head_summary(ckpt)}
+                     "engine_threads": getattr(self.eng, "threads", None), **draft_head_summary(ckpt),
+                     "r4_factors": None if rot.r4_factors is None else list(rot.r4_factors)}
 
     def _one(self, i: int, n: int):
         from edge.analysis.bench_replay import replay_generation

@@ -1,8 +1,9 @@
 """`bitnest bench --shape NAME`: the memory-bound regime, measured at a real model's shapes that this machine's cache
-cannot hold (SmolLM2-360M, SmolLM2-1.7B: the default model's tokenizer). A synthetic nested checkpoint of those shapes
-(random planes, built in each runner's process) gives pass times per view and width and target and draft AR tok/s;
-llama.cpp decodes a GGUF of the same shapes (random Q8_0 blocks, edge.analysis.synthetic_gguf); the read probe gives
-the DRAM roofline. Random weights have no meaningful acceptance, so speculation is **replayed** (real passes, the
+cannot hold (edge.memory.model_shapes.BENCH_SHAPES). A synthetic nested checkpoint of those shapes (random planes and a
+default export's online rotations, built in each runner's process) gives pass times per view and width and target and
+draft AR tok/s; llama.cpp decodes a GGUF of the same shapes (random Q8_0 blocks, edge.analysis.synthetic_gguf: for
+now only Llama shapes of the default model's tokenizer, SmolLM2-360M and 1.7B; the others run with --peer none); the
+read probe gives the DRAM roofline. Random weights have no meaningful acceptance, so speculation is **replayed** (real passes, the
 accept/reject decisions of rounds recorded on the default model at the same γ on the same prompts: in this run, or
 from --acceptance-from FILE) and **projected** from the pass times and the real model's acceptance
 (edge.analysis.bench_replay). Every runner in its own process, same threads, repeats interleaved."""
@@ -80,6 +81,11 @@ def bench_shape(a, cfg: ModelConfig, name: str, checkpoint: str, command: str = 
     peers = set(a.peer or ("llamacpp",)) - {"none"}
     if "hf" in peers:
         raise BitNestError("--shape has no transformers peer (no float model of those shapes): use --peer llamacpp")
+    if "llamacpp" in peers:            # refused before any work (the acceptance recording takes minutes)
+        from edge.analysis.synthetic_gguf import synthetic_gguf_problem
+        problem = synthetic_gguf_problem(cfg, shipped_gguf())
+        if problem:
+            raise BitNestError(f"--shape {name}: no llama.cpp peer ({problem}): use --peer none, or --passes-only")
     threads = a.threads or default_threads()
     mach = machine(threads)
     texts, prompts = prompt_set(checkpoint, a.prompts)
@@ -116,7 +122,7 @@ def bench_shape(a, cfg: ModelConfig, name: str, checkpoint: str, command: str = 
     best = max((k for k in LOSSLESS if k in tok), key=tok.get)
     out = {"command": command, "shape": name, "config": cfg.to_dict(), "checkpoint": checkpoint,
            "backend": loaded["target"]["backend"], "isa": loaded["target"]["isa"],
-           **{k: loaded["target"][k] for k in ("draft_head", "shortlist_k", "draft_vocab")
+           **{k: loaded["target"][k] for k in ("draft_head", "shortlist_k", "draft_vocab", "r4_factors")
               if k in loaded["target"]},
            "isolation": ISOLATION,
            "prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "repeats": a.repeats, "gamma": a.gamma,

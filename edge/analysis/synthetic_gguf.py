@@ -52,23 +52,33 @@ def _cache_name(cfg: ModelConfig, name: str, source: Path, seed: int) -> str:
     return f"synthetic-{name}-Q8_0-{hashlib.sha256(key.encode()).hexdigest()[:12]}.gguf"
 
 
-def synthetic_gguf(cfg: ModelConfig, name: str, source: Path, cache: Path, seed: int = 0) -> Path:
-    """The GGUF of `cfg`'s shapes with `source`'s metadata and tokenizer (written once into `cache`, reused after)."""
+def synthetic_gguf_problem(cfg: ModelConfig, source: Path) -> str | None:
+    """Why no GGUF of `cfg`'s shapes can borrow `source`'s tokenizer (one line), or None."""
     import gguf
     if cfg.family != "llama" or cfg.attention_bias:
-        raise BitNestError(f"a synthetic GGUF is written for Llama shapes only, not {cfg.family}")
+        return f"a synthetic GGUF is written for Llama shapes only, not {cfg.family}"
     bad = [c for c in (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads * cfg.head_dim) if c % Q8_BLOCK]
     if bad:
-        raise BitNestError(f"Q8_0 needs every row length to be a multiple of {Q8_BLOCK}, not {bad[0]}")
-    out = cache / _cache_name(cfg, name, source, seed)
-    if out.is_file():
-        return out
+        return f"Q8_0 needs every row length to be a multiple of {Q8_BLOCK}, not {bad[0]}"
     reader = gguf.GGUFReader(str(source))
     arch = str(bytes(reader.fields["general.architecture"].parts[-1]), "utf-8")
     vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
     if arch != "llama" or vocab != cfg.vocab_size:
-        raise BitNestError(f"{source.name} ({arch}, vocabulary {vocab}) cannot lend its tokenizer to a Llama of "
-                           f"vocabulary {cfg.vocab_size}")
+        return f"{source.name} ({arch}, vocabulary {vocab}) cannot lend its tokenizer to a Llama of vocabulary " \
+               f"{cfg.vocab_size}"
+    return None
+
+
+def synthetic_gguf(cfg: ModelConfig, name: str, source: Path, cache: Path, seed: int = 0) -> Path:
+    """The GGUF of `cfg`'s shapes with `source`'s metadata and tokenizer (written once into `cache`, reused after)."""
+    import gguf
+    out = cache / _cache_name(cfg, name, source, seed)
+    if out.is_file():
+        return out
+    problem = synthetic_gguf_problem(cfg, source)
+    if problem:
+        raise BitNestError(problem)
+    reader = gguf.GGUFReader(str(source))
     cache.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:

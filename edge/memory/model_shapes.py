@@ -36,4 +36,17 @@ MODEL_PRESETS = {
                                  family="qwen2"),
     # Qwen/Qwen2.5-7B (q/k/v biases)
     "qwen2.5-7b": _llama("Qwen2ForCausalLM", 3584, 18944, 28, 28, 4, 152064, 131072, 1e6, bias=True, family="qwen2"),
+    # Qwen2.5-{0.5B,1.5B,3B}-Instruct, config.json (huggingface.co/Qwen): q/k/v biases, vocab 151936, rope_theta 1e6,
+    # 32768 positions; head_dim 64 / 128 / 128. config.json ties the head, but the GGUFs users run store output.weight
+    # apart (the packaged Coder-0.5B's, and issue 34's 1.5B), so an export from them is untied, as here.
+    "qwen2.5-0.5b": _llama("Qwen2ForCausalLM", 896, 4864, 24, 14, 2, 151936, 32768, 1e6, bias=True, family="qwen2"),
+    "qwen2.5-1.5b": _llama("Qwen2ForCausalLM", 1536, 8960, 28, 12, 2, 151936, 32768, 1e6, bias=True, family="qwen2"),
+    "qwen2.5-3b": _llama("Qwen2ForCausalLM", 2048, 11008, 36, 16, 2, 151936, 32768, 1e6, bias=True, family="qwen2"),
+    # meta-llama/Llama-3.2-1B, config.json: hidden 2048, intermediate 8192, 16 layers, 32 heads, 8 KV heads (head_dim
+    # 64), vocab 128256, tied, rope_theta 5e5
+    "llama-3.2-1b": _llama("LlamaForCausalLM", 2048, 8192, 16, 32, 8, 128256, 131072, 500000.0, tied=True),
 }
+# The shapes `bitnest bench --shape` times (issue 34: the models Orin users run, and SmolLM2's for the default model's
+# tokenizer).
+BENCH_SHAPES = ("smollm2-360m", "smollm2-1.7b", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b",
+                "llama-3.2-1b", "llama-3.2-3b", "llama-3-8b")

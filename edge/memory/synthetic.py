@@ -63,6 +63,34 @@ def synthetic_checkpoint(cfg: ModelConfig, device: str = "meta", seed: int = 0, 
     return Checkpoint(Path(f"<synthetic {device}>"), manifest, cfg, specs, tensors, OnlineRotations(), weights=weights)
 
 
+R4_LAYOUTS = ("online", "legacy", "none")   # R4 of a synthetic checkpoint: the online rule's factors, the legacy's, none
+
+
+def with_online_rotations(ckpt: Checkpoint, r4: str = "online", seed: int = 0) -> Checkpoint:
+    """`ckpt` (random planes, on the CPU) with the online rotations a default export (`--rotation r1r2r4`) records: a
+    random orthogonal R1 [H, H] float32 (applied at the embedding and undone before the head) and R4 of the
+    intermediate size with the online rule's factors (plugins.hadamard.online_hadamard_factors; `legacy`: the legacy
+    rule's, as checkpoints exported before issue 34 record them; `none`: no R4), so a pass costs what a real
+    export's does. The weights are random either way."""
+    from dataclasses import replace
+
+    from edge.model.checkpoint import R1_TENSOR
+    from plugins.hadamard import hadamard_factors, online_hadamard_factors, random_orthogonal
+    if r4 not in R4_LAYOUTS:
+        raise ValueError(f"unknown R4 layout {r4!r}: use one of {', '.join(R4_LAYOUTS)}")
+    cfg, n = ckpt.config, ckpt.config.intermediate_size
+    factors = None if r4 == "none" else (online_hadamard_factors(n) if r4 == "online" else hadamard_factors(n))
+    if r4 != "none" and factors is None:
+        raise ValueError(f"the {r4} rule has no Hadamard of order {n}")
+    r1 = random_orthogonal(cfg.hidden_size, seed).float()                             # [H, H]
+    record = {"r1": {"kind": "random_orthogonal", "size": cfg.hidden_size, "seed": seed, "tensor": R1_TENSOR},
+              "r4_size": None if factors is None else n}
+    if factors is not None:
+        record["r4"] = {"kind": "hadamard", "size": n, "factors": list(factors), "online_sites": ["down_proj_input"]}
+    return replace(ckpt, manifest=dict(ckpt.manifest, rotation=record), tensors=dict(ckpt.tensors, **{R1_TENSOR: r1}),
+                   rotations=OnlineRotations(r1=r1, r4_size=None if factors is None else n, r4_factors=factors))
+
+
 def exported_shapes(cfg: ModelConfig, device: str = "meta", weights: str = "nested") -> Checkpoint:
     """`synthetic_checkpoint` with the head as the default export writes it (export.quantize.QuantOptions: the head
     nested, the embedding read from it where tied, the draft head DRAFT_HEAD_EXPORT_DEFAULT): what the planner and
