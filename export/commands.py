@@ -33,6 +33,8 @@ COMMANDS = {
     "calibrate": Command("edge.analysis.calibrate", "calibrate the gate thresholds beside a checkpoint"),
     "replay": Command("edge.analysis.replay", "Precision on Demand replay: AUCs, budgets, cost model, figures"),
     "compare": Command("edge.analysis.compare", "live comparison of every policy, paired tests"),
+    "export-memory": Command("export.export_memory", "the streamed export's peak memory and time per block at a model's "
+                             "real shapes (synthetic weights), against its plan", False),
     "quality-table": Command("export.quality", "export variants and tabulate their perplexity and agreement", False),
     "verify-onnx": Command("edge.cli.verify_onnx", "the exported step graph through onnxruntime against torch", False),
     "compile-kernels": Command("edge.cli.compile_kernels", "compile every Triton kernel for sm_87 without a GPU", False),

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edge.atomic import write_atomic
 from edge.errors import BitNestError
-from edge.model.checkpoint import HEAD, Checkpoint, load_checkpoint, set_draft_head
+from edge.model.checkpoint import HEAD, Checkpoint, load_checkpoint, set_draft_head, weights_sha256
 from edge.model.decoder import rope_tables
 from edge.model.draft_head import DRAFT_HEAD_8BIT, DRAFT_HEAD_SHORTLIST
 from export.onnx_functions import (
@@ -242,7 +242,7 @@ def build_step_model(ckpt: Checkpoint) -> onnx.ModelProto:
     register_schemas()
     model = _StepGraph(ckpt).build()
     meta = {"bitnest.format_version": str(ckpt.manifest["format_version"]),
-            "bitnest.weights_sha256": ckpt.manifest["files"]["model.safetensors"],
+            "bitnest.weights_sha256": weights_sha256(ckpt.manifest),
             "bitnest.method": ckpt.method,
             "bitnest.activations": "int8 per token (W4A8 draft, W8A8 target)",
             DRAFT_HEAD_META: ckpt.draft_head or FLOAT16_HEAD}

@@ -72,7 +72,11 @@ class StepReference:
         self.draft_head = draft_head or m.get("draft_head", "4bit")
         if self.draft_head not in ("8bit", "4bit"):
             raise ValueError(f"the step reference reads the head at 8 or 4 bits, not {self.draft_head!r}")
-        self.t = load_file(str(folder / "model.safetensors"))
+        if m["format_version"] == 1:
+            self.t = load_file(str(folder / "model.safetensors"))
+        else:                        # the shards the index names, read one after another into one table
+            shards = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"].values()
+            self.t = {k: v for f in dict.fromkeys(shards) for k, v in load_file(str(folder / f)).items()}
         self.groups = {n: s["group_size"] for n, s in m["linears"].items()}
         rot = m.get("rotation") or {}
         self.r1 = self.t["rotation.r1"].astype(np.float64) if rot.get("r1") else None
