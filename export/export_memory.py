@@ -110,12 +110,9 @@ def measure(cfg: ModelConfig, layers: list[int], work: Path, calib_samples: int,
             "peak_spread": (max(peaks) - min(peaks)) / min(peaks), "plan_whole_model": whole}
 
 
-def main(argv=None) -> int:
-    """`bitnest export-memory`: the streamed export's peak memory at a preset's shapes, as JSON."""
-    import tempfile
-
+def parser():
+    """The command's options (main parses them)."""
     from edge.argtypes import Parser, count
-    from edge.cli.common import run_cli
     from edge.memory.model_shapes import MODEL_PRESETS
     p = Parser(prog="bitnest export-memory", description=main.__doc__)
     p.add_argument("--shape", choices=sorted(MODEL_PRESETS), default="llama-3-8b", help="the model's shapes")
@@ -126,14 +123,24 @@ def main(argv=None) -> int:
     p.add_argument("--work", help="folder for the synthetic sources and exports (default: a temporary one)")
     p.add_argument("--out", help="also write the JSON here")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    """`bitnest export-memory`: the streamed export's peak memory at a preset's shapes, as JSON."""
+    import tempfile
+
+    from edge.atomic import write_atomic
+    from edge.cli.common import run_cli
+    from edge.memory.model_shapes import MODEL_PRESETS
+    a = parser().parse_args(argv)
 
     def body():
         work = Path(a.work or tempfile.mkdtemp(prefix="bitnest-export-memory-"))
         result = {"preset": a.shape, **measure(MODEL_PRESETS[a.shape], a.layers, work, a.calib_samples,
                                                a.calib_seq_len, a.method)}
         if a.out:
-            Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+            write_atomic((json.dumps(result, indent=1) + "\n").encode(), Path(a.out))
         if not a.work:
             shutil.rmtree(work, ignore_errors=True)
         return result
