@@ -77,7 +77,8 @@ def write_synthetic_folder(cfg: ModelConfig, folder: Path, tokenizer_files: list
 
 def measure(cfg: ModelConfig, layers: list[int], work: Path, calib_samples: int, calib_seq_len: int,
             method: str = "bitnest", keep: bool = False) -> dict:
-    """Export `cfg` cut to each block count of `layers` in its own process; the summaries' memory and time."""
+    """Export `cfg` cut to each block count of `layers` in its own process; the summaries' memory and time (`keep`:
+    the exports stay in `work`; the synthetic sources never do)."""
     from export.stream_source import open_source
     with open_source("default") as default:                 # SmolLM2's tokenizer: calibration ids < every vocab here
         tokenizer = default.tokenizer_files()
@@ -95,8 +96,8 @@ def measure(cfg: ModelConfig, layers: list[int], work: Path, calib_samples: int,
         runs[str(n)] = {"planned_peak": s["memory"]["planned_peak"], "measured_peak": s["memory"]["measured_peak"],
                         "plan": s["memory"]["plan"], "seconds_per_layer": s["seconds_per_layer"],
                         "seconds": s["seconds"], "checkpoint_bytes": s["bytes"]}
+        shutil.rmtree(folder)
         if not keep:
-            shutil.rmtree(folder)
             shutil.rmtree(out)
     peaks = [r["measured_peak"] for r in runs.values()]
     views = 1
@@ -121,6 +122,7 @@ def parser():
     p.add_argument("--calib-seq-len", type=count(16), default=128, help="tokens per window")
     p.add_argument("--method", choices=("bitnest", "rtn"), default="bitnest")
     p.add_argument("--work", help="folder for the synthetic sources and exports (default: a temporary one)")
+    p.add_argument("--keep", action="store_true", help="keep the exports in --work (export-N: a checkpoint of N blocks)")
     p.add_argument("--out", help="also write the JSON here")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
     return p
@@ -138,7 +140,7 @@ def main(argv=None) -> int:
     def body():
         work = Path(a.work or tempfile.mkdtemp(prefix="bitnest-export-memory-"))
         result = {"preset": a.shape, **measure(MODEL_PRESETS[a.shape], a.layers, work, a.calib_samples,
-                                               a.calib_seq_len, a.method)}
+                                               a.calib_seq_len, a.method, a.keep and bool(a.work))}
         if a.out:
             write_atomic((json.dumps(result, indent=1) + "\n").encode(), Path(a.out))
         if not a.work:

@@ -79,6 +79,7 @@ def test_base_holds_less_memory_by_the_refinement_planes_and_answers_as_the_draf
     if out["backend"] == "native":      # the cpu backend's re-laying peaks ~190 MB over its loaded size in both runs,
         assert s["peak_VmHWM"] >= unread - RSS_TOLERANCE, s    # which sets both peaks (measured: 15 MB apart)
     assert out["same_tokens"] and all(len(t) > 1 for t in out["runs"]["base"]["tokens"]), out["runs"]["base"]
+    assert all(v > 0.9 for v in out["load_peak_over_weights"].values()), out["load_peak_over_weights"]  # held whole
 
 
 def test_base_answers_equal_the_draft_policy_on_the_full_checkpoint(rtn_checkpoint):

@@ -80,7 +80,7 @@ def test_truncated_weights(rtn_checkpoint, tmp_path):
     (ck / SHARD).write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match="sha256"):
         load_checkpoint(ck)
-    with pytest.raises(CheckpointError, match="cannot be read"):
+    with pytest.raises(CheckpointError, match="offsets .* do not fit its shape or the file"):
         load_checkpoint(ck, verify=False)
 
 

@@ -99,7 +99,11 @@ def compare(checkpoint, backend: str, prompts: list[str], max_new_tokens: int) -
     saved = {f"{when}_{k}": runs["nested"][when][k] - runs["base"][when][k]
              for when in ("loaded", "answered") for k in ("VmRSS", "RssAnon")}
     saved["peak_VmHWM"] = runs["nested"]["answered"]["VmHWM"] - runs["base"]["answered"]["VmHWM"]
+    # what loading took at its peak beyond the process before it, over the weight bytes the load keeps
+    kept = {"nested": planes["file_bytes"], "base": planes["file_bytes"] - planes["unread_by_base_bytes"]}
+    load_peak = {w: round((runs[w]["loaded"]["VmHWM"] - runs[w]["before"]["VmRSS"]) / kept[w], 4) for w in WEIGHTS}
     return {"checkpoint": str(checkpoint), "backend": runs["base"]["backend"], **planes, "saved_bytes": saved,
+            "load_peak_over_weights": load_peak,
             "saved_over_unread": {k: round(v / planes["unread_by_base_bytes"], 4) for k, v in saved.items()},
             "same_tokens": runs["nested"]["tokens"] == runs["base"]["tokens"], "runs": runs}
 
