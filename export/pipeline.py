@@ -14,7 +14,7 @@ import torch
 
 from edge.errors import BitNestError
 from edge.model.arch import ModelConfig
-from edge.model.checkpoint import EMBED_FLOAT16, EMBED_HEAD_TARGET, HEAD, R1_TENSOR, load_checkpoint
+from edge.model.checkpoint import EMBED_FLOAT16, EMBED_HEAD_TARGET, HEAD, R1_TENSOR, check_checkpoint
 from edge.model.decoder import OnlineRotations
 from export.calibration import calibration_windows
 from export.export_plan import HEAD_BLOCK_ROWS, available_bytes, check_plan, plan_export
@@ -247,9 +247,7 @@ def run_export(opts: ExportOptions) -> dict:
     src.close()
     wd.drop_streams()
     assemble_checkpoint(wd.path, out, wd.files(), manifest, tokenizer, drop=(JOB, PROGRESS))
-    ckpt = load_checkpoint(out)  # the written artifact must read back and validate
-    total_bytes = sum(t.numel() * t.element_size() for t in ckpt.tensors.values())
-    del ckpt
+    total_bytes = check_checkpoint(out)  # the written artifact must validate (its headers: no tensor is held)
     return {
         "checkpoint": str(out),
         "method": opts.quant.method,

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from edge.errors import BitNestError, CheckpointError
-from edge.model.checkpoint import INDEX, MANIFEST, SEAL, WEIGHTS, load_checkpoint, manifest_seal, sha256_file
+from edge.model.checkpoint import (INDEX, MANIFEST, SEAL, WEIGHTS, check_checkpoint, load_checkpoint, manifest_seal,
+                                   sha256_file)
 from export.writer import check_output_dir
 from plugins.packing import unpack_nibbles
 from plugins.reference import dequantized_weight
@@ -188,6 +189,33 @@ def test_format_version_and_shape_mismatch(rtn_checkpoint, tmp_path):
     _edit_manifest(ck2, lambda m: m["config"].update(intermediate_size=1024))
     with pytest.raises(CheckpointError, match="expected|implies"):
         load_checkpoint(ck2)
+
+
+def test_the_exporters_header_check_refuses_what_the_loader_refuses(rtn_checkpoint, tmp_path):
+    """check_checkpoint (the export's last step, no tensor held) reads the same faults as load_checkpoint, with the
+    same line, and counts the bytes the loader holds."""
+    ck = load_checkpoint(rtn_checkpoint)
+    assert check_checkpoint(rtn_checkpoint) == sum(t.numel() * t.element_size() for t in ck.tensors.values())
+
+    def flip(c):
+        with open(c / SHARD, "r+b") as f:
+            f.seek(-100, 2)
+            b = f.read(1)
+            f.seek(-100, 2)
+            f.write(bytes([b[0] ^ 0xFF]))
+    faults = [flip, lambda c: _edit_manifest(c, lambda m: m["config"].update(intermediate_size=1024)),
+              lambda c: _edit_manifest(c, lambda m: m["linears"]["model.layers.0.mlp.up_proj"].update(group_size=100)),
+              lambda c: _edit_manifest(c, lambda m: m["rotation"].update(r4_size=7)),
+              lambda c: (c / INDEX).unlink()]
+    for i, fault in enumerate(faults):
+        c = _copy(rtn_checkpoint, tmp_path, f"ck{i}")
+        fault(c)
+        lines = []
+        for reader in (load_checkpoint, check_checkpoint):
+            with pytest.raises(CheckpointError) as e:
+                reader(c)
+            lines.append(str(e.value))
+        assert lines[0] == lines[1] and "\n" not in lines[0], lines
 
 
 def test_output_folder_that_is_not_a_checkpoint(tmp_path):

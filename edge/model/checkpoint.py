@@ -403,6 +403,44 @@ def _unread_planes(specs: dict[str, LinearSpec], skipped: dict[str, int], path: 
                               "re-export the checkpoint")
 
 
+def check_checkpoint(path) -> int:
+    """Validate a checkpoint folder as `load_checkpoint` does (manifest, every file's sha256, every tensor's name,
+    dtype and shape from the shards' headers) without holding any tensor: what an exporter checks its artifact with,
+    in the memory of one file read at a time. Returns the bytes of its tensors."""
+    from edge.model.tensor_file import read_header
+    path = Path(path)
+    m = read_manifest(path)
+    files = weight_files(path, m)
+    verify_files(path, m)
+    cfg = _config(path, m)
+    specs = _linear_specs(cfg, m)
+    _draft_head(cfg, m)
+    tensors = {}
+    for name in files:
+        with open(path / name, "rb", buffering=0) as f:
+            entries, _ = read_header(f, path / name)
+        twice = set(entries) & set(tensors)
+        if twice:
+            raise CheckpointError(f"{path}: tensor {sorted(twice)[0][:80]} is in two weight files: re-export it")
+        tensors.update({n: torch.empty(shape, dtype=dtype, device="meta") for n, (dtype, shape, _, _) in entries.items()})
+    validate_tensors(cfg, specs, tensors, m)
+    _rotations(m, tensors, cfg)
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def _config(path: Path, m: dict[str, Any]) -> ModelConfig:
+    """The manifest's model config, checked: known architecture, a head the reader knows."""
+    try:
+        cfg = ModelConfig.from_dict(m["config"])
+    except (TypeError, KeyError, BitNestError) as e:
+        raise CheckpointError(f"{path}/{MANIFEST} has an invalid model config ({str(e)[:160]}): re-export it")
+    if m.get("head", "float16") not in ("float16", "nested"):
+        raise CheckpointError(f"{path}/{MANIFEST}: unknown head {m.get('head')!r}: re-export it")
+    if cfg.architecture not in ARCHITECTURES:
+        raise CheckpointError(f"{path}: unknown architecture {cfg.architecture!r}")
+    return cfg
+
+
 def load_checkpoint(path, verify: bool = True, weights: str = WEIGHTS_NESTED) -> Checkpoint:
     """Read and validate a nested checkpoint folder; raises CheckpointError (one line) on any defect.
 
@@ -421,14 +459,7 @@ def load_checkpoint(path, verify: bool = True, weights: str = WEIGHTS_NESTED) ->
     missing = [f for f in files if not (path / f).is_file()]
     if missing:
         raise CheckpointError(f"checkpoint {path} is missing {missing[0]}: re-export it")
-    try:
-        cfg = ModelConfig.from_dict(m["config"])
-    except (TypeError, KeyError, BitNestError) as e:
-        raise CheckpointError(f"{path}/{MANIFEST} has an invalid model config ({str(e)[:160]}): re-export it")
-    if m.get("head", "float16") not in ("float16", "nested"):
-        raise CheckpointError(f"{path}/{MANIFEST}: unknown head {m.get('head')!r}: re-export it")
-    if cfg.architecture not in ARCHITECTURES:
-        raise CheckpointError(f"{path}: unknown architecture {cfg.architecture!r}")
+    cfg = _config(path, m)
     specs = _linear_specs(cfg, m)
     draft_head, shortlist_k, draft_vocab = _draft_head(cfg, m)
     try:
