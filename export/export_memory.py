@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from edge.errors import BitNestError
 from edge.model.arch import ModelConfig
 from edge.model.checkpoint import INDEX
 from export.export_plan import plan_export
@@ -91,7 +92,8 @@ def measure(cfg: ModelConfig, layers: list[int], work: Path, calib_samples: int,
                "--calib-samples", str(calib_samples), "--calib-seq-len", str(calib_seq_len), "--json"]
         r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
         if r.returncode != 0:
-            raise RuntimeError(f"export of {n} blocks failed: {r.stderr.strip().splitlines()[-1:]}")
+            tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
+            raise BitNestError(f"the export of {n} block(s) failed: {tail[:300]}")
         s = json.loads(r.stdout.strip().splitlines()[-1])
         runs[str(n)] = {"planned_peak": s["memory"]["planned_peak"], "measured_peak": s["memory"]["measured_peak"],
                         "plan": s["memory"]["plan"], "seconds_per_layer": s["seconds_per_layer"],

@@ -126,6 +126,20 @@ def test_quality_table_writes_only_where_told(small_llama_folder, tmp_path, caps
     assert {p: p.read_bytes() for p in (ROOT / "docs").glob("*.md")} == docs
 
 
+def test_export_memory_at_the_default_models_shapes(tmp_path, capsys):
+    """Two streamed exports (1 and 2 blocks of synthetic weights at SmolLM2-135M's shapes), each in its own process:
+    their measured and planned peaks, seconds per block, and the whole model's plan."""
+    out = bitnest(capsys, "export-memory", "--shape", "smollm2-135m", "--layers", 1, 2, "--calib-samples", 2,
+                  "--calib-seq-len", 32, "--out", tmp_path / "m.json", "--json")
+    assert out == json.loads((tmp_path / "m.json").read_text()) and out["shape"]["layers"] == 30
+    runs = out["runs"]
+    assert [len(runs[n]["seconds_per_layer"]) for n in ("1", "2")] == [1, 2]
+    assert all(0 < r["measured_peak"] and r["planned_peak"] == r["plan"]["peak"] for r in runs.values())
+    assert runs["2"]["checkpoint_bytes"] > runs["1"]["checkpoint_bytes"]
+    whole = out["plan_whole_model"]["default_settings"]
+    assert whole["streams"] == 64 * 512 * 576 * 4 and whole["peak"] > whole["streams"]   # samples x tokens x hidden
+
+
 def test_verify_onnx_after_export_existing_onnx(small, tmp_path, capsys):
     ck = tmp_path / "onnx-ck"
     shutil.copytree(small, ck)
