@@ -20,11 +20,30 @@ from edge.model.checkpoint import WEIGHTS_BASE, WEIGHTS_NESTED, check_weights
 from edge.runtime import Runtime, check_policy
 
 STOP, LENGTH, CANCELLED = "stop", "length", "cancelled"     # finish reasons (OpenAI's names, and ours)
+# Texts of special tokens that end a generation besides the model's EOS (llama.cpp's end-of-generation set, its
+# issue 9606): end of text, turn or message, and the fill-in-the-middle pad, repository and file separators a code
+# model writes once its file is done. Qwen2.5's EOS is <|im_end|> alone: without this a raw completion that writes
+# <|endoftext|> runs on to the end of the context.
+END_OF_GENERATION = frozenset({
+    "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<|end|>", "<end_of_turn>",
+    "<EOT>", "_<EOT>", "<end_of_utterance>", "</s>",
+    "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<reponame>",
+    "<|file_sep|>",
+})
 
 
 def default_policy(weights: str = WEIGHTS_NESTED) -> str:
     """The policy a front end runs unless told: `auto`, or `draft` (the only one) on base-plane weights."""
     return "draft" if weights == WEIGHTS_BASE else "auto"
+
+
+def end_of_generation_ids(tokenizer) -> set[int]:
+    """The ids that end a generation by the tokenizer's own metadata: its EOS, and every token it marks special
+    whose text is one of END_OF_GENERATION."""
+    ids = {i for i, t in tokenizer.added_tokens_decoder.items() if t.special and t.content in END_OF_GENERATION}
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
 
 
 class ContextTooLong(BitNestError):
@@ -49,9 +68,10 @@ class Answer:
 
 
 class HeldText:
-    """The text deltas a stream may send: a tail that could begin a stop string, or an unfinished character
-    (U+FFFD from a partial byte sequence), waits for the next tokens; a stop string and what follows never go
-    out. `finish(text)` sends what the final text holds beyond what was sent."""
+    """The text deltas a stream may send: a tail that could begin a stop string, or an unfinished character at the
+    end (U+FFFD from a partial byte sequence), waits for the next tokens; a U+FFFD with text after it is the model's
+    own and goes out; a stop string and what follows never go out. `finish(text)` sends what the final text holds
+    beyond what was sent."""
 
     def __init__(self, stops: tuple[str, ...], emit: Callable[[str], None]):
         self.stops, self.emit = tuple(s for s in stops if s), emit
@@ -69,8 +89,7 @@ class HeldText:
             for s in self.stops:     # the longest tail that is a proper prefix of a stop string
                 k = next((k for k in range(min(len(s) - 1, cut), 0, -1) if self.text.endswith(s[:k])), 0)
                 cut = min(cut, len(self.text) - k)
-            bad = self.text.find("\ufffd", self.sent)
-            cut = cut if bad < 0 else min(cut, bad)
+            cut = min(cut, len(self.text.rstrip("\ufffd")))     # an unfinished character at the very end
         self._send(cut)
 
     def finish(self, final: str) -> None:
@@ -111,6 +130,7 @@ class LLM:
                      scratch=max(8, most_proposals(cfg) + 1), device=device, draft_head=draft_head,
                      shortlist_k=shortlist_k, kv_window=kv_window, weights=weights,
                      draft_vocab=draft_vocab)
+        rt.eos |= end_of_generation_ids(rt.tokenizer)     # the config's EOS and the tokenizer's end-of-generation set
         self.runtime = rt
         self.config = replace(cfg, gate=resolve_gate(rt.ckpt, rt.backend, cfg.policy, cfg.gate))
         if cfg.policy == "auto":      # the pass costs before the first answer (read from the cache, or timed once)
@@ -157,12 +177,14 @@ class LLM:
                                  f"new tokens) but {held} {self.capacity}: shorten the prompt or lower max_tokens")
 
     def settings(self, max_tokens: Optional[int] = None, temperature: Optional[float] = None,
-                 top_p: Optional[float] = None, seed: Optional[int] = None) -> GenerateConfig:
+                 top_p: Optional[float] = None, seed: Optional[int] = None,
+                 top_k: Optional[int] = None) -> GenerateConfig:
         """The generation settings of one call: the LLM's, with the given ones in place."""
         c = self.config
         s = c.sampling
-        sampling = SamplingConfig(s.temperature if temperature is None else temperature, s.top_k,
-                                  s.top_p if top_p is None else top_p, s.seed if seed is None else seed)
+        sampling = SamplingConfig(s.temperature if temperature is None else temperature,
+                                  s.top_k if top_k is None else top_k, s.top_p if top_p is None else top_p,
+                                  s.seed if seed is None else seed)
         return replace(c, sampling=sampling, max_new_tokens=c.max_new_tokens if max_tokens is None else max_tokens)
 
     # -- answers ------------------------------------------------------------------------------------------

@@ -1,11 +1,14 @@
-"""`bitnest serve` on 127.0.0.1, driven by the official openai client: greedy answers, whole and streamed, equal the
-chat's token for token (the chat run in the same test session: what the model writes differs across CPUs), usage
-agrees with the chat's stats, a bounded load answers every request or refuses it with 429 while the server's RSS
-stays flat, a client that leaves ends its generation, and bad input gets OpenAI's error shape and a 4xx while the
-server serves on. One server for the module (`--max-queue 2`, the speculative policy: its rounds fill the bitnest
-block; greedy speculation is the target's own output)."""
+"""`bitnest serve` on 127.0.0.1, driven by the official openai client with an API key: greedy answers, whole and
+streamed, equal the chat's token for token (the chat run in the same test session: what the model writes differs
+across CPUs), usage agrees with the chat's stats, a bounded load answers every request or refuses it with 429 while
+the server's RSS stays flat, a client that leaves ends its generation, and bad input gets OpenAI's error shape and a
+4xx while the server serves on. One server for the module (`--max-queue 2`, the speculative policy: its rounds fill
+the bitnest block; greedy speculation is the target's own output; its key from $BITNEST_API_KEY).
+tests/test_serve_adversarial.py attacks a server of its own."""
 
 import json
+import os
+import secrets
 import subprocess
 import sys
 import threading
@@ -27,16 +30,34 @@ TOKENS = 12
 POLICY = "speculative"
 MAX_QUEUE = 2
 CLIENTS, REQUESTS = 4, 25            # the load test: 4 concurrent clients x 25 requests of 2 tokens
-RSS_SLACK_MIB = 24                   # allowed growth past warm-up (allocator noise; a leak of a KV cache or a
-                                     # history per request grows by far more over 100 requests)
+RSS_SLACK_MIB = 2                    # allowed growth past warm-up (allocator noise, measured 0-0.2 MiB); a leak of
+                                     # 64 KiB per answer grows by more than 3 MiB over the ~60 answers of the load
+KEY = secrets.token_hex(16)
 
 
 class Served:
-    def __init__(self, proc: subprocess.Popen, url: str, log: list):
-        self.proc, self.url, self.log = proc, url, log
+    """A running `bitnest serve`: its process, address, stderr lines so far, API key and the /health statuses seen
+    while it loaded."""
+
+    def __init__(self, proc: subprocess.Popen, url: str, log: list, key, loading: list):
+        self.proc, self.url, self.log, self.key, self.loading = proc, url, log, key, loading
+        self.headers = {"Authorization": f"Bearer {key}"} if key else {}
 
     def client(self, **kw) -> "openai.OpenAI":
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0, timeout=300, **kw)
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.key or "none", max_retries=0, timeout=300,
+                             **kw)
+
+    def get(self, path: str, **kw) -> httpx.Response:
+        return httpx.get(f"{self.url}{path}", headers=self.headers, timeout=60, **kw)
+
+    def post(self, path: str, **kw) -> httpx.Response:
+        return httpx.post(f"{self.url}{path}", headers={**self.headers, **kw.pop("headers", {})}, timeout=300, **kw)
+
+    def stop(self) -> None:
+        """SIGTERM: a graceful stop, exit 0, no traceback on stderr."""
+        self.proc.terminate()
+        assert self.proc.wait(60) == 0 and "stopped (SIGTERM)" in "".join(self.log), "".join(self.log)[-3000:]
+        assert "Traceback" not in "".join(self.log), "".join(self.log)[-3000:]
 
     def rss_mib(self) -> float:
         for line in open(f"/proc/{self.proc.pid}/status"):
@@ -46,34 +67,50 @@ class Served:
 
     def metrics(self) -> dict:
         """{sample line's name and labels: value} of GET /metrics."""
-        text = httpx.get(f"{self.url}/metrics", timeout=60).text
+        text = self.get("/metrics").text
         return {k: float(v) for k, v in (line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))}
 
 
-@pytest.fixture(scope="module")
-def server(rtn_checkpoint):
-    """`scripts/serve.py` on a free port (--port 0: the line on stderr names it)."""
-    proc = subprocess.Popen([sys.executable, "scripts/serve.py", "--checkpoint", str(rtn_checkpoint), "--port", "0",
-                             "--policy", POLICY, "--max-queue", str(MAX_QUEUE), "--meter", "none"],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+def start_server(checkpoint, *options, key=None) -> Served:
+    """`scripts/serve.py` on a free port (--port 0: the line on stderr names it, at once), its key from
+    $BITNEST_API_KEY; returns once /health answers 200, with the statuses it answered before."""
+    env = {**os.environ, "BITNEST_API_KEY": key} if key else {k: v for k, v in os.environ.items()
+                                                             if k != "BITNEST_API_KEY"}
+    proc = subprocess.Popen([sys.executable, "scripts/serve.py", "--checkpoint", str(checkpoint), "--port", "0",
+                             "--meter", "none", *map(str, options)],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     log, url = [], []
-    ready = threading.Event()
+    listening = threading.Event()
 
     def drain():                     # the whole stderr, so a full pipe never blocks the server
         for line in proc.stderr:
             log.append(line)
             if " on http://" in line and not url:
                 url.append(line.split(" on ")[1].split()[0])
-                ready.set()
-        ready.set()
+                listening.set()
+        listening.set()
 
     threading.Thread(target=drain, daemon=True).start()
-    ready.wait(300)
+    listening.wait(300)
     assert url, f"the server did not start: {''.join(log)[-3000:]}"
-    yield Served(proc, url[0], log)
-    proc.terminate()
-    assert proc.wait(60) == 0 and "stopped (SIGTERM)" in "".join(log), "".join(log)[-3000:]
-    assert "Traceback" not in "".join(log), "".join(log)[-3000:]
+    loading, deadline = [], time.time() + 300
+    while time.time() < deadline:
+        try:
+            loading.append(httpx.get(f"{url[0]}/health", timeout=60).status_code)
+        except httpx.ConnectError:           # it exited
+            break
+        if loading[-1] == 200:
+            break
+        time.sleep(0.05)
+    assert loading and loading[-1] == 200, f"the model did not load: {loading[-5:]} {''.join(log)[-3000:]}"
+    return Served(proc, url[0], log, key, loading[:-1])
+
+
+@pytest.fixture(scope="module")
+def server(rtn_checkpoint):
+    s = start_server(rtn_checkpoint, "--policy", POLICY, "--max-queue", MAX_QUEUE, key=KEY)
+    yield s
+    s.stop()
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +148,9 @@ def test_greedy_answers_whole_and_streamed_equal_the_chats(server, chat):
     assert c.message.content == chat["text"] and c.model_extra["token_ids"] == chat["tokens"]
     assert c.finish_reason == ("stop" if len(chat["tokens"]) < TOKENS else "length")
     _check_usage(r.usage, chat)
+    _check_timings(r.model_extra["timings"], r.usage.model_dump())
 
-    deltas, finish, ids, usage = [], None, None, None
+    deltas, finish, ids, usage, timings = [], None, None, None, None
     for chunk in client.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}):
         if chunk.usage is not None:
             assert chunk.choices == [] and usage is None
@@ -123,17 +161,27 @@ def test_greedy_answers_whole_and_streamed_equal_the_chats(server, chat):
         if d.delta.content:
             deltas.append(d.delta.content)
         if d.finish_reason is not None:
-            finish, ids = d.finish_reason, d.model_extra["token_ids"]
+            finish, ids, timings = d.finish_reason, d.model_extra["token_ids"], chunk.model_extra["timings"]
     assert "".join(deltas) == chat["text"] and ids == chat["tokens"] and finish == c.finish_reason
     assert len(deltas) >= 2, f"the answer came in one piece: {deltas}"
     _check_usage(usage, chat)
+    _check_timings(timings, usage.model_dump())
+
+
+def _check_timings(t: dict, u: dict) -> None:
+    """llama-server's `timings` of an answer against its usage."""
+    b = u["bitnest"]
+    assert t["prompt_n"] == u["prompt_tokens"] and t["predicted_n"] == u["completion_tokens"]
+    assert t["draft_n"] == b["drafted_tokens"] and t["draft_n_accepted"] == b["accepted_tokens"]
+    assert t["prompt_ms"] > 0 and t["predicted_ms"] > 0 and t["queue_ms"] >= 0 and not b["time_limited"]
+    assert t["predicted_per_second"] == round(t["predicted_n"] / t["predicted_ms"] * 1e3, 2)
 
 
 def test_text_completions_models_health_and_metrics(server, rtn_checkpoint):
     client = server.client()
     whole = client.completions.create(model="bitnest", prompt="To be, or not to be,", max_tokens=6, temperature=0)
     assert whole.object == "text_completion" and whole.usage.completion_tokens >= 1
-    with httpx.stream("POST", f"{server.url}/v1/completions", timeout=300,
+    with httpx.stream("POST", f"{server.url}/v1/completions", timeout=300, headers=server.headers,
                       json={"prompt": "To be, or not to be,", "max_tokens": 6, "temperature": 0, "stream": True}) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         events = [line for line in r.iter_lines() if line]
@@ -143,12 +191,12 @@ def test_text_completions_models_health_and_metrics(server, rtn_checkpoint):
     assert chunks[-1]["choices"][0]["finish_reason"] == whole.choices[0].finish_reason
     models = client.models.list().data
     assert [m.id for m in models] == [Path(rtn_checkpoint).name] and models[0].object == "model"
-    health = httpx.get(f"{server.url}/health", timeout=60).json()
+    health = httpx.get(f"{server.url}/health", timeout=60).json()          # no key needed
     assert health["status"] == "ok" and health["policy"] == POLICY and health["context"] == 2048
     m = server.metrics()
     assert m['bitnest_requests_total{route="/v1/completions",status="200"}'] >= 2
     assert m["bitnest_completion_tokens_total"] >= 2 * whole.usage.completion_tokens
-    assert m["bitnest_accepted_tokens_total"] <= m["bitnest_drafted_tokens_total"]
+    assert m["bitnest_spec_decode_num_accepted_tokens_total"] <= m["bitnest_spec_decode_num_draft_tokens_total"]
     assert m["bitnest_queue_length"] == 0 and m["bitnest_decode_tokens_per_second"] > 0
 
 
@@ -163,8 +211,8 @@ def _error(r: httpx.Response, status: int, param=None) -> None:
 def test_bad_input_is_a_4xx_in_openais_shape_and_the_server_serves_on(server):
     url = f"{server.url}/v1/chat/completions"
     hi = [{"role": "user", "content": "Hi."}]
-    post = lambda body, **kw: httpx.post(url, timeout=300, **({"content": body} if isinstance(body, str) else
-                                                               {"json": body}), **kw)
+    post = lambda body, **kw: httpx.post(url, timeout=300, headers={**server.headers, "Content-Type": "application/json"},
+                                         **({"content": body} if isinstance(body, str) else {"json": body}), **kw)
     _error(post('{"messages": [{"role": "user", "content": "Hi."}], "max_tokens": 4'), 400)   # malformed JSON
     _error(post("[1, 2]"), 400)
     _error(post({"messages": hi, "max_tokens": "4"}), 400, "max_tokens")
@@ -177,9 +225,9 @@ def test_bad_input_is_a_4xx_in_openais_shape_and_the_server_serves_on(server):
     long = [{"role": "user", "content": "word " * 3000}]
     _error(post({"messages": long, "max_tokens": 4}), 400, "messages")
     _error(post({"messages": hi, "max_tokens": 2047}), 400, "messages")              # prompt + max_tokens > 2048
-    _error(httpx.post(f"{server.url}/v1/completions", json={"prompt": 3}, timeout=60), 400, "prompt")
-    _error(httpx.get(f"{server.url}/v1/nothing", timeout=60), 404)
-    _error(httpx.get(url, timeout=60), 405)
+    _error(server.post("/v1/completions", json={"prompt": 3}), 400, "prompt")
+    _error(server.get("/v1/nothing"), 404)
+    _error(server.get("/v1/chat/completions"), 405)
     client = server.client()
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="bitnest", messages=[], max_tokens=4)
@@ -209,13 +257,14 @@ def test_a_client_that_leaves_ends_its_generation(server, stream):
         m["bitnest_completion_tokens_total"]
     body = {"prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 1500, "temperature": 0, "stream": stream}
     if stream:
-        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=300) as r:
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=300, headers=server.headers) as r:
             for line in r.iter_lines():
                 if '"text": "' in line and '"text": ""' not in line:
                     break                               # the first words: leave
     else:
         with pytest.raises(httpx.ReadTimeout):          # leave while it generates
-            httpx.post(f"{server.url}/v1/completions", json=body, timeout=httpx.Timeout(300, read=1.0))
+            httpx.post(f"{server.url}/v1/completions", json=body, timeout=httpx.Timeout(300, read=1.0),
+                       headers=server.headers)
     _cancelled_after(server, before, tokens_before)
     r = server.client().completions.create(model="bitnest", prompt="Hello", max_tokens=2, temperature=0)
     assert r.usage.completion_tokens >= 1
@@ -270,10 +319,15 @@ def test_held_text_never_streams_a_stop_string_or_a_broken_character():
     assert "".join(sent) == "Hello STill here.\nMore " and sent[0] == "Hello "      # "S" waited for "T"
     sent.clear()
     h = HeldText((), sent.append)
-    for d in ("caf", "\ufffd", "é!"):                 # a partial character decodes as U+FFFD until its bytes come
-        h.feed(d)
-    h.finish("café!")
+    h.feed("caf\ufffd")                                # a partial character at the end decodes as U+FFFD ...
+    assert sent == ["caf"]
+    h.finish("café!")                                  # ... until its bytes come
     assert "".join(sent) == "café!" and "\ufffd" not in "".join(sent)
+    sent.clear()
+    h = HeldText((), sent.append)
+    for d in ("a stray \ufffd", " byte", " and more"):      # the model's own U+FFFD mid-text holds nothing back
+        h.feed(d)
+    assert sent == ["a stray ", "\ufffd byte", " and more"]
 
 
 def test_the_python_api_answers_and_streams_as_the_chat(rtn_checkpoint, chat):

@@ -1,6 +1,7 @@
 """OpenAI's wire format for `bitnest serve`: request bodies checked field by field into typed requests (a bad field
-is an APIError naming it, never a crash), the error body `{"error": {message, type, param, code}}`, and the
-completion, chunk and usage objects, usage carrying a `bitnest` block (speculation, bytes, speed, energy)."""
+is an APIError naming it, never a crash; a known field this server cannot honour is refused, never dropped), the error
+body `{"error": {message, type, param, code}}`, and the completion, chunk and usage objects, usage carrying a
+`bitnest` block (speculation, bytes, speed, energy) and each answer llama-server's `timings`."""
 
 import json
 import math
@@ -14,15 +15,25 @@ CHAT, COMPLETION = "chat", "completion"
 ROLES = ("system", "developer", "user", "assistant")    # developer: OpenAI's newer name for system
 MAX_STOPS = 4                                            # as OpenAI's API
 SEED_RANGE = 2 ** 63
+# Known fields (OpenAI's, llama-server's and vLLM's) this server cannot honour: refused with 400 unless they hold one
+# of the values that ask for nothing (absent or null always passes). `top_k` is honoured (a field of the Request).
+NOT_HONOURED = {
+    "n": (1,), "best_of": (1,), "echo": (False,), "tools": ([],), "functions": ([],), "function_call": ("none",),
+    "logit_bias": ({},), "top_logprobs": (0,), "suffix": ("",), "prediction": (), "audio": (),
+    "modalities": (["text"],), "frequency_penalty": (0,), "presence_penalty": (0,), "repetition_penalty": (1,),
+    "repeat_penalty": (1,), "min_p": (0,), "typical_p": (1,), "min_tokens": (0,), "ignore_eos": (False,),
+    "stop_token_ids": ([],), "continue_final_message": (False,), "logprobs": (False, 0),
+}
 
 
 class APIError(Exception):
     """An error answered in OpenAI's shape with an HTTP status (4xx: the request's fault)."""
 
     def __init__(self, status: int, message: str, param: Optional[str] = None, code: Optional[str] = None,
-                 type: str = "invalid_request_error"):
+                 type: str = "invalid_request_error", close: bool = False):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
+        self.close = close          # the connection closes after the answer (a body left unread)
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -43,6 +54,7 @@ class Request:
     max_tokens: Optional[int]
     temperature: float
     top_p: float
+    top_k: int
     seed: int
     stop: tuple
     stream: bool
@@ -51,11 +63,14 @@ class Request:
 
 
 def parse_json(raw: bytes) -> dict:
-    """The body as a JSON object, or a 400 saying what is wrong with it."""
+    """The body as a JSON object, or a 400 saying what is wrong with it (nesting past Python's recursion limit
+    included)."""
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise APIError(400, f"the body is not valid JSON ({e})", code="invalid_json") from None
+    except RecursionError:
+        raise APIError(400, "the body's JSON is nested too deeply", code="invalid_json") from None
     if not isinstance(body, dict):
         raise APIError(400, f"the body must be a JSON object, got {type(body).__name__}", code="invalid_json")
     return body
@@ -85,18 +100,27 @@ def _not_supported(body: dict, name: str, allowed) -> None:
         raise invalid(name, f"'{name}' = {json.dumps(v)[:60]} is not supported by this server", "unsupported")
 
 
+def _text(s: str, param: str) -> str:
+    """`s`, refused where it cannot be written as UTF-8 (a lone surrogate escape such as \\ud800)."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise invalid(param, f"{param} holds a lone surrogate ({s[e.start]!a} at character {e.start}): not text "
+                             "UTF-8 can carry") from None
+    return s
+
+
 def _content(m: dict, i: int) -> str:
     """A message's text: a string, or a list of text parts (no images or audio here)."""
-    c = m.get("content")
+    c, param = m.get("content"), f"messages[{i}].content"
     if isinstance(c, str):
-        return c
+        return _text(c, param)
     if c is None and m.get("role") == "assistant":
         return ""
     if isinstance(c, list) and all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
                                    for p in c):
-        return "".join(p["text"] for p in c)
-    raise invalid(f"messages[{i}].content", f"messages[{i}].content must be a string or a list of text parts",
-                  "invalid_type")
+        return _text("".join(p["text"] for p in c), param)
+    raise invalid(param, f"{param} must be a string or a list of text parts", "invalid_type")
 
 
 def _messages(body: dict) -> list:
@@ -126,7 +150,7 @@ def _prompt(body: dict) -> str:
                       "invalid_type" if p is not None else "missing_required_parameter")
     if not p:
         raise invalid("prompt", "'prompt' must not be empty")
-    return p
+    return _text(p, "prompt")
 
 
 def _common(body: dict, kind: str, messages, prompt) -> Request:
@@ -142,24 +166,24 @@ def _common(body: dict, kind: str, messages, prompt) -> Request:
     stop = (stop,) if isinstance(stop, str) else stop
     if len(stop) > MAX_STOPS or not all(isinstance(s, str) and s for s in stop):
         raise invalid("stop", f"'stop' must be a non-empty string or a list of at most {MAX_STOPS} of them")
+    stop = [_text(s, "stop") for s in stop]
     stream = _field(body, "stream", (bool,), "true or false", False)
     options = _field(body, "stream_options", (dict,), "an object", {})
     if options and not stream:
         raise invalid("stream_options", "'stream_options' is only allowed with 'stream': true")
     include_usage = _field(options, "include_usage", (bool,), "true or false", False)
     _field(body, "n", (int,), "an integer")
-    _not_supported(body, "n", (1,))
     for name in ("frequency_penalty", "presence_penalty"):
         _number(body, name, -2.0, 2.0, 0.0)
-        _not_supported(body, name, (0, 0.0))
-    _not_supported(body, "logprobs", (False,) if kind == CHAT else (0,))
-    _not_supported(body, "tools", ([],))
-    _not_supported(body, "best_of", (1,))
-    _not_supported(body, "echo", (False,))
-    if kind == CHAT and body.get("response_format") not in (None, {"type": "text"}):
+    for name, allowed in NOT_HONOURED.items():
+        _not_supported(body, name, allowed)
+    if body.get("response_format") not in (None, {"type": "text"}):
         raise invalid("response_format", "only the text response format is supported", "unsupported")
+    top_k = _field(body, "top_k", (int,), "an integer", 0)
+    if top_k < -1:
+        raise invalid("top_k", f"'top_k' must be at least 1, or 0 or -1 for every token, got {top_k}")
     return Request(kind, messages, prompt, max_tokens, _number(body, "temperature", 0.0, 2.0, 1.0),
-                   _number(body, "top_p", 0.0, 1.0, 1.0, lo_open=True),
+                   _number(body, "top_p", 0.0, 1.0, 1.0, lo_open=True), max(top_k, 0),
                    secrets.randbelow(SEED_RANGE) if seed is None else seed, tuple(stop), stream, include_usage,
                    _field(body, "return_token_ids", (bool,), "true or false", False))
 
@@ -175,9 +199,19 @@ def completion_request(body: dict) -> Request:
 
 
 # -- responses --------------------------------------------------------------------------------------------------
-def bitnest_block(a: Answer) -> dict:
+@dataclass(frozen=True)
+class Served:
+    """What the server adds to an answer: its wait for the engine (seconds), and whether the server's time limit
+    (--time-limit) ended it (its finish reason is then `length`)."""
+
+    queue_seconds: float = 0.0
+    time_limited: bool = False
+
+
+def bitnest_block(a: Answer, served: Served) -> dict:
     """What only this runtime reports: the policy and its speculation, bytes per token, decode speed and energy
-    (joules and J/token of the decode phase where a meter runs, else null and `energy_reason`)."""
+    (joules and J/token of the decode phase where a meter runs, else null and `energy_reason`), the wait for the
+    engine and whether the server's time limit ended the answer."""
     st, s = a.stats, a.summary()
     return {"policy": st.policy, "backend": st.backend, "drafted_tokens": st.drafted, "accepted_tokens": st.accepted,
             "acceptance": s["acceptance"], "rounds": st.rounds, "tokens_per_round": s["tokens_per_round"],
@@ -185,13 +219,30 @@ def bitnest_block(a: Answer) -> dict:
             "target_passes": st.target_passes, "weight_bytes_per_token": s["weight_bytes_per_token"],
             "kv_bytes_per_token": s["kv_bytes_per_token"], "decode_tokens": st.tokens, "decode_tok_s": s["tok_s"],
             "prefill_tok_s": s["prefill_tok_s"], "meter": s.get("meter"), "joules": s.get("joules"),
-            "joules_per_token": s.get("joules_per_token"), "energy_reason": s.get("energy_reason")}
+            "joules_per_token": s.get("joules_per_token"), "energy_reason": s.get("energy_reason"),
+            "queue_seconds": round(served.queue_seconds, 4), "time_limited": served.time_limited}
 
 
-def usage(a: Answer) -> dict:
+def usage(a: Answer, served: Served) -> dict:
     """OpenAI's usage (completion tokens: every new token, the one that ended the answer included) and ours."""
     return {"prompt_tokens": a.prompt_tokens, "completion_tokens": len(a.tokens),
-            "total_tokens": a.prompt_tokens + len(a.tokens), "bitnest": bitnest_block(a)}
+            "total_tokens": a.prompt_tokens + len(a.tokens), "bitnest": bitnest_block(a, served)}
+
+
+def timings(a: Answer, served: Served) -> dict:
+    """llama-server's `timings`, counted as it counts them: the prompt's tokens and its prefill time; every new
+    token (predicted_n = usage.completion_tokens, the prefill's own included) over the decode phase's time; the
+    draft's proposals and the target's acceptances. `queue_ms` (ours) is the wait for the engine."""
+    st = a.stats
+    prompt_ms, predicted_ms = st.prefill_seconds * 1e3, st.decode_seconds * 1e3
+    rate = lambda n, ms: (round(ms / n, 3) if n else None, round(n / ms * 1e3, 2) if ms > 0 else None)
+    prompt_per_token, prompt_per_second = rate(a.prompt_tokens, prompt_ms)
+    predicted_per_token, predicted_per_second = rate(len(a.tokens), predicted_ms)
+    return {"prompt_n": a.prompt_tokens, "prompt_ms": round(prompt_ms, 3), "prompt_per_token_ms": prompt_per_token,
+            "prompt_per_second": prompt_per_second, "predicted_n": len(a.tokens),
+            "predicted_ms": round(predicted_ms, 3), "predicted_per_token_ms": predicted_per_token,
+            "predicted_per_second": predicted_per_second, "draft_n": st.drafted, "draft_n_accepted": st.accepted,
+            "queue_ms": round(served.queue_seconds * 1e3, 3)}
 
 
 def _object(kind: str, chunk: bool) -> str:
@@ -221,27 +272,32 @@ def choice(kind: str, text: Optional[str], finish: Optional[str], chunk: bool, t
     return c
 
 
-def response(rid: str, created: int, model: str, req: Request, a: Answer) -> dict:
-    """The whole answer of a request that did not stream."""
+def response(rid: str, created: int, model: str, req: Request, a: Answer, served: Served) -> dict:
+    """The whole answer of a request that did not stream, `timings` beside its usage."""
     ids = a.tokens if req.return_token_ids else None
     return {**head(rid, created, model, req.kind, False), "system_fingerprint": None,
-            "choices": [choice(req.kind, a.text, a.finish_reason, False, ids)], "usage": usage(a)}
+            "choices": [choice(req.kind, a.text, a.finish_reason, False, ids)], "usage": usage(a, served),
+            "timings": timings(a, served)}
 
 
 def chunk(rid: str, created: int, model: str, req: Request, text: Optional[str], finish: Optional[str] = None,
-          token_ids=None, role: bool = False) -> dict:
-    """One server-sent event's object; with include_usage every chunk carries `usage: null` but the last."""
+          token_ids=None, role: bool = False, timed: Optional[dict] = None) -> dict:
+    """One server-sent event's object; with include_usage every chunk carries `usage: null` but the last. The chunk
+    with the finish reason carries the answer's `timings` (as llama-server's last chunk does)."""
     c = choice(req.kind, text, finish, True, token_ids if req.return_token_ids else None)
     if role:
         c["delta"] = {"role": "assistant", "content": ""}
     out = {**head(rid, created, model, req.kind, True), "system_fingerprint": None, "choices": [c]}
     if req.include_usage:
         out["usage"] = None
+    if timed is not None:
+        out["timings"] = timed
     return out
 
 
-def usage_chunk(rid: str, created: int, model: str, req: Request, a: Answer) -> dict:
-    return {**head(rid, created, model, req.kind, True), "system_fingerprint": None, "choices": [], "usage": usage(a)}
+def usage_chunk(rid: str, created: int, model: str, req: Request, a: Answer, served: Served) -> dict:
+    return {**head(rid, created, model, req.kind, True), "system_fingerprint": None, "choices": [],
+            "usage": usage(a, served)}
 
 
 def sse(obj) -> str:

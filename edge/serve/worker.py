@@ -1,5 +1,6 @@
 """One generation at a time on the engine: a single worker thread fed by a bounded queue, each job awaited by the
-event loop; a job past the queue's bound is refused at once (the server answers 429 with Retry-After)."""
+event loop; a job past the queue's bound is refused at once (the server answers 429 with Retry-After). The model
+loads on the same thread first, while the event loop already answers (`/health`: 503 until it is ready)."""
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +40,11 @@ class EngineWorker:
         done = self._pool.submit(job)
         done.add_done_callback(lambda _: loop.call_soon_threadsafe(self._finished))
         return asyncio.wrap_future(done, loop=loop)
+
+    def load(self, job: Callable) -> asyncio.Future:
+        """Run `job` (the model's loading) on the engine thread ahead of every generation, outside the queue's
+        bound."""
+        return asyncio.wrap_future(self._pool.submit(job), loop=asyncio.get_running_loop())
 
     def _finished(self) -> None:
         self.pending -= 1
