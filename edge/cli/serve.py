@@ -121,6 +121,8 @@ def serve(a) -> dict:
         sock.close()
     if server.load_error is not None:
         raise server.load_error
+    if server.llm is None:
+        print("bitnest serve: stopped while the model loaded", file=sys.stderr)
     return {"served": server.llm.name if server.llm is not None else None,
             "requests": sum(server.metrics.requests.values())}
 

@@ -95,7 +95,9 @@ class Server:
             cancel.set()
 
     def close(self) -> None:
-        self.worker.close()
+        """End the workers: the engine's once its cancelled generation ends (not while the model still loads: the
+        process exits without it)."""
+        self.worker.close(wait=self.llm is not None)
         if self.preparer is not None:
             self.preparer.close()
 
@@ -149,6 +151,8 @@ class Server:
             if (e := self._unavailable()) is not None:
                 raise e
             p = await self.preparer.prepare(await request.body(), parse)
+            if (e := self._unavailable()) is not None:       # told to stop while it was prepared
+                raise e
             if p.req.stream:
                 return self._stream(request, p, arrived)
             return await self._whole(request, p, arrived)

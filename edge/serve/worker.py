@@ -1,9 +1,12 @@
 """One generation at a time on the engine: a single worker thread fed by a bounded queue, each job awaited by the
 event loop; a job past the queue's bound is refused at once (the server answers 429 with Retry-After). The model
-loads on the same thread first, while the event loop already answers (`/health`: 503 until it is ready)."""
+loads on the same thread first, while the event loop already answers (`/health`: 503 until it is ready). The thread
+is a daemon: a server told to stop while the model still loads exits without waiting for the load."""
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
+import queue
+import threading
+from concurrent.futures import Future
 from typing import Callable
 
 
@@ -21,7 +24,23 @@ class EngineWorker:
             raise ValueError("the queue bound must be at least 0")
         self.max_queue = max_queue
         self.pending = 0                 # read and written on the event loop only
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bitnest-engine")
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="bitnest-engine", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (item := self._jobs.get()) is not None:
+            done, job = item
+            if done.set_running_or_notify_cancel():
+                try:
+                    done.set_result(job())
+                except BaseException as e:      # handed to the awaiting handler
+                    done.set_exception(e)
+
+    def _put(self, job: Callable) -> Future:
+        done: Future = Future()
+        self._jobs.put((done, job))
+        return done
 
     @property
     def waiting(self) -> int:
@@ -37,17 +56,21 @@ class EngineWorker:
                             f"{self.max_queue}): retry later")
         loop = asyncio.get_running_loop()
         self.pending += 1
-        done = self._pool.submit(job)
+        done = self._put(job)
         done.add_done_callback(lambda _: loop.call_soon_threadsafe(self._finished))
         return asyncio.wrap_future(done, loop=loop)
 
     def load(self, job: Callable) -> asyncio.Future:
         """Run `job` (the model's loading) on the engine thread ahead of every generation, outside the queue's
         bound."""
-        return asyncio.wrap_future(self._pool.submit(job), loop=asyncio.get_running_loop())
+        return asyncio.wrap_future(self._put(job), loop=asyncio.get_running_loop())
 
     def _finished(self) -> None:
         self.pending -= 1
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+    def close(self, wait: bool = True) -> None:
+        """No more jobs; with `wait`, return once the thread has finished the one it runs (jobs still queued are
+        dropped by the handlers that set their cancel events first)."""
+        self._jobs.put(None)
+        if wait:
+            self._thread.join()
