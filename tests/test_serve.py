@@ -48,7 +48,7 @@ class Served:
                              **kw)
 
     def get(self, path: str, **kw) -> httpx.Response:
-        return httpx.get(f"{self.url}{path}", headers=self.headers, timeout=60, **kw)
+        return httpx.get(f"{self.url}{path}", headers={**self.headers, **kw.pop("headers", {})}, timeout=60, **kw)
 
     def post(self, path: str, **kw) -> httpx.Response:
         return httpx.post(f"{self.url}{path}", headers={**self.headers, **kw.pop("headers", {})}, timeout=300, **kw)

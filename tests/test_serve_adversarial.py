@@ -4,7 +4,8 @@ keep their series), every bad body a 4xx in OpenAI's shape with no traceback, th
 checked, slow clients dropped at their timeouts while others are served, a connection limit, metrics that
 prometheus_client parses and that agree with the usage of the same requests, the server-wide token cap, the
 end-of-generation set from the tokenizer's metadata, and (a server of its own) /health 503 while the model loads,
-a chat template that refuses a conversation, the per-request time limit and SIGTERM during a whole request."""
+a chat template that refuses a conversation, CORS for one origin, the per-request time limit and SIGTERM during a
+whole request."""
 
 import json
 import secrets
@@ -23,6 +24,7 @@ SLOW = 2                     # --header-timeout and --body-timeout, seconds
 MAX_CONNECTIONS = 24
 LATENCY = 0.5                # the issue's bound on a stream's next chunk and /health while a huge request is handled
 LONG_TEXT = "hello " * 25_000    # 150,000 characters: under the default model's bound (2,048 x its longest token)
+ORIGIN = "http://app.example:3000"       # the strict server's --cors-origin
 
 
 @pytest.fixture(scope="module")
@@ -317,9 +319,16 @@ def strict_checkpoint(rtn_checkpoint, tmp_path):
     return folder
 
 
-def test_loading_a_refusing_template_a_time_limit_and_sigterm_during_a_whole_request(strict_checkpoint):
-    s = start_server(strict_checkpoint, "--policy", "speculative", "--time-limit", 3)
+def test_loading_a_refusing_template_cors_a_time_limit_and_sigterm_during_a_whole_request(strict_checkpoint):
+    s = start_server(strict_checkpoint, "--policy", "speculative", "--time-limit", 3, "--cors-origin", ORIGIN)
     assert s.loading and set(s.loading) == {503}, s.loading             # /health: 503 until the model is ready
+    asked = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
+             "Access-Control-Request-Headers": "authorization, content-type"}
+    pre = httpx.options(f"{s.url}/v1/chat/completions", headers=asked, timeout=60)
+    assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == ORIGIN, pre.headers
+    assert "access-control-allow-origin" not in httpx.options(f"{s.url}/v1/chat/completions", timeout=60, headers={
+        **asked, "Origin": "http://elsewhere.example"}).headers
+    assert s.get("/v1/models", headers={"Origin": ORIGIN}).headers["access-control-allow-origin"] == ORIGIN
     two = [{"role": "user", "content": "Hi"}, {"role": "user", "content": "Hi again"}]
     _error(s.post("/v1/chat/completions", json={"messages": two}), 400, "messages")
     r = s.post("/v1/completions", json={"prompt": "1, 2, 3,", "max_tokens": 1500, "temperature": 0}).json()
@@ -329,8 +338,11 @@ def test_loading_a_refusing_template_a_time_limit_and_sigterm_during_a_whole_req
     asking = threading.Thread(target=lambda: answer.append(s.post("/v1/completions", json={
         "prompt": "1, 2, 3,", "max_tokens": 1500, "temperature": 0})))
     asking.start()
-    while not httpx.get(f"{s.url}/health", timeout=60).json()["generation_running"]:
+    for _ in range(6000):
+        if answer or httpx.get(f"{s.url}/health", timeout=60).json()["generation_running"]:
+            break
         time.sleep(0.01)
+    assert not answer, answer[0].text                                    # it must be generating when told to stop
     t0 = time.monotonic()
     s.proc.terminate()
     code = s.proc.wait(60)
