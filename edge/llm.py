@@ -193,14 +193,18 @@ class LLM:
                  stop=(), on_text: Optional[Callable[[str], None]] = None,
                  cancelled: Optional[Callable[[], bool]] = None, config: Optional[GenerateConfig] = None) -> Answer:
         """One metered answer after `prompt_ids`. `on_text` receives the text deltas (stop strings held back);
-        `cancelled()` true ends the generation at its next round (finish reason `cancelled`)."""
+        `cancelled()` true ends the generation at its next round (finish reason `cancelled`). With stop strings the
+        text goes through HeldText even without `on_text`: a stop string found in the text so far, however many
+        tokens it spans, ends the generation at its next round too (the runtime's own check reads its last 16)."""
         cfg = config if config is not None else self.settings(max_tokens, temperature, top_p, seed)
         stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
-        held = HeldText(stops, on_text) if on_text is not None else None
+        held = HeldText(stops, on_text or (lambda delta: None)) if on_text is not None or stops else None
+        ended = cancelled if held is None or not stops else lambda: held.stopped or (cancelled is not None and
+                                                                                   cancelled())
         with self._lock:
             r, figures = self.energy.answer(lambda on_tokens: self.runtime.generate(
                 prompt_ids, cfg, stops, on_text=held.feed if held else None, on_tokens=on_tokens,
-                cancelled=cancelled))
+                cancelled=ended))
         stats = r["stats"]
         stats.extra.update(figures)
         tokens = r["tokens"]

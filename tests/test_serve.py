@@ -200,6 +200,27 @@ def test_text_completions_models_health_and_metrics(server, rtn_checkpoint):
     assert m["bitnest_queue_length"] == 0 and m["bitnest_decode_tokens_per_second"] > 0
 
 
+def test_a_stop_string_of_many_tokens_ends_the_generation(server, rtn_checkpoint):
+    """A stop string spanning 30 tokens (the runtime's own check reads the last 16) ends the generation within a
+    round of where it completes, whole and streamed, and is cut from the text."""
+    from edge.runtime import load_tokenizer
+    decode = load_tokenizer(rtn_checkpoint).decode
+    ask = {"prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 60, "temperature": 0}
+    full = server.post("/v1/completions", json={**ask, "return_token_ids": True}).json()["choices"][0]
+    ids, text = full["token_ids"], full["text"]
+    assert len(ids) == 60, full
+    start, end = len(decode(ids[:5])), len(decode(ids[:35]))
+    stop = text[start:end]
+    whole = server.post("/v1/completions", json={**ask, "stop": [stop]}).json()
+    assert whole["choices"][0]["text"] == text[:start] and whole["choices"][0]["finish_reason"] == "stop", whole
+    assert whole["usage"]["completion_tokens"] <= 35 + 8, whole["usage"]          # at most a round past the stop
+    with httpx.stream("POST", f"{server.url}/v1/completions", timeout=300, headers=server.headers,
+                      json={**ask, "stop": [stop], "stream": True, "stream_options": {"include_usage": True}}) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == text[:start]
+    assert chunks[-1]["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"]
+
+
 def _error(r: httpx.Response, status: int, param=None) -> None:
     assert r.status_code == status, (r.status_code, r.text)
     err = r.json()["error"]
