@@ -102,7 +102,9 @@ def start_server(checkpoint, *options, key=None) -> Served:
         if loading[-1] == 200:
             break
         time.sleep(0.05)
-    assert loading and loading[-1] == 200, f"the model did not load: {loading[-5:]} {''.join(log)[-3000:]}"
+    if not loading or loading[-1] != 200:
+        proc.kill()
+        raise AssertionError(f"the model did not load: {loading[-5:]} {''.join(log)[-3000:]}")
     return Served(proc, url[0], log, key, loading[:-1])
 
 

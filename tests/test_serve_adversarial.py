@@ -319,8 +319,18 @@ def strict_checkpoint(rtn_checkpoint, tmp_path):
     return folder
 
 
-def test_loading_a_refusing_template_cors_a_time_limit_and_sigterm_during_a_whole_request(strict_checkpoint):
+@pytest.fixture
+def strict_server(strict_checkpoint):
+    """A server of its own on the strict copy (the test stops it; killed here if the test failed first)."""
     s = start_server(strict_checkpoint, "--policy", "speculative", "--time-limit", 3, "--cors-origin", ORIGIN)
+    yield s
+    if s.proc.poll() is None:
+        s.proc.kill()
+        s.proc.wait(60)
+
+
+def test_loading_a_refusing_template_cors_a_time_limit_and_sigterm_during_a_whole_request(strict_server):
+    s = strict_server
     assert s.loading and set(s.loading) == {503}, s.loading             # /health: 503 until the model is ready
     asked = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
              "Access-Control-Request-Headers": "authorization, content-type"}
