@@ -72,7 +72,8 @@ def test_the_capture_pass_ends_at_the_last_input_with_the_same_hessians(small_ll
     from edge.model.arch import BLOCK_LINEARS
     from edge.model.decoder import Decoder
     from edge.model.float_store import FloatWeights
-    from export.quantize import HessianCapture, _capture_block, _run_block
+    from edge.model.decoder import causal_attention
+    from export.quantize import HessianCapture, _capture_block
     from export.sources import load_source
     src = load_source(str(small_llama_folder))
     capture = HessianCapture()
@@ -80,12 +81,13 @@ def test_the_capture_pass_ends_at_the_last_input_with_the_same_hessians(small_ll
     ids = torch.randint(0, src.config.vocab_size, (3, 24), generator=gen)
     xs = torch.stack([dec.embed(i) for i in ids])                                    # [S, T, H]
     cos, sin = dec.rope(ids.shape[1])
+    run = lambda layer, xs: torch.stack([dec.block(layer, x, cos, sin, "target", causal_attention) for x in xs])
     for layer in range(src.config.num_layers):
         capture.reset()
-        _run_block(dec, layer, xs, cos, sin)
+        run(layer, xs)
         whole = dict(capture.h)
-        got = _capture_block(dec, capture, layer, xs, cos, sin)
+        got = _capture_block(dec, capture, layer, xs, cos, sin, None)
         assert set(got) == set(whole) == {f"model.layers.{layer}.{s}" for s in BLOCK_LINEARS}
         assert all(torch.equal(got[k], whole[k]) for k in whole), layer
         capture.reset()
-        xs = _run_block(dec, layer, xs, cos, sin)
+        xs = run(layer, xs)

@@ -20,7 +20,7 @@ from edge.model.draft_head import (
     check_shortlist_k,
     head_view,
 )
-from edge.model.tensor_file import read_tensors
+from edge.model.tensor_file import read_tensors, sha256_mismatch
 from plugins.contracts import FORMAT_VERSION
 from plugins.hadamard import check_factors, hadamard_factors
 
@@ -198,7 +198,7 @@ def verify_files(path: Path, manifest: dict[str, Any], skip: tuple[str, ...] = (
         if not f.is_file():
             raise CheckpointError(f"checkpoint {path} is missing {name}: re-export it")
         if name not in skip and sha256_file(f) != digest:
-            raise CheckpointError(f"checkpoint {path}: {name} fails its sha256 check (changed or truncated): re-export it")
+            raise sha256_mismatch(f)
 
 
 def weight_files(path: Path, m: dict[str, Any]) -> list[str]:
@@ -230,14 +230,16 @@ def weights_sha256(m: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-def _read_weights(path: Path, files: list[str], wanted) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+def _read_weights(path: Path, files: list[str], wanted, digests: Optional[dict[str, str]] = None
+                  ) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
     """Every tensor of the weight `files` that `wanted(name)` accepts (None: all), and the bytes of those left unread; a
     tensor in two files is a defect. Each tensor is read by positioned reads straight into its own buffer: no file is
     mapped, so the load holds the weights once (a mapped file's touched pages would count as resident beside the
-    copies until it is closed: +1 GB at Llama-3-8B's head or embedding shard)."""
+    copies until it is closed: +1 GB at Llama-3-8B's head or embedding shard). With `digests` ({file: sha256}; only
+    with wanted None) each file is checked against its digest as it is read: every byte is read once."""
     tensors, skipped = {}, {}
     for name in files:
-        got, skip = read_tensors(path / name, wanted or (lambda _: True))
+        got, skip = read_tensors(path / name, wanted or (lambda _: True), digests and digests[name])
         twice = (set(got) | set(skip)) & (set(tensors) | set(skipped))
         if twice:
             raise CheckpointError(f"{path}: tensor {sorted(twice)[0][:80]} is in two weight files: re-export it")
@@ -447,15 +449,16 @@ def load_checkpoint(path, verify: bool = True, weights: str = WEIGHTS_NESTED) ->
     `weights` `base` reads the base planes and what the draft view reads besides (norms, scales, offsets, biases,
     the embedding, the head as the draft reads it) and never a refinement plane it does not read: each tensor is
     read by byte range (edge.model.tensor_file), and the weights file's sha256 is not checked, since that would
-    read every byte; its header, the tensors' shapes and the other files' hashes are."""
+    read every byte; its header, the tensors' shapes and the other files' hashes are. `nested` checks each weight
+    file's sha256 as it reads it (one read of every byte)."""
     from safetensors import SafetensorError
 
     path = Path(path)
     check_weights(weights)
     m = read_manifest(path)
     files = weight_files(path, m)
-    if verify:   # a `base` load reads the weight files by byte range: their sha256 would read every byte
-        verify_files(path, m, skip=tuple(files) if weights == WEIGHTS_BASE else ())
+    if verify:   # the weight files' sha256 is checked as they are read (nested), or not at all (base: by byte range)
+        verify_files(path, m, skip=tuple(files))
     missing = [f for f in files if not (path / f).is_file()]
     if missing:
         raise CheckpointError(f"checkpoint {path} is missing {missing[0]}: re-export it")
@@ -468,7 +471,7 @@ def load_checkpoint(path, verify: bool = True, weights: str = WEIGHTS_NESTED) ->
                                              draft_reads_refine(m, n[:-len(".refine")]))
             _unread_planes(specs, skipped, path)
         else:
-            tensors, _ = _read_weights(path, files, None)
+            tensors, _ = _read_weights(path, files, None, {f: m["files"][f] for f in files} if verify else None)
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"{path}'s weights cannot be read ({str(e).splitlines()[0][:120]}): re-export it")
     validate_tensors(cfg, specs, tensors, m, weights)
