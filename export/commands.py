@@ -54,6 +54,11 @@ def _onnx_exporter(checkpoint, path) -> str:
     return export_onnx(checkpoint, path)["onnx"]
 
 
+def _float_reference(spec):
+    from export.sources import float_reference
+    return float_reference(spec)
+
+
 def run_command(name: str, argv=None) -> int:
     """Run subcommand `name` with `argv` (default: the process's own arguments)."""
     cmd = COMMANDS[name]
@@ -63,6 +68,8 @@ def run_command(name: str, argv=None) -> int:
         kwargs["default_checkpoint"] = ensure_default_checkpoint
     if name == "selfcheck":
         kwargs["onnx_exporter"] = _onnx_exporter
+    if name == "evaluate":
+        kwargs["reference_loader"] = _float_reference
     return importlib.import_module(cmd.module).main(sys.argv[1:] if argv is None else argv, **kwargs)
 
 

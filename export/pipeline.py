@@ -238,7 +238,7 @@ def run_export(opts: ExportOptions) -> dict:
         "rotation": rot_record,
         "calibration": None if calib is None else {"corpus": "sharegpt", "samples": opts.calib_samples,
                                                     "seq_len": opts.calib_seq_len},
-        "source": {"model": opts.model, "folder": str(src.folder)},
+        "source": {"model": opts.model, "path": str(resolve_spec(opts.model).resolve()), "folder": str(src.folder)},
         "activations": "per-token symmetric int8 on quantized-activation backends (docs/contracts.md, activations)",
         "export": {"streamed": True, "threads": torch.get_num_threads()},
     }

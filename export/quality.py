@@ -26,6 +26,7 @@ from edge.cli.common import run_cli
 from edge.model.checkpoint import is_checkpoint_dir, read_manifest
 from export.pipeline import ExportOptions, run_export
 from export.quantize import QuantOptions
+from export.sources import float_reference
 from export.learned_rotation import LearnOptions
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ def run(a) -> dict:
         have_ref = ref.get("tokens") == a.tokens
         row = CONFIGS[name]
         ev = evaluate(EvalOptions(str(ck), tokens=a.tokens, with_reference=not have_ref, draft_head=row.draft_head,
-                                  shortlist_k=row.shortlist_k))
+                                  shortlist_k=row.shortlist_k, reference_loader=float_reference))
         if have_ref:   # the float reference does not depend on the export: evaluated once
             ev["ppl"]["reference"] = ref["ppl"]
         else:

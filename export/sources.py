@@ -12,6 +12,7 @@ import torch
 
 from edge.cache import cache_root
 from edge.errors import BitNestError
+from edge.model.arch import ModelConfig
 from edge.model.hf_folder import LoadedModel, load_hf_folder
 from export.source_spec import DEFAULT_GGUF, DEFAULT_PACKAGE, default_gguf, is_gguf, resolve_spec  # noqa: F401
 from export.stream_source import StreamSource, open_source  # noqa: F401
@@ -50,6 +51,13 @@ def gguf_cache_folder(gguf: Path) -> Path:
     if not (dest / "config.json").is_file():
         _convert_gguf(gguf, dest)
     return dest
+
+
+def float_reference(spec: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """A model's config and every tensor as float32 (HF names), read from the source one tensor at a time (a GGUF's
+    dequantized on demand; no converted copy on disk): the float reference `bitnest evaluate` scores."""
+    with open_source(spec) as src:
+        return src.config, {n: src.get(n) for n in src.names()}
 
 
 def load_source(spec: str) -> LoadedModel:

@@ -9,6 +9,7 @@ import torch
 
 from edge.corpora import eval_text
 from edge.analysis.evaluate import EvalOptions, evaluate
+from export.sources import float_reference
 from edge.backends.torch_ref import TorchBackend
 from edge.model.checkpoint import load_checkpoint
 from edge.model.decoder import Decoder
@@ -57,7 +58,8 @@ def test_int8_activation_views_track_float_views(gptq_checkpoint, gen):
 
 
 def test_evaluate_reports_views_against_reference(gptq_checkpoint):
-    r = evaluate(EvalOptions(str(gptq_checkpoint[0]), corpora=("code", "shakespeare"), tokens=512, window=256))
+    r = evaluate(EvalOptions(str(gptq_checkpoint[0]), corpora=("code", "shakespeare"), tokens=512, window=256,
+                             reference_loader=float_reference))
     for corpus in ("code", "shakespeare"):
         ref, draft, target = (r["ppl"][k][corpus] for k in ("reference", "draft", "target"))
         assert 1 < ref < 200 and target < draft < 1e3, r["ppl"]      # every id scored: the draft vocabulary

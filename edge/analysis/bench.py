@@ -75,8 +75,10 @@ def bench(a, ckpt: str, command: str = "") -> dict:
         folder = manifest.get("source", {}).get("folder")
         if not folder:
             raise BitNestError(f"{ckpt} names no source model folder: --peer hf needs one (or use --peer llamacpp)")
+        weights = any(Path(folder).glob("*.safetensors"))   # a GGUF source's folder holds its config and tokenizer
         specs["hf_fp32"] = {"kind": "hf", "threads": threads, "folder": folder, "prompts": prompts,
-                            "max_new_tokens": a.max_new_tokens}
+                            "max_new_tokens": a.max_new_tokens,
+                            "gguf": None if weights else str(source_gguf(manifest))}
     specs["probe"] = probe_spec(mach)
     pass_runner = "target" if "target" in specs else policies[0]
     loaded, samples, passes = run_all(specs, a.repeats, pass_runner, a.pass_repeats)

@@ -189,14 +189,17 @@ class LlamaRunner:
 
 
 class HfRunner:
-    """transformers' greedy `generate`, float32, on the checkpoint's source folder: decode tok/s as (time for n new
-    tokens - time for 1) / (n - 1), summed over prompts."""
+    """transformers' greedy `generate`, float32, on the checkpoint's source (an HF folder, or a GGUF file that
+    transformers dequantizes itself): decode tok/s as (time for n new tokens - time for 1) / (n - 1), summed over
+    prompts."""
 
     OPS = ("run",)
 
-    def __init__(self, folder: str, prompts: list, max_new_tokens: int):
+    def __init__(self, folder: str, prompts: list, max_new_tokens: int, gguf: str | None = None):
         from transformers import AutoModelForCausalLM
-        self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        where = dict(pretrained_model_name_or_path=str(Path(gguf).parent), gguf_file=Path(gguf).name) if gguf \
+            else dict(pretrained_model_name_or_path=folder)
+        self.model = AutoModelForCausalLM.from_pretrained(**where, dtype=torch.float32).eval()
         self.prompts, self.n = prompts, max_new_tokens
         self._generate(self.prompts[0], 2)
         self.info = {}

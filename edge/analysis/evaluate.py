@@ -4,8 +4,9 @@ held-out text, and teacher-forced draft/target argmax agreement."""
 import argparse
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -19,10 +20,14 @@ from edge.corpora import CORPORA, eval_text
 from edge.decode.stats import draft_head_summary
 from edge.errors import BitNestError
 from edge.model.checkpoint import Checkpoint, load_checkpoint, set_draft_head
+from edge.model.arch import ModelConfig
 from edge.model.decoder import Decoder
 from edge.model.float_store import FloatWeights
 from edge.model.hf_folder import load_hf_folder
 from edge.runtime import load_tokenizer
+
+
+ReferenceLoader = Callable[[str], tuple[ModelConfig, dict[str, torch.Tensor]]]
 
 
 @dataclass(frozen=True)
@@ -32,24 +37,33 @@ class EvalOptions:
     tokens: int = 8192
     window: int = 1024
     act_int8: bool = False
-    reference: str | None = None   # HF folder of the float reference; default: the manifest's source folder
+    reference: str | None = None   # the float reference's source; default: the model the checkpoint was exported from
     with_reference: bool = True    # False: views only (a caller that already has the reference's figures)
     backend: str = "torch"         # torch (reference semantics, activations per act_int8) or cpu
     draft_head: str | None = None  # what the draft reads of a nested head (None: the checkpoint's setting)
     shortlist_k: int | None = None
+    reference_loader: ReferenceLoader | None = field(default=None, compare=False)   # see reference_decoder
 
     def __post_init__(self):
         if self.tokens < 2 or self.window < 2:
             raise ValueError("--tokens and --window must be at least 2")
 
 
-def reference_decoder(ckpt: Checkpoint, folder: str | None) -> Decoder:
-    """Decoder over the float source model the checkpoint was exported from."""
-    folder = Path(folder or ckpt.manifest["source"]["folder"])
-    if not (folder / "config.json").is_file():
-        raise BitNestError(f"float reference {folder} is gone: re-run the export or pass --reference HF_FOLDER")
-    src = load_hf_folder(folder, str(folder))
-    return Decoder(src.config, FloatWeights(src.tensors, src.config.tie_word_embeddings))
+def reference_decoder(ckpt: Checkpoint, reference: str | None, loader: ReferenceLoader | None = None) -> Decoder:
+    """Decoder over the float source model the checkpoint was exported from (`reference`: another source). `loader`
+    (spec -> config, float32 tensors) reads any source the export reads (a GGUF, a preset, an HF folder; the `bitnest`
+    command hands it in from the export's readers); without one, only an HF folder with safetensors weights."""
+    source = ckpt.manifest.get("source", {})
+    spec = reference or source.get("path") or source.get("model")
+    if loader is not None and spec:
+        cfg, tensors = loader(spec)
+    else:
+        folder = Path(reference or source.get("folder", ""))
+        if not (folder / "config.json").is_file():
+            raise BitNestError(f"float reference {folder} is gone: re-run the export or pass --reference HF_FOLDER")
+        src = load_hf_folder(folder, str(folder))
+        cfg, tensors = src.config, src.tensors
+    return Decoder(cfg, FloatWeights(tensors, cfg.tie_word_embeddings))
 
 
 def _windows(ids: torch.Tensor, window: int):
@@ -70,7 +84,7 @@ def evaluate(opts: EvalOptions) -> dict:
     weights = TorchBackend(ckpt, act_int8=opts.act_int8) if opts.backend == "torch" \
         else make_backend(opts.backend, ckpt)
     nested = Decoder(ckpt.config, weights, ckpt.rotations, ckpt.draft_head, ckpt.shortlist_k)
-    ref = reference_decoder(ckpt, opts.reference) if opts.with_reference else None
+    ref = reference_decoder(ckpt, opts.reference, opts.reference_loader) if opts.with_reference else None
     ppl = {"reference": {}, "draft": {}, "target": {}} if ref else {"draft": {}, "target": {}}
     agreement, target_vs_ref, counted = {}, {}, {}
     for corpus in opts.corpora:
@@ -111,14 +125,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--window", type=count(2), default=1024, help="tokens per non-overlapping window")
     p.add_argument("--act", choices=("float", "int8"), default="float", help="activations of the torch backend's views")
     p.add_argument("--backend", choices=BACKENDS, default="torch", help="backend that runs the nested views")
-    p.add_argument("--reference", help="HF folder of the float reference (default: the export's source)")
+    p.add_argument("--reference", help="the float reference: default, a preset, a .gguf file or an HF folder "
+                   "(default: the model the checkpoint was exported from)")
     add_draft_head_arguments(p, vocab=False)
     p.add_argument("--json", action="store_true", help="print one JSON object last")
     return p
 
 
-def main(argv=None) -> int:
+def main(argv=None, reference_loader: ReferenceLoader | None = None) -> int:
     a = parser().parse_args(argv)
     opts = lambda: EvalOptions(a.checkpoint, tuple(a.corpus or CORPORA), a.tokens, a.window, a.act == "int8",
-                               a.reference, backend=a.backend, draft_head=a.draft_head, shortlist_k=a.shortlist_k)
+                               a.reference, backend=a.backend, draft_head=a.draft_head, shortlist_k=a.shortlist_k,
+                               reference_loader=reference_loader)
     return run_cli(lambda: evaluate(opts()), a.json, "bitnest-evaluate")
