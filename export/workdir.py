@@ -60,6 +60,7 @@ class WorkFolder:
             if same and progress is not None and self._intact(progress):
                 self.progress = progress
                 self.resumed = list(progress["stages"])
+                self._drop_unlisted()
                 return self.resumed
             if same and progress is None:
                 return []
@@ -67,6 +68,18 @@ class WorkFolder:
         self.path.mkdir(parents=True)
         _write_json(self.path / JOB, {"digest": self.digest, "job": self.job})
         return []
+
+    def _drop_unlisted(self) -> None:
+        """Remove what the progress does not list: the previous streams file where a kill came between the progress
+        write and its removal, an unfinished stage's shards (temporary or renamed in before the kill). What is left
+        is what an uninterrupted export has at that point, so the folder assembled from it is byte for byte the
+        same."""
+        keep = {JOB, PROGRESS} | set(self.files())
+        if self.progress.get("streams"):
+            keep.add(self.progress["streams"][0])
+        for f in self.path.iterdir():
+            if f.name not in keep:
+                shutil.rmtree(f) if f.is_dir() else f.unlink(missing_ok=True)
 
     def _intact(self, progress: dict) -> bool:
         files = [f for stage in progress.get("stages", {}).values() for f in stage.items()]

@@ -169,3 +169,23 @@ def test_device_cuda_export_matches_the_cpu_codes(four_layers, uninterrupted, tm
         a, b = codes(cpu.tensors, name), codes(gpu.tensors, name)                   # [N, K] 8-bit codes
         same = (a == b).float().mean().item()
         assert same > 0.99 and (a - b).abs().float().mean().item() < 0.05, (name, same)
+
+
+def test_a_resume_drops_what_the_progress_does_not_list(tmp_path):
+    """A kill after progress.json named a stage's new streams file but before the previous one was removed (and one
+    in the middle of an unfinished stage's shard): the resumed folder holds only what the progress lists, as an
+    uninterrupted export's does at that point (the sealed checkpoint is assembled from the folder as a whole)."""
+    from export.workdir import WorkFolder
+    job = {"model": "x"}
+    wd = WorkFolder(tmp_path / "w", job)
+    wd.open()
+    x = lambda v: {"x": torch.full((2, 3), float(v))}
+    wd.commit("embed", {"embed.safetensors": x(0)}, streams={"draft": torch.zeros(1, 2)})
+    wd.commit("layer-000", {"layer-000.safetensors": x(1)}, streams={"draft": torch.ones(1, 2)})
+    shutil.copyfile(wd.path / "layer-000.safetensors", wd.path / "streams-embed.safetensors")   # the old streams left
+    (wd.path / "layer-001.safetensors.tmp").write_bytes(b"half")                               # an unfinished shard
+    again = WorkFolder(tmp_path / "w", job)
+    assert again.open() == ["embed", "layer-000"]
+    assert sorted(f.name for f in again.path.iterdir()) == ["embed.safetensors", "job.json", "layer-000.safetensors",
+                                                            "progress.json", "streams-layer-000.safetensors"]
+    assert torch.equal(again.streams()["draft"], torch.ones(1, 2))
