@@ -15,7 +15,8 @@ import pytest
 from edge.analysis import bench_shape as shape_mod
 from edge.analysis.bench import DEFAULT_POLICIES
 from edge.analysis.bench_common import paired_ratios, ratios
-from edge.analysis.bench_replay import expected_tokens, projected, replay_generation
+from edge.analysis.bench_replay import (alpha_from_tokens_per_round, expected_tokens, judged_acceptance, projected,
+                                        replay_generation)
 from edge.analysis.machine import PROBE_LLC_MULTIPLE, llc_bytes, machine, probe_bytes
 from edge.analysis.peers import shipped_gguf
 from edge.analysis.synthetic_gguf import SCALE, synthetic_gguf, tensor_shapes
@@ -56,7 +57,11 @@ def _my_children() -> list[int]:
 # -- the machine and the probe ------------------------------------------------------------------------------------
 def test_the_probe_is_sized_past_the_last_level_cache():
     m = machine(2)
-    assert m["threads"] == 2 and set(m["isa_flags"]) >= {"avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8"}
+    cpu = next(line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+               if line.startswith(("flags", "Features")))                   # what the kernel says this CPU has
+    assert m["threads"] == 2
+    assert {f: m["isa_flags"][f] for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")} == \
+        {f: f in cpu for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")}
     assert m["llc"]["bytes"] >= max([c["bytes"] for c in m["caches"]] + [m["llc"]["getconf_bytes"]])
     assert m["probe_bytes"] >= PROBE_LLC_MULTIPLE * m["llc"]["bytes"]
     for llc in (0, 1 << 20, 300 << 20, (300 << 20) + 1):
@@ -83,6 +88,16 @@ def test_expected_tokens_and_the_projection():
     memory_bound = {"draft": {"1": 2.0}, "target": {str(w): 10.0 for w in range(1, 9)}}   # width costs nothing
     p = projected(memory_bound, 0.8)
     assert p["best_gamma"] == 4 and p["vs_target_by_gamma"]["4"] == round(expected_tokens(0.8, 4) * 10 / 18, 3)
+
+
+def test_the_projection_takes_the_judged_acceptance():
+    """E = (1 - α^(γ+1)) / (1 - α) means α = accepted ÷ judged: a round judges its accepted proposals and the first
+    rejected one, never those after it. Rounds of γ = 4 accepting 1, 4 and 0: 5 accepted of 7 judged (of 12
+    drafted); a file that kept only its tokens per round gives the same α back."""
+    rounds = [[[4, 1], [4, 4]], [[4, 0]]]
+    assert judged_acceptance(rounds) == round(5 / 7, 4) and judged_acceptance([]) is None
+    assert alpha_from_tokens_per_round(expected_tokens(0.7, 4), 4) == 0.7
+    assert alpha_from_tokens_per_round(1.0, 4) == 0.0 and alpha_from_tokens_per_round(5.0, 4) == 1.0
 
 
 def test_paired_ratios_set_each_repeat_against_its_own():
@@ -179,6 +194,8 @@ def test_a_shape_bench_measures_replays_and_projects_in_separate_processes(small
     assert {"target_vs_llamacpp_q8", "projected_speculative_vs_target", "replayed_speculative_vs_target",
             "best_policy_vs_llamacpp_q8"} <= set(d["ratios"])
     assert d["best_policy"] in ("target", "speculative_replayed")
+    assert d["projection"]["alpha"] == acc["judged_acceptance"] >= acc["acceptance"]     # judged, not drafted
+    assert d["projection"]["alpha_kind"] == "accepted / judged" and "random weights" in acc["borrowed"]
     assert d["probe"]["bytes"] >= PROBE_LLC_MULTIPLE * d["machine"]["llc"]["bytes"]
     assert d["gguf"] and (tmp_path / "gguf" / d["gguf"]).is_file()
     assert not _my_children()

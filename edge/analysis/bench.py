@@ -25,6 +25,7 @@ from pathlib import Path
 
 from edge.analysis.bench_common import (
     ISOLATION,
+    RATIO_PEERS,
     cache_folder,
     default_threads,
     llama_spec,
@@ -98,14 +99,25 @@ def bench(a, ckpt: str, command: str = "") -> dict:
     out["ratios"] = ratios(tok)
     out["paired_ratios"] = paired_ratios(samples)
     best = max((p for p in policies if p in tok and p != "draft"), key=tok.get, default=None)   # the draft is lossy
-    if best and "llamacpp_q8_0" in tok:
+    if best and "llamacpp_q8_0" in tok:    # chosen after the run from noisy medians: reported, never the headline
         out["ratios"]["best_policy_vs_llamacpp_q8"] = round(tok[best] / tok["llamacpp_q8_0"], 3)
         out["best_policy"] = best
+    out["headline"] = headline(out, "auto" if "auto" in tok else "target")
     if "target" in out["runs"]:
         out["target_roofline_fraction"] = out["runs"]["target"].get("roofline_fraction")
     out["pass_times"] = passes
     out["ratios"].update(pass_ratios(passes, a.gamma))
     return out
+
+
+def headline(out: dict, policy: str) -> dict:
+    """The figures a summary leads with: one policy fixed before the run (the default `auto`, else the target)
+    against each llama.cpp peer of the run (the shipped file's own quantization and the Q8_0 made from it), paired by
+    repeat (median of the per-repeat ratios) and as the ratio of medians."""
+    peers = {run: label for run, label in RATIO_PEERS.items() if run.startswith("llamacpp_") and run in out["runs"]}
+    return {"policy": policy, "tok_s": out["runs"][policy]["tok_s"] if policy in out["runs"] else None,
+            "vs": {label: {"paired": out["paired_ratios"].get(f"{policy}_vs_{label}", {}).get("median"),
+                           "medians": out["ratios"].get(f"{policy}_vs_{label}")} for run, label in peers.items()}}
 
 
 def parser() -> argparse.ArgumentParser:

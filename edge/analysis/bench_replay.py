@@ -61,6 +61,26 @@ def replay_generation(eng: Engine, prompt: list[int], rounds: list[list[int]], m
     return stats
 
 
+def judged_acceptance(rounds: list) -> float | None:
+    """α as the projection's E = (1 - α^(γ+1)) / (1 - α) means it: accepted ÷ judged, where a round's judged proposals
+    are its accepted ones and the first rejected one (the proposals after a rejection are never judged), from the
+    recorded rounds ([[drafted, accepted], ...] per prompt); None without rounds. Accepted ÷ drafted is lower (it
+    counts the unjudged proposals as failures) and would understate every projected speed."""
+    flat = [r for prompt in rounds or [] for r in prompt]
+    judged = sum(a + (a < d) for d, a in flat)
+    return round(sum(a for _, a in flat) / judged, 4) if judged else None
+
+
+def alpha_from_tokens_per_round(tokens: float, gamma: int) -> float:
+    """The judged acceptance α whose E = (1 - α^(γ+1)) / (1 - α) is `tokens` a round (E rises from 1 at α = 0 to
+    γ + 1 at α = 1): what a run that kept its tokens per round but not its rounds implies."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tokens(mid, gamma) < tokens else (lo, mid)
+    return round((lo + hi) / 2, 4)
+
+
 def projected(ms: dict, alpha: float) -> dict:
     """tok/s per γ (GAMMAS, where the pass times have width γ + 1) from pass times `ms` ({"draft": {"1": ms},
     "target": {"W": ms}}) and acceptance α; the best γ, and each γ's speed over the target's one-token pass."""

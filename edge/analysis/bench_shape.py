@@ -26,7 +26,7 @@ from edge.analysis.bench_common import (
     run_entry,
 )
 from edge.analysis.bench_process import Workers
-from edge.analysis.bench_replay import projected
+from edge.analysis.bench_replay import judged_acceptance, projected
 from edge.analysis.machine import load_average, machine
 from edge.analysis.peers import shipped_gguf
 from edge.cli.options import draft_head_options
@@ -45,7 +45,8 @@ def recorded_acceptance(a, checkpoint: str, prompts: list, threads: int) -> dict
         loaded = w["acceptance"].load(**spec)
         run = w["acceptance"].request("run")
     return {"source": "this run", "checkpoint": checkpoint, "gamma": a.gamma, "acceptance": run["acceptance"],
-            "tokens_per_round": run["tokens_per_round"], "rounds": run["rounds"], "pid": loaded["pid"]}
+            "judged_acceptance": judged_acceptance(run["rounds"]), "tokens_per_round": run["tokens_per_round"],
+            "rounds": run["rounds"], "pid": loaded["pid"]}
 
 
 def acceptance_from(path: str, a, prompts: list) -> dict:
@@ -64,7 +65,8 @@ def acceptance_from(path: str, a, prompts: list) -> dict:
     rounds = spec.get("rounds")
     same = rounds is not None and d.get("prompts") == len(prompts) and d.get("max_new_tokens") == a.max_new_tokens
     return {"source": str(path), "checkpoint": d.get("checkpoint"), "gamma": a.gamma, "acceptance": alpha,
-            "tokens_per_round": spec.get("tokens_per_round"), "rounds": rounds if same else None}
+            "judged_acceptance": judged_acceptance(rounds), "tokens_per_round": spec.get("tokens_per_round"),
+            "rounds": rounds if same else None}
 
 
 def synthetic_spec(a, cfg: ModelConfig, mode: str, prompts: list, threads: int, rounds=None) -> dict:
@@ -106,7 +108,9 @@ def bench_shape(a, cfg: ModelConfig, name: str, checkpoint: str, command: str = 
     mach["load_average_after"] = load_average()
     read_gbps, probe = probe_entry(samples.pop("probe"), loaded["probe"])
     runs = {run: run_entry(s, loaded[run], read_gbps) for run, s in samples.items()}
-    proj = dict(projected(passes["ms"], acc["acceptance"]), gamma=a.gamma)
+    alpha, kind = (acc["judged_acceptance"], "accepted / judged") if acc.get("judged_acceptance") is not None else \
+        (acc["acceptance"], "accepted / drafted (no rounds recorded: below the judged acceptance the formula means)")
+    proj = dict(projected(passes["ms"], alpha), gamma=a.gamma, alpha_kind=kind)
     proj["speculative_tok_s"] = proj["tok_s_by_gamma"][str(a.gamma)]
     tok = {k: v["tok_s"] for k, v in runs.items()}
     r = ratios(tok, mine=("target", "draft", "speculative_replayed"))
@@ -129,7 +133,10 @@ def bench_shape(a, cfg: ModelConfig, name: str, checkpoint: str, command: str = 
            "threads": threads, "machine": mach, "read_gbps": read_gbps, "read_gbps_samples": probe["gbps_samples"],
            "probe": probe, "speculative_method": method,
            "acceptance_source": {k: v for k, v in acc.items() if k != "rounds"} | {
-               "rounds": sum(len(x) for x in acc["rounds"]) if acc["rounds"] else None},
+               "rounds": sum(len(x) for x in acc["rounds"]) if acc["rounds"] else None,
+               "borrowed": f"recorded on {acc.get('checkpoint') or 'another model'}, a real model: this shape's "
+                           "random weights have no acceptance of their own, so its speculation is "
+                           f"{method} with that model's"},
            "runs": runs, "projection": proj, "gguf": None if gguf is None else gguf.name,
            "best_policy": best, "pass_times": passes}
     if "llamacpp_q8_0" in tok:

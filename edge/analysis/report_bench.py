@@ -3,6 +3,7 @@
 its ISA path and the isolation noted; pass times per view and width; the ratios; one block per shape with what was
 measured, replayed or projected marked; and the README's headline rows for both regimes and for a second real model."""
 
+from edge.analysis.bench_replay import alpha_from_tokens_per_round, projected
 from edge.analysis.report_cells import mb, pct, table
 
 BENCH_RUNS = {"target": "target AR", "draft": "draft AR", "speculative": "speculative (fixed γ = {g})",
@@ -74,9 +75,29 @@ def bench_ratios(bench: dict) -> str:
                         [("target_roofline_fraction", bench.get("target_roofline_fraction"))])
 
 
+def judged(d: dict) -> dict:
+    """A `bench --shape` run whose projection used the judged acceptance its formula means (bench_replay's
+    judged_acceptance). A file written before it projected with accepted ÷ drafted: its projection and the ratios
+    made from it are recomputed from its own pass times, with α solved from its recorded tokens per round."""
+    proj = d.get("projection")
+    if not proj or "alpha_kind" in proj:
+        return d
+    g, acc = d["gamma"], d["acceptance_source"]
+    new = dict(projected(d["pass_times"]["ms"], alpha_from_tokens_per_round(acc["tokens_per_round"], g)), gamma=g,
+               alpha_kind="accepted / judged, solved from the run's tokens per round (the file's own projection "
+                          f"used accepted / drafted, {pct(proj['alpha'])})")
+    new["speculative_tok_s"] = new["tok_s_by_gamma"][str(g)]
+    r = dict(d["ratios"], projected_speculative_vs_target=new["vs_target_by_gamma"][str(g)],
+             projected_best_gamma_vs_target=new["vs_target_by_gamma"][str(new["best_gamma"])])
+    if "projected_speculative_vs_llamacpp_q8" in r:
+        r["projected_speculative_vs_llamacpp_q8"] = round(new["speculative_tok_s"] / d["runs"]["llamacpp_q8_0"]["tok_s"], 3)
+    return {**d, "projection": new, "ratios": r}
+
+
 def shape_block(d: dict) -> str:
     """One `bench --shape` run: what each runner measured (or what was replayed, or projected), its pass times and
     its ratios, and where the acceptance came from."""
+    d = judged(d)
     runs, proj, acc, g = d["runs"], d["projection"], d["acceptance_source"], d["gamma"]
     source = "this run" if acc["source"] == "this run" else f"`{acc['source']}`"
     rows = [_run_row("target AR", runs["target"], ["measured"]), _run_row("draft AR", runs["draft"], ["measured"])]
@@ -84,7 +105,7 @@ def shape_block(d: dict) -> str:
         rows.append(_run_row(f"speculative (γ = {g})", runs["speculative_replayed"],
                              ["replayed: real passes, accept decisions recorded on the default model"]))
     blank = ["", "", "", ""]
-    rows.append([f"speculative (γ = {g})", f"projected: pass times, α = {pct(proj['alpha'])}",
+    rows.append([f"speculative (γ = {g})", f"projected: pass times, α = {pct(proj['alpha'])} ({proj['alpha_kind']})",
                  f"{proj['speculative_tok_s']:g}"] + blank)
     if proj["best_gamma"] != g:
         rows.append([f"best γ by the projection (γ = {proj['best_gamma']})", "projected",
@@ -112,7 +133,7 @@ def isa_paths_table(*runs: dict) -> str:
     (or, at a shape, the best γ by the projection) and fixed-γ speculation (replayed at a shape) over the target, and
     the target against llama.cpp Q8_0."""
     rows = []
-    for d in runs:
+    for d in map(judged, runs):
         r, p, g = d["ratios"], d["pass_times"]["ms"], d["gamma"]
         shape = d.get("shape")
         rows.append([f"{shape} shapes (random weights)" if shape else "SmolLM2-135M", d["isa"],
@@ -159,6 +180,7 @@ def headline_model_row(model: str, lossless: dict, *runs: dict) -> list[str]:
     first = runs[0]
     r = [d["ratios"] for d in runs]
     paired = [d["paired_ratios"]["speculative_vs_target"]["median"] for d in runs]
+    auto = [d["paired_ratios"]["auto_vs_llamacpp_q8"]["median"] for d in runs]
     probe = [d["read_gbps"] for d in runs]
     same = lossless["identical_by_policy"]
     vocab = f", draft vocabulary {first['draft_vocab']:,} ids" if first.get("draft_vocab") else ""
@@ -166,7 +188,8 @@ def headline_model_row(model: str, lossless: dict, *runs: dict) -> list[str]:
             f"({first['isa']}, {first['threads']} threads), every runner in its own process, {len(runs)} runs",
             f"speculative (γ = {first['gamma']}, {first['draft_head']} draft head{vocab}) "
             f"{_span([x['speculative_vs_target'] for x in r])}× its target (paired by repeat {_span(paired)}×); "
-            f"best policy {_span([x['best_policy_vs_llamacpp_q8'] for x in r])}× llama.cpp Q8_0 on the same GGUF; "
+            f"`auto` (the default policy) {_span(auto)}× llama.cpp Q8_0 on the same GGUF (paired by repeat; the "
+            f"best policy's medians, picked after each run: {_span([x['best_policy_vs_llamacpp_q8'] for x in r])}×); "
             f"read probe {_span(probe, '{:.1f}')} GB/s; identical to the target on {min(same.values())} / "
             f"{lossless['prompts']} prompts ({' and '.join(same)}; [model and data](docs/model-and-data.md))",
             f"`{first['command']}`"]
@@ -174,6 +197,7 @@ def headline_model_row(model: str, lossless: dict, *runs: dict) -> list[str]:
 
 def headline_shape_row(d: dict) -> list[str]:
     """The memory-bound regime: a synthetic checkpoint of a larger model's shapes beside llama.cpp Q8_0."""
+    d = judged(d)
     runs, r, p = d["runs"], d["ratios"], d["pass_times"]["ms"]
     method = d["speculative_method"]
     spec = f"{r.get(f'{method}_speculative_vs_target'):g}× target"
