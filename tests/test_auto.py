@@ -240,6 +240,9 @@ def test_sampled_auto_with_target_steps_is_seeded(engine, prompts):
     b, _ = _generate(engine, prompts[1], **cfg)
     assert a == b and sa.gammas.get(0)
     _check_rounds(sa)
+    others = [_generate(engine, prompts[1], policy="auto", sampling=SamplingConfig(0.8, top_k=40, seed=s))[0]
+              for s in (4, 5, 6)]
+    assert any(o != a for o in others), "three other seeds gave the same tokens: the seed is not what draws them"
 
 
 def test_measured_costs_keep_the_target_output(fresh, prompts, targets, tmp_path):
@@ -364,3 +367,15 @@ def test_a_small_context_or_an_unwritable_cache_measures_without_saving(fresh, r
     small = PassEngine(ck, make_backend("cpu", ck), 40, scratch=MAX_GAMMA + 1)
     t = engine_costs(small, TEXT)
     assert t.source == "measured" and t.path is None and t.context == 40 - (MAX_GAMMA + 1) and t.note is None
+
+
+def test_acceptance_per_draft_position_counts_accepted_prefixes():
+    """A round keeps a prefix of its proposals: rounds keeping 2 of 4, 4 of 4 and 0 of 4 count positions 0 and 1
+    twice, 2 and 3 once; two generations' counts add position by position (what /metrics exports per position)."""
+    a, b = DecodeStats("speculative", "cpu"), DecodeStats("speculative", "cpu")
+    for drafted, accepted in ((4, 2), (4, 4), (4, 0)):
+        a.record_round(drafted, accepted)
+    b.record_round(2, 1)
+    assert a.accepted_per_pos == [2, 2, 1, 1] and sum(a.accepted_per_pos) == a.accepted
+    a.add(b)
+    assert a.accepted_per_pos == [3, 2, 1, 1] and sum(a.accepted_per_pos) == a.accepted

@@ -260,6 +260,13 @@ def test_metrics_parse_with_prometheus_client_and_agree_with_usage(server):
     assert grew("bitnest_spec_decode_num_draft_tokens_total") == total("drafted_tokens", True)
     assert grew("bitnest_spec_decode_num_accepted_tokens_total") == total("accepted_tokens", True)
     assert 0 < grew("bitnest_spec_decode_num_drafts_total") <= total("rounds", True)
+    per_pos = [sum(u["bitnest"]["accepted_per_position"][i] for u in usages
+                   if i < len(u["bitnest"]["accepted_per_position"])) for i in range(8)]
+    for u in usages:                        # a prefix is accepted: the counts fall with the position, sum to the total
+        p = u["bitnest"]["accepted_per_position"]
+        assert sum(p) == u["bitnest"]["accepted_tokens"] and p == sorted(p, reverse=True), u["bitnest"]
+    assert [grew("bitnest_spec_decode_num_accepted_tokens_per_pos_total", position=str(i)) for i in range(8)] == per_pos
+    assert per_pos[0] > 0
     assert grew("bitnest_requests_total", route="/v1/chat/completions", status="200") == 2
     assert grew("bitnest_requests_total", route="/v1/completions", status="200") == 1
     for h in ("time_to_first_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds",

@@ -103,6 +103,7 @@ class DecodeStats:
     gammas: dict = field(default_factory=dict)         # auto: rounds per γ chosen (γ = 0: a target step)
     probes: int = 0                                    # auto: of them, probe rounds
     alpha: float | None = None                         # auto: the acceptance estimate after the last round
+    accepted_per_pos: list = field(default_factory=list)   # [i]: rounds whose draft proposal i was accepted
     extra: dict = field(default_factory=dict)
 
     def record_pass(self, view: str, weight_bytes: int, kv_bytes: int) -> None:
@@ -123,6 +124,9 @@ class DecodeStats:
         self.rounds += 1
         self.drafted += drafted
         self.accepted += accepted
+        self.accepted_per_pos.extend([0] * (accepted - len(self.accepted_per_pos)))
+        for i in range(accepted):                       # proposals are accepted as a prefix: 0 .. accepted - 1
+            self.accepted_per_pos[i] += 1
 
     def record_gated_step(self, escalated: bool) -> None:
         """One gated step, run with the target view when `escalated`."""
@@ -148,6 +152,9 @@ class DecodeStats:
         self.gammas = {g: self.gammas.get(g, 0) + other.gammas.get(g, 0) for g in sorted({*self.gammas, *other.gammas})}
         self.probes += other.probes
         self.alpha = other.alpha if other.alpha is not None else self.alpha
+        mine, theirs = self.accepted_per_pos, other.accepted_per_pos
+        self.accepted_per_pos = [(mine[i] if i < len(mine) else 0) + (theirs[i] if i < len(theirs) else 0)
+                                 for i in range(max(len(mine), len(theirs)))]
 
     def summary(self) -> dict:
         per = lambda v: round(v / self.tokens, 1) if self.tokens else None

@@ -1,8 +1,8 @@
 """The server's counters and their Prometheus text exposition (format 0.0.4): requests by route template and status
 (a path no route matches is `unmatched`, so the series are bounded), prompt and completion tokens, answers by finish
-reason, prefill and decode time, speculation under vLLM's names, J/token where a meter ran, queue length, and the
-latency histograms vLLM and llama-server users chart (time to first token, time per output token, queue time,
-end-to-end latency). Updated on the event loop only (no lock)."""
+reason, prefill and decode time, speculation under vLLM's names (acceptance per draft position too), J/token where a
+meter ran, queue length, and the latency histograms vLLM and llama-server users chart (time to first token, time per
+output token, queue time, end-to-end latency). Updated on the event loop only (no lock)."""
 
 import bisect
 import math
@@ -59,6 +59,7 @@ class Metrics:
         self.prefill_seconds = 0.0
         self.decode_tokens, self.decode_seconds = 0, 0.0
         self.drafts = self.drafted = self.accepted = 0
+        self.accepted_per_pos: Counter = Counter()   # draft position -> proposals accepted there
         self.metered_tokens, self.joules = 0, 0.0
         self.ttft, self.e2e = Histogram(LATENCY_BUCKETS), Histogram(LATENCY_BUCKETS)
         self.queue_time, self.tpot = Histogram(LATENCY_BUCKETS), Histogram(TOKEN_BUCKETS)
@@ -78,6 +79,7 @@ class Metrics:
         self.drafts += st.rounds - st.gammas.get(0, 0)     # rounds that drafted (auto's γ = 0 steps draft nothing)
         self.drafted += st.drafted
         self.accepted += st.accepted
+        self.accepted_per_pos.update(dict(enumerate(st.accepted_per_pos)))
         joules = st.extra.get("joules")
         if joules is not None:
             self.joules += joules
@@ -124,6 +126,9 @@ class Metrics:
                [({}, self.drafted)])
         metric("spec_decode_num_accepted_tokens_total", "counter", "Draft proposals the target accepted (vLLM's "
                "name).", [({}, self.accepted)])
+        metric("spec_decode_num_accepted_tokens_per_pos_total", "counter", "Draft proposals accepted at each "
+               "position of a round, 0 first (vLLM's name): position i counts the rounds that kept i + 1 or more.",
+               [({"position": str(i)}, n) for i, n in sorted(self.accepted_per_pos.items())])
         metric("joules_total", "counter", "Energy of the metered decode phases.", [({}, self.joules)])
         histogram("time_to_first_token_seconds", "From arrival to the prefill's token: queue time plus prefill.",
                   self.ttft)

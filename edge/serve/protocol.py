@@ -214,7 +214,7 @@ def bitnest_block(a: Answer, served: Served) -> dict:
     engine and whether the server's time limit ended the answer."""
     st, s = a.stats, a.summary()
     return {"policy": st.policy, "backend": st.backend, "drafted_tokens": st.drafted, "accepted_tokens": st.accepted,
-            "acceptance": s["acceptance"], "rounds": st.rounds, "tokens_per_round": s["tokens_per_round"],
+            "accepted_per_position": list(st.accepted_per_pos), "acceptance": s["acceptance"], "rounds": st.rounds, "tokens_per_round": s["tokens_per_round"],
             "escalation_rate": s["escalation_rate"], "draft_passes": st.draft_passes,
             "target_passes": st.target_passes, "weight_bytes_per_token": s["weight_bytes_per_token"],
             "kv_bytes_per_token": s["kv_bytes_per_token"], "decode_tokens": st.tokens, "decode_tok_s": s["tok_s"],
