@@ -10,6 +10,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# The suite runs in pytest-xdist workers, one per core (pyproject's addopts): each worker, and every process it starts
+# (torch and the native step take their thread count from OMP_NUM_THREADS), keeps to one thread, so the workers share
+# the cores instead of oversubscribing them. A run without workers keeps every core.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 
 def _has_cuda() -> bool:

@@ -20,6 +20,7 @@ ROUNDING = 1e-5
 FLIPPED = 5e-2
 TIES = 12              # candidate codes tried for a row: the reference's activations nearest a rounding tie
 MAX_FLIPS = 3
+TIE = 1e-3             # a flip is a last-bit difference only where x/s_x lies this close to k + 1/2 (measured: 0 exactly)
 
 
 def first_layers(path, n: int):
@@ -122,3 +123,14 @@ def explain(path, layers: int, scenario, got: list[torch.Tensor]) -> list[dict]:
         assert best is not None, f"row {t} of pass {p} is {errs[p][t]:.2e} from the reference and no code near a " \
                                  f"rounding tie explains it: {errs}"
         flips.append(best)
+
+
+def bound_after(flips: list[dict]) -> float:
+    """The largest row error allowed once `explain` has shown `flips`: ROUNDING with none; FLIPPED only where every
+    flip is what a last-bit difference can do (the code moved to its neighbour, |native - reference| = 1, from an
+    activation within TIE of a rounding tie). A rounding bug moves codes far from any tie, or by more than one: it
+    fails here instead of being explained."""
+    for f in flips:
+        assert abs(f["native_code"] - f["reference_code"]) == 1 and f["tie_distance"] < TIE, \
+            f"a flipped code that no last-bit difference explains: {f}"
+    return FLIPPED if flips else ROUNDING

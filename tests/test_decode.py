@@ -90,6 +90,9 @@ def test_sampled_speculation_is_seeded_and_runs(cpu_runtime):
     cfg = dict(policy="speculative", max_new_tokens=16, sampling=SamplingConfig(0.8, top_k=40, top_p=0.95, seed=7))
     a, b = _run(cpu_runtime, PROMPTS[2], **cfg), _run(cpu_runtime, PROMPTS[2], **cfg)
     assert a["tokens"] == b["tokens"] and len(a["tokens"]) >= 1
+    other = lambda s: _run(cpu_runtime, PROMPTS[2], **{**cfg, "sampling": SamplingConfig(0.8, top_k=40, top_p=0.95,
+                                                                                          seed=s)})["tokens"]
+    assert any(other(s) != a["tokens"] for s in (8, 9, 10)), "other seeds gave the same tokens"
 
 
 def test_prompt_longer_than_cache(rtn_checkpoint):

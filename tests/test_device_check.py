@@ -41,7 +41,7 @@ def test_device_check_script_runs_dry(tmp_path):
 def test_device_check_without_a_gpu_says_so():
     import torch
     if torch.cuda.is_available():
-        return
+        pytest.skip("a CUDA GPU is present: the check runs instead of refusing")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-m", "edge.cli.device_check"], capture_output=True, text=True, env=env,
                          timeout=120, cwd=ROOT)

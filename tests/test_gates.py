@@ -188,7 +188,11 @@ def test_adaptive_speculation_is_lossless(rt, target_tokens, adaptive):
 
 def test_sampled_adaptive_is_seeded(rt):
     cfg = dict(policy="adaptive", max_new_tokens=8, sampling=SamplingConfig(0.8, top_k=40, seed=3))
-    assert _run(rt, PROMPTS[2], **cfg)["tokens"] == _run(rt, PROMPTS[2], **cfg)["tokens"]
+    a = _run(rt, PROMPTS[2], **cfg)["tokens"]
+    assert a == _run(rt, PROMPTS[2], **cfg)["tokens"]
+    others = [_run(rt, PROMPTS[2], **{**cfg, "sampling": SamplingConfig(0.8, top_k=40, seed=s)})["tokens"]
+              for s in (4, 5, 6)]
+    assert any(o != a for o in others), "three other seeds gave the same tokens: the seed is not what draws them"
 
 
 def test_threshold_gate_without_threshold_is_refused(rt):

@@ -152,7 +152,9 @@ def test_attention_enqueue_copies_into_distinct_plane_outputs(gen):
     enqueue_op("NestedKvAttention", dev, [out_s, *separate], building=False)
     assert all(torch.equal(a, s) for a, s in zip(aliased, separate)) and torch.equal(out_a, out_s)
     wb, wr, ws = quantize_kv(torch.stack((ins[1], ins[2])))               # the pass's entries at [7, 10)
-    assert torch.equal(separate[0].view(torch.uint8)[:, :, 7:10].cpu(), wb) and torch.equal(separate[2][:, :, 7:10].cpu(), ws)
+    got = [separate[0].view(torch.uint8), separate[1].view(torch.uint8), separate[2]]
+    for plane, want in zip(got, (wb, wr, ws)):                            # base, refinement and scale planes
+        assert torch.equal(plane[:, :, 7:10].cpu(), want)
 
 
 @pytest.mark.parametrize("kv8_from", [0, 5, 10])
