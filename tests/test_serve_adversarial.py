@@ -8,14 +8,18 @@ a chat template that refuses a conversation, CORS for one origin, the per-reques
 whole request."""
 
 import json
+import os
 import secrets
 import socket
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tests.conftest import ROOT
 from tests.test_serve import _error, httpx, start_server
 
 KEY = secrets.token_hex(16)
@@ -304,10 +308,16 @@ def test_the_end_of_generation_set_is_the_tokenizers(rtn_checkpoint):
         assert ids("<|endoftext|>", "<|im_end|>") <= llm.runtime.eos          # what the generation loop stops on
 
 
+# A template that takes seconds for one conversation (75 M empty loop steps, ~3 s here): its request is prepared off
+# the event loop or /health waits on it
+SLOW_TEMPLATE = "{% if messages[0]['content'] == 'slow' %}{% for i in range(100000) %}{% for j in range(750) %}" \
+                "{% endfor %}{% endfor %}{% endif %}"
+
+
 @pytest.fixture
 def strict_checkpoint(rtn_checkpoint, tmp_path):
-    """The default export with a chat template that refuses two turns of one role, as Mistral's and Llama 2's do
-    (its other files linked)."""
+    """The default export with a chat template that refuses two turns of one role, as Mistral's and Llama 2's do, and
+    that renders one conversation slowly (its other files linked)."""
     from edge.model.checkpoint import MANIFEST, SEAL, manifest_seal, sha256_file
     folder = tmp_path / "strict"
     folder.mkdir()
@@ -316,7 +326,7 @@ def strict_checkpoint(rtn_checkpoint, tmp_path):
             (folder / f.name).symlink_to(f)
     template = (rtn_checkpoint / "chat_template.jinja").read_text()
     (folder / "chat_template.jinja").write_text(
-        "{% for m in messages %}{% if not loop.first and m['role'] == messages[loop.index0 - 1]['role'] %}"
+        SLOW_TEMPLATE + "{% for m in messages %}{% if not loop.first and m['role'] == messages[loop.index0 - 1]['role'] %}"
         "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
         "{% endfor %}" + template)
     m = json.loads((rtn_checkpoint / MANIFEST).read_text())
@@ -348,6 +358,18 @@ def test_loading_a_refusing_template_cors_a_time_limit_and_sigterm_during_a_whol
     assert s.get("/v1/models", headers={"Origin": ORIGIN}).headers["access-control-allow-origin"] == ORIGIN
     two = [{"role": "user", "content": "Hi"}, {"role": "user", "content": "Hi again"}]
     _error(s.post("/v1/chat/completions", json={"messages": two}), 400, "messages")
+    slow, health = [], []
+    t0 = time.monotonic()
+    preparing = threading.Thread(target=lambda: slow.append(s.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "slow"}], "max_tokens": 1})))
+    preparing.start()
+    while preparing.is_alive():                                        # a /health probe every 50 ms meanwhile
+        h0 = time.monotonic()
+        assert httpx.get(f"{s.url}/health", timeout=60).status_code == 200
+        health.append(time.monotonic() - h0)
+        time.sleep(0.05)
+    assert slow[0].status_code == 200 and time.monotonic() - t0 > 2 * LATENCY, slow[0].text   # slow enough to show
+    assert max(health) < LATENCY, health                               # the template ran off the event loop
     r = s.post("/v1/completions", json={"prompt": "1, 2, 3,", "max_tokens": 1500, "temperature": 0}).json()
     assert r["choices"][0]["finish_reason"] == "length" and r["usage"]["bitnest"]["time_limited"], r["usage"]
     assert 1 <= r["usage"]["completion_tokens"] < 1500
@@ -369,3 +391,28 @@ def test_loading_a_refusing_template_cors_a_time_limit_and_sigterm_during_a_whol
     assert code == 0 and exited < 6 and "stopped (SIGTERM)" in log and "Traceback" not in log, (code, exited, log)
     _error(answer[0], 503)
     assert answer[0].json()["error"]["code"] == "server_shutting_down"
+
+
+def _warnings(checkpoint, host: str, key: str | None = None) -> list[str]:
+    """The warning lines `bitnest serve --host HOST` prints before it loads the model (stopped then)."""
+    env = {k: v for k, v in os.environ.items() if k != "BITNEST_API_KEY"} | ({"BITNEST_API_KEY": key} if key else {})
+    proc = subprocess.Popen([sys.executable, "scripts/serve.py", "--checkpoint", str(checkpoint), "--host", host,
+                             "--port", "0", "--meter", "none"], cwd=ROOT, stderr=subprocess.PIPE, text=True, env=env)
+    lines = []
+    try:
+        for line in proc.stderr:
+            lines.append(line)
+            if "bitnest serve: loading" in line:
+                break
+    finally:
+        proc.kill()
+        proc.wait(60)
+    assert lines and "bitnest serve: loading" in lines[-1], "".join(lines)
+    return [line for line in lines if "warning" in line]
+
+
+def test_a_non_loopback_bind_without_a_key_prints_one_warning(rtn_checkpoint):
+    exposed = _warnings(rtn_checkpoint, "0.0.0.0")
+    assert len(exposed) == 1 and "no API key" in exposed[0] and "BITNEST_API_KEY" in exposed[0], exposed
+    assert _warnings(rtn_checkpoint, "0.0.0.0", key=KEY) == []
+    assert _warnings(rtn_checkpoint, "127.0.0.1") == []

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from edge.errors import BitNestError
 from edge.model.arch import config_from_hf
 from edge.model.hf_folder import TOKENIZER_FILES, load_hf_folder
-from export.sources import default_gguf, gguf_cache_folder, open_source
+from export.sources import default_gguf, gguf_cache_folder, load_source, open_source
 from export.stream_source import StreamSource
 from tests.test_qwen2_gguf import qwen2_gguf  # noqa: F401  (the stand-in GGUF and its converted source)
 
@@ -122,7 +122,9 @@ def test_the_converted_folder_streams_as_an_hf_folder(converted, gen):
 def test_qwen2_gguf_streams_its_converted_folder(qwen2_gguf, tmp_path, monkeypatch, gen):  # noqa: F811
     """The qwen2 stand-in (Q5_0 / Q8_0 / Q4_K / Q6_K, q/k/v biases, untied head): no permutation, every tensor equal to
     transformers' conversion and to gguf-py's own values."""
-    path, want, loaded = qwen2_gguf
+    path, want, _ = qwen2_gguf
+    monkeypatch.setenv("BITNEST_CACHE", str(tmp_path / "converted"))
+    loaded = load_source(str(path))                              # transformers' dequantization into a float32 folder
     monkeypatch.setenv("BITNEST_CACHE", str(tmp_path))
     with open_source(str(path)) as src:
         assert src.config == loaded.config and not src.config.tie_word_embeddings and src.config.attention_bias
