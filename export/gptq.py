@@ -6,6 +6,7 @@ Working precision is float32 (GPTQ's reference and GPTQModel's): at Llama-3-8B's
 14,336^2 entries, 0.82 GB in float32 and 1.64 GB in float64, and its inverse factor needs two such matrices at once.
 A prepared Hessian (`prepare_gptq`) serves any number of row blocks of one weight (the head, 128,256 rows)."""
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -14,6 +15,11 @@ from plugins.contracts import Q4_MAX, Q4_MIN, REFINE_DIVISOR
 from plugins.nesting import refine_lower_bound, symmetric_scale
 
 GPTQ_DTYPE = torch.float32
+# Columns whose errors are spread one at a time within a block (elementwise, N x SUB_BLOCK^2 / 2 a sub-block) before
+# one product spreads them over the rest of the block: a quarter of the elementwise work of spreading each column
+# over its whole 128-column block, the same arithmetic in another order (Llama-3-8B's 14,336 x 4,096 gate_proj on
+# 2 cores: base 15.3 s to 5.8 s, refinement 17.3 s to 7.0 s; 0.01-0.03% of codes differ, ties rounded the other way).
+SUB_BLOCK = 32
 
 
 class BaseQuantizer:
@@ -78,8 +84,8 @@ class PreparedHessian:
 
 
 def prepare_gptq(h: torch.Tensor, damp: float = 0.01, act_order: bool = False) -> PreparedHessian:
-    """Prepare H (consumed: the caller's tensor is reused in place where it is float32) with at most two K x K
-    matrices alive at once besides it."""
+    """Prepare H (consumed: the caller's float32 tensor is written in place) with at most two K x K matrices alive at
+    once besides it."""
     h = h.to(GPTQ_DTYPE)
     dead = torch.diag(h) == 0
     h[dead, dead] = 1.0
@@ -89,14 +95,20 @@ def prepare_gptq(h: torch.Tensor, damp: float = 0.01, act_order: bool = False) -
         h = h.index_select(1, perm)
     diag = torch.diag(h).clone()
     mean_diag = torch.mean(diag)
+    # H^-1 = R^T R with R upper: with J the order reversal and J H J = L L^T (lower Cholesky), R = J L^-1 J: one
+    # factorization and one triangular solve instead of a Cholesky, its inverse and a second Cholesky of H^-1 (30 s to
+    # 24 s for Llama-3-8B's 14,336-wide down_proj Hessian on 2 cores).
+    h = h.flip(0, 1)
+    diag = diag.flip(0)
     for attempt in range(6):
-        h.diagonal().copy_(diag + (damp * 10 ** attempt) * mean_diag)     # H + damp mean(diag) I
+        h.diagonal().copy_(diag + (damp * 10 ** attempt) * mean_diag)     # H + damp mean(diag) I, reversed
         l, info = torch.linalg.cholesky_ex(h)
         if int(info) == 0:
             del h
-            inv = torch.cholesky_inverse(l)
+            inv = torch.eye(l.shape[0], dtype=l.dtype, device=l.device)
+            torch.linalg.solve_triangular(l, inv, upper=False, out=inv)     # L^-1 (lower), in place
             del l
-            return PreparedHessian(perm, dead, torch.linalg.cholesky(inv, upper=True))
+            return PreparedHessian(perm, dead, inv.flip(0, 1))
         del l
     raise RuntimeError("Hessian is not positive definite even with heavy dampening")
 
@@ -117,19 +129,23 @@ def gptq(w: torch.Tensor, h, quantizer, group_size: int, act_order: bool = False
     n, k = w.shape
     codes = torch.zeros_like(w)
     block = max(block, group_size)
+    sub = math.gcd(SUB_BLOCK, group_size)          # a group starts on a sub-block's first column, fully updated
     for i1 in range(0, k, block):
         i2 = min(i1 + block, k)
         w1, err1 = w[:, i1:i2].clone(), torch.zeros(n, i2 - i1, dtype=w.dtype, device=w.device)
         hb = hinv[i1:i2, i1:i2]
-        for i in range(i2 - i1):
-            col = int(perm[i1 + i])
-            if not act_order and col % group_size == 0:
-                quantizer.begin_group(col // group_size, w1[:, i:i + group_size])
-            q, deq = quantizer(col, w1[:, i])
-            codes[:, i1 + i] = q
-            e = (w1[:, i] - deq) / hb[i, i]
-            w1[:, i:] -= e.unsqueeze(1) * hb[i, i:].unsqueeze(0)
-            err1[:, i] = e
+        for j1 in range(0, i2 - i1, sub):
+            j2 = min(j1 + sub, i2 - i1)
+            for i in range(j1, j2):
+                col = int(perm[i1 + i])
+                if not act_order and col % group_size == 0:
+                    quantizer.begin_group(col // group_size, w1[:, i:i + group_size])
+                q, deq = quantizer(col, w1[:, i])
+                codes[:, i1 + i] = q
+                e = (w1[:, i] - deq) / hb[i, i]
+                w1[:, i:j2] -= e.unsqueeze(1) * hb[i, i:j2].unsqueeze(0)
+                err1[:, i] = e
+            w1[:, j2:] -= err1[:, j1:j2] @ hb[j1:j2, j2:]          # the sub-block's errors on the rest of the block
         w[:, i1:i2] = w1
         w[:, i2:] -= err1 @ hinv[i1:i2, i2:]
     del w
