@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from edge.analysis.machine import machine
 from edge.errors import BitNestError
 from edge.model.arch import ModelConfig
 from edge.model.checkpoint import INDEX
@@ -81,6 +82,7 @@ def measure(cfg: ModelConfig, layers: list[int], work: Path, calib_samples: int,
     """Export `cfg` cut to each block count of `layers` in its own process; the summaries' memory and time (`keep`:
     the exports stay in `work`; the synthetic sources never do)."""
     from export.stream_source import open_source
+    host = machine(torch.get_num_threads())                 # the load average before the exports
     with open_source("default") as default:                 # SmolLM2's tokenizer: calibration ids < every vocab here
         tokenizer = default.tokenizer_files()
     runs = {}
@@ -109,7 +111,7 @@ def measure(cfg: ModelConfig, layers: list[int], work: Path, calib_samples: int,
                       "heads": cfg.num_heads, "kv_heads": cfg.num_kv_heads, "vocab": cfg.vocab_size,
                       "params": sum(math.prod(s) for g in _tensor_shapes(cfg).values() for s in g.values())},
             "method": method, "calibration": {"samples": calib_samples, "seq_len": calib_seq_len},
-            "threads": torch.get_num_threads(), "runs": runs,
+            "threads": torch.get_num_threads(), "machine": host, "runs": runs,
             "peak_spread": (max(peaks) - min(peaks)) / min(peaks), "plan_whole_model": whole}
 
 
