@@ -231,6 +231,12 @@ def build(creator, inputs: list[torch.Tensor], namespace: str | None = None, see
     if not isinstance(fields, trt.PluginFieldCollection):
         raise ConformanceError(f"{type(plugin).__name__}.get_fields_to_serialize() returned {type(fields).__name__}, "
                                "not a PluginFieldCollection")
+    structs = [trt.FieldStruct(f) for f in fields]
+    del fields                                       # the wrapper keeps the C structs, not the Python collection
+    try:
+        fields = trt.serialize_fields(structs)       # the engine file's copy, read once the Python objects are gone
+    except trt.FieldFreed as e:
+        raise ConformanceError(f"{type(plugin).__name__}.get_fields_to_serialize(): {e}") from None
     c(plugin, "destroy")
     return {"fields": fields, "aliases": aliases, "build_interface": build_cls.__name__, "tactics": list(tactics),
             "workspace": workspace, "out_shapes": out_shapes, "out_types": out_types, "calls": calls}

@@ -314,7 +314,10 @@ def define_plugins(trt, device: str = "cuda"):
             self.kv_window = int(inp[0].max[1])
 
         def get_fields_to_serialize(self):
-            return trt.PluginFieldCollection([trt.PluginField(KV_WINDOW_FIELD, np.array([self.kv_window], np.int32),
+            # the buffer stays on the plugin: 10.3's wrapper copies the collection's C structs (name, address, type,
+            # size) and drops the Python collection, whose PluginField alone kept a temporary array alive
+            self._serialized = np.array([self.kv_window], np.int32)
+            return trt.PluginFieldCollection([trt.PluginField(KV_WINDOW_FIELD, self._serialized,
                                                               trt.PluginFieldType.INT32)])
 
     class _Creator(trt.IPluginCreatorV3One):

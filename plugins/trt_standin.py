@@ -11,6 +11,7 @@ none of the plugin's callbacks (the bindings' `def`s there are documentation stu
 skips), and a property read before it is set raises AttributeError "<name> not initialized"."""
 
 import enum
+import weakref
 
 import numpy as np
 
@@ -132,14 +133,68 @@ class DimsExprs:
         self._d[i] = e
 
 
+# the numpy type a field's buffer holds, by its declared type (NvInferRuntimeBase.h's PluginFieldType; the 10.3
+# binding's `data` getter reads each type through that C type, pyPlugin.cpp's PluginField binding)
+FIELD_DTYPES = {PluginFieldType.FLOAT16: np.float16, PluginFieldType.FLOAT32: np.float32,
+                PluginFieldType.FLOAT64: np.float64, PluginFieldType.INT8: np.int8, PluginFieldType.INT16: np.int16,
+                PluginFieldType.INT32: np.int32, PluginFieldType.CHAR: np.int8, PluginFieldType.INT64: np.int64}
+
+
 class PluginField:
+    """tensorrt.PluginField(name, data, type): `data` is bound as py::buffer (pyPlugin.cpp's PluginField binding:
+    plugin_field_constructor with keep_alive<1, 3>, the field keeps its buffer alive as long as the field lives), so a
+    Python list is a TypeError; TensorRT reads `size` elements of the declared type from the buffer's address, so a
+    buffer of another dtype is refused here (10.3 would read its bytes as the declared type)."""
+
     def __init__(self, name="", data=None, type=PluginFieldType.UNKNOWN):
+        if data is not None:
+            if not isinstance(data, np.ndarray):
+                raise TypeError(f"PluginField {name!r}: data must be a buffer (a numpy array of the declared type), "
+                                f"not {data.__class__.__name__}")
+            want = FIELD_DTYPES.get(type)
+            if want is not None and data.dtype != want:
+                raise TypeError(f"PluginField {name!r}: a {type.name} field's buffer must hold {np.dtype(want)}, "
+                                f"not {data.dtype}")
         self.name, self.data, self.type = name, data, type
-        self.size = 0 if data is None else len(data)
+        self.size = 0 if data is None else int(data.size)
 
 
 class PluginFieldCollection(list):
-    """A list of PluginField (tensorrt.PluginFieldCollection accepts any iterable of them)."""
+    """A list of PluginField (tensorrt.PluginFieldCollection accepts any iterable of them; the collection keeps that
+    iterable, and so its fields, alive: keep_alive<1, 2> on its constructor)."""
+
+
+class FieldFreed(RuntimeError):
+    """A serialized field's buffer was freed before TensorRT read it."""
+
+
+class FieldStruct:
+    """nvinfer1::PluginField as TensorRT holds it once get_fields_to_serialize has returned: the wrapper copies the
+    collection's C structs (name, address, type, size) and lets the Python collection go, so nothing keeps the buffer
+    alive but the plugin itself (the address is a weak reference here: reading a freed one raises FieldFreed)."""
+
+    def __init__(self, field: PluginField):
+        self.name, self.type, self.size = field.name, field.type, field.size
+        self._data = None if field.data is None else weakref.ref(field.data)
+
+    def read(self) -> np.ndarray:
+        """The field's values as the engine file stores them (a copy)."""
+        if self._data is None:
+            return np.zeros(0, FIELD_DTYPES.get(self.type, np.int8))
+        data = self._data()
+        if data is None:
+            raise FieldFreed(f"field {self.name!r} was freed before TensorRT serialized it: keep its buffer on the "
+                             "plugin (10.3's wrapper copies the collection's C structs and drops the Python objects)")
+        return data.copy()
+
+
+def serialize_fields(structs: list[FieldStruct]) -> PluginFieldCollection:
+    """What create_plugin(RUNTIME) receives for the structs copied from what get_fields_to_serialize returned (the
+    caller has let the Python collection go): each buffer read once garbage is collected, fresh fields made from it."""
+    import gc
+    gc.collect()
+    read = [(s.name, s.read(), s.type) for s in structs]
+    return PluginFieldCollection(PluginField(name, data, kind) for name, data, kind in read)
 
 
 class _Settable:

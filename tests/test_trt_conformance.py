@@ -11,7 +11,7 @@ import torch
 from plugins import trt_standin
 from plugins.contracts import DOMAIN
 from plugins.step_contract import as_words
-from plugins.trt_conformance import DEFAULTS, REQUIRED, ConformanceError, check_required, drive
+from plugins.trt_conformance import DEFAULTS, REQUIRED, ConformanceError, build, check_required, drive
 from plugins.trt_plugins import PLUGIN_IO, PLUGIN_VERSION, define_plugins, enqueue_op, register_creators
 from tests.conftest import KERNEL_DEVICE
 from tests.test_trt_rules import _attention_io
@@ -120,6 +120,38 @@ def test_a_method_that_raises_fails_the_engine(gen):
             raise ValueError("no shapes here")
     with pytest.raises(ConformanceError, match=r"Broken.on_shape_change\(\) raised ValueError: no shapes here"):
         drive(creator_cls(Broken), _gemv_inputs(gen)[0])
+
+
+def test_a_serialized_field_freed_before_tensorrt_reads_it_fails_the_build(gen):
+    """10.3's wrapper copies the returned collection's C structs and drops the Python objects: a buffer only the
+    temporary PluginField held is gone when the engine is serialized. The plugins keep theirs on the plugin."""
+    import numpy as np
+    plugins, creator_cls = _classes()
+
+    class Temporary(plugins["NestedKvAttention"]):
+        def get_fields_to_serialize(self):
+            return trt_standin.PluginFieldCollection([trt_standin.PluginField(
+                "kv_window", np.array([self.kv_window], np.int32), trt_standin.PluginFieldType.INT32)])
+    ins, _ = _attention_io(gen)
+    ins[6][0], ins[7][0] = 10, 4
+    ins = [t.to(KERNEL_DEVICE) for t in ins]
+    with pytest.raises(ConformanceError, match=r"Temporary.get_fields_to_serialize\(\): field 'kv_window' was freed"):
+        drive(creator_cls(Temporary), [t.clone() for t in ins])
+    built = build(creator_cls(plugins["NestedKvAttention"]), ins)       # the same field, kept on the plugin
+    (field,) = built["fields"]
+    assert field.name == "kv_window" and field.data.dtype == np.int32 and int(field.data[0]) > 0   # a configured window
+
+
+def test_plugin_fields_take_buffers_of_their_declared_type():
+    """PluginField's data is bound as a buffer and read as the declared C type: a list, or an int64 buffer declared
+    INT32, is refused when the field is made."""
+    import numpy as np
+    with pytest.raises(TypeError, match="must be a buffer"):
+        trt_standin.PluginField("kv_window", [4], trt_standin.PluginFieldType.INT32)
+    with pytest.raises(TypeError, match="must hold int32, not int64"):
+        trt_standin.PluginField("kv_window", np.array([4]), trt_standin.PluginFieldType.INT32)
+    f = trt_standin.PluginField("kv_window", np.array([4], np.int32), trt_standin.PluginFieldType.INT32)
+    assert f.size == 1 and f.data.dtype == np.int32
 
 
 def test_no_fallback_to_the_non_aliasing_build_interface():
