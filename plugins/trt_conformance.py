@@ -146,7 +146,7 @@ def _shapes(c, plugin, build, inputs, num_outputs) -> list[tuple]:
             not all(isinstance(d, trt.DimsExprs) and all(isinstance(e, trt.IDimensionExpr) for e in d) for d in out):
         raise ConformanceError(f"{type(plugin).__name__}.get_output_shapes() must return {num_outputs} DimsExprs "
                                "with every entry set")
-    return [tuple(e.value for e in d) for d in out]
+    return [tuple(trt.evaluated(e) for e in d) for d in out]
 
 
 def _garbage(shape, dtype, gen) -> torch.Tensor:

@@ -81,17 +81,18 @@ class DynamicPluginTensorDesc:
 
 
 class IDimensionExpr:
-    """A dimension expression. `value` is what it evaluates to for the shapes the driver chose (TensorRT keeps such
-    values symbolic while building); only constants report `is_constant`."""
+    """A dimension expression: is_constant, get_constant_value and is_size_tensor, as 10.3 binds it (pyPlugin.cpp's
+    IDimensionExpr class; it has no `value`: TensorRT keeps a non-constant dimension symbolic while building). What it
+    evaluates to for the shapes the driver chose is private to the driver (`evaluated`)."""
 
     def __init__(self, value: int, constant: bool = False):
-        self.value, self._constant = int(value), constant
+        self._evaluated, self._constant = int(value), constant
 
     def is_constant(self) -> bool:
         return self._constant
 
     def get_constant_value(self) -> int:
-        return self.value if self._constant else -(2 ** 63)
+        return self._evaluated if self._constant else -(2 ** 63)
 
     def is_size_tensor(self) -> bool:
         return False
@@ -110,7 +111,13 @@ class IExprBuilder:
         return IDimensionExpr(value, True)
 
     def operation(self, op: DimensionOperation, first: IDimensionExpr, second: IDimensionExpr) -> IDimensionExpr:
-        return IDimensionExpr(_OPS[op](first.value, second.value), first.is_constant() and second.is_constant())
+        return IDimensionExpr(_OPS[op](evaluated(first), evaluated(second)),
+                              first.is_constant() and second.is_constant())
+
+
+def evaluated(expr: IDimensionExpr) -> int:
+    """The driver's value of a dimension expression for the shapes it chose (no plugin may read it)."""
+    return expr._evaluated
 
 
 class DimsExprs:

@@ -142,6 +142,20 @@ def test_a_serialized_field_freed_before_tensorrt_reads_it_fails_the_build(gen):
     assert field.name == "kv_window" and field.data.dtype == np.int32 and int(field.data[0]) > 0   # a configured window
 
 
+def test_a_plugin_reading_a_dimension_expressions_value_fails_the_build(gen):
+    """10.3's IDimensionExpr has is_constant and get_constant_value and no `value`: a build-time dimension is symbolic.
+    A get_output_shapes that folds one to an int (here the gemv's row count) fails as on a device."""
+    plugins, creator_cls = _classes()
+
+    class Folding(plugins["DualPlaneGemv"]):
+        def get_output_shapes(self, inputs, shape_inputs, expr_builder):
+            rows = expr_builder.constant(inputs[0][0].value)
+            return super().get_output_shapes([trt_standin.DimsExprs([rows, inputs[0][1]]), *inputs[1:]], shape_inputs,
+                                              expr_builder)
+    with pytest.raises(ConformanceError, match=r"Folding.get_output_shapes\(\) raised AttributeError"):
+        drive(creator_cls(Folding), _gemv_inputs(gen)[0])
+
+
 def test_plugin_fields_take_buffers_of_their_declared_type():
     """PluginField's data is bound as a buffer and read as the declared C type: a list, or an int64 buffer declared
     INT32, is refused when the field is made."""
