@@ -218,23 +218,41 @@ def _prop(name):
     return property(lambda self: self._get(name), lambda self, v: self.__dict__.__setitem__("_trt_" + name, v))
 
 
-class IPluginCapability:
+class _Bound(type):
+    """pybind11's rule for a Python class derived from bound classes: every bound base whose C++ object the instance
+    holds must have had its __init__ called, else making the instance raises TypeError "<base>.__init__() must be
+    called when overriding __init__" (pybind11's metaclass __call__; 10.3's interfaces are py::class_ with
+    py::init<>())."""
+
+    def __call__(cls, *args, **kwargs):
+        obj = super().__call__(*args, **kwargs)
+        done = obj.__dict__.get("_trt_initialised", set())
+        for base in cls.__mro__:
+            if base.__module__ == __name__ and "__init__" in base.__dict__ and base.__name__ not in done:
+                raise TypeError(f"tensorrt.{base.__name__}.__init__() must be called when overriding __init__")
+        return obj
+
+
+def _bound_init(name: str):
+    def __init__(self):
+        self.__dict__.setdefault("_trt_initialised", set()).add(name)
+    return __init__
+
+
+class IPluginCapability(metaclass=_Bound):
     """Base of the capability interfaces."""
 
 
-class IPluginV3:
+class IPluginV3(metaclass=_Bound):
     """A V3 plugin; the Python class must override get_capability_interface and clone (destroy is optional)."""
 
-    def __init__(self):
-        pass
+    __init__ = _bound_init("IPluginV3")
 
 
 class IPluginV3OneCore(IPluginCapability, _Settable):
     plugin_name, plugin_version, plugin_namespace = _prop("plugin_name"), _prop("plugin_version"), \
         _prop("plugin_namespace")
-
-    def __init__(self):
-        pass
+    __init__ = _bound_init("IPluginV3OneCore")
 
 
 class IPluginV3OneBuild(IPluginCapability, _Settable):
@@ -242,18 +260,16 @@ class IPluginV3OneBuild(IPluginCapability, _Settable):
     num_outputs = _prop("num_outputs")
     timing_cache_id, metadata_string = _prop("timing_cache_id"), _prop("metadata_string")
     format_combination_limit = _prop("format_combination_limit")
-
-    def __init__(self):
-        pass
+    __init__ = _bound_init("IPluginV3OneBuild")
 
 
 class IPluginV3OneBuildV2(IPluginV3OneBuild):
-    """The build interface with get_aliased_input (PreviewFeature.ALIASED_PLUGIN_IO_10_03)."""
+    """The build interface with get_aliased_input (PreviewFeature.ALIASED_PLUGIN_IO_10_03); its __init__ makes the
+    IPluginV3OneBuild part too."""
 
 
 class IPluginV3OneRuntime(IPluginCapability):
-    def __init__(self):
-        pass
+    __init__ = _bound_init("IPluginV3OneRuntime")
 
 
 class IPluginResourceContext:
@@ -263,12 +279,10 @@ class IPluginResourceContext:
     error_recorder = None
 
 
-class IPluginCreatorV3One(_Settable):
+class IPluginCreatorV3One(_Settable, metaclass=_Bound):
     name, plugin_version, plugin_namespace = _prop("name"), _prop("plugin_version"), _prop("plugin_namespace")
     field_names = _prop("field_names")
-
-    def __init__(self):
-        pass
+    __init__ = _bound_init("IPluginCreatorV3One")
 
 
 class IPluginRegistry:

@@ -156,6 +156,26 @@ def test_a_plugin_reading_a_dimension_expressions_value_fails_the_build(gen):
         drive(creator_cls(Folding), _gemv_inputs(gen)[0])
 
 
+@pytest.mark.parametrize("skipped", ["IPluginV3", "IPluginV3OneCore", "IPluginV3OneBuildV2", "IPluginV3OneRuntime"])
+def test_a_plugin_that_skips_a_base_classs_init_is_refused(gen, skipped):
+    """pybind11 refuses an instance whose bound base's __init__ was not called ("... must be called when overriding
+    __init__"): creating the plugin fails the build."""
+    plugins, creator_cls = _classes()
+    base = next(k for k in getattr(trt_standin, skipped).__mro__ if "__init__" in k.__dict__)   # V2's is V1's
+    real = base.__init__
+
+    class Skipping(plugins["DualPlaneGemv"]):
+        def __init__(self, *args, **kwargs):
+            base.__init__ = lambda self: None                             # that base's __init__ does nothing here
+            try:
+                super().__init__(*args, **kwargs)
+            finally:
+                base.__init__ = real
+    with pytest.raises(ConformanceError, match=r"create_plugin\(\) raised TypeError: .*__init__\(\) must be called"):
+        drive(creator_cls(Skipping), _gemv_inputs(gen)[0])
+    drive(creator_cls(plugins["DualPlaneGemv"]), _gemv_inputs(gen)[0])   # every base initialised: it builds
+
+
 def test_plugin_fields_take_buffers_of_their_declared_type():
     """PluginField's data is bound as a buffer and read as the declared C type: a list, or an int64 buffer declared
     INT32, is refused when the field is made."""
