@@ -149,6 +149,16 @@ def _shapes(c, plugin, build, inputs, num_outputs) -> list[tuple]:
     return [tuple(trt.evaluated(e) for e in d) for d in out]
 
 
+def _at_build(desc: trt.PluginTensorDesc, max_dims) -> trt.DynamicPluginTensorDesc:
+    """An input as the builder describes it to supports_format_combination and configure_plugin: -1 in `desc.dims`
+    wherever the profile's range is open (the inputs' shape is its min and opt, `max_dims` its max), the range in
+    min / opt / max (NvInferRuntime.h v10.3.0, DynamicPluginTensorDesc: "desc.dims ... -1 for dynamic dimensions")."""
+    top = desc.dims if max_dims is None else max_dims
+    wild = [d if d == m else -1 for d, m in zip(desc.dims, top)]
+    return trt.DynamicPluginTensorDesc(trt.PluginTensorDesc(wild, desc.type, desc.format, desc.scale),
+                                       min=desc.dims, opt=desc.dims, max=top)
+
+
 def _garbage(shape, dtype, gen) -> torch.Tensor:
     """Fake data as the builder's timing runs have it: arbitrary bytes."""
     n = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
@@ -193,7 +203,7 @@ def build(creator, inputs: list[torch.Tensor], namespace: str | None = None, see
     out_shapes = _shapes(c, plugin, build_, inputs, n_out)
     in_desc = [_desc(t) for t in inputs]
     out_desc = [trt.PluginTensorDesc(s, t, trt.TensorFormat.LINEAR) for s, t in zip(out_shapes, out_types)]
-    dyn_in = [trt.DynamicPluginTensorDesc(d, max=m) for d, m in zip(in_desc, max_shapes or [None] * len(inputs))]
+    dyn_in = [_at_build(d, m) for d, m in zip(in_desc, max_shapes or [None] * len(inputs))]
     dyn_out = [trt.DynamicPluginTensorDesc(d) for d in out_desc]
     for pos in range(len(inputs) + n_out):
         if not c(build_, "supports_format_combination", pos, dyn_in + dyn_out, len(inputs)):   # cast<bool>

@@ -47,6 +47,12 @@ def test_pingpong_kv_binding_equals_the_aliased_binding_over_a_decode_schedule(g
     assert aliased["aliases"] == {1: 3, 2: 4, 3: 5} and pingpong["aliases"] == {}
     window = [int(f.data[0]) for f in pingpong["fields"] if f.name == KV_WINDOW_FIELD]
     assert window == [WIDEST], "the profile's largest pass is serialized with the engine"
+
+    class FromDims(attention):                # reads the pass width from desc.dims: a wildcard at build
+        def configure_plugin(self, inp, out):
+            self.kv_window = int(inp[0].desc.dims[1])
+    wild = build(creator_cls(FromDims), example, max_shapes=widest, aliasing=False)
+    assert [int(f.data[0]) for f in wild["fields"]] == [-1], "the builder's desc.dims holds -1 where T ranges"
     rt_a, rt_p = load(creator, aliased), load(creator, pingpong)
 
     one = _planes(gen, False)                                  # the aliased cache: one set, in place
