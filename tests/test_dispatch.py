@@ -41,7 +41,7 @@ def test_attention_is_batch_invariant_under_every_blas_kernel(core):
     if core not in openblas_core_types():
         pytest.skip(f"this CPU or numpy build cannot run OpenBLAS's {core} kernels")
     env = dict(os.environ, OPENBLAS_CORETYPE=core, TRITON_INTERPRET="1")
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_kernels.py",
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "tests/test_kernels.py",
                           "-k", "is_batch_invariant and 133"], capture_output=True, text=True, env=env, cwd=ROOT,
                          timeout=600)
     assert run.returncode == 0 and " passed" in run.stdout, run.stdout[-3000:]
