@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,13 +20,19 @@ from edge.analysis.bench_replay import (alpha_from_tokens_per_round, expected_to
                                         replay_generation)
 from edge.analysis.machine import PROBE_LLC_MULTIPLE, llc_bytes, machine, probe_bytes
 from edge.analysis.peers import shipped_gguf
-from edge.analysis.synthetic_gguf import SCALE, synthetic_gguf, tensor_shapes
+from edge.analysis.synthetic_gguf import (BYTES, FILLER, SCALE, SPECIAL, donor_tokenizer, synthetic_gguf,
+                                          synthetic_gguf_problem, tensor_shapes)
+from edge.memory.model_shapes import BENCH_SHAPES, MODEL_PRESETS
 from edge.model.arch import ModelConfig
 from export import commands
 
 TINY = ModelConfig(architecture="LlamaForCausalLM", family="llama", hidden_size=128, intermediate_size=256,
                    num_layers=2, num_heads=2, num_kv_heads=1, head_dim=64, vocab_size=49152, rms_norm_eps=1e-5,
                    rope_theta=1e5, tie_word_embeddings=True, attention_bias=False, max_position_embeddings=2048)
+# Qwen2.5's vocabulary, biases and untied head at a tiny width (llama.cpp's qwen2 needs heads x head_dim = hidden)
+TINY_QWEN2 = ModelConfig(architecture="Qwen2ForCausalLM", family="qwen2", hidden_size=64, intermediate_size=128,
+                         num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32, vocab_size=151936, rms_norm_eps=1e-6,
+                         rope_theta=1e6, tie_word_embeddings=False, attention_bias=True, max_position_embeddings=2048)
 
 
 @pytest.fixture(scope="module")
@@ -135,12 +142,11 @@ def test_the_synthetic_gguf_has_the_shapes_and_the_tokenizer(tmp_path):
     path = synthetic_gguf(TINY, "tiny", shipped_gguf(), tmp_path)
     assert synthetic_gguf(TINY, "tiny", shipped_gguf(), tmp_path) == path           # written once
     assert [p.name for p in tmp_path.iterdir()] == [path.name]                      # no temporary left
-    r, src = gguf.GGUFReader(str(path)), gguf.GGUFReader(str(shipped_gguf()))
-    value = lambda rd, k: rd.fields[k].parts[-1].tolist()[0]
-    assert (value(r, "llama.embedding_length"), value(r, "llama.block_count"), value(r, "llama.feed_forward_length"),
-            value(r, "llama.attention.head_count"), value(r, "llama.attention.head_count_kv")) == (128, 2, 256, 2, 1)
-    template = lambda rd: bytes(rd.fields["tokenizer.chat_template"].parts[-1])
-    assert template(r) == template(src)
+    r = gguf.GGUFReader(str(path))
+    value = lambda k: r.fields[k].contents()
+    assert (value("llama.embedding_length"), value("llama.block_count"), value("llama.feed_forward_length"),
+            value("llama.attention.head_count"), value("llama.attention.head_count_kv")) == (128, 2, 256, 2, 1)
+    assert value("tokenizer.chat_template") == donor_tokenizer(shipped_gguf())["tokenizer.chat_template"][1]
     assert len(r.fields["tokenizer.ggml.tokens"].data) == 49152
     want = tensor_shapes(TINY)
     assert {t.name: tuple(int(x) for x in reversed(t.shape)) for t in r.tensors} == want
@@ -153,13 +159,102 @@ def test_the_synthetic_gguf_has_the_shapes_and_the_tokenizer(tmp_path):
 
 
 def test_a_gguf_shape_llamacpp_cannot_take_is_one_line(tmp_path):
-    from dataclasses import replace
-
     from edge.errors import BitNestError
-    with pytest.raises(BitNestError, match="vocabulary 1000"):
-        synthetic_gguf(replace(TINY, vocab_size=1000), "x", shipped_gguf(), tmp_path)
+    with pytest.raises(BitNestError, match="at least 259 tokens, not 100"):
+        synthetic_gguf(replace(TINY, vocab_size=100), "x", shipped_gguf(), tmp_path)
     with pytest.raises(BitNestError, match="multiple of 32"):
         synthetic_gguf(replace(TINY, intermediate_size=200), "x", shipped_gguf(), tmp_path)
+    with pytest.raises(BitNestError, match="heads x head_dim = hidden"):
+        synthetic_gguf(replace(TINY_QWEN2, head_dim=64), "x", shipped_gguf(), tmp_path)
+    with pytest.raises(BitNestError, match="not gemma"):
+        synthetic_gguf(replace(TINY, family="gemma"), "x", shipped_gguf(), tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+def test_every_bench_shape_has_a_synthetic_gguf():
+    assert {n: synthetic_gguf_problem(MODEL_PRESETS[n], shipped_gguf()) for n in BENCH_SHAPES} == \
+        dict.fromkeys(BENCH_SHAPES)
+
+
+def _tensors(reader) -> dict[str, tuple]:
+    """GGUF tensor name -> (numpy-order shape, type) as `reader` holds them."""
+    return {t.name: (tuple(int(x) for x in reversed(t.shape)), t.tensor_type) for t in reader.tensors}
+
+
+def _assert_tensors(reader, cfg: ModelConfig) -> None:
+    """`cfg`'s tensors: weights Q8_0, norms and biases F32."""
+    import gguf
+    q80, f32 = gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.F32
+    want = {t: (shape, q80 if len(shape) == 2 else f32) for t, shape in tensor_shapes(cfg).items()}
+    assert _tensors(reader) == want
+
+
+@pytest.fixture(scope="module")
+def gguf_cache(tmp_path_factory):
+    """One folder for the module: a file written by one test is reused (not rewritten) by the next."""
+    return tmp_path_factory.mktemp("gguf")
+
+
+def test_a_qwen2_shape_is_a_qwen2_gguf_with_biases_and_its_own_head(gguf_cache):
+    import gguf
+    r = gguf.GGUFReader(str(synthetic_gguf(TINY_QWEN2, "tiny-qwen2", shipped_gguf(), gguf_cache)))
+    value = lambda k: r.fields[k].contents()
+    assert value("general.architecture") == "qwen2"
+    assert (value("qwen2.embedding_length"), value("qwen2.block_count"), value("qwen2.feed_forward_length"),
+            value("qwen2.attention.head_count"), value("qwen2.attention.head_count_kv"),
+            value("qwen2.rope.dimension_count"), value("qwen2.vocab_size")) == (64, 2, 128, 2, 1, 32, 151936)
+    assert value("qwen2.rope.freq_base") == 1e6 and not any(k.startswith("llama.") for k in r.fields)
+    _assert_tensors(r, TINY_QWEN2)
+    names = {t.name for t in r.tensors}
+    assert {f"blk.1.attn_{p}.bias" for p in "qkv"} <= names and "output.weight" in names
+    assert "output.weight" not in tensor_shapes(replace(TINY_QWEN2, tie_word_embeddings=True))
+    # the donor's 49,152 tokens, then unused fillers to Qwen2.5's 151,936: prompts tokenize as the default model's
+    tokens, donor = value("tokenizer.ggml.tokens"), donor_tokenizer(shipped_gguf())
+    n = len(donor["tokenizer.ggml.tokens"][1])
+    assert len(tokens) == 151936 and tokens[:n] == donor["tokenizer.ggml.tokens"][1]
+    assert tokens[n] == FILLER.format(n) and tokens[-1] == FILLER.format(151935)
+    types = value("tokenizer.ggml.token_type")
+    assert len(types) == 151936 and set(types[n:]) == {gguf.TokenType.UNUSED}
+    assert value("tokenizer.chat_template") == donor["tokenizer.chat_template"][1]
+    assert "padded with unused tokens" in value("general.name")
+
+
+def test_a_llama3_shape_has_its_vocabulary_of_128256(gguf_cache):
+    import gguf
+    cfg = replace(TINY, hidden_size=64, num_heads=1, vocab_size=128256)
+    r = gguf.GGUFReader(str(synthetic_gguf(cfg, "tiny-llama3", shipped_gguf(), gguf_cache)))
+    value = lambda k: r.fields[k].contents()
+    assert value("general.architecture") == "llama" and value("llama.vocab_size") == 128256
+    assert len(r.fields["tokenizer.ggml.tokens"].data) == 128256
+    _assert_tensors(r, cfg)                                     # tied, no bias: no output.weight, no .bias
+    assert not any(t.name == "output.weight" or t.name.endswith(".bias") for t in r.tensors)
+
+
+def test_a_vocabulary_smaller_than_the_donors_is_synthetic(gguf_cache):
+    import gguf
+    cfg = replace(TINY, vocab_size=32000, tie_word_embeddings=False)
+    r = gguf.GGUFReader(str(synthetic_gguf(cfg, "tiny-llama2", shipped_gguf(), gguf_cache)))
+    value = lambda k: r.fields[k].contents()
+    tokens, types = value("tokenizer.ggml.tokens"), value("tokenizer.ggml.token_type")
+    assert value("tokenizer.ggml.model") == "llama" and len(tokens) == len(types) == 32000
+    assert tokens[:len(SPECIAL) + len(BYTES)] == [*SPECIAL, *BYTES] and tokens[-1] == "tok31999"
+    assert tokens[len(SPECIAL) + 0x41] == "<0x41>" and types[len(SPECIAL) + 0x41] == gguf.TokenType.BYTE
+    assert (value("tokenizer.ggml.unknown_token_id"), value("tokenizer.ggml.bos_token_id"),
+            value("tokenizer.ggml.eos_token_id")) == (0, 1, 2)
+    assert set(types[len(SPECIAL) + len(BYTES):]) == {gguf.TokenType.NORMAL}
+    assert "synthetic vocabulary" in value("general.name")
+    _assert_tensors(r, cfg)
+
+
+@pytest.mark.parametrize("cfg, name", [(TINY_QWEN2, "tiny-qwen2"), (replace(TINY, vocab_size=32000), "tiny-llama2")],
+                         ids=["qwen2-padded-vocabulary", "llama-synthetic-vocabulary"])
+def test_llamacpp_loads_and_decodes_the_synthetic_gguf(gguf_cache, cfg, name):
+    pytest.importorskip("xllamacpp", reason="llama.cpp's wheel (the bench extra) is not installed")
+    from edge.analysis.peers import LlamaCpp
+    llm = LlamaCpp(synthetic_gguf(cfg, name, shipped_gguf(), gguf_cache), threads=1, n_ctx=256)
+    tokens, seconds = llm.decode([{"role": "user", "content": "Name three rivers."}], 8)
+    assert tokens == 8 and seconds > 0
+    assert llm.timings["prompt_n"] > 0
 
 
 # -- --shape through every runner ---------------------------------------------------------------------------------
@@ -211,8 +306,6 @@ def test_a_shape_bench_measures_replays_and_projects_in_separate_processes(small
 def test_passes_only_times_each_r4_layout_in_a_process_of_its_own():
     """--passes-only at a shape whose legacy and online R4 differ (448: (224, 2) and (28, 16)): one fresh process per
     layout, pass times for every width and view, the ratios speculation depends on."""
-    from dataclasses import replace
-
     from edge.analysis.bench_passes import bench_passes
     d = bench_passes(replace(TINY, intermediate_size=448), "tiny", ["online", "legacy", "none"], 1, 1, 1, "auto", 4)
     lay = d["layouts"]
@@ -239,14 +332,19 @@ def test_an_unknown_shape_is_one_line_naming_the_known_ones(capsys):
     (["--acceptance-from", "x.json"], "goes with --shape"),
     (["--passes-only"], "go with --shape"),
     (["--shape", "qwen2.5-1.5b", "--r4", "legacy"], "--r4 goes with --passes-only"),
-    (["--shape", "qwen2.5-1.5b"], "no llama.cpp peer (a synthetic GGUF is written for Llama shapes only, not qwen2)"),
-    (["--shape", "llama-3-8b"], "vocabulary 49152) cannot lend its tokenizer to a Llama of vocabulary 128256"),
     (["--shape", "smollm2-360m", "--acceptance-from", "/nonexistent/bench.json"], "no such file"),
 ])
 def test_bad_bench_options_are_one_line(small, capsys, argv, says):
     rc, out, err = _cli(capsys, "--checkpoint", small, *argv)
     lines = err.strip().splitlines()
     assert rc == 2 and len(lines) == 1 and says in lines[0] and "Traceback" not in err, err
+
+
+def test_a_shape_llamacpp_cannot_take_is_refused_before_any_work():
+    """Every preset has a synthetic GGUF; a family llama.cpp's writer lacks is refused before the checkpoint is read."""
+    from edge.errors import BitNestError
+    with pytest.raises(BitNestError, match=r"--shape tiny-gemma: no llama.cpp peer \(.*not gemma\): use --peer none"):
+        shape_mod.bench_shape(_shape_args(), replace(TINY, family="gemma"), "tiny-gemma", "/nonexistent/checkpoint")
 
 
 def test_a_runner_that_cannot_load_is_one_line_and_leaves_no_process(small, capsys):

@@ -1,13 +1,15 @@
 """Decode speed on this machine, in one run and fair: this runtime's policies on a backend (default `auto`: native where
-it builds) against llama.cpp on the same model's GGUF (as shipped, a Q8_0 made from it, and llama.cpp's own draft-model
-speculation over the two) and transformers'
-float32 `generate`, at the same thread count, on the same real prompts, beside a DRAM read probe; with --shape, the
-same at a real model's shapes that stream from DRAM (edge.analysis.bench_shape).
+it builds) against llama.cpp on the same model's GGUF (the `xllamacpp` wheel, built for AVX2: as shipped, a Q8_0
+re-quantized from it, and llama.cpp's own draft-model speculation over the two, its draft the shipped 4-bit file of
+the same model; with --peer llamacpp-native, llama.cpp built for this CPU, edge.analysis.llamacpp_native) and
+transformers' float32 `generate`, at the same thread count, on the same real prompts, beside a DRAM read probe; with
+--shape, the same at a real model's shapes that stream from DRAM (edge.analysis.bench_shape).
 
     bitnest bench [--checkpoint DIR] [--backend B] [--prompts N] [--max-new-tokens N] [--repeats R] [--threads T]
-                  [--policy P (repeatable)] [--peer llamacpp|hf|none (repeatable)] [--pass-repeats N]
+                  [--policy P (repeatable)] [--peer llamacpp|llamacpp-native|hf|none (repeatable)] [--pass-repeats N]
                   [--shape NAME [--acceptance-from FILE]] [--json]
     bitnest bench --shape NAME --passes-only [--r4 online|legacy|none (repeatable)] [--rounds N] [--pass-repeats N]
+                  [--prefill N] [--peer llamacpp-native]
 
 Every runner (each policy, each peer, the probe) runs in its own fresh process (edge.analysis.bench_process) with the
 same threads; each loads its model once and warms up; the repeats interleave the runners, one working at a time, so
@@ -15,8 +17,10 @@ drift in the machine's speed falls on all of them. Every figure is a median over
 (prefill excluded; every generation runs exactly --max-new-tokens tokens, EOS ignored, as llama.cpp's `ignore_eos`).
 Ratios are taken within this run; `*_roofline_fraction` is a policy's weight bytes per second over the probe's read
 bandwidth, the probe's buffer at least 4x the last-level cache (edge.analysis.machine). Pass times per view and width
-are measured in the target runner's process after the repeats. With --passes-only, the pass times alone at a shape,
-per R4 layout (edge.analysis.bench_passes).
+are measured in the target runner's process after the repeats. Each policy's prefill tok/s (its prompts' prefill,
+timed apart from decode) is in its run's entry, llama-bench's pp beside it. With --passes-only, the pass times and a
+prefill of --prefill tokens alone at a shape, per R4 layout, beside native llama.cpp's pp and tg on GGUFs of the same
+shapes (edge.analysis.bench_passes).
 """
 
 import argparse
@@ -27,6 +31,7 @@ from edge.analysis.bench_common import (
     ISOLATION,
     RATIO_PEERS,
     cache_folder,
+    native_spec,
     default_threads,
     llama_spec,
     paired_ratios,
@@ -51,7 +56,7 @@ from edge.model.checkpoint import read_manifest
 from edge.memory.model_shapes import BENCH_SHAPES, MODEL_PRESETS
 from edge.memory.synthetic import R4_LAYOUTS
 
-PEERS = ("llamacpp", "hf", "none")
+PEERS = ("llamacpp", "llamacpp-native", "hf", "none")
 DEFAULT_POLICIES = ("target", "speculative", "adaptive", "draft", "auto")
 SHAPES = BENCH_SHAPES
 def bench(a, ckpt: str, command: str = "") -> dict:
@@ -72,6 +77,13 @@ def bench(a, ckpt: str, command: str = "") -> dict:
         if shipped != q80:   # llama.cpp's own speculation: the Q8_0 verifies, the shipped GGUF drafts (up to γ)
             specs["llamacpp_speculative"] = llama_spec(q80, texts, a.max_new_tokens, threads, draft=shipped,
                                                        draft_max=a.gamma)
+    if "llamacpp-native" in peers:     # built once per machine before any timing (minutes)
+        from edge.analysis.llamacpp_native import ensure_built
+        ensure_built(cache_folder())
+        shipped = source_gguf(manifest)
+        for name, path in ((f"llamacpp_native_{quant_label(shipped)}", shipped),
+                           ("llamacpp_native_q8_0", q8_0_gguf(shipped, cache_folder() / "gguf"))):
+            specs[name] = native_spec(path, prompts, a.max_new_tokens, threads)
     if "hf" in peers:
         folder = manifest.get("source", {}).get("folder")
         if not folder:
@@ -147,6 +159,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--r4", action="append", choices=R4_LAYOUTS, help="with --passes-only: the R4 layout of the "
                    "synthetic checkpoint (repeatable; default online): the online rule's factors, the legacy rule's "
                    "(checkpoints exported before issue 34), or none")
+    p.add_argument("--prefill", type=count(0), default=512, help="with --passes-only: tokens of the timed prefill "
+                   "(0: none)")
     p.add_argument("--rounds", type=count(), default=1, help="with --passes-only: times each layout is loaded and "
                    "timed, in turn")
     add_draft_head_arguments(p)
@@ -170,8 +184,12 @@ def main(argv=None, default_checkpoint=None) -> int:
             raise BitNestError(f"unknown shape {a.shape!r}: use one of {', '.join(SHAPES)}")
         if a.passes_only:
             from edge.analysis.bench_passes import bench_passes
+            peers = set(a.peer or ()) - {"none"}
+            if peers - {"llamacpp-native"}:
+                raise BitNestError("--passes-only takes --peer llamacpp-native (llama-bench built for this CPU) or none")
             return bench_passes(MODEL_PRESETS[a.shape], a.shape, a.r4 or ["online"], a.rounds, a.pass_repeats,
-                                a.threads or default_threads(), a.backend, a.gamma, command.strip())
+                                a.threads or default_threads(), a.backend, a.gamma, command.strip(), a.prefill,
+                                "llamacpp-native" in peers, cache_folder())
         if a.r4:
             raise BitNestError("--r4 goes with --passes-only")
         from edge.analysis.bench_shape import bench_shape

@@ -14,10 +14,11 @@ MINE = ("speculative", "adaptive", "auto", "target", "draft")
 # peer run -> its label in ratio names
 RATIO_PEERS = {"target": "target", "llamacpp_q8_0": "llamacpp_q8", "llamacpp_q4_1": "llamacpp_q4_1",
                "llamacpp_q4_k_m": "llamacpp_q4_k_m", "llamacpp_speculative": "llamacpp_speculative",
-               "hf_fp32": "hf_fp32"}
+               "llamacpp_native_q8_0": "llamacpp_native_q8", "llamacpp_native_q4_1": "llamacpp_native_q4_1",
+               "llamacpp_native_q4_k_m": "llamacpp_native_q4_k_m", "hf_fp32": "hf_fp32"}
 ISOLATION = "process per runner"
 STAT_KEYS = ("acceptance", "drafted", "tokens_per_round", "weight_bytes_per_token", "kv_bytes_per_token",
-             "draft_passes", "target_passes", "policy_stats")
+             "draft_passes", "target_passes", "policy_stats", "prefill_tokens", "prefill_tok_s", "system_info")
 
 
 def cache_folder() -> Path:
@@ -54,6 +55,13 @@ def llama_spec(gguf: Path, texts: list[str], n: int, threads: int, draft: Path |
     """A llama.cpp runner on `gguf`; with `draft`, llama.cpp's own speculation (`draft` proposes up to `draft_max`)."""
     extra = {} if draft is None else {"draft": str(draft), "draft_max": draft_max}
     return {"kind": "llamacpp", "threads": threads, "gguf": str(gguf), "texts": texts, "max_new_tokens": n, **extra}
+
+
+def native_spec(gguf: Path, prompts: list, n: int, threads: int) -> dict:
+    """llama.cpp built for this CPU on `gguf`: pp at the prompts' median length, tg of `n` tokens."""
+    from edge.cache import cache_root
+    return {"kind": "llamacpp_native", "threads": threads, "gguf": str(gguf),
+            "prompt_tokens": int(statistics.median(map(len, prompts))), "max_new_tokens": n, "cache": str(cache_root())}
 
 
 def run_all(specs: dict, repeats: int, pass_runner: str | None, pass_repeats: int) -> tuple[dict, dict, dict | None]:

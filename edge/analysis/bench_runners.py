@@ -37,6 +37,22 @@ def pass_times(eng, prompt: list[int], widths=PASS_WIDTHS, repeats: int = 15) ->
     return {"context": len(prompt), "repeats": repeats, "ms": out}
 
 
+def prefill_times(eng, tokens: int, repeats: int = 3) -> dict:
+    """Median seconds of a prefill of `tokens` token ids into an empty cache (the engine's own chunks, the target
+    view, the last token's logits only), and the tok/s that gives: what a prompt costs before the first new token."""
+    vocab = eng.ckpt.config.vocab_size
+    ids = [100 + (7 * i) % (vocab - 100) for i in range(tokens)]
+    times = []
+    for _ in range(repeats + 1):                           # the first is a warm-up of this length's workspace
+        eng.reset("prefill-times")
+        t0 = time.perf_counter()
+        eng.prefill(ids)
+        times.append(time.perf_counter() - t0)
+    s = statistics.median(times[1:])
+    return {"tokens": tokens, "repeats": repeats, "seconds": round(s, 4), "tok_s": round(tokens / s, 2),
+            "seconds_samples": [round(t, 4) for t in times[1:]]}
+
+
 def _recording(eng, rounds: list) -> None:
     """Record every speculative round's [drafted, accepted] per generation into `rounds` (one list per reset), as
     the generation loop reports them to the stats (edge.decode.generate): the real model's acceptance sequence
@@ -115,13 +131,15 @@ class PolicyRunner:
 class SyntheticRunner:
     """A synthetic nested checkpoint of `config`'s shapes (edge.memory.synthetic: random planes, built in this
     process, with a default export's online R1 and R4 of the `r4` layout) on a backend: `mode` target or draft (AR),
-    or replay (speculation at γ following recorded rounds)."""
+    or replay (speculation at γ following recorded rounds); a cache of at least `min_capacity` positions (a long
+    prefill's)."""
 
-    OPS = ("run", "pass_times")
+    OPS = ("run", "pass_times", "prefill_times")
 
     def __init__(self, config: dict, backend: str, mode: str, max_new_tokens: int, prompts: list, gamma: int,
                  rounds: list | None = None, seed: int = 0, draft_head: str | None = None,
-                 shortlist_k: int | None = None, draft_vocab: int | None = None, r4: str = "online"):
+                 shortlist_k: int | None = None, draft_vocab: int | None = None, r4: str = "online",
+                 min_capacity: int = 0):
         from edge.backends import make_engine, resolve_backend
         from edge.memory.synthetic import synthetic_checkpoint, with_online_rotations
         from edge.model.arch import ModelConfig
@@ -136,7 +154,7 @@ class SyntheticRunner:
         ckpt = set_draft_head(synthetic_checkpoint(cfg, "cpu", seed=seed, head_nested=True, draft_head="8bit"),
                               draft_head, shortlist_k, draft_vocab)
         ckpt = with_online_rotations(ckpt, r4, seed)
-        capacity = max(len(p) for p in prompts) + max(max_new_tokens, WARMUP_TOKENS) + gamma + 2
+        capacity = max(max(len(p) for p in prompts) + max(max_new_tokens, WARMUP_TOKENS) + gamma + 2, min_capacity)
         self.eng = make_engine(self.backend, ckpt, capacity, scratch=gamma + 1)
         self.mode, self.prompts, self.rounds, self.n = mode, prompts, rounds, max_new_tokens
         self._one(0, WARMUP_TOKENS)
@@ -158,6 +176,9 @@ class SyntheticRunner:
 
     def pass_times(self, repeats: int = 15) -> dict:
         return pass_times(self.eng, self.prompts[0], repeats=repeats)
+
+    def prefill_times(self, tokens: int, repeats: int = 3) -> dict:
+        return prefill_times(self.eng, tokens, repeats)
 
 
 class LlamaRunner:
@@ -186,6 +207,29 @@ class LlamaRunner:
         tokens, seconds = sum(d[0] for d in done), sum(d[1] for d in done)
         out = {"tok_s": round(tokens / seconds, 2), "tokens": tokens}
         return out if not drafted else {**out, "acceptance": round(accepted / drafted, 4), "drafted": drafted}
+
+
+class NativeLlamaRunner:
+    """llama.cpp built for this CPU (edge.analysis.llamacpp_native) on one GGUF: each repeat one `llama-bench` process,
+    a pp test of the prompts' median length and a tg test of `max_new_tokens` (random token ids, no sampler: bare
+    passes, as this runtime's pass times; its tg starts from an empty cache)."""
+
+    OPS = ("run",)
+
+    def __init__(self, gguf: str, threads: int, prompt_tokens: int, max_new_tokens: int, cache: str):
+        from edge.analysis.llamacpp_native import binary
+        self.tool = binary(Path(cache))
+        if self.tool is None:
+            raise RuntimeError("no native llama.cpp build: edge.analysis.llamacpp_native.ensure_built runs first")
+        self.gguf, self.threads, self.p, self.n = Path(gguf), threads, prompt_tokens, max_new_tokens
+        self.info = {"gguf": self.gguf.name, "native": True}
+
+    def run(self) -> dict:
+        from edge.analysis.llamacpp_native import llama_bench, system_info, test_rate
+        records = llama_bench(self.tool, self.gguf, self.threads, prompt=self.p, gen=self.n)
+        tg, pp = test_rate(records, "tg"), test_rate(records, "pp")
+        return {"tok_s": tg["tok_s"], "tokens": tg["tokens"], "prefill_tokens": pp["tokens"],
+                "prefill_tok_s": pp["tok_s"], "system_info": system_info(records)}
 
 
 class HfRunner:
@@ -231,8 +275,8 @@ class ProbeRunner:
         return {"gbps": round(self.probe.gbps(self.repeats), 2)}
 
 
-RUNNERS = {"policy": PolicyRunner, "synthetic": SyntheticRunner, "llamacpp": LlamaRunner, "hf": HfRunner,
-           "probe": ProbeRunner}
+RUNNERS = {"policy": PolicyRunner, "synthetic": SyntheticRunner, "llamacpp": LlamaRunner,
+           "llamacpp_native": NativeLlamaRunner, "hf": HfRunner, "probe": ProbeRunner}
 
 
 def make_runner(spec: dict):

@@ -1,9 +1,9 @@
 """`bitnest bench --shape NAME`: the memory-bound regime, measured at a real model's shapes that this machine's cache
 cannot hold (edge.memory.model_shapes.BENCH_SHAPES). A synthetic nested checkpoint of those shapes (random planes and a
 default export's online rotations, built in each runner's process) gives pass times per view and width and target and
-draft AR tok/s; llama.cpp decodes a GGUF of the same shapes (random Q8_0 blocks, edge.analysis.synthetic_gguf: for
-now only Llama shapes of the default model's tokenizer, SmolLM2-360M and 1.7B; the others run with --peer none); the
-read probe gives the DRAM roofline. Random weights have no meaningful acceptance, so speculation is **replayed** (real passes, the
+draft AR tok/s; llama.cpp decodes a GGUF of the same shapes (random Q8_0 blocks, the model's architecture, biases and
+head, the default model's tokenizer padded to the shape's vocabulary: edge.analysis.synthetic_gguf); the read probe
+gives the DRAM roofline. Random weights have no meaningful acceptance, so speculation is **replayed** (real passes, the
 accept/reject decisions of rounds recorded on the default model at the same γ on the same prompts: in this run, or
 from --acceptance-from FILE) and **projected** from the pass times and the real model's acceptance
 (edge.analysis.bench_replay). Every runner in its own process, same threads, repeats interleaved."""
