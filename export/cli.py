@@ -62,9 +62,10 @@ def parser() -> argparse.ArgumentParser:
                    "with --onnx / --engine, build only those")
     p.add_argument("--max-context", type=count(2), default=2048, help="engine profile: largest KV capacity")
     p.add_argument("--max-tokens", type=count(), default=5, help="engine profile: largest pass (γ+1)")
-    p.add_argument("--kv-binding", choices=("auto", "aliased", "pingpong"), default="auto",
-                   help="engine KV planes: aliased (in place), pingpong (separate input and output buffers swapped each "
-                   "pass), or auto: aliased unless TensorRT's verbose build log shows plane copies (docs/tensorrt.md)")
+    p.add_argument("--kv-binding", choices=("auto", "aliased", "pingpong"), default="pingpong",
+                   help="engine KV planes: pingpong (default: separate input and output buffers swapped each pass; "
+                   "refused where the engine still copies a plane), aliased (in place, on request), or auto: aliased "
+                   "unless the engine inspector shows plane copies (docs/tensorrt.md)")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
     return p
 

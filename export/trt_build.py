@@ -2,8 +2,11 @@
 (export.trt_readiness), local functions inlined to standard ops, parsed from a file, the `bitnest` nodes bound to
 the Python IPluginV3 plugins (plugins.trt_plugins, their plane outputs aliased to their inputs), TF32 off, one
 optimization profile for the pass size M and the KV capacity C, serialized atomically beside the ONNX file.
-The KV planes are bound aliased (in place) or ping-pong (edge.backends.tensorrt_kv); the verbose build log is read
-for copies of the planes (export.trt_log) and the choice and the copies go to the engine's build record beside it.
+The KV planes are bound ping-pong by default (separate input and output buffers, edge.backends.tensorrt_kv) or, on
+request, aliased (in place); the engine is built at ProfilingVerbosity.DETAILED and its inspector's layer list decides
+whether TensorRT inserted copies of the planes (export.trt_inspect; the verbose log's copy lines, export.trt_log, are
+kept as evidence). A ping-pong build with a plane copy is refused; `auto` takes the aliased build unless it holds one.
+The choice, the copies and the catch-up window the runtime plugin read go to the engine's build record beside it.
 Runs where TensorRT >= 10.3 and a CUDA GPU exist (a Jetson on JetPack 6.1/6.2); elsewhere it refuses with the
 reason."""
 
@@ -75,7 +78,8 @@ def attention_layers(model) -> list[str]:
 
 def _build_once(trt, onnx_path: Path, shapes: StepShapes, profile: ProfileSpec, aliasing: bool,
                 workspace_mib: int):
-    """(serialized engine, plane copy lines of its verbose build log) of one build, KV planes aliased or not."""
+    """(serialized engine, what it holds) of one build, KV planes aliased or not: the engine inspector's plane copies,
+    the verbose build log's copy lines and the catch-up window of the runtime plugins made from it (runtime_facts)."""
     from export.trt_log import capturing_logger, plane_copies
     logger = capturing_logger(trt)
     builder = trt.Builder(logger)
@@ -95,6 +99,9 @@ def _build_once(trt, onnx_path: Path, shapes: StepShapes, profile: ProfileSpec, 
     # TF32 is on by default (NvInfer.h, BuilderFlag::kTF32: "Enabled by default"): it would round the float32
     # head, rotations and norms to 10-bit mantissas before the INT8 quantizers read them.
     config.clear_flag(trt.BuilderFlag.TF32)
+    # each layer's inputs and outputs in the engine inspector's JSON (NvInfer.h v10.3.0, ProfilingVerbosity::kDETAILED:
+    # "Register layer names and layer parameters"; the default kLAYER_NAMES_ONLY lists names alone)
+    config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
     # aliased: the attention plugin writes the KV entries into its plane inputs, legal only as declared aliasing;
     # ping-pong: the feature stays off, so get_aliased_input is never called (NvInferRuntime.h v10.3.0 line 1119)
     # and the plugin writes only its own outputs (plugins.trt_plugins._attention)
@@ -106,15 +113,44 @@ def _build_once(trt, onnx_path: Path, shapes: StepShapes, profile: ProfileSpec, 
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
         raise BitNestError("TensorRT failed to build the engine (see its log above)")
-    return serialized, plane_copies(logger.lines, layers)
+    return serialized, runtime_facts(trt, serialized, logger, plane_copies(logger.lines, layers))
+
+
+def runtime_facts(trt, serialized, logger, log_copies: list[str]) -> dict:
+    """What the built engine holds: the plane copies its inspector lists, the log's copy lines, and the kv_window each
+    runtime attention plugin was created with (deserializing it creates them from their serialized fields, as a run
+    does: a window of 0 would copy whole planes every pass)."""
+    from export.trt_inspect import engine_information, inspector_plane_copies
+    from plugins.trt_plugins import runtime_windows
+    before = len(runtime_windows())
+    copies = inspector_plane_copies(engine_information(trt, serialized, logger))
+    return {"plane_copies": copies, "log_plane_copies": log_copies, "kv_window": sorted(set(runtime_windows()[before:]))}
+
+
+def choose_binding(kv_binding: str, build) -> tuple:
+    """(binding, serialized engine, its facts, record extras) by the rule of build_engine, `build(aliasing)` giving
+    (serialized, facts) of one build."""
+    extra = {}
+    if kv_binding in (AUTO, ALIASED):
+        serialized, facts = build(True)
+        if kv_binding == ALIASED or not facts["plane_copies"]:
+            return ALIASED, serialized, facts, extra
+        extra["aliased_build_copies"] = facts["plane_copies"]
+    serialized, facts = build(False)
+    if facts["plane_copies"]:
+        raise BitNestError(f"the ping-pong build still copies a KV plane ({facts['plane_copies'][0]}; "
+                           f"{len(facts['plane_copies'])} in all): every pass would copy whole planes, so no engine "
+                           "is written (report it with the build log)")
+    return PINGPONG, serialized, facts, extra
 
 
 def build_engine(onnx_path, profile: ProfileSpec = ProfileSpec(), out=None, workspace_mib: int = 1024,
-                 kv_binding: str = AUTO) -> dict:
+                 kv_binding: str = PINGPONG) -> dict:
     """Build and serialize the engine of the step graph at `onnx_path` (default out: beside it) and its build record
-    (edge.backends.tensorrt_record). `kv_binding`: `aliased` (planes in place), `pingpong` (separate input and output
-    plane buffers, swapped each pass: edge.backends.tensorrt_kv), or `auto`: aliased, unless its verbose build log
-    shows copies of the planes, then ping-pong (both builds' copies recorded)."""
+    (edge.backends.tensorrt_record). `kv_binding`: `pingpong` (the default: separate input and output plane buffers,
+    swapped each pass, edge.backends.tensorrt_kv; refused where the engine still copies a plane), `aliased` (planes
+    in place, TensorRT's aliased plugin I/O: it may insert copies, recorded), or `auto`: aliased unless the engine
+    inspector shows copies of the planes, then ping-pong (the aliased build's copies recorded)."""
     if kv_binding not in (AUTO, *KV_BINDINGS):
         raise ValueError(f"unknown KV binding {kv_binding!r}: use {AUTO}, {', '.join(KV_BINDINGS)}")
     onnx_path = Path(onnx_path)
@@ -136,13 +172,10 @@ def build_engine(onnx_path, profile: ProfileSpec = ProfileSpec(), out=None, work
     shapes = step_shapes_of(onnx.load(str(onnx_path), load_external_data=False))
     record = {"tensorrt": trt.__version__, "profile": {"max_tokens": profile.max_tokens,
                                                        "max_context": profile.max_context}}
-    mode = PINGPONG if kv_binding == PINGPONG else ALIASED
-    serialized, copies = _build_once(trt, onnx_path, shapes, profile, mode == ALIASED, workspace_mib)
-    if kv_binding == AUTO and copies:
-        record["aliased_build_copies"] = copies
-        mode = PINGPONG
-        serialized, copies = _build_once(trt, onnx_path, shapes, profile, False, workspace_mib)
-    record.update(kv_binding=mode, plane_copies=copies)
+    mode, serialized, facts, extra = choose_binding(
+        kv_binding, lambda aliasing: _build_once(trt, onnx_path, shapes, profile, aliasing, workspace_mib))
+    record.update(kv_binding=mode, **facts, **extra,
+                  copies_from="engine inspector (LayerInformationFormat.JSON, ProfilingVerbosity.DETAILED)")
     write_atomic(bytes(serialized), out)
     write_atomic(json.dumps(record, indent=1).encode(), record_path(out))
     return {"engine": str(out), "bytes": out.stat().st_size, **record, "seconds": round(time.time() - t0, 1)}

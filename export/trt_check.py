@@ -4,7 +4,7 @@ self-check's tensorrt path): greedy target-only tokens equal to the reference's,
 self-check's bound. Run by edge.cli.device_check in a process of its own (TensorRT's memory and any crash stay there;
 edge imports no export code) and printing one JSON object:
 
-    python -m export.trt_check --checkpoint DIR [--onnx FILE] [--engine tensorrt|onnxruntime] [--kv-binding auto]
+    python -m export.trt_check --checkpoint DIR [--onnx FILE] [--engine tensorrt|onnxruntime] [--kv-binding pingpong|aliased|auto]
 
 Exit 0 when the engine agrees, 1 when it does not, 2 for bad input. `--engine onnxruntime` runs the same code with
 the graph on the CPU (onnxruntime) standing in for the engine: the device check's dry mode, and the tests, where
@@ -35,11 +35,13 @@ def default_checkpoint(out: Path) -> Path:
     return out
 
 
-def engine_agreement(checkpoint, onnx_path=None, engine: str = "tensorrt", kv_binding: str = "auto",
+def engine_agreement(checkpoint, onnx_path=None, engine: str = "tensorrt", kv_binding: str = "pingpong",
                      tokens: int = 4) -> dict:
     """{"status": passed | failed, "reason", "engine", "prefill_rel_err", "prefill_bound", "tokens",
-    "reference_tokens", ...build record (tensorrt)} of `checkpoint`'s engine against the independent reference."""
-    from edge.checks.reference_agreement import compare_with_reference, reference_and_bound
+    "reference_tokens", ...build record (tensorrt)} of `checkpoint`'s engine against the independent reference. With
+    kv_binding `auto`, an aliased engine that fails to run or disagrees is replaced by a ping-pong one (its failure
+    recorded as `aliased_failed`), not only one whose inspector shows plane copies."""
+    from edge.checks.reference_agreement import reference_and_bound
     from edge.checks.selfcheck import check_prompt
     from edge.model.checkpoint import load_checkpoint
     from export.onnx_export import export_onnx
@@ -51,19 +53,42 @@ def engine_agreement(checkpoint, onnx_path=None, engine: str = "tensorrt", kv_bi
     capacity = len(prompt) + tokens + 8
     onnx_path = Path(onnx_path) if onnx_path else Path(export_onnx(ckpt.path)["onnx"])
     out = {"engine": engine, "checkpoint": str(ckpt.path), "onnx": str(onnx_path)}
-    if engine == "tensorrt":
+    ref, bound = reference_and_bound(ckpt, prompt, tokens, capacity)
+    if engine != "tensorrt":
+        from edge.backends.onnxruntime_step import onnxruntime_engine, open_session
+        session = open_session(onnx_path)
+        make = lambda: onnxruntime_engine(ckpt, capacity, max_tokens=MAX_TOKENS, session=session)  # noqa: E731
+        return _compared(make, ref, prompt, bound, out)
+
+    def attempt(binding: str) -> dict:
         from edge.backends.tensorrt_step import tensorrt_engine
         from export.trt_build import build_engine
         from plugins.step_contract import ProfileSpec
         built = build_engine(onnx_path, ProfileSpec(max_tokens=MAX_TOKENS, max_context=max(capacity, 64)),
-                             kv_binding=kv_binding)
-        out["build"] = built
+                             kv_binding=binding)
         make = lambda: tensorrt_engine(ckpt, capacity, built["engine"])                        # noqa: E731
-    else:
-        from edge.backends.onnxruntime_step import onnxruntime_engine, open_session
-        session = open_session(onnx_path)
-        make = lambda: onnxruntime_engine(ckpt, capacity, max_tokens=MAX_TOKENS, session=session)  # noqa: E731
-    ref, bound = reference_and_bound(ckpt, prompt, tokens, capacity)
+        return _compared(make, ref, prompt, bound, {**out, "build": built})
+    return with_fallback(kv_binding, attempt)
+
+
+def with_fallback(kv_binding: str, attempt) -> dict:
+    """`attempt(kv_binding)`, and for `auto` where that gave an aliased engine that raised or failed, the result of
+    `attempt("pingpong")` with the aliased failure recorded."""
+    from edge.backends.tensorrt_kv import ALIASED, PINGPONG
+    if kv_binding != "auto":
+        return attempt(kv_binding)
+    try:
+        first = attempt("auto")
+        if first["status"] == "passed" or first["build"]["kv_binding"] != ALIASED:
+            return first
+        why = first.get("reason") or "disagreed with the reference"
+    except (BitNestError, RuntimeError) as e:      # the aliased engine could not run
+        why = str(e)
+    return {**attempt(PINGPONG), "aliased_failed": why[:300]}
+
+
+def _compared(make, ref, prompt, bound, out: dict) -> dict:
+    from edge.checks.reference_agreement import compare_with_reference
     a = compare_with_reference(make, ref, prompt, bound)
     return {"status": "passed" if a["agrees"] else "failed", **out, "prefill_bound": bound,
             **{k: v for k, v in a.items() if k != "agrees"}, "tokens_equal": a["tokens"] == a["reference_tokens"]}
@@ -77,7 +102,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--onnx", help="step graph to build from (default: exported from the checkpoint beside it)")
     p.add_argument("--engine", choices=ENGINES, default="tensorrt", help="onnxruntime: the graph on the CPU in "
                    "place of the engine (where TensorRT is absent)")
-    p.add_argument("--kv-binding", choices=("auto", "aliased", "pingpong"), default="auto")
+    p.add_argument("--kv-binding", choices=("auto", "aliased", "pingpong"), default="pingpong",
+                   help="engine KV planes (export.trt_build): pingpong (default), aliased, or auto (aliased unless its "
+                   "engine copies a plane, fails to run or disagrees)")
     p.add_argument("--tokens", type=count(), default=4, help="greedy tokens compared")
     p.add_argument("--json", action="store_true", help="print the JSON object last")
     return p

@@ -24,7 +24,7 @@ import sys
 _KEEP = re.compile(r"copy|reformat", re.IGNORECASE)
 _COPY_NODE = re.compile(r"Reformatting CopyNode for (Input|Output) Tensor (\d+) to (.+?)(?:, Tactic:| \[Op:|\"|$)")
 _COPY_LAYER = re.compile(r"Layer\((?:Reformat|Copy)\)|LayerType: (?:Reformat|Copy)\b|Generating copy for ")
-_PLANE = re.compile(r"(?<![\w.])kv_(?:base|refine|scale)(?:_out)?\.\d+(?![\w])")
+PLANE_TENSOR = re.compile(r"(?<![\w.])kv_(?:base|refine|scale)(?:_out)?\.\d+(?![\w])")
 PLANE_INPUTS, PLANE_OUTPUTS = (3, 4, 5), (1, 2, 3)     # the attention node's plane inputs and outputs (PLUGIN_IO)
 MAX_REPORTED = 12
 
@@ -57,7 +57,7 @@ def plane_copies(lines, attention_layers=()) -> list[str]:
     for line in lines:
         line = line.strip()
         node = _COPY_NODE.search(line)
-        hit = bool((node or _COPY_LAYER.search(line)) and _PLANE.search(line))
+        hit = bool((node or _COPY_LAYER.search(line)) and PLANE_TENSOR.search(line))
         if node and node.group(3).strip() in layers:
             io, index = node.group(1), int(node.group(2))
             hit = hit or index in (PLANE_INPUTS if io == "Input" else PLANE_OUTPUTS)

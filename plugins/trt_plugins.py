@@ -332,6 +332,8 @@ def define_plugins(trt, device: str = "cuda"):
         def create_plugin(self, name, fc, phase):
             plugin = self.plugin_cls(phase, self.plugin_namespace)
             plugin.read_fields(fc)
+            if phase == trt.TensorRTPhase.RUNTIME and self.plugin_cls.name == NESTED_KV_ATTENTION.graph:
+                _runtime_windows.append(plugin.kv_window)
             return plugin
 
     return (DualPlaneGemvPlugin, NestedKvAttentionPlugin), _Creator
@@ -362,6 +364,13 @@ def register_creators(trt, registry, device: str = "cuda") -> list:
 
 
 _creators: list = []
+_runtime_windows: list[int] = []      # the kv_window of every runtime attention plugin created in this process
+
+
+def runtime_windows() -> list[int]:
+    """The catch-up window each runtime attention plugin of this process was created with, in order (the engine build
+    reads it back after deserializing what it built, into its build record)."""
+    return list(_runtime_windows)
 
 
 def register_plugins() -> list[str]:

@@ -4,7 +4,7 @@
 # CUDA graphs (135M and Llama-2-7B shapes, random planes built on the GPU: the checkpoint cannot travel), and the
 # speed-up they project at the real model's measured acceptance, and where TensorRT is importable the SmolLM2 engine
 # (--checkpoint DIR, or an RTN export of the default model made here) against the independent step reference, with
-# the KV binding its build chose and the plane copies TensorRT's verbose build log showed. Writes
+# its ping-pong KV binding, the plane copies its engine inspector lists and its plugins' kv_window. Writes
 # $OUT/device_check.json and, generated from it, $OUT/device_check.md (the docs table). TensorRT is reported and
 # skipped where it is not installed.
 # The JSON is rewritten before and after every section (`running`, `complete`), each section has its own time limit

@@ -66,7 +66,7 @@ def built_engine(small_llama_checkpoint, tmp_path_factory):
     from export.trt_build import build_engine
     onnx_path = export_onnx(small_llama_checkpoint, tmp_path_factory.mktemp("trt") / "decoder_step.onnx")["onnx"]
     return load_checkpoint(small_llama_checkpoint), \
-        build_engine(onnx_path, ProfileSpec(max_tokens=5, max_context=64))["engine"]
+        build_engine(onnx_path, ProfileSpec(max_tokens=5, max_context=64), kv_binding="aliased")["engine"]
 
 
 @pytest.mark.trt
@@ -169,8 +169,8 @@ def test_pingpong_engine_equals_the_aliased_engine(built_engine, tmp_path):
     print("aliased build record", json.loads(record_path(engine).read_text()))
     pp = build_engine(Path(engine).with_name("decoder_step.onnx"), ProfileSpec(max_tokens=5, max_context=64),
                       out=tmp_path / "pingpong.engine", kv_binding="pingpong")
-    print("ping-pong build record", {k: pp[k] for k in ("kv_binding", "plane_copies")})
-    assert pp["kv_binding"] == "pingpong"
+    print("ping-pong build record", {k: pp[k] for k in ("kv_binding", "plane_copies", "log_plane_copies", "kv_window")})
+    assert pp["kv_binding"] == "pingpong" and pp["plane_copies"] == [] and pp["kv_window"] == [5]
     for graphs in (False, True):
         engines = [tensorrt_engine(ckpt, 64, e, graphs=graphs) for e in (engine, pp["engine"])]
         assert engines[1].runner.kv_binding == "pingpong"

@@ -12,9 +12,9 @@ Sections: every kernel against the oracle on the GPU; kernel GB/s against the sa
 the eager launchers, the static passes and their CUDA-graph replays; the speculative speed-up those times project
 at the acceptance measured on the real model (tokens per round x target pass / (γ draft passes + 1 verification));
 TensorRT, where importable: the SmolLM2 engine (a --checkpoint export, or an RTN export of the default model made
-on the spot) built with its KV binding chosen from the verbose build log and run against the independent step
-reference (export.trt_check, in a process of its own: greedy tokens equal, prefill logits within the self-check's
-bound; the binding and any plane copies recorded), skipped with the reason where TensorRT is absent. In the dry run
+on the spot) built with the ping-pong KV binding and run against the independent step reference (export.trt_check,
+in a process of its own: greedy tokens equal, prefill logits within the self-check's bound; the binding, the plane
+copies its engine inspector lists and the runtime plugins' kv_window recorded), skipped with the reason where TensorRT is absent. In the dry run
 with --checkpoint the same section runs with the graph on the CPU (onnxruntime) standing in for the engine. `--dry` runs the same code in the Triton interpreter on
 the CPU at tiny shapes (a test runs it, so a typo costs no device time); its figures mean nothing.
 
@@ -359,9 +359,10 @@ def trt_summary(trt: dict) -> str:
     if trt.get("status") not in ("passed", "failed"):
         return trt.get("reason") or trt.get("status", "not reached")
     build = trt.get("build", {})
-    binding = f", KV {build['kv_binding']}, plane copies in its build log: {len(build['plane_copies'])}" + \
-        (f" (the aliased build's: {len(build['aliased_build_copies'])})" if "aliased_build_copies" in build else "") \
-        if build else ""
+    binding = f", KV {build['kv_binding']}, plane copies in its engine: {len(build['plane_copies'])}" + \
+        (f" (the aliased build's: {len(build['aliased_build_copies'])})" if "aliased_build_copies" in build else "") + \
+        f", runtime kv_window {build.get('kv_window')}" + \
+        (f", aliased engine failed: {trt['aliased_failed']}" if trt.get("aliased_failed") else "") if build else ""
     return (f"{trt['status']} against the independent reference ({trt['engine']}{binding}; prefill logits "
             f"{trt['prefill_rel_err']:.2e}, bound {trt['prefill_bound']:.2e}; greedy tokens equal: "
             f"{trt['tokens_equal']})" + (f": {trt['reason']}" if trt.get("reason") else ""))
