@@ -271,10 +271,11 @@ def load(creator, built: dict, calls: list | None = None):
     return rt
 
 
-def execute(rt, built: dict, inputs: list[torch.Tensor], outputs: list[torch.Tensor], calls: list | None = None):
+def execute(rt, built: dict, inputs: list[torch.Tensor], outputs: list[torch.Tensor], calls: list | None = None,
+            sync: bool = True):
     """One execution of a loaded plugin on the addresses of `inputs` and `outputs` (an aliased output is its input's
     buffer, as TensorRT binds it; a ping-pong engine's plane outputs are buffers of their own): on_shape_change at
-    these shapes, then enqueue."""
+    these shapes, then enqueue on the current stream (waited for unless `sync` is off: inside a CUDA-graph capture)."""
     calls = built["calls"] if calls is None else calls
 
     def c(obj, name, *args):
@@ -282,7 +283,7 @@ def execute(rt, built: dict, inputs: list[torch.Tensor], outputs: list[torch.Ten
         return call(obj, name, *args)
 
     c(rt, "on_shape_change", [_desc(t) for t in inputs], [_desc(t) for t in outputs])
-    _enqueue(c, rt, inputs, outputs, built["workspace"])
+    _enqueue(c, rt, inputs, outputs, built["workspace"], sync)
     return outputs
 
 
@@ -299,12 +300,12 @@ def drive(creator, inputs: list[torch.Tensor], namespace: str | None = None, see
     return {"outputs": outs, **{k: built[k] for k in ("aliases", "build_interface", "tactics", "calls")}}
 
 
-def _enqueue(c, runtime, ins, outs, workspace: int) -> None:
+def _enqueue(c, runtime, ins, outs, workspace: int, sync: bool = True) -> None:
     """enqueue(descs, addresses, workspace address, stream) as the wrapper hands them: ints (intptr_t)."""
     device = ins[0].device
     ws = torch.empty(workspace, dtype=torch.uint8, device=device) if workspace else None
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     c(runtime, "enqueue", [_desc(t) for t in ins], [_desc(t) for t in outs], [t.data_ptr() for t in ins],
       [t.data_ptr() for t in outs], ws.data_ptr() if ws is not None else 0, stream)
-    if device.type == "cuda":
+    if device.type == "cuda" and sync:
         torch.cuda.current_stream(device).synchronize()

@@ -16,8 +16,10 @@ from tests.conftest import ROOT, read_until
 
 
 def test_device_check_script_runs_dry(tmp_path):
+    """Every section but `plugins` (its suites run in this suite already; its own test is below)."""
     env = dict(os.environ, DRY="1", OUT=str(tmp_path))
-    out = subprocess.run(["bash", str(ROOT / "scripts" / "device_check.sh"), "--repeats", "1"], capture_output=True,
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "device_check.sh"), "--repeats", "1", "--sections",
+                          "kernels,bandwidth,lossless,pass_times,tensorrt"], capture_output=True,
                          text=True, env=env, timeout=600, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads((tmp_path / "device_check.json").read_text())
@@ -36,6 +38,24 @@ def test_device_check_script_runs_dry(tmp_path):
         assert "TensorRT is not installed here" in out.stderr
     md = (tmp_path / "device_check.md").read_text()
     assert "| tiny | static |" in md and "Kernels against the oracle: all passed" in md
+    status = {k: v["status"] for k, v in r["sections"].items()}
+    assert status == {"kernels": "passed", "bandwidth": "measured", "lossless": "passed", "pass_times": "measured",
+                      "plugins": "not run", "tensorrt": r["tensorrt"]["status"]}
+
+
+def test_the_plugins_section_runs_the_suites_and_reports_a_failure(tmp_path):
+    """The plugins section runs its suites in a pytest process of its own and passes only where none failed: one
+    real suite passes; a suite with a failing test beside it fails the section and names the test."""
+    from edge.cli.device_plugins import plugins_section
+    ok = plugins_section(120, ("tests/test_trt_inspect.py",))
+    assert ok["passed"] and ok["counts"]["passed"] >= 10 and not ok["failures"] and ok["device"] == "cpu"
+    bad = tmp_path / "test_broken_plugin.py"
+    bad.write_text("def test_enqueue_writes_its_outputs():\n    assert 1 + 1 == 3\n")
+    r = plugins_section(120, ("tests/test_trt_inspect.py", str(bad)))
+    assert not r["passed"] and r["counts"]["failed"] == 1 and r["counts"]["passed"] == ok["counts"]["passed"]
+    assert any("test_enqueue_writes_its_outputs" in f for f in r["failures"])
+    gone = plugins_section(120, ("tests/no_such_suite.py",))
+    assert gone["status"] == "skipped" and "no_such_suite.py" in gone["reason"]
 
 
 def test_device_check_without_a_gpu_says_so():
@@ -115,8 +135,8 @@ def test_the_7b_shape_is_skipped_below_12_gib():
     orin_8gb, orin_16gb, h200 = 7.4 * 2 ** 30, 15.3 * 2 ** 30, 139 * 2 ** 30
     assert "7.4 GiB" in seven_b_skip_reason(orin_8gb)
     assert seven_b_skip_reason(orin_16gb) is None and seven_b_skip_reason(h200) is None
-    assert "llama-2-7b" not in _models(DeviceCheckOptions(skip_7b=True))
-    assert "llama-2-7b" in _models(DeviceCheckOptions())
+    assert "llama-2-7b" not in _models(DeviceCheckOptions())              # opt-in: past the default run's 240 s
+    assert "llama-2-7b" in _models(DeviceCheckOptions(skip_7b=False))
 
 
 @pytest.mark.parametrize("args, says", [(["--hang", "lossless"], "dry run only"),

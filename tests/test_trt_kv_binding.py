@@ -80,6 +80,53 @@ def test_pingpong_kv_binding_equals_the_aliased_binding_over_a_decode_schedule(g
     assert schedule.current == len(SCHEDULE) % 2
 
 
+def _eager_and_replayed(rt, built, ins, make_outs):
+    """(eager outputs, outputs of a CUDA-graph replay) of one loaded plugin: captured as the tensorrt backend
+    replays a pass, after a warm-up on a side stream, the outputs reset to make_outs()'s contents before the replay."""
+    eager = make_outs()
+    execute(rt, built, ins, eager)
+    outs = make_outs()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        execute(rt, built, ins, outs)
+    torch.cuda.current_stream().wait_stream(side)
+    for t, fresh in zip(outs, make_outs()):
+        t.copy_(fresh)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        execute(rt, built, ins, outs, sync=False)
+    graph.replay()
+    torch.cuda.synchronize()
+    return eager, outs
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(KERNEL_DEVICE != "cuda", reason="a CUDA graph needs a GPU (the kernels compiled, not interpreted)")
+def test_the_plugin_enqueues_replay_in_a_cuda_graph(gen):
+    """Both plugins' enqueues captured in a torch.cuda.graph and replayed give the eager run's outputs (and the
+    attention's planes, ping-pong: catch-up window and this pass's entries) bit for bit."""
+    from tests.test_trt_conformance import _gemv_inputs
+    (gemv, attention), creator_cls = define_plugins(trt_standin, KERNEL_DEVICE)
+    creator = creator_cls(attention)
+    example = _inputs(torch.Generator().manual_seed(0), 0, 1, _planes(gen, False))
+    widest = [(HQ, WIDEST, D), (HKV, WIDEST, D), (HKV, WIDEST, D), None, None, None, None, None]
+    built = build(creator, example, max_shapes=widest, aliasing=False)
+    src, start = _planes(gen, True), _planes(gen, False)
+    ins = _inputs(torch.Generator().manual_seed(7), 8, WIDEST, src)
+    eager, replayed = _eager_and_replayed(
+        load(creator, built), built, ins,
+        lambda: [torch.zeros(HQ, WIDEST, D, device=KERNEL_DEVICE), *(t.clone() for t in start)])
+    assert all(torch.equal(a, b) for a, b in zip(replayed, eager)), "attention: the replay differs from eager"
+    g_ins, _ = _gemv_inputs(gen)
+    g_creator = creator_cls(gemv)
+    g_built = build(g_creator, g_ins)
+    eager, replayed = _eager_and_replayed(
+        load(g_creator, g_built), g_built, g_ins,
+        lambda: [torch.zeros(s, device=KERNEL_DEVICE) for s in g_built["out_shapes"]])
+    assert all(torch.equal(a, b) for a, b in zip(replayed, eager)), "GEMV: the replay differs from eager"
+
+
 def test_pingpong_refuses_a_pass_past_the_previous_end():
     s = PingPong()
     assert s.next(8, 8) == 0 and s.next(9, 1) == 1 and s.next(8, 5) == 0   # a verification may start before the end
