@@ -1,0 +1,60 @@
+"""The table of `bitnest bench --shape NAME --passes-only --peer llamacpp-native` over the shapes users run
+(scripts/results/shape-native-NAME.json), rendered for edge.analysis.report: per shape the 1- and 5-token target
+passes and the draft pass, this runtime's target pass rate and prefill beside llama.cpp built for the same CPU
+(llama-bench tg and pp, Q8_0 and Q4_K_M of the same shapes), and speculation projected from the pass times with the
+judged acceptance of a real model (the second model's lossless run: random weights have none of their own), labelled
+as such."""
+
+from edge.analysis.bench_replay import alpha_from_tokens_per_round, projected
+from edge.analysis.report_cells import table
+
+SHAPES = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "llama-3.2-1b", "llama-3.2-3b", "llama-3-8b")
+SOURCES = tuple(f"shape-native-{s}.json" for s in SHAPES)
+ACCEPTANCE = "lossless-qwen2.5-coder-0.5b-gptq-shortlist-vocab65536.json"     # the real model whose rounds lend α
+
+
+def borrowed_alpha(lossless: dict) -> tuple[float, str]:
+    """(judged α, its label) from the second model's lossless run: its ShareGPT speculative rounds."""
+    s = lossless["stats"]["sharegpt"]["speculative"]
+    g = lossless["gamma"]
+    alpha = alpha_from_tokens_per_round(s["tokens_per_round"], g)
+    return alpha, (f"judged α {alpha:.3f}, solved from {s['tokens_per_round']} tokens a round at γ = {g} on "
+                   f"Qwen2.5-Coder-0.5B's own export ({s['tokens']} tokens of held-out ShareGPT prompts, "
+                   f"`{ACCEPTANCE}`)")
+
+
+def shape_row(d: dict, alpha: float) -> list[str]:
+    lay = d["layouts"]["online"]
+    ms, n = lay["ms"], d["llamacpp_native"]
+    t1, t5, d1 = ms["target"]["1"], ms["target"][str(d["gamma"] + 1)], ms["draft"]["1"]
+    tok = lay["target_pass_tok_s"]
+    proj = projected(ms, alpha)
+    best = proj["tok_s_by_gamma"][str(proj["best_gamma"])]
+    q8, q4 = n["q8_0"], n["q4_k_m"]
+    pp = lay["prefill"]["tok_s"]
+    return [d["shape"], f"{t1:g} / {t5:g} ({t5 / t1:.2f}×)", f"{d1:g} ({d1 / t1:.2f}×)",
+            f"{tok:g}", f"{q8['tg_tok_s']:g} / {q4['tg_tok_s']:g}", f"**{tok / q8['tg_tok_s']:.2f}×**",
+            f"{best:g} (γ {proj['best_gamma']}, {best / tok:.2f}×)", f"{best / q4['tg_tok_s']:.2f}×",
+            f"{pp:g}", f"{q8['pp_tok_s']:g} / {q4['pp_tok_s']:g}", f"**{pp / q8['pp_tok_s']:.2f}×**"]
+
+
+def shapes_native_table(*files: dict) -> str:
+    """One row per shape; the acceptance source and each run's conditions under the table."""
+    *shapes, lossless = files
+    alpha, label = borrowed_alpha(lossless)
+    head = ["shape", "target pass 1 / 5 tokens, ms (5/1)", "draft pass, ms (/target)", "target tok/s",
+            "llama.cpp tg Q8_0 / Q4_K_M", "target / Q8_0", "speculation projected, tok/s (best γ, /target)",
+            "/ Q4_K_M tg", "prefill tok/s", "llama.cpp pp Q8_0 / Q4_K_M", "prefill / Q8_0"]
+    rows = [shape_row(d, alpha) for d in shapes]
+    first = shapes[0]
+    m, info = first["machine"], first["llamacpp_native"]["q8_0"]["system_info"]
+    notes = [f"Projected speculation: {label}; random weights have no acceptance of their own, so it is the real "
+             "model's, replayed through this shape's pass times (edge.analysis.bench_replay.projected).",
+             f"Machine: {m['cpu']}, {first['threads']} threads for every runner; the native step's ISA path "
+             f"{first['layouts']['online']['isa']}; llama.cpp {info['build']['llama_cpp_commit']} built for this CPU "
+             f"({' '.join(info['build']['cmake'][:2])}), its backend {info['backends']}, repacking "
+             f"{info['repack']}; tg of {first['llamacpp_native']['q8_0']['tg_tokens']} tokens after "
+             f"{first['llamacpp_native']['q8_0']['tg_depth']} of context, pp of "
+             f"{first['llamacpp_native']['q8_0']['pp_tokens']}; each figure the median over "
+             f"{first['rounds']} rounds, every runner in its own process, one at a time."]
+    return table(head, rows) + "\n\n" + "\n".join(notes)
