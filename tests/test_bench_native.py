@@ -110,6 +110,8 @@ def test_passes_only_times_a_prefill_in_the_runners_process():
     lay = d["layouts"]["online"]
     assert lay["prefill"]["tokens"] == 300 and lay["prefill"]["tok_s"] > 0 and len(lay["prefill"]["tok_s_rounds"]) == 1
     assert lay["target_pass_tok_s"] == round(1e3 / lay["ms"]["target"]["1"], 2)
+    assert d["read_gbps"] > 0 and len(d["read_gbps_rounds"]) == 1 and lay["target_pass_gbps"] > 0
+    assert lay["target_roofline_fraction"] == round(lay["target_pass_gbps"] / d["read_gbps"], 3)
     assert d["llamacpp_native"] is None and "vs_llamacpp_native" not in lay
     assert os.getpid() != lay["pid"]
 

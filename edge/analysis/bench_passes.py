@@ -11,6 +11,7 @@ figure is the median over the rounds of the runner's medians (edge.analysis.benc
 
 import statistics
 
+from edge.analysis.bench_common import probe_spec
 from edge.analysis.bench_process import Workers
 from edge.analysis.machine import load_average, machine
 from edge.model.arch import ModelConfig
@@ -71,9 +72,12 @@ def bench_passes(cfg: ModelConfig, name: str, layouts: list[str], rounds: int, p
     mach = machine(threads)
     samples = {layout: [] for layout in layouts}
     prefills = {layout: [] for layout in layouts}
-    peer = []
+    peer, probe = [], []
     loaded = {}
     for _ in range(rounds):
+        with Workers(["probe"]) as w:           # the DRAM read roofline, in its own process, each round
+            w["probe"].load(**probe_spec(mach))
+            probe.append(w["probe"].request("run")["gbps"])
         for layout in layouts:
             with Workers([layout]) as w:
                 spec = synthetic_pass_spec(cfg, layout, backend, threads, gamma, prefill + 1)
@@ -84,6 +88,7 @@ def bench_passes(cfg: ModelConfig, name: str, layouts: list[str], rounds: int, p
         if native:
             peer.append(native_round(tool, ggufs, threads, prefill or 512))
     mach["load_average_after"] = load_average()
+    read_gbps = round(statistics.median(probe), 2)
     native_out = native_entry(peer, ggufs) if native else None
     out = {}
     for layout, runs in samples.items():
@@ -95,7 +100,9 @@ def bench_passes(cfg: ModelConfig, name: str, layouts: list[str], rounds: int, p
                        "target_pass_vs_1": {w: round(v / t1, 3) for w, v in ms["target"].items()},
                        "verification_pass_vs_target_pass": round(ms["target"][str(gamma + 1)] / t1, 3),
                        "draft_pass_vs_target_pass": round(ms["draft"]["1"] / t1, 3),
-                       "target_pass_tok_s": round(1e3 / t1, 2)}
+                       "target_pass_tok_s": round(1e3 / t1, 2),
+                       "target_pass_gbps": round(loaded[layout]["target_bytes"] / t1 / 1e6, 2)}
+        out[layout]["target_roofline_fraction"] = round(out[layout]["target_pass_gbps"] / read_gbps, 3)
         if prefill:
             pp = statistics.median(r["tok_s"] for r in prefills[layout])
             out[layout]["prefill"] = {"tokens": prefill, "tok_s": round(pp, 2),
@@ -105,7 +112,8 @@ def bench_passes(cfg: ModelConfig, name: str, layouts: list[str], rounds: int, p
     return {"command": command, "shape": name, "config": cfg.to_dict(), "gamma": gamma, "threads": threads,
             "rounds": rounds, "pass_repeats": pass_repeats, "context": len(PROMPT),
             "isolation": "process per layout, one at a time; llama-bench in a process per test",
-            "machine": mach, "layouts": out, "llamacpp_native": native_out}
+            "machine": mach, "read_gbps": read_gbps, "read_gbps_rounds": probe, "layouts": out,
+            "llamacpp_native": native_out}
 
 
 def native_entry(rounds: list[dict], ggufs: dict) -> dict:

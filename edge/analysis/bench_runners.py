@@ -161,7 +161,8 @@ class SyntheticRunner:
         rot = ckpt.rotations
         self.info = {"backend": self.backend, "isa": getattr(self.eng, "isa", None),
                      "engine_threads": getattr(self.eng, "threads", None), **draft_head_summary(ckpt),
-                     "r4_factors": None if rot.r4_factors is None else list(rot.r4_factors)}
+                     "r4_factors": None if rot.r4_factors is None else list(rot.r4_factors),
+                     "target_bytes": self.eng.pass_weight_bytes["target"] + self.eng.token_weight_bytes["target"]}
 
     def _one(self, i: int, n: int):
         from edge.analysis.bench_replay import replay_generation
