@@ -6,7 +6,7 @@ judged acceptance of a real model (the second model's lossless run: random weigh
 as such."""
 
 from edge.analysis.bench_replay import alpha_from_tokens_per_round, projected
-from edge.analysis.report_cells import table
+from edge.analysis.report_cells import pct, table
 
 SHAPES = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "llama-3.2-1b", "llama-3.2-3b", "llama-3-8b")
 SOURCES = tuple(f"shape-native-{s}.json" for s in SHAPES)
@@ -32,8 +32,10 @@ def shape_row(d: dict, alpha: float) -> list[str]:
     best = proj["tok_s_by_gamma"][str(proj["best_gamma"])]
     q8, q4 = n["q8_0"], n["q4_k_m"]
     pp = lay["prefill"]["tok_s"]
+    roof = f"{lay['target_pass_gbps']:g} ({pct(lay['target_roofline_fraction'], 0)} of {d['read_gbps']:g})" \
+        if "read_gbps" in d else "not probed"
     return [d["shape"], f"{t1:g} / {t5:g} ({t5 / t1:.2f}×)", f"{d1:g} ({d1 / t1:.2f}×)",
-            f"{tok:g}", f"{q8['tg_tok_s']:g} / {q4['tg_tok_s']:g}", f"**{tok / q8['tg_tok_s']:.2f}×**",
+            f"{tok:g}", roof, f"{q8['tg_tok_s']:g} / {q4['tg_tok_s']:g}", f"**{tok / q8['tg_tok_s']:.2f}×**",
             f"{best:g} (γ {proj['best_gamma']}, {best / tok:.2f}×)", f"{best / q4['tg_tok_s']:.2f}×",
             f"{pp:g}", f"{q8['pp_tok_s']:g} / {q4['pp_tok_s']:g}", f"**{pp / q8['pp_tok_s']:.2f}×**"]
 
@@ -43,7 +45,7 @@ def shapes_native_table(*files: dict) -> str:
     *shapes, lossless = files
     alpha, label = borrowed_alpha(lossless)
     head = ["shape", "target pass 1 / 5 tokens, ms (5/1)", "draft pass, ms (/target)", "target tok/s",
-            "llama.cpp tg Q8_0 / Q4_K_M", "target / Q8_0", "speculation projected, tok/s (best γ, /target)",
+            "target GB/s (of the read probe's)", "llama.cpp tg Q8_0 / Q4_K_M", "target / Q8_0", "speculation projected, tok/s (best γ, /target)",
             "/ Q4_K_M tg", "prefill tok/s", "llama.cpp pp Q8_0 / Q4_K_M", "prefill / Q8_0"]
     rows = [shape_row(d, alpha) for d in shapes]
     first = shapes[0]
