@@ -212,9 +212,9 @@ def test_the_memory_plan_is_what_the_step_allocates(request, fixture):
     assert planned["rope_tables"] == 2 * 300 * ck.config.head_dim * 4
 
 
-def test_no_compiler_is_one_line_and_auto_falls_back(rtn_checkpoint, tmp_path):
+def test_no_compiler_is_one_line_and_auto_falls_back(small_llama_checkpoint, tmp_path):
     """Where the plugins cannot be built (no C++ compiler, a fresh cache), `--backend native` is a one-line error
-    naming the fallback and `auto` runs the cpu backend."""
+    naming the fallback and `auto` runs the cpu backend (on the 2-layer model: what is checked is the choice)."""
     import json
     import os
     import subprocess
@@ -222,8 +222,9 @@ def test_no_compiler_is_one_line_and_auto_falls_back(rtn_checkpoint, tmp_path):
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, CXX="no-such-c++", BITNEST_CACHE=str(tmp_path))
-    run = lambda backend: subprocess.run([sys.executable, "scripts/chat.py", "--checkpoint", str(rtn_checkpoint),
-                                          "--backend", backend, "--prompt", "Hi.", "--max-new-tokens", "2", "--json"],
+    run = lambda backend: subprocess.run([sys.executable, "scripts/chat.py", "--checkpoint",
+                                          str(small_llama_checkpoint), "--backend", backend, "--prompt", "Hi.",
+                                          "--max-new-tokens", "2", "--json"],
                                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
     r = run("native")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
@@ -235,7 +236,7 @@ def test_no_compiler_is_one_line_and_auto_falls_back(rtn_checkpoint, tmp_path):
 
 
 @pytest.mark.parametrize("isa, says", [("avx9000", "names no kernel set"), ("neon-sdot", "this CPU does not run it")])
-def test_a_forced_isa_that_cannot_run_is_one_line(rtn_checkpoint, isa, says):
+def test_a_forced_isa_that_cannot_run_is_one_line(small_llama_checkpoint, isa, says):
     """BITNEST_NATIVE_ISA naming no kernel set, or one this CPU lacks: one line naming the sets that run, exit 2, no
     traceback, with --backend native and with auto (which must not quietly run another backend)."""
     import os
@@ -245,8 +246,8 @@ def test_a_forced_isa_that_cannot_run_is_one_line(rtn_checkpoint, isa, says):
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, BITNEST_NATIVE_ISA=isa)
     for backend in ("native", "auto"):
-        r = subprocess.run([sys.executable, "scripts/chat.py", "--checkpoint", str(rtn_checkpoint), "--backend", backend,
-                            "--prompt", "Hi.", "--max-new-tokens", "2", "--json"], cwd=root, env=env,
+        r = subprocess.run([sys.executable, "scripts/chat.py", "--checkpoint", str(small_llama_checkpoint), "--backend",
+                            backend, "--prompt", "Hi.", "--max-new-tokens", "2", "--json"], cwd=root, env=env,
                            capture_output=True, text=True, timeout=600)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         line = r.stderr.strip().splitlines()[-1]
