@@ -6,7 +6,9 @@ edge imports no export code) and printing one JSON object:
 
     python -m export.trt_check --checkpoint DIR [--onnx FILE] [--engine tensorrt|onnxruntime] [--kv-binding pingpong|aliased|auto]
 
-Exit 0 when the engine agrees, 1 when it does not, 2 for bad input. `--engine onnxruntime` runs the same code with
+Each phase (checkpoint, load, onnx, reference, build, engine) is announced on stderr as it starts and ends
+(edge.phase_clock) and its seconds are in the JSON's `phase_seconds`: a parent that stops the process at its limit
+names the phase it stopped. Exit 0 when the engine agrees, 1 when it does not, 2 for bad input. `--engine onnxruntime` runs the same code with
 the graph on the CPU (onnxruntime) standing in for the engine: the device check's dry mode, and the tests, where
 TensorRT is absent; a graph with a misread scale fails it as it would fail a TensorRT engine."""
 
@@ -18,9 +20,11 @@ from pathlib import Path
 from edge.argtypes import Parser, count
 from edge.cli.common import run_cli
 from edge.errors import BitNestError
+from edge.phase_clock import PhaseClock
 
 ENGINES = ("tensorrt", "onnxruntime")
 MAX_TOKENS = 5          # the engine profile's largest pass (γ + 1 at γ = 4), the prefill's chunk too
+PHASES = ("checkpoint", "load", "onnx", "reference", "build", "engine")     # in the order they run
 
 
 def default_checkpoint(out: Path) -> Path:
@@ -36,11 +40,11 @@ def default_checkpoint(out: Path) -> Path:
 
 
 def engine_agreement(checkpoint, onnx_path=None, engine: str = "tensorrt", kv_binding: str = "pingpong",
-                     tokens: int = 4) -> dict:
+                     tokens: int = 4, clock: PhaseClock | None = None) -> dict:
     """{"status": passed | failed, "reason", "engine", "prefill_rel_err", "prefill_bound", "tokens",
     "reference_tokens", ...build record (tensorrt)} of `checkpoint`'s engine against the independent reference. With
     kv_binding `auto`, an aliased engine that fails to run or disagrees is replaced by a ping-pong one (its failure
-    recorded as `aliased_failed`), not only one whose inspector shows plane copies."""
+    recorded as `aliased_failed`), not only one whose inspector shows plane copies. `clock` times the phases."""
     from edge.checks.reference_agreement import reference_and_bound
     from edge.checks.selfcheck import check_prompt
     from edge.model.checkpoint import load_checkpoint
@@ -48,26 +52,35 @@ def engine_agreement(checkpoint, onnx_path=None, engine: str = "tensorrt", kv_bi
 
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}: use {', '.join(ENGINES)}")
-    ckpt = load_checkpoint(checkpoint)
-    prompt = check_prompt(ckpt)
+    clock = clock or PhaseClock()
+    with clock.phase("load"):
+        ckpt = load_checkpoint(checkpoint)
+        prompt = check_prompt(ckpt)
     capacity = len(prompt) + tokens + 8
-    onnx_path = Path(onnx_path) if onnx_path else Path(export_onnx(ckpt.path)["onnx"])
+    if not onnx_path:
+        with clock.phase("onnx"):
+            onnx_path = export_onnx(ckpt.path)["onnx"]
+    onnx_path = Path(onnx_path)
     out = {"engine": engine, "checkpoint": str(ckpt.path), "onnx": str(onnx_path)}
-    ref, bound = reference_and_bound(ckpt, prompt, tokens, capacity)
+    with clock.phase("reference"):
+        ref, bound = reference_and_bound(ckpt, prompt, tokens, capacity)
     if engine != "tensorrt":
         from edge.backends.onnxruntime_step import onnxruntime_engine, open_session
-        session = open_session(onnx_path)
-        make = lambda: onnxruntime_engine(ckpt, capacity, max_tokens=MAX_TOKENS, session=session)  # noqa: E731
-        return _compared(make, ref, prompt, bound, out)
+        with clock.phase("engine"):
+            session = open_session(onnx_path)
+            make = lambda: onnxruntime_engine(ckpt, capacity, max_tokens=MAX_TOKENS, session=session)  # noqa: E731
+            return _compared(make, ref, prompt, bound, out)
 
     def attempt(binding: str) -> dict:
         from edge.backends.tensorrt_step import tensorrt_engine
         from export.trt_build import build_engine
         from plugins.step_contract import ProfileSpec
-        built = build_engine(onnx_path, ProfileSpec(max_tokens=MAX_TOKENS, max_context=max(capacity, 64)),
-                             kv_binding=binding)
-        make = lambda: tensorrt_engine(ckpt, capacity, built["engine"])                        # noqa: E731
-        return _compared(make, ref, prompt, bound, {**out, "build": built})
+        with clock.phase("build"):
+            built = build_engine(onnx_path, ProfileSpec(max_tokens=MAX_TOKENS, max_context=max(capacity, 64)),
+                                 kv_binding=binding)
+        with clock.phase("engine"):
+            make = lambda: tensorrt_engine(ckpt, capacity, built["engine"])                    # noqa: E731
+            return _compared(make, ref, prompt, bound, {**out, "build": built})
     return with_fallback(kv_binding, attempt)
 
 
@@ -106,18 +119,23 @@ def parser() -> argparse.ArgumentParser:
                    help="engine KV planes (export.trt_build): pingpong (default), aliased, or auto (aliased unless its "
                    "engine copies a plane, fails to run or disagrees)")
     p.add_argument("--tokens", type=count(), default=4, help="greedy tokens compared")
+    p.add_argument("--hang", choices=PHASES, help="tests only: this phase never ends (the parent's limit stops it)")
     p.add_argument("--json", action="store_true", help="print the JSON object last")
     return p
 
 
 def main(argv=None) -> int:
     a = parser().parse_args(argv)
-    result = {}
+    result, clock = {}, PhaseClock(hang=a.hang)
 
     def body():
         with tempfile.TemporaryDirectory(prefix="bitnest-trt-check-") as tmp:
-            ckpt = a.checkpoint or default_checkpoint(Path(tmp) / "smollm2-135m-rtn")
-            result.update(engine_agreement(ckpt, a.onnx, a.engine, a.kv_binding, a.tokens))
+            ckpt = a.checkpoint
+            if not ckpt:
+                with clock.phase("checkpoint"):
+                    ckpt = default_checkpoint(Path(tmp) / "smollm2-135m-rtn")
+            result.update(engine_agreement(ckpt, a.onnx, a.engine, a.kv_binding, a.tokens, clock))
+        result["phase_seconds"] = clock.seconds
         return result
 
     code = run_cli(body, a.json, "trt_check", echo=False)

@@ -42,6 +42,38 @@ def test_the_section_passes_an_engine_that_agrees(small_llama_checkpoint, graphs
     code, r = _check(small_llama_checkpoint, graphs[0])
     assert code == 0 and r["status"] == "passed" and r["tokens_equal"], r
     assert r["prefill_rel_err"] < r["prefill_bound"] == 1e-3
+    assert list(r["phase_seconds"]) == ["load", "reference", "engine"]        # the graph given: no onnx phase
+    assert all(v >= 0 for v in r["phase_seconds"].values())
+
+
+def test_a_section_stopped_at_its_limit_names_the_phase_it_was_in(small_llama_checkpoint, graphs, tmp_path):
+    """The child stopped in a phase that never ends (a cold build, simulated): the section fails naming that phase,
+    within its limit, and the checks after it would still run (the section returns, no alarm fires)."""
+    from edge.cli.device_check import TRT_HANG_PHASE, DeviceCheckOptions, run_device_check, table
+    opts = DeviceCheckOptions(dry=True, sections=("tensorrt",), checkpoint=str(small_llama_checkpoint),
+                              onnx=str(graphs[0]), hang="tensorrt", limits=(("tensorrt", 8),))
+    r = run_device_check(opts, tmp_path / "device_check.json")
+    trt = r["tensorrt"]
+    assert trt["status"] == "failed" and trt["phase"] == TRT_HANG_PHASE == "load", trt
+    assert trt["reason"] == "timed out after 6 s in its load phase" and trt["phase_seconds"] == {}
+    assert r["tensorrt_seconds"] < 8 and r["complete"] and not r["passed"]
+    assert "in its load phase" in table(r)
+
+
+def test_phases_are_read_back_from_a_childs_stderr():
+    """What the parent reads: the phase started last and not ended, and the seconds of those that ended, among other
+    lines; a phase entered again adds to its seconds."""
+    import io
+
+    from edge.phase_clock import PhaseClock, read_phases
+    out = io.StringIO()
+    clock = PhaseClock(stream=out)
+    for name in ("load", "build", "build"):
+        with clock.phase(name):
+            print("a log line of the phase's own", file=out)
+    assert set(clock.seconds) == {"load", "build"} and read_phases(out.getvalue()) == (None, clock.seconds)
+    out.write("phase: engine\nTensorRT warning: phase: not a phase line\n")
+    assert read_phases(out.getvalue()) == ("engine", clock.seconds)
 
 
 def test_the_dry_device_check_fails_a_misread_scale(small_llama_checkpoint, graphs, tmp_path):

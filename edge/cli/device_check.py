@@ -21,7 +21,9 @@ the CPU at tiny shapes (a test runs it, so a typo costs no device time); its fig
 
 Evidence survives a timeout: the JSON is written (atomically) before and after every section, with `running`
 naming the section under way and `complete` false until the end; each section has a time limit (LIMITS, SIGALRM:
-a section past it is recorded as timed out and the next one runs); the script's own `timeout` bounds the whole run
+a section past it is recorded as timed out and the next one runs; the tensorrt section's child is stopped
+TRT_STOP_MARGIN seconds before that and the section names the phase it was in, with the seconds of those done:
+edge.phase_clock); the script's own `timeout` bounds the whole run
 for a section stuck in native code, where no signal handler runs. The Llama-2-7B shape, where asked, is skipped by
 itself on a device with under SEVEN_B_MIN_GIB of memory (an 8 GB Orin), and the JSON says why.
 """
@@ -42,6 +44,7 @@ from edge.atomic import write_atomic
 from edge.cli.common import run_cli
 from edge.cli.device_plugins import plugins_section
 from edge.errors import BitNestError
+from edge.phase_clock import read_phases
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP = ROOT / "scripts" / "results" / "sweep-bitnest.json"    # the real model's speculation sweep (README)
@@ -56,6 +59,8 @@ LIMITS = {"kernels": 60, "bandwidth": 30, "lossless": 45, "pass_times": 45, "plu
 VERDICTS = {"kernels": lambda r: bool(r.get("passed")), "lossless": lambda r: bool(r.get("identical")),
             "plugins": lambda r: r.get("status") == "skipped" or bool(r.get("passed")),
             "tensorrt": lambda r: "error" not in r and r.get("status") != "failed"}
+TRT_STOP_MARGIN = 2.0     # seconds before the tensorrt section's limit at which its child is stopped
+TRT_HANG_PHASE = "load"   # where `--hang tensorrt` makes the child hang (its first phase with a checkpoint given)
 SEVEN_B_MIN_GIB = 12      # the 7B shape's synthetic checkpoint (~7 GB of planes) plus KV, workspace and the context
 
 
@@ -264,10 +269,19 @@ def tensorrt_section(opts: DeviceCheckOptions) -> dict:
             return {"status": "skipped", "reason": reason}
         engine = "onnxruntime"
     cmd = [sys.executable, "-m", "export.trt_check", "--engine", engine, "--json"]
-    for flag, value in (("--checkpoint", opts.checkpoint), ("--onnx", opts.onnx)):
+    for flag, value in (("--checkpoint", opts.checkpoint), ("--onnx", opts.onnx),
+                        ("--hang", TRT_HANG_PHASE if opts.hang == "tensorrt" else None)):
         if value:
             cmd += [flag, value]
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=opts.limit("tensorrt"))
+    limit = max(1.0, opts.limit("tensorrt") - TRT_STOP_MARGIN)  # stopped before the section's own alarm, to name it
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=limit)
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        running, done = read_phases(err)
+        where = f"in its {running} phase" if running else "before its first phase"
+        return {"status": "failed", "reason": f"timed out after {limit:g} s {where}", "phase": running,
+                "phase_seconds": done}
     lines = out.stdout.strip().splitlines()
     try:
         return json.loads(lines[-1])
@@ -306,7 +320,8 @@ def run_device_check(opts: DeviceCheckOptions, out: Path | None = None) -> dict:
         save()
         t0 = time.time()
         try:
-            result[name] = _within(opts.limit(name), _hang if opts.hang == name else run[name])
+            hang = opts.hang == name and name != "tensorrt"          # tensorrt hangs in its child's phase
+            result[name] = _within(opts.limit(name), _hang if hang else run[name])
         except (Exception, SectionTimeout) as e:             # one broken section must not cost the others
             result[name] = {"error": f"{e.__class__.__name__}: {e}"}
         result[name + "_seconds"] = round(time.time() - t0, 1)
@@ -382,6 +397,9 @@ def trt_summary(trt: dict) -> str:
         return trt["error"]
     if trt.get("status") not in ("passed", "failed"):
         return trt.get("reason") or trt.get("status", "not reached")
+    if "prefill_rel_err" not in trt:                    # stopped, or failed, before any comparison
+        done = ", ".join(f"{k} {v:g} s" for k, v in trt.get("phase_seconds", {}).items())
+        return f"{trt['status']}: {trt.get('reason')}" + (f" (phases done: {done})" if done else "")
     build = trt.get("build", {})
     binding = f", KV {build['kv_binding']}, plane copies in its engine: {len(build['plane_copies'])}" + \
         (f" (the aliased build's: {len(build['aliased_build_copies'])})" if "aliased_build_copies" in build else "") + \
