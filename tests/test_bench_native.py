@@ -103,11 +103,15 @@ def test_passes_only_refuses_the_wheel_peer_in_one_line(capsys):
 
 def test_passes_only_times_a_prefill_in_the_runners_process():
     """--prefill N: the synthetic runner's cache holds N + 1 positions and its prefill of N tokens is timed there,
-    beside the pass times; no peer ran, so no ratio against one."""
+    beside the pass times; no peer ran, so no ratio against one. The draft-head options reach the runner's
+    checkpoint (a shortlist head over a draft vocabulary), and the layout's entry says what the draft read."""
     from edge.analysis.bench_passes import bench_passes
     from tests.test_bench import TINY
-    d = bench_passes(replace(TINY, intermediate_size=448), "tiny", ["online"], 1, 1, 1, "auto", 4, prefill=300)
+    draft = {"draft_head": "shortlist", "shortlist_k": 16, "draft_vocab": 8192}
+    d = bench_passes(replace(TINY, intermediate_size=448), "tiny", ["online"], 1, 1, 1, "auto", 4, prefill=300,
+                     draft=draft)
     lay = d["layouts"]["online"]
+    assert {k: lay[k] for k in draft} == draft
     assert lay["prefill"]["tokens"] == 300 and lay["prefill"]["tok_s"] > 0 and len(lay["prefill"]["tok_s_rounds"]) == 1
     assert lay["target_pass_tok_s"] == round(1e3 / lay["ms"]["target"]["1"], 2)
     assert d["read_gbps"] > 0 and len(d["read_gbps_rounds"]) == 1 and lay["target_pass_gbps"] > 0

@@ -9,7 +9,7 @@ transformers' float32 `generate`, at the same thread count, on the same real pro
                   [--policy P (repeatable)] [--peer llamacpp|llamacpp-native|hf|none (repeatable)] [--pass-repeats N]
                   [--shape NAME [--acceptance-from FILE]] [--json]
     bitnest bench --shape NAME --passes-only [--r4 online|legacy|none (repeatable)] [--rounds N] [--pass-repeats N]
-                  [--prefill N] [--peer llamacpp-native]
+                  [--prefill N] [--peer llamacpp-native] [--draft-head H] [--draft-vocab N]
 
 Every runner (each policy, each peer, the probe) runs in its own fresh process (edge.analysis.bench_process) with the
 same threads; each loads its model once and warms up; the repeats interleave the runners, one working at a time, so
@@ -49,7 +49,13 @@ from edge.analysis.peers import q8_0_gguf, quant_label, source_gguf
 from edge.argtypes import Parser, count, gamma
 from edge.backends import BACKENDS
 from edge.cli.common import run_cli
-from edge.cli.options import add_draft_head_arguments, add_model_argument, add_policy_arguments, checkpoint_arg
+from edge.cli.options import (
+    add_draft_head_arguments,
+    add_model_argument,
+    add_policy_arguments,
+    checkpoint_arg,
+    draft_head_options,
+)
 from edge.decode.registry import POLICIES
 from edge.errors import BitNestError
 from edge.model.checkpoint import read_manifest
@@ -189,7 +195,7 @@ def main(argv=None, default_checkpoint=None) -> int:
                 raise BitNestError("--passes-only takes --peer llamacpp-native (llama-bench built for this CPU) or none")
             return bench_passes(MODEL_PRESETS[a.shape], a.shape, a.r4 or ["online"], a.rounds, a.pass_repeats,
                                 a.threads or default_threads(), a.backend, a.gamma, command.strip(), a.prefill,
-                                "llamacpp-native" in peers, cache_folder())
+                                "llamacpp-native" in peers, cache_folder(), draft_head_options(a))
         if a.r4:
             raise BitNestError("--r4 goes with --passes-only")
         from edge.analysis.bench_shape import bench_shape

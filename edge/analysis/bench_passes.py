@@ -24,10 +24,12 @@ DECODE_TOKENS = 64                 # llama-bench's tg test: tokens generated aft
 
 
 def synthetic_pass_spec(cfg: ModelConfig, layout: str, backend: str, threads: int, gamma: int,
-                        min_capacity: int = 0) -> dict:
-    """A target-mode synthetic runner of `cfg` with R4 `layout` (edge.analysis.bench_runners.SyntheticRunner)."""
+                        min_capacity: int = 0, draft: dict | None = None) -> dict:
+    """A target-mode synthetic runner of `cfg` with R4 `layout` (edge.analysis.bench_runners.SyntheticRunner) and
+    the draft-head options `draft` (edge.cli.options.draft_head_options; None: the default export's 8-bit head)."""
     return {"kind": "synthetic", "threads": threads, "config": cfg.to_dict(), "backend": backend, "mode": "target",
-            "max_new_tokens": 8, "prompts": [PROMPT], "gamma": gamma, "r4": layout, "min_capacity": min_capacity}
+            "max_new_tokens": 8, "prompts": [PROMPT], "gamma": gamma, "r4": layout, "min_capacity": min_capacity,
+            **(draft or {})}
 
 
 def native_ggufs(cfg: ModelConfig, name: str, cache) -> dict:
@@ -59,11 +61,12 @@ def median_passes(samples: list[dict]) -> dict:
 
 def bench_passes(cfg: ModelConfig, name: str, layouts: list[str], rounds: int, pass_repeats: int, threads: int,
                  backend: str, gamma: int, command: str = "", prefill: int = 0, native: bool = False,
-                 cache=None) -> dict:
+                 cache=None, draft: dict | None = None) -> dict:
     """Pass times per view and width for each R4 layout at `cfg`'s shapes, with the ratios that decide speculation:
     a (γ + 1)-token target pass and a 1-token draft pass against a 1-token target pass; with `prefill`, a prefill of
     that many tokens; with `native`, llama.cpp built for this CPU on GGUFs of the same shapes, and the ratios of the
-    1-token target pass rate and the prefill against its tg and pp."""
+    1-token target pass rate and the prefill against its tg and pp. `draft`: the draft head's options (a shortlist
+    head, a draft vocabulary), which change the draft pass only."""
     tool = ggufs = None
     if native:                         # built and written before any timing (minutes, once per machine)
         from edge.analysis.llamacpp_native import ensure_built
@@ -80,7 +83,7 @@ def bench_passes(cfg: ModelConfig, name: str, layouts: list[str], rounds: int, p
             probe.append(w["probe"].request("run")["gbps"])
         for layout in layouts:
             with Workers([layout]) as w:
-                spec = synthetic_pass_spec(cfg, layout, backend, threads, gamma, prefill + 1)
+                spec = synthetic_pass_spec(cfg, layout, backend, threads, gamma, prefill + 1, draft)
                 loaded[layout] = w[layout].load(**spec)
                 samples[layout].append(w[layout].request("pass_times", repeats=pass_repeats))
                 if prefill:
@@ -96,6 +99,8 @@ def bench_passes(cfg: ModelConfig, name: str, layouts: list[str], rounds: int, p
         t1 = ms["target"]["1"]
         out[layout] = {"r4_factors": loaded[layout].get("r4_factors"), "isa": loaded[layout].get("isa"),
                        "backend": loaded[layout].get("backend"), "pid": loaded[layout]["pid"], "ms": ms,
+                       **{k: loaded[layout][k] for k in ("draft_head", "shortlist_k", "draft_vocab")
+                          if k in loaded[layout]},
                        "ms_rounds": [r["ms"] for r in runs],
                        "target_pass_vs_1": {w: round(v / t1, 3) for w, v in ms["target"].items()},
                        "verification_pass_vs_target_pass": round(ms["target"][str(gamma + 1)] / t1, 3),
