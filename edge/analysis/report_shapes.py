@@ -3,13 +3,15 @@
 passes and the draft pass, this runtime's target pass rate and prefill beside llama.cpp built for the same CPU
 (llama-bench tg and pp, Q8_0 and Q4_K_M of the same shapes), and speculation projected from the pass times with the
 judged acceptance of a real model (the second model's lossless run: random weights have none of their own), labelled
-as such."""
+as such; and the draft pass with the shortlist head over a draft vocabulary (scripts/results/shape-shortlist-NAME.json)
+beside the default export's 8-bit head, with the speculation its pass times project."""
 
 from edge.analysis.bench_replay import alpha_from_tokens_per_round, projected
 from edge.analysis.report_cells import pct, table
 
 SHAPES = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "llama-3.2-1b", "llama-3.2-3b", "llama-3-8b")
 SOURCES = tuple(f"shape-native-{s}.json" for s in SHAPES)
+SHORTLIST_SOURCES = tuple(f"shape-shortlist-{s}.json" for s in SHAPES)   # --draft-head shortlist --draft-vocab 65536
 ACCEPTANCE = "lossless-qwen2.5-coder-0.5b-gptq-shortlist-vocab65536.json"     # the real model whose rounds lend α
 
 
@@ -59,4 +61,35 @@ def shapes_native_table(*files: dict) -> str:
              f"{first['llamacpp_native']['q8_0']['tg_depth']} of context, pp of "
              f"{first['llamacpp_native']['q8_0']['pp_tokens']}; each figure the median over "
              f"{first['rounds']} rounds, every runner in its own process, one at a time."]
+    return table(head, rows) + "\n\n" + "\n".join(notes)
+
+
+def shortlist_row(d: dict, native: dict, alpha: float) -> list[str]:
+    lay, eight = d["layouts"]["online"], native["layouts"]["online"]
+    ms = lay["ms"]
+    t1, t5, d1 = ms["target"]["1"], ms["target"][str(d["gamma"] + 1)], ms["draft"]["1"]
+    proj = projected(ms, alpha)
+    best = proj["tok_s_by_gamma"][str(proj["best_gamma"])]
+    return [d["shape"], f"{eight['draft_pass_vs_target_pass']:.2f}×",
+            f"{d1:g} (**{d1 / t1:.2f}×**)", f"{t1:g} / {t5:g} ({t5 / t1:.2f}×)",
+            f"{best:g} (γ {proj['best_gamma']}, **{best / lay['target_pass_tok_s']:.2f}×**)", f"{d['read_gbps']:g}"]
+
+
+def shapes_shortlist_table(*files: dict) -> str:
+    """One row per shape: the draft pass with the shortlist head over the first `draft_vocab` ids against the target
+    pass of the same run, the 8-bit head's ratio from the native table's run, and the projected speculation."""
+    n = len(SHAPES)
+    shortlist, native, lossless = files[:n], files[n:2 * n], files[2 * n]
+    alpha, label = borrowed_alpha(lossless)
+    first = shortlist[0]["layouts"]["online"]
+    head = ["shape", "draft / target pass, 8-bit head (the table above)",
+            f"draft pass, shortlist head over {first['draft_vocab']:,} ids, ms (/target)",
+            "target pass 1 / 5 tokens, ms (5/1)", "speculation projected, tok/s (best γ, /target)", "read probe GB/s"]
+    rows = [shortlist_row(d, nat, alpha) for d, nat in zip(shortlist, native)]
+    notes = [f"The draft ranks the first {first['draft_vocab']:,} rows of the head on its 4-bit base plane and "
+             f"re-scores the {first['shortlist_k']} best at 8 bits (--draft-head shortlist --draft-vocab "
+             f"{first['draft_vocab']}); the target verifies every token of the full vocabulary. Projected "
+             f"speculation: {label}, an acceptance measured with this same draft head and vocabulary.",
+             f"Each figure the median over {shortlist[0]['rounds']} rounds of {shortlist[0]['pass_repeats']} passes, "
+             "every runner in its own process; ratios within one run (the 8-bit head's from the native table's)."]
     return table(head, rows) + "\n\n" + "\n".join(notes)
