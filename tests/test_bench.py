@@ -119,6 +119,25 @@ def test_paired_ratios_set_each_repeat_against_its_own():
     assert got["speculative_vs_target"] == {"median": 1.24, "samples": [1.185, 1.24, 1.241, 1.119, 1.285]}
 
 
+def test_stop_at_eos_ends_a_policys_generations_at_the_runtimes_end_of_text(rtn_checkpoint):
+    """By default a policy runner writes exactly max_new_tokens (EOS ignored, as the peers); with --stop-at-eos a
+    generation ends at the first token of the runtime's EOS set, that token included. The EOS set here is a token
+    of the runner's own output (nothing assumed about what the model writes)."""
+    from edge.analysis.bench_runners import PolicyRunner
+    from edge.decode.generate import generate
+    from edge.runtime import Runtime
+    prompt = Runtime(rtn_checkpoint, backend="cpu", max_context=64).encode("List three uses of a paperclip.")
+    r = PolicyRunner(str(rtn_checkpoint), "auto", "speculative", 4, 12, [prompt], 128, 17, {}, {})
+    assert r.run()["tokens"] == 11                       # decode-phase tokens: the prefill wrote the first
+    tokens = generate(r.rt.engine, prompt, r.cfg, eos=set())[0]
+    k = next((i for i in range(1, 11) if tokens[i] not in tokens[:i]), None)
+    assert k is not None, f"the model wrote one token over and over: {tokens}"
+    r.rt.eos = {tokens[k]}
+    assert r.run()["tokens"] == 11                       # not asked: still ignored
+    r.stop_at_eos = True
+    assert r.run()["tokens"] == k
+
+
 def test_a_replay_follows_the_recorded_rounds_with_real_passes(small):
     """Every round runs γ draft passes and one verification, keeps exactly the recorded count and rolls the rest
     back: the committed length ends past the prompt and every emitted token but the pending one."""

@@ -14,7 +14,9 @@ transformers' float32 `generate`, at the same thread count, on the same real pro
 Every runner (each policy, each peer, the probe) runs in its own fresh process (edge.analysis.bench_process) with the
 same threads; each loads its model once and warms up; the repeats interleave the runners, one working at a time, so
 drift in the machine's speed falls on all of them. Every figure is a median over repeats of decode-phase tok/s
-(prefill excluded; every generation runs exactly --max-new-tokens tokens, EOS ignored, as llama.cpp's `ignore_eos`).
+(prefill excluded; every generation runs exactly --max-new-tokens tokens, EOS ignored, as llama.cpp's `ignore_eos`;
+with --stop-at-eos this runtime's policies stop at the model's end of text, as a user's answer does: past it a model
+writes what it would never be asked for, which can flatter speculation's acceptance; the peers still ignore it).
 Ratios are taken within this run; `*_roofline_fraction` is a policy's weight bytes per second over the probe's read
 bandwidth, the probe's buffer at least 4x the last-level cache (edge.analysis.machine). Pass times per view and width
 are measured in the target runner's process after the repeats. Each policy's prefill tok/s (its prompts' prefill,
@@ -106,7 +108,8 @@ def bench(a, ckpt: str, command: str = "") -> dict:
     first = loaded[pass_runner]
     out = {"command": command, "checkpoint": ckpt, "backend": first["backend"], "isa": first["isa"],
            **{k: first[k] for k in ("draft_head", "shortlist_k", "draft_vocab") if k in first}, "isolation": ISOLATION,
-           "prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "repeats": a.repeats,
+           "prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "stop_at_eos": a.stop_at_eos,
+           "repeats": a.repeats,
            "gamma": a.gamma, "threads": threads, "machine": mach, "read_gbps": read_gbps,
            "read_gbps_samples": probe["gbps_samples"], "probe": probe, "runs": {}}
     for name, runs in samples.items():
@@ -147,6 +150,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="auto", choices=BACKENDS, help="backend that runs the nested views")
     p.add_argument("--prompts", type=count(), default=4, help="held-out ShareGPT requests")
     p.add_argument("--max-new-tokens", type=count(2), default=64)
+    p.add_argument("--stop-at-eos", action="store_true", help="this runtime's policies stop at the model's end of "
+                   "text (default: every generation runs --max-new-tokens tokens, EOS ignored, as the peers do)")
     p.add_argument("--gamma", type=gamma(), default=4)
     p.add_argument("--repeats", type=count(), default=3)
     p.add_argument("--threads", type=count(), help="threads of every runner (default: torch's count here)")

@@ -44,7 +44,7 @@ def policy_spec(a, checkpoint: str, policy: str, prompts: list, threads: int, re
             "gamma": a.gamma, "max_new_tokens": a.max_new_tokens, "prompts": prompts,
             "max_context": max(map(len, prompts)) + a.max_new_tokens + 64, "scratch": max(17, a.gamma_max + 1),
             "gate": asdict(gate_config(a)), "adaptive": asdict(adaptive_config(a)), "record_rounds": record_rounds,
-            **draft_head_options(a)}
+            "stop_at_eos": getattr(a, "stop_at_eos", False), **draft_head_options(a)}
 
 
 def probe_spec(mach: dict) -> dict:

@@ -95,7 +95,8 @@ class PolicyRunner:
 
     def __init__(self, checkpoint: str, backend: str, policy: str, gamma: int, max_new_tokens: int, prompts: list,
                  max_context: int, scratch: int, gate: dict, adaptive: dict, record_rounds: bool = False,
-                 draft_head: str | None = None, shortlist_k: int | None = None, draft_vocab: int | None = None):
+                 draft_head: str | None = None, shortlist_k: int | None = None, draft_vocab: int | None = None,
+                 stop_at_eos: bool = False):
         from edge.analysis.calibrate import calibrated_gate
         from edge.decode.adaptive import AdaptiveConfig
         from edge.decode.config import GateConfig, GenerateConfig
@@ -103,6 +104,7 @@ class PolicyRunner:
         self.rt = Runtime(checkpoint, backend=backend, max_context=max_context, scratch=scratch, draft_head=draft_head,
                           shortlist_k=shortlist_k, draft_vocab=draft_vocab)
         self.prompts, self.rounds = prompts, [] if record_rounds else None
+        self.stop_at_eos = stop_at_eos           # the runtime's EOS set ends a generation (else every one runs n)
         gate_cfg = calibrated_gate(self.rt, policy, GateConfig(**gate))
         self.cfg = GenerateConfig(policy=policy, gamma=gamma, max_new_tokens=max_new_tokens, gate=gate_cfg,
                                   adaptive=AdaptiveConfig(**adaptive))
@@ -116,7 +118,8 @@ class PolicyRunner:
         from dataclasses import replace
 
         from edge.decode.generate import generate
-        return generate(self.rt.engine, prompt, replace(self.cfg, max_new_tokens=n), eos=set())[1]
+        eos = self.rt.eos if self.stop_at_eos else set()
+        return generate(self.rt.engine, prompt, replace(self.cfg, max_new_tokens=n), eos=eos)[1]
 
     def run(self) -> dict:
         if self.rounds is not None:
