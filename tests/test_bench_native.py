@@ -120,19 +120,28 @@ def test_passes_only_times_a_prefill_in_the_runners_process():
     assert os.getpid() != lay["pid"]
 
 
-def test_the_bench_runner_reads_one_llama_bench_process_a_repeat(tmp_path):
-    """bitnest bench's native peer: each repeat is one llama-bench process (pp at the prompts' median length, tg of
-    the new tokens), read back as the runner's tok/s and prefill tok/s."""
-    from edge.analysis.bench_runners import NativeLlamaRunner
+def test_the_bench_runner_reads_one_llama_bench_process_a_repeat(tmp_path, monkeypatch):
+    """bitnest bench's native peer, built from the spec the bench writes as its worker process builds it: each
+    repeat is one llama-bench process (pp at the prompts' median length, tg of the new tokens) at the run's threads,
+    read back as the runner's tok/s and prefill tok/s."""
+    import torch
+
+    from edge.analysis.bench_common import native_spec
+    from edge.analysis.bench_runners import NativeLlamaRunner, make_runner
     tool, args = _stand_in(tmp_path, RECORDED)
     (native.build_folder(tmp_path) / "bin").mkdir(parents=True)
     tool.rename(native.build_folder(tmp_path) / "bin" / "llama-bench")
-    runner = NativeLlamaRunner(str(tmp_path / "m.Q8_0.gguf"), 2, 37, 16, str(tmp_path))
+    monkeypatch.setenv("BITNEST_CACHE", str(tmp_path))
+    threads = torch.get_num_threads()
+    try:
+        runner = make_runner(native_spec(tmp_path / "m.Q8_0.gguf", [[1] * 30, [1] * 37, [1] * 50], 16, 2))
+    finally:
+        torch.set_num_threads(threads)                 # make_runner sets the run's count, as a worker process does
     got = runner.run()
     flags = dict(zip(json.loads(args.read_text())[::2], json.loads(args.read_text())[1::2]))
     assert (flags["-p"], flags["-n"], flags["-t"], flags["-r"]) == ("37", "16", "2", "1")
     recorded = json.loads(RECORDED.read_text())
     assert got["tok_s"] == round(recorded[1]["avg_ts"], 2) and got["prefill_tok_s"] == round(recorded[0]["avg_ts"], 2)
-    assert runner.info == {"gguf": "m.Q8_0.gguf", "native": True}
+    assert runner.info == {"kind": "llamacpp_native", "threads": 2, "gguf": "m.Q8_0.gguf", "native": True}
     with pytest.raises(RuntimeError, match="ensure_built"):
         NativeLlamaRunner("m.gguf", 2, 37, 16, str(tmp_path / "empty"))

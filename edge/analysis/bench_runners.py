@@ -288,7 +288,7 @@ def make_runner(spec: dict):
     spec = dict(spec)
     kind, threads = spec.pop("kind"), spec.pop("threads")
     torch.set_num_threads(threads)            # before any engine: the native step takes torch's count as its own
-    if kind == "llamacpp":
+    if kind in ("llamacpp", "llamacpp_native"):   # the peers take the count as an argument of their own
         spec["threads"] = threads
     runner = RUNNERS[kind](**spec)
     runner.info = {"kind": kind, "threads": threads, **runner.info}
