@@ -305,7 +305,7 @@ def lossless_isas_table(*runs: dict) -> str:
 
 
 # -- the README's headline --------------------------------------------------------------------------------------
-QWEN_RUNS = tuple(f"bench-qwen2.5-coder-0.5b-gptq-vocab65536{s}.json" for s in ("", "-2", "-3"))
+QWEN_RUNS = ("bench-qwen2.5-coder-0.5b-8prompts-eos.json",)   # `--stop-at-eos`, beside llama.cpp built for the CPU
 
 
 def headline_table(sweep: dict, quality: dict, mc: dict, verify: dict, replay: dict, bench: dict, shape: dict,

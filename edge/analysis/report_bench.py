@@ -176,22 +176,32 @@ def _span(values: list[float], fmt: str = "{:.2f}") -> str:
 
 def headline_model_row(model: str, lossless: dict, *runs: dict) -> list[str]:
     """A second real model: its bench runs (each a `bitnest bench` JSON of its export beside llama.cpp on the same
-    GGUF) as ranges over the runs, and its lossless run."""
+    GGUF: the wheel's, and the build for this CPU where the run has it) as ranges over the runs, and its lossless
+    run."""
     first = runs[0]
-    r = [d["ratios"] for d in runs]
-    paired = [d["paired_ratios"]["speculative_vs_target"]["median"] for d in runs]
-    auto = [d["paired_ratios"]["auto_vs_llamacpp_q8"]["median"] for d in runs]
+    paired = [d["paired_ratios"] for d in runs]
     probe = [d["read_gbps"] for d in runs]
     same = lossless["identical_by_policy"]
     vocab = f", draft vocabulary {first['draft_vocab']:,} ids" if first.get("draft_vocab") else ""
+    med = lambda key: _span([p[key]["median"] for p in paired])                            # noqa: E731
+    if all("auto_vs_llamacpp_native_q8" in p for p in paired):
+        shipped = [k.removeprefix("auto_vs_llamacpp_native_") for k in paired[0]
+                   if k.startswith("auto_vs_llamacpp_native_") and k != "auto_vs_llamacpp_native_q8"]
+        peers = f"llama.cpp built for this CPU: Q8_0 {med('auto_vs_llamacpp_native_q8')}×" + "".join(
+            f", the shipped {q.upper()} {med(f'auto_vs_llamacpp_native_{q}')}×" for q in shipped) + \
+            f"; the target {med('target_vs_llamacpp_native_q8')}× its Q8_0"
+    else:
+        peers = f"llama.cpp Q8_0 {med('auto_vs_llamacpp_q8')}×"
+    eos = "each answer ending at the model's end of text" if first.get("stop_at_eos") else "EOS ignored"
     return [f"decode speed, {model} (real weights, streamed from memory), {first['backend']} backend "
-            f"({first['isa']}, {first['threads']} threads), every runner in its own process, {len(runs)} runs",
+            f"({first['isa']}, {first['threads']} threads), every runner in its own process, {len(runs)} "
+            f"run{'s' if len(runs) > 1 else ''} of {first['prompts']} prompts ({eos})",
             f"speculative (γ = {first['gamma']}, {first['draft_head']} draft head{vocab}) "
-            f"{_span([x['speculative_vs_target'] for x in r])}× its target (paired by repeat {_span(paired)}×); "
-            f"`auto` (the default policy) {_span(auto)}× llama.cpp Q8_0 on the same GGUF (paired by repeat; the "
-            f"best policy's medians, picked after each run: {_span([x['best_policy_vs_llamacpp_q8'] for x in r])}×); "
-            f"read probe {_span(probe, '{:.1f}')} GB/s; identical to the target on {min(same.values())} / "
-            f"{lossless['prompts']} prompts ({' and '.join(same)}; [model and data](docs/model-and-data.md))",
+            f"{med('speculative_vs_target')}× its target, `auto` (the default policy) {med('auto_vs_target')}× "
+            f"(medians of the repeat-by-repeat "
+            f"ratios); `auto` against {peers} on the same GGUF; read probe {_span(probe, '{:.1f}')} GB/s; identical "
+            f"to the target on {min(same.values())} / {lossless['prompts']} prompts ({' and '.join(same)}; [model "
+            "and data](docs/model-and-data.md))",
             f"`{first['command']}`"]
 
 
