@@ -14,6 +14,12 @@ PREFIX = "phase:"
 _LINE = re.compile(rf"^{re.escape(PREFIX)} (\S+)(?: done in ([0-9.]+) s)?$")
 
 
+def hang() -> None:
+    """Never return: a compile that never ends, as far as a parent's limit can tell (tests of timeouts)."""
+    while True:
+        time.sleep(0.2)
+
+
 class PhaseClock:
     """Each phase's seconds (a phase entered again adds to its total); `hang` names a phase that never ends once
     entered (for tests of the parent's timeout)."""
@@ -30,8 +36,8 @@ class PhaseClock:
     def phase(self, name: str):
         self._say(name)
         t0 = time.monotonic()
-        while self.hang == name:                    # a compile that never ends, as far as the parent can tell
-            time.sleep(0.2)
+        if self.hang == name:
+            hang()
         yield
         self.seconds[name] = round(self.seconds.get(name, 0.0) + time.monotonic() - t0, 1)
         self._say(f"{name} done in {self.seconds[name]} s")

@@ -8,9 +8,10 @@ edge imports no export code) and printing one JSON object:
 
 Each phase (checkpoint, load, onnx, reference, build, engine) is announced on stderr as it starts and ends
 (edge.phase_clock) and its seconds are in the JSON's `phase_seconds`: a parent that stops the process at its limit
-names the phase it stopped. Exit 0 when the engine agrees, 1 when it does not, 2 for bad input. `--engine onnxruntime` runs the same code with
-the graph on the CPU (onnxruntime) standing in for the engine: the device check's dry mode, and the tests, where
-TensorRT is absent; a graph with a misread scale fails it as it would fail a TensorRT engine."""
+names the phase it stopped. Exit 0 when the engine agrees, 1 when it does not, 2 for bad input. `--engine
+onnxruntime` runs the same code with the graph on the CPU (onnxruntime) standing in for the engine: the device
+check's dry mode, and the tests, where TensorRT is absent; a graph with a misread scale fails it as it would fail a
+TensorRT engine."""
 
 import argparse
 import sys

@@ -198,8 +198,8 @@ def headline_model_row(model: str, lossless: dict, *runs: dict) -> list[str]:
             f"run{'s' if len(runs) > 1 else ''} of {first['prompts']} prompts ({eos})",
             f"speculative (γ = {first['gamma']}, {first['draft_head']} draft head{vocab}) "
             f"{med('speculative_vs_target')}× its target, `auto` (the default policy) {med('auto_vs_target')}× "
-            f"(medians of the repeat-by-repeat "
-            f"ratios); `auto` against {peers} on the same GGUF; read probe {_span(probe, '{:.1f}')} GB/s; identical "
+            f"(medians of the repeat-by-repeat ratios); `auto` against {peers} on the same GGUF; read probe "
+            f"{_span(probe, '{:.1f}')} GB/s; identical "
             f"to the target on {min(same.values())} / {lossless['prompts']} prompts ({' and '.join(same)}; [model "
             "and data](docs/model-and-data.md))",
             f"`{first['command']}`"]

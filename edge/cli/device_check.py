@@ -23,8 +23,8 @@ Evidence survives a timeout: the JSON is written (atomically) before and after e
 naming the section under way and `complete` false until the end; each section has a time limit (LIMITS, SIGALRM:
 a section past it is recorded as timed out and the next one runs; the tensorrt section's child is stopped
 TRT_STOP_MARGIN seconds before that and the section names the phase it was in, with the seconds of those done:
-edge.phase_clock); the script's own `timeout` bounds the whole run
-for a section stuck in native code, where no signal handler runs. The Llama-2-7B shape, where asked, is skipped by
+edge.phase_clock); the script's own `timeout` bounds the whole run for a section stuck in native code, where no
+signal handler runs. The Llama-2-7B shape, where asked, is skipped by
 itself on a device with under SEVEN_B_MIN_GIB of memory (an 8 GB Orin), and the JSON says why.
 """
 
@@ -44,6 +44,7 @@ from edge.atomic import write_atomic
 from edge.cli.common import run_cli
 from edge.cli.device_plugins import plugins_section
 from edge.errors import BitNestError
+from edge.phase_clock import hang as _hang
 from edge.phase_clock import read_phases
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,11 +115,6 @@ def _within(seconds: float, fn):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
-
-
-def _hang() -> dict:
-    while True:                                   # a compile that never ends, as far as the limits can tell
-        time.sleep(0.2)
 
 
 def _models(opts: DeviceCheckOptions) -> dict:
