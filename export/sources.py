@@ -13,6 +13,7 @@ import torch
 from edge.cache import cache_root
 from edge.errors import BitNestError
 from edge.model.arch import ModelConfig
+from edge.model.gguf_file import transformers_reads_fast
 from edge.model.hf_folder import LoadedModel, load_hf_folder
 from export.source_spec import DEFAULT_GGUF, DEFAULT_PACKAGE, default_gguf, is_gguf, resolve_spec  # noqa: F401
 from export.stream_source import StreamSource, open_source  # noqa: F401
@@ -27,8 +28,9 @@ def _convert_gguf(gguf: Path, dest: Path) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     try:
         try:
-            tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+            with transformers_reads_fast():
+                tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+                model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         except Exception as e:  # transformers raises many types for unreadable GGUF files
             raise BitNestError(f"cannot load GGUF file {gguf}: {str(e).splitlines()[0][:160]}") from None
         model.hf_quantizer = None  # save_pretrained refuses a GGUF-quantized model otherwise

@@ -19,6 +19,7 @@ from safetensors import safe_open
 from edge.cache import cache_root
 from edge.errors import BitNestError
 from edge.model.arch import ATTN_LINEARS, BLOCK_NORMS, ModelConfig, config_from_hf
+from edge.model.gguf_file import GGUFReader, transformers_reads_fast
 from edge.model.hf_folder import TOKENIZER_FILES
 from export.source_spec import is_gguf, resolve_spec
 
@@ -121,13 +122,13 @@ class GgufTensor:
 
 
 class GgufReader:
-    """A GGUF file's tensor table (read once through gguf.GGUFReader's memory map, then released) and an open file that
+    """A GGUF file's tensor table (read once through edge.model.gguf_file's GGUFReader, then released) and an open file that
     row blocks are read from by offset and dequantized by gguf-py, nothing else kept."""
 
     def __init__(self, path: Path, cfg: ModelConfig):
         self.path = path
         try:
-            reader = gguf.GGUFReader(str(path))
+            reader = GGUFReader(str(path))
         except Exception as e:  # gguf-py raises ValueError, struct and numpy errors for files it cannot parse
             raise BitNestError(f"cannot read GGUF file {path}: {first_line(e)}") from None
         arch_field = reader.fields.get("general.architecture")
@@ -302,8 +303,9 @@ def gguf_meta_folder(path: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     try:
         try:
-            cfg = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-            tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            with transformers_reads_fast():
+                cfg = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+                tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         except Exception as e:  # transformers raises many types for unreadable GGUF files
             raise BitNestError(f"cannot read GGUF file {path}: {first_line(e)}") from None
         # the fields save_pretrained of the dequantized model adds (export.sources.gguf_cache_folder writes the same)

@@ -54,11 +54,13 @@ def q8_0_gguf(source: Path, cache: Path) -> Path:
     """A Q8_0 GGUF made from `source` (every tensor of a REQUANTIZED type dequantized and requantized to Q8_0, others
     as they are), written once into `cache` (atomic rename)."""
     import gguf
+
+    from edge.model.gguf_file import GGUFReader
     out = cache / (source.stem.rsplit(".", 1)[0] + ".Q8_0.gguf")
     if out.is_file():
         return out
     cache.mkdir(parents=True, exist_ok=True)
-    reader = gguf.GGUFReader(str(source))
+    reader = GGUFReader(str(source))
     arch = str(bytes(reader.fields["general.architecture"].parts[-1]), "utf-8")
     writer = gguf.GGUFWriter(str(out) + ".tmp", arch)
     for field in reader.fields.values():

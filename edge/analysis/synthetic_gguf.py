@@ -78,8 +78,8 @@ def donor_tokenizer(source: Path) -> dict[str, tuple]:
 
 @functools.lru_cache(maxsize=2)
 def _donor_tokenizer(source: str, size: int, mtime_ns: int) -> dict[str, tuple]:
-    import gguf
-    fields = gguf.GGUFReader(source).fields.values()
+    from edge.model.gguf_file import GGUFReader
+    fields = GGUFReader(source).fields.values()
     return {f.name: (f.types[0], f.contents()) for f in fields if f.name.startswith("tokenizer.")}
 
 
