@@ -100,6 +100,21 @@ def small_llama_checkpoint(tmp_path_factory, small_llama_folder):
     return out
 
 
+def command_here(capsys, name: str, *args) -> "subprocess.CompletedProcess":
+    """`bitnest NAME ARGS` through its scripts' own entry point (export.commands.run_command) in this process: its exit
+    status and stderr as a run of `python scripts/NAME.py` gives them, without a fresh interpreter's 2-3 s of imports.
+    The process-level contract (no traceback past the entry point) needs one real run per command beside it."""
+    import subprocess
+    from export.commands import run_command
+    capsys.readouterr()
+    try:
+        rc = run_command(name, [str(a) for a in args])
+    except SystemExit as e:                   # argparse's errors leave through sys.exit, as in a real run
+        rc = e.code
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, rc, out, err)
+
+
 def read_until(stream, needle: bytes, seconds: float = 300) -> bytes:
     """What a child process wrote to `stream` (a pipe) until `needle` appears, the pipe closes or `seconds` pass."""
     import select

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.conftest import ROOT, read_until
+from tests.conftest import ROOT, command_here, read_until
 
 
 def _chat(*args, **kw):
@@ -84,23 +84,24 @@ def _one_line_error(r, needle):
     assert len(lines) == 1 and needle in lines[0], r.stderr
 
 
-def test_bad_input_errors(rtn_checkpoint, tmp_path):
+def test_bad_input_errors(rtn_checkpoint, tmp_path, capsys):
     _one_line_error(_chat("--checkpoint", tmp_path / "none", "--prompt", "x"), "does not exist")
     old = tmp_path / "old"
     shutil.copytree(rtn_checkpoint, old)
     m = json.loads((old / "manifest.json").read_text())
     m["format_version"] = 0
     (old / "manifest.json").write_text(json.dumps(m))
-    _one_line_error(_chat("--checkpoint", old, "--prompt", "x"), "format version 0")
-    _one_line_error(_chat("--checkpoint", rtn_checkpoint, "--prompt", "x", "--policy", "fast"), "unknown policy 'fast'")
-    _one_line_error(_chat("--checkpoint", rtn_checkpoint, "--prompt", "x", "--backend", "npu"), "unknown backend 'npu'")
-    _one_line_error(_chat("--checkpoint", rtn_checkpoint, "--prompt", "x", "--gamma", "12"),
+    chat = lambda *args: command_here(capsys, "chat", *args)     # the real run above checks the process's exit
+    _one_line_error(chat("--checkpoint", old, "--prompt", "x"), "format version 0")
+    _one_line_error(chat("--checkpoint", rtn_checkpoint, "--prompt", "x", "--policy", "fast"), "unknown policy 'fast'")
+    _one_line_error(chat("--checkpoint", rtn_checkpoint, "--prompt", "x", "--backend", "npu"), "unknown backend 'npu'")
+    _one_line_error(chat("--checkpoint", rtn_checkpoint, "--prompt", "x", "--gamma", "12"),
                     "auto chooses γ in 0..8 from the measured pass costs: its ceiling (--gamma) must be in [1, 8]")
-    _one_line_error(_chat("--checkpoint", rtn_checkpoint, "--prompt", "word " * 100, "--max-context", "32"),
+    _one_line_error(chat("--checkpoint", rtn_checkpoint, "--prompt", "word " * 100, "--max-context", "32"),
                     "does not fit the KV cache of 32")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": 1}\n')
-    _one_line_error(_chat("--checkpoint", rtn_checkpoint, "--prompts-file", bad), "bad.jsonl:1")
+    _one_line_error(chat("--checkpoint", rtn_checkpoint, "--prompts-file", bad), "bad.jsonl:1")
 
 
 def _wait_blocked_reading(pid: int, seconds: float = 30) -> None:

@@ -192,20 +192,22 @@ def test_the_default_export_folder_names_its_settings():
     assert default_checkpoint_path(ExportOptions(out="", draft_head="4bit")) != here
 
 
-def test_bad_head_options_are_one_line_errors(small_llama_checkpoint, tmp_path):
+def test_bad_head_options_are_one_line_errors(small_llama_checkpoint, tmp_path, capsys):
     """Before any work: a draft head for a float16 head, at export and on a checkpoint whose head is float16; a draft
-    vocabulary with the step graph, which scores every id."""
+    vocabulary with the step graph, which scores every id. The first in a process of its own, the others through the
+    same entry point in this one."""
     import subprocess
     import sys
 
-    from tests.conftest import ROOT
-    runs = [[str(ROOT / "scripts" / "export.py"), "--out", str(tmp_path / "ck"), "--head", "float16", "--draft-head",
-             "8bit"],
-            [str(ROOT / "scripts" / "chat.py"), "--checkpoint", str(small_llama_checkpoint), "--backend", "torch",
-             "--prompt", "Hi", "--draft-head", "shortlist"],
-            [str(ROOT / "scripts" / "export.py"), "--out", str(tmp_path / "ck"), "--onnx", "--draft-vocab", "4096"]]
-    for argv, says in zip(runs, ("drop --head float16", "needs a nested LM head", "drop --draft-vocab with --onnx")):
-        out = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300)
+    from tests.conftest import ROOT, command_here
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "export.py"), "--out", str(tmp_path / "ck"), "--head",
+                          "float16", "--draft-head", "8bit"], capture_output=True, text=True, timeout=300)
+    runs = [(out, "drop --head float16"),
+            (command_here(capsys, "chat", "--checkpoint", small_llama_checkpoint, "--backend", "torch", "--prompt", "Hi",
+                          "--draft-head", "shortlist"), "needs a nested LM head"),
+            (command_here(capsys, "export", "--out", tmp_path / "ck", "--onnx", "--draft-vocab", "4096"),
+             "drop --draft-vocab with --onnx")]
+    for out, says in runs:
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and says in out.stderr, out.stderr
     assert not (tmp_path / "ck").exists()
 

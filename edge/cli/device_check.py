@@ -194,9 +194,10 @@ def lossless(opts: DeviceCheckOptions, dev: str) -> dict:
             "graphs_captured": getattr(eng, "graph_count", 0)}
 
 
-def _median_ms(fn, repeats: int) -> float:
+def _median_ms(fn, repeats: int, warm: bool = True) -> float:
     import torch
-    fn()                                    # warm-up: compiles, captures
+    if warm:
+        fn()                                # warm-up: compiles, captures (nothing to warm in the interpreter)
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -229,9 +230,11 @@ def pass_times(opts: DeviceCheckOptions, dev: str) -> dict:
         for form, make in engines.items():
             eng = make()
             eng.prefill(prompt)
-            rows[form] = {"draft_ms": _median_ms(lambda: eng.forward([7], "draft", KV8, draft_slot=0), opts.repeats),
-                          "target_ms": _median_ms(lambda: eng.forward([7], "target", KV8), opts.repeats),
-                          "verify_ms": _median_ms(lambda: eng.forward([7] * (GAMMA + 1), "target", KV8), opts.repeats)}
+            warm = not opts.dry
+            rows[form] = {"draft_ms": _median_ms(lambda: eng.forward([7], "draft", KV8, draft_slot=0), opts.repeats, warm),
+                          "target_ms": _median_ms(lambda: eng.forward([7], "target", KV8), opts.repeats, warm),
+                          "verify_ms": _median_ms(lambda: eng.forward([7] * (GAMMA + 1), "target", KV8), opts.repeats,
+                                                  warm)}
             del eng
         out[name] = rows
         del ckpt, backend
