@@ -42,18 +42,21 @@ def test_prompts_file_json(rtn_checkpoint, tmp_path):
     assert len(out["results"]) == 2 and out["stats"]["policy"] == "target" and out["stats"]["acceptance"] is None
 
 
-def test_auto_costs_a_ceiling_a_spoiled_table_and_a_remeasure(rtn_checkpoint, tmp_path):
+def test_auto_costs_a_ceiling_a_spoiled_table_and_a_remeasure(rtn_checkpoint, tmp_path, capsys, monkeypatch):
     """--gamma caps auto's choice; a corrupt cached table is re-measured with one line on stderr; --remeasure-costs
     measures though a sound table is cached (a private cache folder for the tables, the native step built already
-    linked into it: its passes measure in a second where the cpu backend's take twenty)."""
+    linked into it: its passes measure in a second where the cpu backend's take twenty). The first run in a process
+    of its own, the next through the same entry point in this one."""
     from edge.backends.native import native_unavailable
     from edge.cache import cache_root
     (tmp_path / "native").symlink_to(cache_root() / "native", target_is_directory=True)
     env = {**os.environ, "BITNEST_CACHE": str(tmp_path)}
     backend = "cpu" if native_unavailable() else "native"
-    run = lambda *a: _chat("--checkpoint", rtn_checkpoint, "--backend", backend, "--prompt", "Name three rivers.",
-                           "--max-new-tokens", "12", "--json", *a, env=env)
-    r = run("--gamma", "2")
+    args = ("--checkpoint", rtn_checkpoint, "--backend", backend, "--prompt", "Name three rivers.", "--max-new-tokens",
+            "12", "--json")
+    r = _chat(*args, "--gamma", "2", env=env)
+    monkeypatch.setenv("BITNEST_CACHE", str(tmp_path))
+    run = lambda *a: command_here(capsys, "chat", *args, *a)
     assert r.returncode == 0 and r.stderr == "", r.stderr
     s = json.loads(r.stdout.splitlines()[-1])["stats"]
     path = Path(s["cost_table"]["path"])

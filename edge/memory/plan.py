@@ -226,6 +226,9 @@ class MemoryPlan:
                 "arithmetic": self.arithmetic()}
 
 
+LOCAL = 64    # positions between the two contexts whose workspaces give the line near an answer
+
+
 def _largest(lo: int, hi: int, ok) -> int:
     """Largest c in [lo, hi] with ok(c), for ok true up to some point and false after it (ok(lo) holds)."""
     while lo < hi:
@@ -284,19 +287,35 @@ def plan(model: str, cfg: ModelConfig, config: RunConfig, device: DeviceProfile,
         act = 2 if device.compute == "gpu" else 4
         return {s.name: fused_workspace(cfg, s, act, config.weights != "fp16") for s in steps}
 
-    fits = lambda c: fixed + c * per_pos + max(workspace(c).values()) <= device.usable_bytes
+    peak: dict[int, int] = {}          # context -> the largest step's workspace (each dry run once)
+
+    def widest(c: int) -> int:
+        if c not in peak:
+            peak[c] = max(workspace(c).values())
+        return peak[c]
+
+    fits = lambda c: fixed + c * per_pos + widest(c) <= device.usable_bytes
+
+    def solve(c1: int, c2: int) -> tuple[int, float]:
+        """Where the line through the workspace at c1 and c2 meets the memory left, in [shortest, upper]."""
+        slope = (widest(c2) - widest(c1)) / max(1, c2 - c1)
+        c = int((device.usable_bytes - fixed - widest(c1) + slope * c1) // (per_pos + slope))
+        return max(shortest, min(upper, c)), slope
+
     slope = 0.0
     if upper < shortest or not fits(shortest):
         best = 0
     else:
-        # the workspace grows affinely with the context within a regime: solve the line through the two
-        # ends, check the answer, and search the whole range only if the check fails
-        w0, w1 = max(workspace(shortest).values()), max(workspace(upper).values())
-        slope = (w1 - w0) / max(1, upper - shortest)
-        guess = int((device.usable_bytes - fixed - w0 + slope * shortest) // (per_pos + slope))
-        guess = max(shortest, min(upper, guess))
-        if fits(guess) and (guess == upper or not fits(guess + 1)):
-            best = guess
+        # the workspace grows affinely with the context within a regime: solve the line through the two ends, then
+        # (where the ends lie in other regimes) the line through the answer's neighbourhood; each answer is checked
+        # (it fits, one more does not) and the whole range is searched only if none checks
+        guess, slope = solve(shortest, upper)
+        for _ in range(3):
+            if fits(guess) and (guess == upper or not fits(guess + 1)):
+                best = guess
+                break
+            guess = solve(guess, guess + LOCAL)[0] if guess + LOCAL <= upper else \
+                solve(max(shortest, guess - LOCAL), guess)[0]
         else:
             best = _largest(shortest, upper, fits)
     cap = cfg.max_position_embeddings
