@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 
 
-# byte -> (code of its low nibble, code of its high nibble), two's complement
-_NIBBLES = np.array([[((b & 0xF) ^ 8) - 8, ((b >> 4) ^ 8) - 8] for b in range(256)], dtype=np.int8)
-
-
 def unpack(plane: np.ndarray) -> np.ndarray:
-    """uint8 [..., K/2] -> signed codes int8 [..., K]: byte j holds column 2j (low nibble) and 2j+1 (high)."""
-    return _NIBBLES[plane].reshape(*plane.shape[:-1], plane.shape[-1] * 2)
+    """uint8 [..., K/2] -> signed codes int8 [..., K]: byte j holds column 2j (low nibble) and 2j+1 (high). Each byte
+    as a little-endian int16 with its high nibble moved to the second byte reads as the two columns' bytes in order;
+    a nibble's two's complement is sign-extended by shifting it to the top of an int8 and back."""
+    w = np.ascontiguousarray(plane, dtype="<i2")                                       # [..., K/2]
+    w = (w | (w << 4)) & 0x0F0F
+    return ((w.view(np.int8) << 4) >> 4).reshape(*plane.shape[:-1], plane.shape[-1] * 2)
 
 
 def pack(codes: np.ndarray) -> np.ndarray:
