@@ -24,6 +24,7 @@ from edge.analysis.synthetic_gguf import (BYTES, FILLER, SCALE, SPECIAL, donor_t
                                           synthetic_gguf_problem, tensor_shapes)
 from edge.memory.model_shapes import BENCH_SHAPES, MODEL_PRESETS
 from edge.model.arch import ModelConfig
+from edge.model.gguf_file import GGUFReader  # gguf-py's reader, parsed faster (tests/test_gguf_file.py)
 from export import commands
 
 TINY = ModelConfig(architecture="LlamaForCausalLM", family="llama", hidden_size=128, intermediate_size=256,
@@ -161,7 +162,7 @@ def test_the_synthetic_gguf_has_the_shapes_and_the_tokenizer(tmp_path):
     path = synthetic_gguf(TINY, "tiny", shipped_gguf(), tmp_path)
     assert synthetic_gguf(TINY, "tiny", shipped_gguf(), tmp_path) == path           # written once
     assert [p.name for p in tmp_path.iterdir()] == [path.name]                      # no temporary left
-    r = gguf.GGUFReader(str(path))
+    r = GGUFReader(str(path))
     value = lambda k: r.fields[k].contents()
     assert (value("llama.embedding_length"), value("llama.block_count"), value("llama.feed_forward_length"),
             value("llama.attention.head_count"), value("llama.attention.head_count_kv")) == (128, 2, 256, 2, 1)
@@ -216,7 +217,7 @@ def gguf_cache(tmp_path_factory):
 
 def test_a_qwen2_shape_is_a_qwen2_gguf_with_biases_and_its_own_head(gguf_cache):
     import gguf
-    r = gguf.GGUFReader(str(synthetic_gguf(TINY_QWEN2, "tiny-qwen2", shipped_gguf(), gguf_cache)))
+    r = GGUFReader(str(synthetic_gguf(TINY_QWEN2, "tiny-qwen2", shipped_gguf(), gguf_cache)))
     value = lambda k: r.fields[k].contents()
     assert value("general.architecture") == "qwen2"
     assert (value("qwen2.embedding_length"), value("qwen2.block_count"), value("qwen2.feed_forward_length"),
@@ -241,7 +242,7 @@ def test_a_qwen2_shape_is_a_qwen2_gguf_with_biases_and_its_own_head(gguf_cache):
 def test_a_llama3_shape_has_its_vocabulary_of_128256(gguf_cache):
     import gguf
     cfg = replace(TINY, hidden_size=64, num_heads=1, vocab_size=128256)
-    r = gguf.GGUFReader(str(synthetic_gguf(cfg, "tiny-llama3", shipped_gguf(), gguf_cache)))
+    r = GGUFReader(str(synthetic_gguf(cfg, "tiny-llama3", shipped_gguf(), gguf_cache)))
     value = lambda k: r.fields[k].contents()
     assert value("general.architecture") == "llama" and value("llama.vocab_size") == 128256
     assert len(r.fields["tokenizer.ggml.tokens"].data) == 128256
@@ -252,7 +253,7 @@ def test_a_llama3_shape_has_its_vocabulary_of_128256(gguf_cache):
 def test_a_vocabulary_smaller_than_the_donors_is_synthetic(gguf_cache):
     import gguf
     cfg = replace(TINY, vocab_size=32000, tie_word_embeddings=False)
-    r = gguf.GGUFReader(str(synthetic_gguf(cfg, "tiny-llama2", shipped_gguf(), gguf_cache)))
+    r = GGUFReader(str(synthetic_gguf(cfg, "tiny-llama2", shipped_gguf(), gguf_cache)))
     value = lambda k: r.fields[k].contents()
     tokens, types = value("tokenizer.ggml.tokens"), value("tokenizer.ggml.token_type")
     assert value("tokenizer.ggml.model") == "llama" and len(tokens) == len(types) == 32000

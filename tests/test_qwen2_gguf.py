@@ -13,6 +13,7 @@ from export.quantize import QuantOptions
 from export.sources import default_gguf, open_source
 from edge.backends.torch_ref import TorchBackend
 from edge.decode.engine import PassEngine
+from edge.model.gguf_file import GGUFReader  # gguf-py's reader, parsed faster (tests/test_gguf_file.py)
 from tests.reference_pairs import ROUNDING, bound_after, engines, explain, first_layers, row_errors, run_traced
 from tests.test_native_draft_paths import VIEWS, draft_round
 
@@ -51,7 +52,7 @@ def write_qwen2_gguf(path, tied: bool = False, seed: int = 0) -> dict[str, np.nd
 
     from edge.analysis.peers import _copy_field
     rng = np.random.default_rng(seed)
-    src = gguf.GGUFReader(str(default_gguf()))
+    src = GGUFReader(str(default_gguf()))
     vocab = len(src.fields["tokenizer.ggml.tokens"].data)
     w = gguf.GGUFWriter(str(path), "qwen2")
     w.add_name("stand-in qwen2")
@@ -172,7 +173,7 @@ def test_the_q8_0_peer_requantizes_every_block_type_of_the_shipped_file(qwen2_gg
     src = qwen2_gguf[0]
     out = q8_0_gguf(src, tmp_path / "cache")
     assert out.name == "standin-qwen2.Q8_0.gguf" and quant_label(src) == "q4_k_m" and quant_label(out) == "q8_0"
-    a, b = gguf.GGUFReader(str(src)), gguf.GGUFReader(str(out))
+    a, b = GGUFReader(str(src)), GGUFReader(str(out))
     assert str(bytes(b.fields["general.architecture"].parts[-1]), "utf-8") == "qwen2"
     assert int(b.fields["qwen2.embedding_length"].parts[-1][0]) == HIDDEN
     assert len(b.fields["tokenizer.ggml.tokens"].data) == len(a.fields["tokenizer.ggml.tokens"].data)
