@@ -52,18 +52,19 @@ def test_evaluate(small, capsys):
     assert set(out["ppl"]["draft"]) == {"sharegpt", "shakespeare", "code"}
 
 
-def test_bench_with_its_default_policies_beside_llamacpp(rtn_checkpoint, capsys):
-    """The default policies (`auto` among them where the registry has it) and llama.cpp (the bench extra's
-    xllamacpp, on the GGUF the checkpoint was exported from, the default model's shipped Q4_1, and a Q8_0 made from
-    it, and llama.cpp's own speculation: Q8_0 verifying, Q4_1 drafting), each runner in a fresh process of its own at the
-    step's thread count, with the read probe past the last-level cache and the pass times of the target's process."""
+def test_bench_beside_llamacpp(rtn_checkpoint, capsys):
+    """The target, speculation and `auto` (the default's headline; `adaptive` and `draft` run through the same runner
+    with another policy name) and llama.cpp (the bench extra's xllamacpp, on the GGUF the checkpoint was exported from,
+    the default model's shipped Q4_1, and a Q8_0 made from it, and llama.cpp's own speculation: Q8_0 verifying, Q4_1
+    drafting), each runner in a fresh process of its own at the step's thread count, with the read probe past the
+    last-level cache and the pass times of the target's process."""
     import os
 
-    from edge.analysis.bench import DEFAULT_POLICIES
     from edge.model.checkpoint import load_checkpoint
+    policies = ["target", "speculative"] + ["auto"] * ("auto" in POLICIES)
     out = bitnest(capsys, "bench", "--checkpoint", rtn_checkpoint, "--prompts", 1, "--max-new-tokens", 4, "--repeats", 1,
-                  "--pass-repeats", 1, "--peer", "llamacpp", "--json")
-    assert list(out["runs"]) == list(DEFAULT_POLICIES) + ["llamacpp_q4_1", "llamacpp_q8_0", "llamacpp_speculative"]
+                  "--pass-repeats", 1, "--peer", "llamacpp", *[x for p in policies for x in ("--policy", p)], "--json")
+    assert list(out["runs"]) == policies + ["llamacpp_q4_1", "llamacpp_q8_0", "llamacpp_speculative"]
     assert all(r["tok_s"] > 0 for r in out["runs"].values()) and out["threads"] >= 1 and out["read_gbps"] > 0
     assert {"speculative_vs_target", "target_vs_llamacpp_q8", "target_vs_llamacpp_q4_1",
             "verification_pass_vs_target_pass", "draft_pass_vs_target_pass"} <= set(out["ratios"])
