@@ -120,6 +120,17 @@ def test_paired_ratios_set_each_repeat_against_its_own():
     assert got["speculative_vs_target"] == {"median": 1.24, "samples": [1.185, 1.24, 1.241, 1.119, 1.285]}
 
 
+def test_the_shape_table_sets_each_round_against_llamacpps_same_round():
+    """Round 1 (a slow host): 50 ms a pass (20 tok/s) beside llama.cpp's 10 tok/s; round 2 (a fast one): 25 ms (40
+    tok/s) beside 40. Round by round 2.00× and 1.00×; any other pairing (round 1 against round 2's peer) gives 0.50×
+    or 4.00×, and a file without rounds says so rather than inventing them."""
+    from edge.analysis.report_shapes import paired_q8_ratios
+    d = {"layouts": {"online": {"ms_rounds": [{"target": {"1": 50.0}}, {"target": {"1": 25.0}}]}},
+         "llamacpp_native": {"q8_0": {"tg_tok_s_rounds": [10.0, 40.0]}}}
+    assert paired_q8_ratios(d) == [2.0, 1.0]
+    assert paired_q8_ratios({"layouts": {"online": {}}, "llamacpp_native": {"q8_0": {}}}) == []
+
+
 def test_stop_at_eos_ends_a_policys_generations_at_the_runtimes_end_of_text(rtn_checkpoint):
     """By default a policy runner writes exactly max_new_tokens (EOS ignored, as the peers); with --stop-at-eos a
     generation ends at the first token of the runtime's EOS set, that token included. The EOS set here is a token
