@@ -45,7 +45,8 @@ def shape_row(d: dict, alpha: float) -> list[str]:
         if "read_gbps" in d else "not probed"
     return [d["shape"], f"{t1:g} / {t5:g} ({t5 / t1:.2f}×)", f"{d1:g} ({d1 / t1:.2f}×)",
             f"{tok:g}", roof, f"{q8['tg_tok_s']:g} / {q4['tg_tok_s']:g}", f"**{tok / q8['tg_tok_s']:.2f}×**",
-            ", ".join(f"{r:.2f}×" for r in paired_q8_ratios(d)) or "not recorded", f"{best:g} (γ {proj['best_gamma']}, {best / tok:.2f}×)", f"{best / q4['tg_tok_s']:.2f}×",
+            ", ".join(f"{r:.2f}×" for r in paired_q8_ratios(d)) or "not recorded",
+            f"{best:g} (γ {proj['best_gamma']}, {best / tok:.2f}×)", f"{best / q4['tg_tok_s']:.2f}×",
             f"{pp:g}", f"{q8['pp_tok_s']:g} / {q4['pp_tok_s']:g}", f"**{pp / q8['pp_tok_s']:.2f}×**"]
 
 
