@@ -122,7 +122,7 @@ def test_verify_on_the_real_model(rtn_checkpoint):
     of anonymous memory over the plan in-process, 53 MiB at most in a fresh one)."""
     import subprocess
     r = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "max_context.py"),
-                        "--device", "local", "--model", str(rtn_checkpoint), "--total-mib", "230", "--os-reserve-mib",
+                        "--device", "local", "--model", str(rtn_checkpoint), "--total-mib", "170", "--os-reserve-mib",
                         "0", "--context-reserve-mib", "0", "--prefill-chunk", "64", "--verify", "--json"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
