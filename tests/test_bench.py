@@ -317,9 +317,12 @@ def test_a_shape_bench_measures_replays_and_projects_in_separate_processes(small
     assert acc["source"] == "this run" and acc["rounds"] >= 1
     rep = d["runs"]["speculative_replayed"]
     assert rep["acceptance"] == acc["acceptance"] and rep["draft_passes"] == 4 * rep["target_passes"]
-    assert {"target_vs_llamacpp_q8", "projected_speculative_vs_target", "replayed_speculative_vs_target",
-            "best_policy_vs_llamacpp_q8"} <= set(d["ratios"])
-    assert d["best_policy"] in ("target", "speculative_replayed")
+    assert {"target_vs_llamacpp_q8", "projected_speculative_vs_target", "replayed_speculative_vs_target"} <= set(d["ratios"])
+    assert "best_policy" not in d and not any(k.startswith("best_policy") for k in d["ratios"])   # no pick after the run
+    paired = d["paired_ratios"]                            # each repeat against the same repeat of the peer
+    assert paired["target_vs_llamacpp_q8"]["samples"] == [
+        round(a["tok_s"] / b["tok_s"], 3) for a, b in zip([d["runs"]["target"]], [d["runs"]["llamacpp_q8_0"]])]
+    assert set(paired) >= {"speculative_replayed_vs_target", "draft_vs_target"}
     assert d["projection"]["alpha"] == acc["judged_acceptance"] >= acc["acceptance"]     # judged, not drafted
     assert d["projection"]["alpha_kind"] == "accepted / judged" and "random weights" in acc["borrowed"]
     assert d["probe"]["bytes"] >= PROBE_LLC_MULTIPLE * d["machine"]["llc"]["bytes"]

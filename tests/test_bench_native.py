@@ -55,10 +55,11 @@ def test_the_build_is_keyed_by_this_cpu(monkeypatch):
 
 
 def _stand_in(tmp_path: Path, output: str, rc: int = 0) -> tuple[Path, Path]:
-    """An executable that records its arguments and prints `output` (a recorded llama-bench run)."""
+    """An executable that records its arguments (a line of JSON per call) and prints `output` (a recorded llama-bench
+    run)."""
     args = tmp_path / "argv.json"
     tool = tmp_path / "llama-bench"
-    tool.write_text(f"#!/usr/bin/env python3\nimport json, sys\njson.dump(sys.argv[1:], open({str(args)!r}, 'w'))\n"
+    tool.write_text(f"#!/usr/bin/env python3\nimport json, sys\nprint(json.dumps(sys.argv[1:]), file=open({str(args)!r}, 'a'))\n"
                     f"sys.stdout.write(open({str(output)!r}).read())\n"
                     f"sys.stderr.write('error: model failed to load\\n')\nsys.exit({rc})\n")
     tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
@@ -122,8 +123,9 @@ def test_passes_only_times_a_prefill_in_the_runners_process():
 
 def test_the_bench_runner_reads_one_llama_bench_process_a_repeat(tmp_path, monkeypatch):
     """bitnest bench's native peer, built from the spec the bench writes as its worker process builds it: each
-    repeat is one llama-bench process (pp at the prompts' median length, tg of the new tokens) at the run's threads,
-    read back as the runner's tok/s and prefill tok/s."""
+    repeat is two llama-bench processes at the run's threads, pp at the prompts' median length from an empty cache
+    and tg of the new tokens after that many cached positions (as our decode follows its prompt), read back as the
+    runner's prefill tok/s and tok/s."""
     import torch
 
     from edge.analysis.bench_common import native_spec
@@ -138,10 +140,13 @@ def test_the_bench_runner_reads_one_llama_bench_process_a_repeat(tmp_path, monke
     finally:
         torch.set_num_threads(threads)                 # make_runner sets the run's count, as a worker process does
     got = runner.run()
-    flags = dict(zip(json.loads(args.read_text())[::2], json.loads(args.read_text())[1::2]))
-    assert (flags["-p"], flags["-n"], flags["-t"], flags["-r"]) == ("37", "16", "2", "1")
+    calls = [json.loads(line) for line in args.read_text().splitlines()]
+    flags = [dict(zip(argv[::2], argv[1::2])) for argv in calls]
+    assert [(f["-p"], f["-n"], f["-d"], f["-t"], f["-r"]) for f in flags] == [("37", "0", "0", "2", "1"),
+                                                                              ("0", "16", "37", "2", "1")]
     recorded = json.loads(RECORDED.read_text())
     assert got["tok_s"] == round(recorded[1]["avg_ts"], 2) and got["prefill_tok_s"] == round(recorded[0]["avg_ts"], 2)
+    assert got["tg_depth"] == 37
     assert runner.info == {"kind": "llamacpp_native", "threads": 2, "gguf": "m.Q8_0.gguf", "native": True}
     with pytest.raises(RuntimeError, match="ensure_built"):
         NativeLlamaRunner("m.gguf", 2, 37, 16, str(tmp_path / "empty"))

@@ -54,17 +54,24 @@ def test_evaluate(small, capsys):
 
 def test_bench_beside_llamacpp(rtn_checkpoint, capsys):
     """The target, speculation and `auto` (the default's headline; `adaptive` and `draft` run through the same runner
-    with another policy name) and llama.cpp (the bench extra's xllamacpp, on the GGUF the checkpoint was exported from,
-    the default model's shipped Q4_1, and a Q8_0 made from it, and llama.cpp's own speculation: Q8_0 verifying, Q4_1
-    drafting), each runner in a fresh process of its own at the step's thread count, with the read probe past the
-    last-level cache and the pass times of the target's process."""
+    with another policy name) and llama.cpp (the bench extra's xllamacpp, its ggml features recorded, on the GGUF the
+    checkpoint was exported from, the default model's shipped Q4_1, and a Q8_0 made from it, and, asked for, llama.cpp's
+    own speculation: Q8_0 verifying, Q4_1 drafting, never in the headline), each runner in a fresh process of its own
+    at the step's thread count, with the read probe past the last-level cache and the pass times of the target's
+    process."""
     import os
 
     from edge.model.checkpoint import load_checkpoint
     policies = ["target", "speculative"] + ["auto"] * ("auto" in POLICIES)
     out = bitnest(capsys, "bench", "--checkpoint", rtn_checkpoint, "--prompts", 1, "--max-new-tokens", 4, "--repeats", 1,
-                  "--pass-repeats", 1, "--peer", "llamacpp", *[x for p in policies for x in ("--policy", p)], "--json")
+                  "--pass-repeats", 1, "--peer", "llamacpp", "--peer", "llamacpp-speculative",
+                  *[x for p in policies for x in ("--policy", p)], "--json")
     assert list(out["runs"]) == policies + ["llamacpp_q4_1", "llamacpp_q8_0", "llamacpp_speculative"]
+    lead = out["headline"]
+    assert lead["policy"] == ("auto" if "auto" in POLICIES else "target")
+    assert set(lead["vs"]) == {"llamacpp_q8", "llamacpp_q4_1"}       # the strawman speculation is never a headline
+    assert all(out["runs"][r]["system_info"]["wheel"].startswith("xllamacpp ") and out["runs"][r]["system_info"]["features"]
+               for r in ("llamacpp_q4_1", "llamacpp_q8_0"))         # what the wheel was built for, on record
     assert all(r["tok_s"] > 0 for r in out["runs"].values()) and out["threads"] >= 1 and out["read_gbps"] > 0
     assert {"speculative_vs_target", "target_vs_llamacpp_q8", "target_vs_llamacpp_q4_1",
             "verification_pass_vs_target_pass", "draft_pass_vs_target_pass"} <= set(out["ratios"])

@@ -172,7 +172,12 @@ def test_the_q8_0_peer_requantizes_every_block_type_of_the_shipped_file(qwen2_gg
     from edge.analysis.peers import q8_0_gguf, quant_label
     src = qwen2_gguf[0]
     out = q8_0_gguf(src, tmp_path / "cache")
-    assert out.name == "standin-qwen2.Q8_0.gguf" and quant_label(src) == "q4_k_m" and quant_label(out) == "q8_0"
+    assert out.name.startswith("standin-qwen2.") and quant_label(src) == "q4_k_m" and quant_label(out) == "q8_0"
+    assert q8_0_gguf(src, tmp_path / "cache") == out                       # made once
+    other = tmp_path / "other" / src.name                                  # another file of the same name
+    other.parent.mkdir()
+    other.write_bytes(src.read_bytes()[:-1] + b"\0")
+    assert q8_0_gguf(other, tmp_path / "cache") != out                    # is not served the first one's Q8_0
     a, b = GGUFReader(str(src)), GGUFReader(str(out))
     assert str(bytes(b.fields["general.architecture"].parts[-1]), "utf-8") == "qwen2"
     assert int(b.fields["qwen2.embedding_length"].parts[-1][0]) == HIDDEN

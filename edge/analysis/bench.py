@@ -1,12 +1,16 @@
 """Decode speed on this machine, in one run and fair: this runtime's policies on a backend (default `auto`: native where
-it builds) against llama.cpp on the same model's GGUF (the `xllamacpp` wheel, built for AVX2: as shipped, a Q8_0
-re-quantized from it, and llama.cpp's own draft-model speculation over the two, its draft the shipped 4-bit file of
-the same model; with --peer llamacpp-native, llama.cpp built for this CPU, edge.analysis.llamacpp_native) and
-transformers' float32 `generate`, at the same thread count, on the same real prompts, beside a DRAM read probe; with
---shape, the same at a real model's shapes that stream from DRAM (edge.analysis.bench_shape).
+it builds) against llama.cpp on the same model's GGUF (--peer llamacpp: the `xllamacpp` wheel, built for AVX2, its
+ggml features recorded, on the file as shipped and on a Q8_0 this project re-quantizes from it; --peer
+llamacpp-native: llama.cpp built for this CPU, edge.analysis.llamacpp_native, on the same two files; --peer
+llamacpp-speculative, only when asked: the wheel's own draft-model speculation, the Q8_0 verifying and the shipped
+4-bit file of the same model drafting) and transformers' float32 `generate`, at the same thread count, on the same
+real prompts, beside a DRAM read probe; with --shape, the same at a real model's shapes that stream from DRAM
+(edge.analysis.bench_shape). The headline is fixed before the run: `auto` (the default policy) against each llama.cpp
+peer's two files, paired by repeat.
 
     bitnest bench [--checkpoint DIR] [--backend B] [--prompts N] [--max-new-tokens N] [--repeats R] [--threads T]
-                  [--policy P (repeatable)] [--peer llamacpp|llamacpp-native|hf|none (repeatable)] [--pass-repeats N]
+                  [--policy P (repeatable)] [--peer llamacpp|llamacpp-native|llamacpp-speculative|hf|none
+                  (repeatable)] [--pass-repeats N]
                   [--shape NAME [--acceptance-from FILE]] [--json]
     bitnest bench --shape NAME --passes-only [--r4 online|legacy|none (repeatable)] [--rounds N] [--pass-repeats N]
                   [--prefill N] [--peer llamacpp-native] [--draft-head H] [--draft-vocab N]
@@ -64,7 +68,10 @@ from edge.model.checkpoint import read_manifest
 from edge.memory.model_shapes import BENCH_SHAPES, MODEL_PRESETS
 from edge.memory.synthetic import R4_LAYOUTS
 
-PEERS = ("llamacpp", "llamacpp-native", "hf", "none")
+PEERS = ("llamacpp", "llamacpp-native", "llamacpp-speculative", "hf", "none")
+# llama.cpp's own draft-model speculation drafts with the same model's shipped 4-bit file: a configuration nobody would
+# choose (the draft costs half the target's pass), run only when asked and never in a headline
+SPECULATIVE_PEER = "llamacpp_speculative"
 DEFAULT_POLICIES = ("target", "speculative", "adaptive", "draft", "auto")
 SHAPES = BENCH_SHAPES
 def bench(a, ckpt: str, command: str = "") -> dict:
@@ -82,9 +89,10 @@ def bench(a, ckpt: str, command: str = "") -> dict:
         q80 = q8_0_gguf(shipped, cache_folder() / "gguf")
         for name, path in ((f"llamacpp_{quant_label(shipped)}", shipped), ("llamacpp_q8_0", q80)):
             specs[name] = llama_spec(path, texts, a.max_new_tokens, threads)
-        if shipped != q80:   # llama.cpp's own speculation: the Q8_0 verifies, the shipped GGUF drafts (up to γ)
-            specs["llamacpp_speculative"] = llama_spec(q80, texts, a.max_new_tokens, threads, draft=shipped,
-                                                       draft_max=a.gamma)
+    if "llamacpp-speculative" in peers:   # the Q8_0 verifies, the shipped GGUF (the same model at 4 bits) drafts
+        shipped = source_gguf(manifest)
+        specs[SPECULATIVE_PEER] = llama_spec(q8_0_gguf(shipped, cache_folder() / "gguf"), texts, a.max_new_tokens,
+                                             threads, draft=shipped, draft_max=a.gamma)
     if "llamacpp-native" in peers:     # built once per machine before any timing (minutes)
         from edge.analysis.llamacpp_native import ensure_built
         ensure_built(cache_folder())
@@ -135,7 +143,8 @@ def headline(out: dict, policy: str) -> dict:
     """The figures a summary leads with: one policy fixed before the run (the default `auto`, else the target)
     against each llama.cpp peer of the run (the shipped file's own quantization and the Q8_0 made from it), paired by
     repeat (median of the per-repeat ratios) and as the ratio of medians."""
-    peers = {run: label for run, label in RATIO_PEERS.items() if run.startswith("llamacpp_") and run in out["runs"]}
+    peers = {run: label for run, label in RATIO_PEERS.items()
+             if run.startswith("llamacpp_") and run != SPECULATIVE_PEER and run in out["runs"]}
     return {"policy": policy, "tok_s": out["runs"][policy]["tok_s"] if policy in out["runs"] else None,
             "vs": {label: {"paired": out["paired_ratios"].get(f"{policy}_vs_{label}", {}).get("median"),
                            "medians": out["ratios"].get(f"{policy}_vs_{label}")} for run, label in peers.items()}}
@@ -148,7 +157,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", help="nested checkpoint folder (default: the embedded SmolLM2 export)")
     add_model_argument(p)
     p.add_argument("--backend", default="auto", choices=BACKENDS, help="backend that runs the nested views")
-    p.add_argument("--prompts", type=count(), default=4, help="held-out ShareGPT requests")
+    p.add_argument("--prompts", type=count(), default=8, help="held-out ShareGPT requests (acceptance, and so every "
+                   "speculative figure, rests on them: 8 at least)")
     p.add_argument("--max-new-tokens", type=count(2), default=64)
     p.add_argument("--stop-at-eos", action="store_true", help="this runtime's policies stop at the model's end of "
                    "text (default: every generation runs --max-new-tokens tokens, EOS ignored, as the peers do)")

@@ -18,7 +18,8 @@ RATIO_PEERS = {"target": "target", "llamacpp_q8_0": "llamacpp_q8", "llamacpp_q4_
                "llamacpp_native_q4_k_m": "llamacpp_native_q4_k_m", "hf_fp32": "hf_fp32"}
 ISOLATION = "process per runner"
 STAT_KEYS = ("acceptance", "drafted", "tokens_per_round", "weight_bytes_per_token", "kv_bytes_per_token",
-             "draft_passes", "target_passes", "policy_stats", "prefill_tokens", "prefill_tok_s", "system_info")
+             "draft_passes", "target_passes", "policy_stats", "prefill_tokens", "prefill_tok_s", "system_info",
+             "tg_depth")
 
 
 def cache_folder() -> Path:
@@ -82,7 +83,7 @@ def run_entry(runs: list[dict], loaded: dict, read_gbps: float | None) -> dict:
     it reached and that over the probe's bandwidth."""
     rates = [r["tok_s"] for r in runs]
     entry = {"tok_s": round(statistics.median(rates), 2), "tok_s_samples": rates, "pid": loaded["pid"]}
-    entry.update({k: loaded[k] for k in ("gguf", "mmap", "draft_gguf", "draft_max") if k in loaded})
+    entry.update({k: loaded[k] for k in ("gguf", "mmap", "draft_gguf", "draft_max", "system_info") if k in loaded})
     last = runs[-1]
     entry.update({k: last[k] for k in STAT_KEYS if k in last})
     if last.get("weight_bytes_per_token"):

@@ -199,7 +199,7 @@ class LlamaRunner:
         self.n = max_new_tokens
         self.messages = [[{"role": "user", "content": t}] for t in texts]
         self.llama.decode(self.messages[0], WARMUP_TOKENS)
-        self.info = {"gguf": Path(gguf).name, "mmap": self.llama.mmap,
+        self.info = {"gguf": Path(gguf).name, "mmap": self.llama.mmap, "system_info": self.llama.system_info,
                      **({"draft_gguf": Path(draft).name, "draft_max": draft_max} if draft else {})}
 
     def run(self) -> dict:
@@ -214,9 +214,10 @@ class LlamaRunner:
 
 
 class NativeLlamaRunner:
-    """llama.cpp built for this CPU (edge.analysis.llamacpp_native) on one GGUF: each repeat one `llama-bench` process,
-    a pp test of the prompts' median length and a tg test of `max_new_tokens` (random token ids, no sampler: bare
-    passes, as this runtime's pass times; its tg starts from an empty cache)."""
+    """llama.cpp built for this CPU (edge.analysis.llamacpp_native) on one GGUF: each repeat two `llama-bench`
+    processes, a pp test of the prompts' median length from an empty cache, and a tg test of `max_new_tokens` after
+    that many cached positions (random token ids, no sampler: bare passes, as this runtime's decode after its prompt;
+    a tg from an empty cache would attend over fewer positions than ours)."""
 
     OPS = ("run",)
 
@@ -230,9 +231,10 @@ class NativeLlamaRunner:
 
     def run(self) -> dict:
         from edge.analysis.llamacpp_native import llama_bench, system_info, test_rate
-        records = llama_bench(self.tool, self.gguf, self.threads, prompt=self.p, gen=self.n)
-        tg, pp = test_rate(records, "tg"), test_rate(records, "pp")
-        return {"tok_s": tg["tok_s"], "tokens": tg["tokens"], "prefill_tokens": pp["tokens"],
+        pp = test_rate(llama_bench(self.tool, self.gguf, self.threads, prompt=self.p), "pp")
+        records = llama_bench(self.tool, self.gguf, self.threads, gen=self.n, depth=self.p)
+        tg = test_rate(records, "tg")
+        return {"tok_s": tg["tok_s"], "tokens": tg["tokens"], "tg_depth": self.p, "prefill_tokens": pp["tokens"],
                 "prefill_tok_s": pp["tok_s"], "system_info": system_info(records)}
 
 

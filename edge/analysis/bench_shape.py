@@ -16,6 +16,7 @@ from edge.analysis.bench_common import (
     cache_folder,
     default_threads,
     llama_spec,
+    paired_ratios,
     pass_ratios,
     policy_spec,
     probe_entry,
@@ -34,7 +35,6 @@ from edge.errors import BitNestError
 from edge.model.arch import ModelConfig
 
 SHAPE_RUNS = {"target": "target", "draft": "draft", "speculative_replayed": "replay"}   # run name -> synthetic mode
-LOSSLESS = ("target", "speculative_replayed")       # the policies whose output is the target's (draft AR is not)
 
 
 def recorded_acceptance(a, checkpoint: str, prompts: list, threads: int) -> dict:
@@ -123,7 +123,6 @@ def bench_shape(a, cfg: ModelConfig, name: str, checkpoint: str, command: str = 
         if method == "projected":        # no replay ran: the projection's speed against the peer
             r["projected_speculative_vs_llamacpp_q8"] = round(proj["speculative_tok_s"] / tok["llamacpp_q8_0"], 3)
     r.update(pass_ratios(passes, a.gamma))
-    best = max((k for k in LOSSLESS if k in tok), key=tok.get)
     out = {"command": command, "shape": name, "config": cfg.to_dict(), "checkpoint": checkpoint,
            "backend": loaded["target"]["backend"], "isa": loaded["target"]["isa"],
            **{k: loaded["target"][k] for k in ("draft_head", "shortlist_k", "draft_vocab", "r4_factors")
@@ -138,9 +137,8 @@ def bench_shape(a, cfg: ModelConfig, name: str, checkpoint: str, command: str = 
                            "random weights have no acceptance of their own, so its speculation is "
                            f"{method} with that model's"},
            "runs": runs, "projection": proj, "gguf": None if gguf is None else gguf.name,
-           "best_policy": best, "pass_times": passes}
-    if "llamacpp_q8_0" in tok:
-        r["best_policy_vs_llamacpp_q8"] = round(tok[best] / tok["llamacpp_q8_0"], 3)
-    out["ratios"] = r
+           "pass_times": passes}
+    out["ratios"] = r                  # no "best policy": the best of noisy medians picked after the run flatters
+    out["paired_ratios"] = paired_ratios(samples, mine=("target", "draft", "speculative_replayed"))
     out["target_roofline_fraction"] = runs["target"].get("roofline_fraction")
     return out

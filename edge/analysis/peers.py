@@ -50,13 +50,24 @@ def quant_label(path: Path) -> str:
     return path.stem.rsplit(".", 1)[-1].lower()
 
 
+def _content_key(path: Path) -> str:
+    """The first 12 hex digits of the file's sha256 (read in 16 MiB pieces)."""
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while piece := f.read(1 << 24):
+            h.update(piece)
+    return h.hexdigest()[:12]
+
+
 def q8_0_gguf(source: Path, cache: Path) -> Path:
-    """A Q8_0 GGUF made from `source` (every tensor of a REQUANTIZED type dequantized and requantized to Q8_0, others
-    as they are), written once into `cache` (atomic rename)."""
+    """A Q8_0 GGUF this project makes from `source` (every tensor of a REQUANTIZED type dequantized and requantized to
+    Q8_0, others as they are; not a file its publisher ships), written once into `cache` (atomic rename) under a name
+    keyed by the source's content: another file of the same name (a re-export, another release) gets its own."""
     import gguf
 
     from edge.model.gguf_file import GGUFReader
-    out = cache / (source.stem.rsplit(".", 1)[0] + ".Q8_0.gguf")
+    out = cache / f"{source.stem.rsplit('.', 1)[0]}.{_content_key(source)}.Q8_0.gguf"
     if out.is_file():
         return out
     cache.mkdir(parents=True, exist_ok=True)
@@ -128,6 +139,10 @@ class LlamaCpp:
         if not self.mmap:     # weights read into the process's own memory, not file pages the kernel may drop
             p.load_mode = modes.LLAMA_LOAD_MODE_NONE
         self.server, self.name = xllamacpp.Server(p), gguf.name
+        # what the wheel was built for: its ggml CPU features (the PyPI wheel's: AVX2 = 1, no AVX512 entries) and build
+        self.system_info = {"wheel": f"xllamacpp {getattr(xllamacpp, '__version__', '?')}",
+                            "features": xllamacpp.get_system_info().strip(" |\n"),
+                            "build": dict(getattr(xllamacpp, "BUILD_INFO", {}))}
 
     def decode(self, messages: list[dict], tokens: int) -> tuple[int, float]:
         """Tokens and seconds of the decode phase of one greedy chat completion of exactly `tokens` tokens (EOS

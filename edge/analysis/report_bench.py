@@ -13,8 +13,8 @@ RATIO_KEYS = ("speculative_vs_target", "adaptive_vs_target", "auto_vs_target", "
               "speculative_vs_llamacpp_q8", "adaptive_vs_llamacpp_q8", "auto_vs_llamacpp_q8", "speculative_vs_hf_fp32",
               "verification_pass_vs_target_pass", "draft_pass_vs_target_pass")
 SHAPE_RATIO_KEYS = ("target_vs_llamacpp_q8", "replayed_speculative_vs_target", "projected_speculative_vs_target",
-                    "projected_best_gamma_vs_target", "best_policy_vs_llamacpp_q8", "draft_vs_target",
-                    "verification_pass_vs_target_pass", "draft_pass_vs_target_pass")
+                    "projected_best_gamma_vs_target", "draft_vs_target", "verification_pass_vs_target_pass",
+                    "draft_pass_vs_target_pass")
 
 
 def _mib(b: int) -> str:
@@ -120,8 +120,7 @@ def shape_block(d: dict) -> str:
             f"nested checkpoint, random planes). Speculation: **{d['speculative_method']}**; acceptance from "
             f"{source} ({acc['checkpoint'].rsplit('/', 1)[-1] if acc.get('checkpoint') else 'default model'}, "
             f"γ = {acc['gamma']}: {pct(acc['acceptance'])}"
-            + (f", {acc['rounds']} rounds" if acc.get("rounds") else "") + "). Best lossless policy measured: "
-            f"{d['best_policy']}.")
+            + (f", {acc['rounds']} rounds" if acc.get("rounds") else "") + ").")
     ratios = _ratio_table(d["ratios"], SHAPE_RATIO_KEYS,
                           [("target_roofline_fraction", d.get("target_roofline_fraction"))])
     return "\n\n".join([lead, table(head, rows), passes_table(d["pass_times"]), ratios, machine_note(d)])
@@ -152,20 +151,36 @@ def isa_paths_table(*runs: dict) -> str:
 
 # -- the README's headline rows -----------------------------------------------------------------------------------
 def headline_bench_row(bench: dict) -> list[str]:
-    """The cache-resident regime: the default model's policies beside llama.cpp."""
+    """The default model's policies beside llama.cpp. A run with the native peer leads with its fixed headline: `auto`
+    against llama.cpp built for this CPU on the shipped file and on the Q8_0 made from it, paired by repeat; the
+    wheel's figures follow, labelled as its AVX2 build. An older run without it leads with the wheel, so labelled."""
     runs, r = bench["runs"], bench["ratios"]
-    auto = f", auto {runs['auto']['tok_s']:g} (`auto_vs_target` {r['auto_vs_target']:g})" if "auto" in runs else ""
+    lead = bench.get("headline") or {}
+    native = {k: v for k, v in lead.get("vs", {}).items() if k.startswith("llamacpp_native_")}
     p = bench["pass_times"]["ms"]["target"]
     llc = bench["machine"]["llc"]["sysfs_bytes"]
     where = "within" if runs["target"]["weight_bytes_per_token"] < llc else "past"
+    shipped = next((k.removeprefix("llamacpp_") for k in runs if k.startswith("llamacpp_q4")), None)
+    wheel = "" if "llamacpp_q8_0" not in runs else (
+        f"; the xllamacpp wheel (AVX2 build): Q8_0 {runs['llamacpp_q8_0']['tok_s']:g}"
+        + (f", {shipped.upper()} {runs['llamacpp_' + shipped]['tok_s']:g}" if shipped else "")
+        + f" (`target_vs_llamacpp_q8` {r['target_vs_llamacpp_q8']:g})")
+    policies = (f"target AR {runs['target']['tok_s']:g} tok/s ({pct(bench['target_roofline_fraction'])} of the read "
+                f"probe), speculative (γ = {bench['gamma']}) {runs['speculative']['tok_s']:g} "
+                f"(`speculative_vs_target` {r['speculative_vs_target']:g}), draft AR {runs['draft']['tok_s']:g}")
+    if native and lead.get("policy") == "auto":
+        vs = ", ".join(f"{'Q8_0 (made here from the shipped file)' if k.endswith('_q8') else 'the shipped ' + k.removeprefix('llamacpp_native_').upper()} "
+                       f"{v['paired']:g}×" for k, v in native.items())
+        text = (f"`auto` (the default policy) {runs['auto']['tok_s']:g} tok/s (`auto_vs_target` {r['auto_vs_target']:g})"
+                f"; against llama.cpp built for this CPU: {vs} (medians of the repeat-by-repeat ratios); {policies}")
+    else:
+        auto = f", auto {runs['auto']['tok_s']:g} (`auto_vs_target` {r['auto_vs_target']:g})" if "auto" in runs else ""
+        text = policies + auto
     return [f"decode speed, SmolLM2-135M ({where} this CPU's {_mib(llc)} last-level cache), {bench['backend']} "
-            f"backend ({bench['isa']}, {bench['threads']} threads), every runner in its own process",
-            f"target AR {runs['target']['tok_s']:g} tok/s ({pct(bench['target_roofline_fraction'])} of the read "
-            f"probe), speculative (γ = {bench['gamma']}) {runs['speculative']['tok_s']:g}{auto}, draft AR "
-            f"{runs['draft']['tok_s']:g}; llama.cpp Q8_0 {runs['llamacpp_q8_0']['tok_s']:g}, Q4_1 "
-            f"{runs['llamacpp_q4_1']['tok_s']:g}: `target_vs_llamacpp_q8` {r['target_vs_llamacpp_q8']:g}, "
-            f"`speculative_vs_target` {r['speculative_vs_target']:g}; {bench['gamma'] + 1}-token target pass "
-            f"{p[str(bench['gamma'] + 1)] / p['1']:.2f}× a 1-token pass ([runtime](docs/runtime.md))",
+            f"backend ({bench['isa']}, {bench['threads']} threads), every runner in its own process, "
+            f"{bench['prompts']} prompts",
+            f"{text}{wheel}; {bench['gamma'] + 1}-token target pass {p[str(bench['gamma'] + 1)] / p['1']:.2f}× a "
+            "1-token pass ([runtime](docs/runtime.md))",
             f"`{bench['command']}`"]
 
 
@@ -210,13 +225,16 @@ def headline_shape_row(d: dict) -> list[str]:
     d = judged(d)
     runs, r, p = d["runs"], d["ratios"], d["pass_times"]["ms"]
     method = d["speculative_method"]
-    spec = f"{r.get(f'{method}_speculative_vs_target'):g}× target"
+    model = (d["acceptance_source"].get("checkpoint") or "the default model").rstrip("/").rsplit("/", 1)[-1]
+    spec = f"{r.get(f'{method}_speculative_vs_target'):g}× target at the acceptance recorded on the real model " \
+           f"`{model}` (random weights have none of their own)"
     if method != "projected":      # a replay beside what the same run's pass times project
         spec += f" (projected from the pass times: {r['projected_speculative_vs_target']:g}×)"
     return [f"decode speed, memory-bound ({d['shape']} shapes, random weights), {d['backend']} backend ({d['isa']}, "
             f"{d['threads']} threads)",
             f"target AR {runs['target']['tok_s']:g} tok/s ({pct(d['target_roofline_fraction'])} of the read probe), "
-            f"draft AR {runs['draft']['tok_s']:g}; llama.cpp Q8_0 {runs['llamacpp_q8_0']['tok_s']:g}: "
+            f"draft AR {runs['draft']['tok_s']:g}; llama.cpp Q8_0 (the xllamacpp wheel, AVX2 build) "
+            f"{runs['llamacpp_q8_0']['tok_s']:g}: "
             f"`target_vs_llamacpp_q8` {r['target_vs_llamacpp_q8']:g}; speculative (γ = {d['gamma']}, {method}) "
             f"{spec}; {d['gamma'] + 1}-token target pass "
             f"{p['target'][str(d['gamma'] + 1)] / p['target']['1']:.2f}× a 1-token pass, draft pass {r['draft_pass_vs_target_pass']:g}× ([runtime](docs/runtime.md))",
