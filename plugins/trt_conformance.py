@@ -29,6 +29,8 @@ Addresses are the tensors' data_ptr(): device pointers where the plugins were de
 they were defined for the CPU (plugins.trt_plugins.define_plugins(..., device="cpu"), kernels in Triton's
 interpreter)."""
 
+import gc
+
 import torch
 
 from plugins import trt_standin as trt
@@ -237,14 +239,20 @@ def build(creator, inputs: list[torch.Tensor], namespace: str | None = None, see
         fake_in = [_garbage(t.shape, t.dtype, gen).to(device) for t in inputs]
         fake_out = [_garbage(s, _TORCH[t], gen).to(device) for s, t in zip(out_shapes, out_types)]
         _enqueue(c, runtime, fake_in, fake_out, workspace)
-    fields = c(runtime, "get_fields_to_serialize")
-    if not isinstance(fields, trt.PluginFieldCollection):
-        raise ConformanceError(f"{type(plugin).__name__}.get_fields_to_serialize() returned {type(fields).__name__}, "
+    returned = c(runtime, "get_fields_to_serialize")
+    if not isinstance(returned, trt.PluginFieldCollection):
+        raise ConformanceError(f"{type(plugin).__name__}.get_fields_to_serialize() returned {type(returned).__name__}, "
                                "not a PluginFieldCollection")
-    structs = [trt.FieldStruct(f) for f in fields]
-    del fields                                       # the wrapper keeps the C structs, not the Python collection
+    # The wrapper (pyPlugin.cpp v10.3.0 lines 1575-1579) casts the returned vector of struct copies to a C
+    # PluginFieldCollection: the implicit conversion (line 2465) makes a PluginFieldCollection_ pointing into the
+    # vector's own storage (lines 1956-1957, fields.data()), which keeps the vector alive (keep_alive<1, 2>, line 2456)
+    # as a temporary of the enclosing bound call (pybind11 v2.13.1 type_caster_base.h lines 767-773, add_patient;
+    # freed when that call returns, pybind11.h line 986): build_serialized_network, here this function. So the vector
+    # outlives the Python call (`returned` stays referenced while TensorRT reads it); the buffers its structs point at
+    # live only as long as something else holds them.
+    gc.collect()
     try:
-        fields = trt.serialize_fields(structs)       # the engine file's copy, read once the Python objects are gone
+        fields = trt.engine_copy(returned)           # the engine file's copy, read at each struct's address
     except trt.FieldFreed as e:
         raise ConformanceError(f"{type(plugin).__name__}.get_fields_to_serialize(): {e}") from None
     c(plugin, "destroy")
@@ -261,7 +269,8 @@ def load(creator, built: dict, calls: list | None = None):
         calls.append(name)
         return call(obj, name, *args)
 
-    loaded = c(creator, "create_plugin", creator.name, built["fields"], trt.TensorRTPhase.RUNTIME)
+    loaded = c(creator, "create_plugin", creator.name, trt.PluginFieldCollection(built["fields"]),
+               trt.TensorRTPhase.RUNTIME)
     runtime_of_loaded, _ = _interface(c, loaded, trt.PluginCapabilityType.RUNTIME, (trt.IPluginV3OneRuntime,))
     attached = c(runtime_of_loaded, "attach_to_context", trt.IPluginResourceContext())
     if not isinstance(attached, trt.IPluginV3) or attached is loaded:

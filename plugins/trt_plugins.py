@@ -269,15 +269,34 @@ def define_plugins(trt, device: str = "cuda"):
         def on_shape_change(self, inp, out):
             pass
 
+        def serialized_values(self) -> list:
+            """(name, int32 value) of each field the engine stores for this plugin (the attention adds its window)."""
+            return []
+
         def get_fields_to_serialize(self):
-            return trt.PluginFieldCollection([])        # the attention plugin adds its window
+            # The buffer, the PluginField over it and the collection returned stay on the plugin for its lifetime,
+            # made once and rewritten in place (a collection returned earlier never points at freed memory). 10.3's
+            # trt.PluginFieldCollection is a std::vector of PluginField struct copies (pyTensorRT.cpp v10.3.0 line 48;
+            # pybind11's bind_vector pushes copies) that keeps no buffer alive: a buffer lives as long as the PluginField
+            # made over it (keep_alive<1, 3>, pyPlugin.cpp v10.3.0 line 2414) or whatever holds it; the wrapper's C
+            # collection points into the returned vector (lines 1956-1957, 2465), held only until the enclosing build
+            # call returns (plugins.trt_conformance.build says how).
+            values = self.serialized_values()
+            kept = self.__dict__.get("_serialized")
+            if kept is None:
+                buffers = [np.zeros(1, np.int32) for _ in values]
+                made = [trt.PluginField(n, b, trt.PluginFieldType.INT32) for (n, _), b in zip(values, buffers)]
+                kept = self._serialized = (buffers, made, trt.PluginFieldCollection(made))
+            for buf, (_, v) in zip(kept[0], values):
+                buf[0] = v
+            return kept[2]
 
         def attach_to_context(self, context):
             return self.clone()
 
         def clone(self):
             c = type(self)(self.phase, self.plugin_namespace)
-            c.__dict__.update(self.__dict__)
+            c.__dict__.update({k: v for k, v in self.__dict__.items() if k != "_serialized"})   # fields: its own
             return c
 
         def enqueue(self, input_desc, output_desc, inputs, outputs, workspace, stream):
@@ -313,12 +332,8 @@ def define_plugins(trt, device: str = "cuda"):
             # buffer lacks (DynamicPluginTensorDesc.max, pyPlugin.cpp v10.3.0 line 2393)
             self.kv_window = int(inp[0].max[1])
 
-        def get_fields_to_serialize(self):
-            # the buffer stays on the plugin: 10.3's wrapper copies the collection's C structs (name, address, type,
-            # size) and drops the Python collection, whose PluginField alone kept a temporary array alive
-            self._serialized = np.array([self.kv_window], np.int32)
-            return trt.PluginFieldCollection([trt.PluginField(KV_WINDOW_FIELD, self._serialized,
-                                                              trt.PluginFieldType.INT32)])
+        def serialized_values(self):
+            return [(KV_WINDOW_FIELD, self.kv_window)]
 
     class _Creator(trt.IPluginCreatorV3One):
         """Creates one plugin class's plugins in one namespace (they report it: the engine finds this creator)."""

@@ -10,6 +10,7 @@ names, the DimsExprs constructors) and include/NvInferRuntime.h. As in the wrapp
 none of the plugin's callbacks (the bindings' `def`s there are documentation stubs that pybind11's get_override
 skips), and a property read before it is set raises AttributeError "<name> not initialized"."""
 
+import ctypes
 import enum
 import weakref
 
@@ -140,68 +141,139 @@ class DimsExprs:
         self._d[i] = e
 
 
-# the numpy type a field's buffer holds, by its declared type (NvInferRuntimeBase.h's PluginFieldType; the 10.3
-# binding's `data` getter reads each type through that C type, pyPlugin.cpp's PluginField binding)
+# The C type each PluginFieldType is read as (NvInferRuntimePlugin.h v10.3.0 lines 833-860, the enum; the binding's
+# `data` getter, pyPlugin.cpp v10.3.0 lines 2421-2431: py::array(self.length, static_cast<T const*>(self.data)), kUNKNOWN
+# and kINT8 as int8_t, kCHAR as char). The getter has no conversion for these (lines 2432-2438: AttributeError):
 FIELD_DTYPES = {PluginFieldType.FLOAT16: np.float16, PluginFieldType.FLOAT32: np.float32,
                 PluginFieldType.FLOAT64: np.float64, PluginFieldType.INT8: np.int8, PluginFieldType.INT16: np.int16,
-                PluginFieldType.INT32: np.int32, PluginFieldType.CHAR: np.int8, PluginFieldType.INT64: np.int64}
-
-
-class PluginField:
-    """tensorrt.PluginField(name, data, type): `data` is bound as py::buffer (pyPlugin.cpp's PluginField binding:
-    plugin_field_constructor with keep_alive<1, 3>, the field keeps its buffer alive as long as the field lives), so a
-    Python list is a TypeError; TensorRT reads `size` elements of the declared type from the buffer's address, so a
-    buffer of another dtype is refused here (10.3 would read its bytes as the declared type)."""
-
-    def __init__(self, name="", data=None, type=PluginFieldType.UNKNOWN):
-        if data is not None:
-            if not isinstance(data, np.ndarray):
-                raise TypeError(f"PluginField {name!r}: data must be a buffer (a numpy array of the declared type), "
-                                f"not {data.__class__.__name__}")
-            want = FIELD_DTYPES.get(type)
-            if want is not None and data.dtype != want:
-                raise TypeError(f"PluginField {name!r}: a {type.name} field's buffer must hold {np.dtype(want)}, "
-                                f"not {data.dtype}")
-        self.name, self.data, self.type = name, data, type
-        self.size = 0 if data is None else int(data.size)
-
-
-class PluginFieldCollection(list):
-    """A list of PluginField (tensorrt.PluginFieldCollection accepts any iterable of them; the collection keeps that
-    iterable, and so its fields, alive: keep_alive<1, 2> on its constructor)."""
+                PluginFieldType.INT32: np.int32, PluginFieldType.CHAR: np.int8, PluginFieldType.INT64: np.int64,
+                PluginFieldType.UNKNOWN: np.int8}
+NO_DATA_GETTER = (PluginFieldType.INT4, PluginFieldType.FLOAT16, PluginFieldType.BF16, PluginFieldType.DIMS,
+                  PluginFieldType.FP8)
 
 
 class FieldFreed(RuntimeError):
-    """A serialized field's buffer was freed before TensorRT read it."""
+    """A field's buffer was freed (or its memory moved) before TensorRT read it: 10.3 would read freed memory."""
 
 
-class FieldStruct:
-    """nvinfer1::PluginField as TensorRT holds it once get_fields_to_serialize has returned: the wrapper copies the
-    collection's C structs (name, address, type, size) and lets the Python collection go, so nothing keeps the buffer
-    alive but the plugin itself (the address is a weak reference here: reading a freed one raises FieldFreed)."""
+def _check_buffer(name, data, type) -> None:
+    """PROJECT RULES, stricter than 10.3, which takes any py::buffer (pyPlugin.cpp v10.3.0 lines 1948-1953) and reads
+    `info.size` (the buffer's own element count) values of the declared type at `info.ptr`, strides ignored, never
+    checking the buffer against the type: here the buffer must be a numpy array (a list is a TypeError in 10.3 too:
+    not a buffer), C-contiguous, of the declared type's numpy dtype (kUNKNOWN: one-byte items, its length being
+    bytes: NvInferRuntime.h v10.3.0 lines 1089-1090), and of a type this stand-in reads (not kBF16, kFP8, kINT4, kDIMS).
+    Any of these would make 10.3 serialize bytes other than the values meant."""
+    if not isinstance(data, np.ndarray):
+        raise TypeError(f"PluginField {name!r}: data must be a buffer (a numpy array of the declared type), "
+                        f"not {data.__class__.__name__}")
+    want = FIELD_DTYPES.get(type)
+    if want is None:
+        raise TypeError(f"PluginField {name!r}: the stand-in reads no {type.name} field")
+    if data.dtype != want and not (type == PluginFieldType.UNKNOWN and data.dtype.itemsize == 1):
+        raise TypeError(f"PluginField {name!r}: a {type.name} field's buffer must hold {np.dtype(want)}, "
+                        f"not {data.dtype}")
+    if not data.flags.c_contiguous:
+        raise TypeError(f"PluginField {name!r}: the buffer must be contiguous (10.3 reads it from its first address)")
 
-    def __init__(self, field: PluginField):
-        self.name, self.type, self.size = field.name, field.type, field.size
-        self._data = None if field.data is None else weakref.ref(field.data)
 
-    def read(self) -> np.ndarray:
-        """The field's values as the engine file stores them (a copy)."""
-        if self._data is None:
-            return np.zeros(0, FIELD_DTYPES.get(self.type, np.int8))
-        data = self._data()
-        if data is None:
-            raise FieldFreed(f"field {self.name!r} was freed before TensorRT serialized it: keep its buffer on the "
-                             "plugin (10.3's wrapper copies the collection's C structs and drops the Python objects)")
-        return data.copy()
+class _Address:
+    """A buffer's address as the C struct holds it (`info.ptr`, pyPlugin.cpp v10.3.0 line 1952): it keeps nothing
+    alive. The array owning that memory is referenced weakly (numpy then refuses to resize it in place), so a read
+    after the owner is gone raises FieldFreed where 10.3 would read freed or reused memory, and a read past the
+    owner's end (a `size` larger than the buffer set later) raises it too. (An owner that is not an ndarray, e.g. the
+    bytes under np.frombuffer, is tracked through the last ndarray over it: stricter than 10.3, a project rule.)"""
+
+    def __init__(self, data: np.ndarray):
+        owner = data
+        while isinstance(owner.base, np.ndarray):
+            owner = owner.base
+        self.ptr = int(data.__array_interface__["data"][0])
+        self._owner = weakref.ref(owner)
+
+    def read(self, nbytes: int, what: str) -> bytes:
+        owner = self._owner()
+        if owner is None:
+            raise FieldFreed(f"{what}: its buffer was freed before TensorRT read it (10.3 reads the address the C "
+                             "struct holds; keep the buffer alive on the plugin)")
+        lo = int(owner.__array_interface__["data"][0])
+        if not lo <= self.ptr <= self.ptr + nbytes <= lo + owner.nbytes:
+            raise FieldFreed(f"{what}: its buffer holds fewer than the {nbytes} bytes read at the field's address "
+                             "(its size is past the buffer's end)")
+        return ctypes.string_at(self.ptr, nbytes)            # the owner is alive and holds these bytes
 
 
-def serialize_fields(structs: list[FieldStruct]) -> PluginFieldCollection:
-    """What create_plugin(RUNTIME) receives for the structs copied from what get_fields_to_serialize returned (the
-    caller has let the Python collection go): each buffer read once garbage is collected, fresh fields made from it."""
-    import gc
-    gc.collect()
-    read = [(s.name, s.read(), s.type) for s in structs]
-    return PluginFieldCollection(PluginField(name, data, kind) for name, data, kind in read)
+class PluginField:
+    """tensorrt.PluginField: the C struct nvinfer1::PluginField (name, the buffer's address, type, size) and, made over
+    a buffer, that buffer kept alive as long as this Python object lives (pyPlugin.cpp v10.3.0 lines 2413-2414,
+    keep_alive<1, 3>). `data` reads `size` values of the declared type at the address into a new array (lines
+    2419-2444); setting it changes the address only, not `size` (lines 2445-2450). A PluginFieldCollection holds copies
+    of the struct that keep nothing alive."""
+
+    def __init__(self, name="", data=None, type=PluginFieldType.UNKNOWN):
+        self.name, self.type, self.size, self._address, self._kept = name, type, 0, None, None
+        if data is not None:
+            _check_buffer(name, data, type)
+            self.size, self._address, self._kept = int(data.size), _Address(data), data
+
+    @property
+    def data(self) -> np.ndarray:
+        if self.type in NO_DATA_GETTER:
+            raise AttributeError("No known conversion for returning data from PluginField")
+        dtype = np.dtype(FIELD_DTYPES[self.type])
+        return np.frombuffer(self.raw(), dtype).copy()
+
+    @data.setter
+    def data(self, buffer) -> None:
+        _check_buffer(self.name, buffer, self.type)
+        self._address, self._kept = _Address(buffer), buffer
+
+    def raw(self) -> bytes:
+        """The `size` values' bytes at the field's address, as TensorRT reads them (FieldFreed where they are gone)."""
+        if self._address is None:
+            return b""
+        return self._address.read(self.size * np.dtype(FIELD_DTYPES[self.type]).itemsize, f"field {self.name!r}")
+
+
+def _struct_copy(field) -> PluginField:
+    """`h.cast<PluginField>()`: the C struct copied (name, address, type, size), keeping nothing alive; a non-field
+    fails the cast (pybind11's cast_error, a RuntimeError)."""
+    if not isinstance(field, PluginField):
+        raise RuntimeError(f"Unable to cast Python instance of type {type(field).__name__} to C++ type "
+                           "'nvinfer1::PluginField'")
+    copy = PluginField.__new__(PluginField)
+    copy.name, copy.type, copy.size, copy._address, copy._kept = field.name, field.type, field.size, field._address, None
+    return copy
+
+
+class PluginFieldCollection(list):
+    """tensorrt.PluginFieldCollection: a std::vector<PluginField> (pyTensorRT.cpp v10.3.0 line 48, py::bind_vector;
+    opaque, include/ForwardDeclarations.h lines 41-44). Made from an iterable of PluginField it holds COPIES of their C
+    structs (pybind11 v2.13.1 stl_bind.h lines 152-159: `v->push_back(h.cast<T>())`; append, extend, insert and item
+    assignment copy too), so it keeps neither the Python PluginField objects nor their buffers alive: a buffer lives
+    as long as the PluginField made over it, or whatever else holds it. Indexing returns the element itself."""
+
+    def __init__(self, fields=()):
+        super().__init__(_struct_copy(f) for f in fields)
+
+    def append(self, field):
+        super().append(_struct_copy(field))
+
+    def extend(self, fields):
+        super().extend(_struct_copy(f) for f in fields)
+
+    def insert(self, index, field):
+        super().insert(index, _struct_copy(field))
+
+    def __setitem__(self, index, value):
+        super().__setitem__(index, [_struct_copy(f) for f in value] if isinstance(index, slice) else
+                            _struct_copy(value))
+
+
+def engine_copy(collection: PluginFieldCollection) -> list[PluginField]:
+    """What the engine file stores for the collection get_fields_to_serialize returned: each field's name, type and
+    bytes, read through its address (FieldFreed where its buffer is gone), as fields over buffers of the engine's own
+    (keep the list: the fields keep those buffers alive)."""
+    return [PluginField(f.name, np.frombuffer(f.raw(), FIELD_DTYPES[f.type]).copy(), f.type) for f in collection]
 
 
 class _Settable:

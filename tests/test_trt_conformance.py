@@ -152,24 +152,101 @@ def test_a_method_that_raises_fails_the_engine(gen):
         drive(creator_cls(Broken), _gemv_inputs(gen)[0])
 
 
-def test_a_serialized_field_freed_before_tensorrt_reads_it_fails_the_build(gen):
-    """10.3's wrapper copies the returned collection's C structs and drops the Python objects: a buffer only the
-    temporary PluginField held is gone when the engine is serialized. The plugins keep theirs on the plugin."""
+def _window_kept_as(attention, keep: str):
+    """The attention plugin with a get_fields_to_serialize that keeps `keep` of its window field on itself: "nothing"
+    (the buffer and the collection temporaries), "collection" (the buffer made inside a temporary PluginField),
+    "buffer" (the collection a temporary)."""
     import numpy as np
-    plugins, creator_cls = _classes()
+    f = trt_standin
 
-    class Temporary(plugins["NestedKvAttention"]):
+    class Kept(attention):
         def get_fields_to_serialize(self):
-            return trt_standin.PluginFieldCollection([trt_standin.PluginField(
-                "kv_window", np.array([self.kv_window], np.int32), trt_standin.PluginFieldType.INT32)])
+            if keep == "buffer":
+                self._kept = np.array([self.kv_window], np.int32)
+                return f.PluginFieldCollection([f.PluginField("kv_window", self._kept, f.PluginFieldType.INT32)])
+            made = f.PluginFieldCollection([f.PluginField("kv_window", np.array([self.kv_window], np.int32),
+                                                          f.PluginFieldType.INT32)])
+            if keep == "collection":
+                self._kept = made
+            return made
+    Kept.__name__ = f"Kept_{keep}"
+    return Kept
+
+
+@pytest.mark.parametrize("keep", ["nothing", "collection"])
+def test_a_serialized_field_whose_buffer_only_a_temporary_field_held_fails_the_build(gen, keep):
+    """trt.PluginFieldCollection holds copies of the fields' C structs (pyTensorRT.cpp v10.3.0 line 48, bind_vector;
+    pybind11 v2.13.1 stl_bind.h line 156, push_back(h.cast<T>())): keeping it keeps no buffer alive, only the
+    PluginField made over a buffer does (pyPlugin.cpp v10.3.0 line 2414, keep_alive<1, 3>). A buffer made inside a
+    temporary PluginField is freed before TensorRT reads the field, kept collection or not: 10.3 reads freed memory."""
+    plugins, creator_cls = _classes()
     ins, _ = _attention_io(gen)
     ins[6][0], ins[7][0] = 10, 4
-    ins = [t.to(KERNEL_DEVICE) for t in ins]
-    with pytest.raises(ConformanceError, match=r"Temporary.get_fields_to_serialize\(\): field 'kv_window' was freed"):
-        drive(creator_cls(Temporary), [t.clone() for t in ins])
-    built = build(creator_cls(plugins["NestedKvAttention"]), ins)       # the same field, kept on the plugin
+    with pytest.raises(ConformanceError, match=rf"Kept_{keep}.get_fields_to_serialize\(\): field 'kv_window': its "
+                                               "buffer was freed"):
+        build(creator_cls(_window_kept_as(plugins["NestedKvAttention"], keep)), [t.to(KERNEL_DEVICE) for t in ins])
+
+
+def test_a_temporary_collection_over_a_kept_buffer_is_read_whole(gen):
+    """The other way round is safe in 10.3: the wrapper's cast of the returned collection (pyPlugin.cpp v10.3.0 line
+    1579) goes through the implicit conversion (line 2465) to a PluginFieldCollection_ over the vector's storage (lines
+    1956-1957) that keeps the vector alive (line 2456, keep_alive<1, 2>) as a temporary of the enclosing bound call
+    (pybind11 v2.13.1 type_caster_base.h line 772, add_patient), the build, so the structs live while TensorRT reads
+    them and the buffer they point at is the plugin's. The build passes and serializes the window."""
+    plugins, creator_cls = _classes()
+    ins, _ = _attention_io(gen)
+    ins[6][0], ins[7][0] = 10, 4
+    built = build(creator_cls(_window_kept_as(plugins["NestedKvAttention"], "buffer")), [t.to(KERNEL_DEVICE) for t in ins])
     (field,) = built["fields"]
-    assert field.name == "kv_window" and field.data.dtype == np.int32 and int(field.data[0]) > 0   # a configured window
+    assert field.name == "kv_window" and field.data.tolist() == [ins[0].shape[1]]
+
+
+def test_the_plugins_keep_buffer_field_and_collection_for_their_lifetime(gen):
+    """Each plugin keeps what get_fields_to_serialize returned, the PluginField objects and their buffers: the returned
+    collection is the same object on every call and reads whole after every other reference to it is gone; a later
+    call rewrites the buffer in place. A clone serializes through fields of its own."""
+    import gc
+    import weakref
+    plugins, creator_cls = _classes()
+    for cls in plugins.values():
+        p = cls(trt_standin.TensorRTPhase.BUILD)
+        p.kv_window = 5
+        returned = weakref.ref(p.get_fields_to_serialize())
+        gc.collect()
+        assert returned() is not None and returned() is p.get_fields_to_serialize(), cls.name
+        assert [f.data.tolist() for f in returned()] == ([[5]] if cls.name == "NestedKvAttention" else [])
+    p.kv_window = 7
+    assert p.get_fields_to_serialize() is returned() and [f.data.tolist() for f in returned()] == [[7]]
+    clone = p.clone()
+    clone.kv_window = 9
+    assert [f.data.tolist() for f in clone.get_fields_to_serialize()] == [[9]]
+    assert clone.get_fields_to_serialize() is not returned() and [f.data.tolist() for f in returned()] == [[7]]
+    ins, _ = _attention_io(gen)
+    ins[6][0], ins[7][0] = 10, 4
+    built = build(creator_cls(plugins["NestedKvAttention"]), [t.to(KERNEL_DEVICE) for t in ins])
+    assert [f.data.tolist() for f in built["fields"]] == [[ins[0].shape[1]]]       # the configured window
+
+
+def test_a_collection_holds_struct_copies_that_read_through_the_address():
+    """The stand-in's field model: a collection's entries are copies (not the PluginField given) holding the address,
+    alive buffers read whole; a buffer freed behind a copy, or a size past the buffer set later (the `data` setter
+    changes the address only, pyPlugin.cpp v10.3.0 lines 2445-2450), is caught on reading (10.3 would read freed or
+    foreign memory there)."""
+    import gc
+
+    import numpy as np
+    i32 = trt_standin.PluginFieldType.INT32
+    buffer = np.array([3, 4], np.int32)
+    field = trt_standin.PluginField("w", buffer, i32)
+    fc = trt_standin.PluginFieldCollection([field, trt_standin.PluginField("gone", np.array([1], np.int32), i32)])
+    assert fc[0] is not field and fc[0].data.tolist() == [3, 4] and fc[0].size == 2
+    gc.collect()
+    with pytest.raises(trt_standin.FieldFreed, match="'gone': its buffer was freed"):
+        fc[1].data
+    field.data = np.array([5], np.int32)               # the address changes, the size stays 2 (as in 10.3)
+    assert field.size == 2 and fc[0].data.tolist() == [3, 4]      # the copy still points at `buffer`
+    with pytest.raises(trt_standin.FieldFreed, match="'w': its buffer holds fewer than the 8 bytes"):
+        field.data
 
 
 def test_a_plugin_reading_a_dimension_expressions_value_fails_the_build(gen):
