@@ -140,25 +140,32 @@ def _desc(t: torch.Tensor) -> trt.PluginTensorDesc:
     return trt.PluginTensorDesc(tuple(t.shape), _DTYPES[t.dtype], trt.TensorFormat.LINEAR)
 
 
-def _shapes(c, plugin, build, inputs, num_outputs) -> list[tuple]:
-    """get_output_shapes over the inputs' dims (non-constant expressions, as for dynamic shapes): concrete shapes."""
-    exprs = [trt.DimsExprs([trt.IDimensionExpr(d) for d in t.shape]) for t in inputs]
+def _shapes(c, plugin, build, inputs, max_shapes, num_outputs) -> tuple[list[tuple], list[tuple]]:
+    """get_output_shapes over the inputs' dims (non-constant expressions, as for dynamic shapes), called once as
+    TensorRT calls it: the output shapes at the profile's min (the inputs' shapes) and at its max (`max_shapes`)."""
+    exprs = [trt.DimsExprs([trt.IDimensionExpr(d, top=m) for d, m in zip(t.shape, top)])
+             for t, top in zip(inputs, max_shapes)]
     out = c(build, "get_output_shapes", exprs, [], trt.IExprBuilder())
     if not isinstance(out, (list, tuple)) or len(out) != num_outputs or \
             not all(isinstance(d, trt.DimsExprs) and all(isinstance(e, trt.IDimensionExpr) for e in d) for d in out):
         raise ConformanceError(f"{type(plugin).__name__}.get_output_shapes() must return {num_outputs} DimsExprs "
                                "with every entry set")
-    return [tuple(trt.evaluated(e) for e in d) for d in out]
+    return ([tuple(trt.evaluated(e) for e in d) for d in out], [tuple(trt.evaluated_max(e) for e in d) for d in out])
 
 
 def _at_build(desc: trt.PluginTensorDesc, max_dims) -> trt.DynamicPluginTensorDesc:
-    """An input as the builder describes it to supports_format_combination and configure_plugin: -1 in `desc.dims`
-    wherever the profile's range is open (the inputs' shape is its min and opt, `max_dims` its max), the range in
-    min / opt / max (NvInferRuntime.h v10.3.0, DynamicPluginTensorDesc: "desc.dims ... -1 for dynamic dimensions")."""
-    top = desc.dims if max_dims is None else max_dims
-    wild = [d if d == m else -1 for d, m in zip(desc.dims, top)]
+    """An input or output as the builder describes it to supports_format_combination and configure_plugin: -1 in
+    `desc.dims` wherever the profile's range is open, the range in min / opt / max (NvInferRuntime.h v10.3.0 lines
+    358-371, DynamicPluginTensorDesc: "desc.dims has -1 in place of any runtime dimension", min and max the bounds;
+    lines 804-811, configurePlugin: "Wildcard dimensions may exist during this phase in the desc.dims field").
+    `desc.dims` holds the shape at the profile's min (= opt), `max_dims` the one at its max (None: the same). For an
+    output these are get_output_shapes evaluated at both ends, min and max taken entry by entry (the bounds of the
+    monotonic expressions the plugins use: the stand-in bounds no other expression)."""
+    at_min, at_max = tuple(desc.dims), tuple(desc.dims if max_dims is None else max_dims)
+    wild = [a if a == b else -1 for a, b in zip(at_min, at_max)]
+    lo, hi = tuple(min(a, b) for a, b in zip(at_min, at_max)), tuple(max(a, b) for a, b in zip(at_min, at_max))
     return trt.DynamicPluginTensorDesc(trt.PluginTensorDesc(wild, desc.type, desc.format, desc.scale),
-                                       min=desc.dims, opt=desc.dims, max=top)
+                                       min=lo, opt=at_min, max=hi)
 
 
 def _garbage(shape, dtype, gen) -> torch.Tensor:
@@ -172,7 +179,8 @@ def build(creator, inputs: list[torch.Tensor], namespace: str | None = None, see
     """TensorRT 10.3's build phase of one plugin node of `creator` on `inputs`: `aliasing` is the builder's
     PreviewFeature.ALIASED_PLUGIN_IO_10_03 (off: get_aliased_input is never called, NvInferRuntime.h v10.3.0 line
     1119, and no output aliases an input); `max_shapes` the profile's largest input shapes (default: the inputs').
-    Returns {"fields" (serialized), "aliases", "build_interface", "tactics", "workspace", "out_shapes", "out_types",
+    Returns {"fields" (serialized), "aliases", "build_interface", "tactics", "workspace", "out_shapes" (at the
+    inputs' shapes), "out_types", "build_dims" (each input's and output's desc.dims at build, -1 where it ranges),
     "calls"}."""
     calls = [] if calls is None else calls
 
@@ -202,11 +210,12 @@ def build(creator, inputs: list[torch.Tensor], namespace: str | None = None, see
     if not isinstance(out_types, (list, tuple)) or len(out_types) != n_out or \
             not all(isinstance(t, trt.DataType) for t in out_types):
         raise ConformanceError(f"{type(plugin).__name__}.get_output_data_types() must return {n_out} DataTypes")
-    out_shapes = _shapes(c, plugin, build_, inputs, n_out)
+    max_in = [tuple(t.shape if m is None else m) for t, m in zip(inputs, max_shapes or [None] * len(inputs))]
+    out_shapes, out_max = _shapes(c, plugin, build_, inputs, max_in, n_out)
     in_desc = [_desc(t) for t in inputs]
     out_desc = [trt.PluginTensorDesc(s, t, trt.TensorFormat.LINEAR) for s, t in zip(out_shapes, out_types)]
-    dyn_in = [_at_build(d, m) for d, m in zip(in_desc, max_shapes or [None] * len(inputs))]
-    dyn_out = [trt.DynamicPluginTensorDesc(d) for d in out_desc]
+    dyn_in = [_at_build(d, m) for d, m in zip(in_desc, max_in)]
+    dyn_out = [_at_build(d, m) for d, m in zip(out_desc, out_max)]
     for pos in range(len(inputs) + n_out):
         if not c(build_, "supports_format_combination", pos, dyn_in + dyn_out, len(inputs)):   # cast<bool>
             raise ConformanceError(f"{type(plugin).__name__}.supports_format_combination() refuses position {pos} "
@@ -257,7 +266,8 @@ def build(creator, inputs: list[torch.Tensor], namespace: str | None = None, see
         raise ConformanceError(f"{type(plugin).__name__}.get_fields_to_serialize(): {e}") from None
     c(plugin, "destroy")
     return {"fields": fields, "aliases": aliases, "build_interface": build_cls.__name__, "tactics": list(tactics),
-            "workspace": workspace, "out_shapes": out_shapes, "out_types": out_types, "calls": calls}
+            "workspace": workspace, "out_shapes": out_shapes, "out_types": out_types, "calls": calls,
+            "build_dims": [tuple(d.desc.dims) for d in dyn_in + dyn_out]}
 
 
 def load(creator, built: dict, calls: list | None = None):
@@ -296,17 +306,20 @@ def execute(rt, built: dict, inputs: list[torch.Tensor], outputs: list[torch.Ten
     return outputs
 
 
-def drive(creator, inputs: list[torch.Tensor], namespace: str | None = None, seed: int = 0) -> dict:
+def drive(creator, inputs: list[torch.Tensor], namespace: str | None = None, seed: int = 0,
+          max_shapes: list[tuple | None] | None = None) -> dict:
     """Build and run one plugin node of `creator` on `inputs` (real data, on the device the plugins launch on) as
-    TensorRT 10.3 does, aliasing on. Returns {"outputs": tensors after the run-time enqueue (an aliased output is its
-    input's buffer), "aliases": {output: input}, "build_interface", "tactics", "calls": [method names in call order]}."""
-    built = build(creator, inputs, namespace, seed)
+    TensorRT 10.3 does, aliasing on; the profile spans the inputs' shapes (its min and opt) to `max_shapes` (its max,
+    None for an input that does not range). Returns {"outputs": tensors after the run-time enqueue at the inputs'
+    shapes (an aliased output is its input's buffer), "aliases": {output: input}, "build_interface", "tactics",
+    "build_dims": desc.dims of inputs then outputs at build, "calls": [method names in call order]}."""
+    built = build(creator, inputs, namespace, seed, max_shapes=max_shapes)
     rt = load(creator, built)
     aliases, device = built["aliases"], inputs[0].device
     outs = [inputs[aliases[o]] if o in aliases else torch.empty(s, dtype=_TORCH[t], device=device)
             for o, (s, t) in enumerate(zip(built["out_shapes"], built["out_types"]))]
     execute(rt, built, inputs, outs)
-    return {"outputs": outs, **{k: built[k] for k in ("aliases", "build_interface", "tactics", "calls")}}
+    return {"outputs": outs, **{k: built[k] for k in ("aliases", "build_interface", "tactics", "build_dims", "calls")}}
 
 
 def _enqueue(c, runtime, ins, outs, workspace: int, sync: bool = True) -> None:

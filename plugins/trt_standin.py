@@ -84,10 +84,12 @@ class DynamicPluginTensorDesc:
 class IDimensionExpr:
     """A dimension expression: is_constant, get_constant_value and is_size_tensor, as 10.3 binds it (pyPlugin.cpp's
     IDimensionExpr class; it has no `value`: TensorRT keeps a non-constant dimension symbolic while building). What it
-    evaluates to for the shapes the driver chose is private to the driver (`evaluated`)."""
+    evaluates to at the profile's min (= opt, the shapes the driver was given) and at its max is private to the
+    driver (`evaluated`, `evaluated_max`)."""
 
-    def __init__(self, value: int, constant: bool = False):
+    def __init__(self, value: int, constant: bool = False, top: int | None = None):
         self._evaluated, self._constant = int(value), constant
+        self._max = self._evaluated if top is None else int(top)
 
     def is_constant(self) -> bool:
         return self._constant
@@ -106,19 +108,25 @@ _OPS = {DimensionOperation.SUM: lambda a, b: a + b, DimensionOperation.PROD: lam
 
 
 class IExprBuilder:
-    """Builds dimension expressions (constant, operation)."""
+    """Builds dimension expressions (constant, operation), each evaluated at the profile's min and at its max."""
 
     def constant(self, value: int) -> IDimensionExpr:
         return IDimensionExpr(value, True)
 
     def operation(self, op: DimensionOperation, first: IDimensionExpr, second: IDimensionExpr) -> IDimensionExpr:
         return IDimensionExpr(_OPS[op](evaluated(first), evaluated(second)),
-                              first.is_constant() and second.is_constant())
+                              first.is_constant() and second.is_constant(),
+                              _OPS[op](evaluated_max(first), evaluated_max(second)))
 
 
 def evaluated(expr: IDimensionExpr) -> int:
-    """The driver's value of a dimension expression for the shapes it chose (no plugin may read it)."""
+    """The driver's value of a dimension expression at the profile's min (and opt): the shapes it was given."""
     return expr._evaluated
+
+
+def evaluated_max(expr: IDimensionExpr) -> int:
+    """The driver's value of a dimension expression at the profile's max."""
+    return expr._max
 
 
 class DimsExprs:

@@ -52,6 +52,39 @@ def test_gemv_plugin_runs_tensorrt_10_3s_calls_and_matches_the_reference(gen, co
     assert float((y - ref).norm() / ref.norm()) < 1e-5, view
 
 
+def test_gemv_plugin_over_a_range_of_rows_sees_wildcards_in_its_input_and_output_descs(gen):
+    """A profile of 3..8 rows: at build the builder's desc.dims holds -1 for the row count in x and in y (NvInferRuntime.h
+    v10.3.0 line 360, "-1 in place of any runtime dimension"; line 811, wildcards at configure time), nowhere else;
+    the plugin still builds and runs at 3 rows against the reference."""
+    from plugins.reference import dual_plane_linear
+    plugins, creator_cls = _classes()
+    ins, (base, refine, scale) = _gemv_inputs(gen)
+    r = drive(creator_cls(plugins["DualPlaneGemv"]), ins, max_shapes=[(8, 128)] + [None] * 4)
+    assert r["build_dims"] == [(-1, 128), (48, 16), (48, 16), (48, 2), (1,), (-1, 48)]
+    ref = dual_plane_linear(ins[0].cpu(), base, refine, scale, "target", None, act_int8=True)
+    assert float((r["outputs"][0].cpu().double() - ref).norm() / ref.norm()) < 1e-5
+
+
+@pytest.mark.parametrize("source", ["desc.dims", "max"])
+def test_a_plugin_sizing_scratch_from_an_output_descs_dynamic_dim_fails_the_build(gen, source):
+    """A gemv variant that sizes per-row scratch at configure_plugin from the output's row count: read from
+    `desc.dims` it reads the wildcard -1 and the build fails, as on TensorRT; read from `max` (the profile's bound) it
+    builds."""
+    plugins, creator_cls = _classes()
+
+    class RowScratch(plugins["DualPlaneGemv"]):
+        def configure_plugin(self, inp, out):
+            rows = out[0].desc.dims[0] if source == "desc.dims" else out[0].max[0]
+            self.scratch = torch.empty(rows, dtype=torch.float32)
+    ranged = [(8, 128)] + [None] * 4
+    if source == "max":
+        assert drive(creator_cls(RowScratch), _gemv_inputs(gen)[0], max_shapes=ranged)["outputs"][0].shape == (3, 48)
+        return
+    with pytest.raises(ConformanceError, match=r"RowScratch.configure_plugin\(\) raised RuntimeError"):
+        drive(creator_cls(RowScratch), _gemv_inputs(gen)[0], max_shapes=ranged)
+    drive(creator_cls(RowScratch), _gemv_inputs(gen)[0])          # no range: no wildcard, it builds
+
+
 def _attention_oracle(ins) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The float64 reference of one attention pass (plugins.reference, not the plugin's own enqueue): the pass's new
     K and V quantized into positions [seq_len - T, seq_len) of the planes (plugins.kv.quantize_kv), then causal
