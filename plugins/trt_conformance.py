@@ -19,7 +19,7 @@ The call order (include/NvInferRuntime.h at v10.3.0, IPluginV3OneBuild / IPlugin
   PreviewFeature.ALIASED_PLUGIN_IO_10_03), configure_plugin, get_valid_tactics, get_workspace_size, then per tactic
   (tactic 0 where none are advertised) set_tactic and on_shape_change at the profile's shapes and enqueue on fake
   data while the builder times it; get_fields_to_serialize for the engine file.
-- run: create_plugin(RUNTIME) with the serialized fields, attach_to_context (a clone per execution context),
+- run: create_plugin(RUNTIME) with the serialized fields, attach_to_context (a clone per execution context: Engine),
   set_tactic(0) (the chosen tactic: "if no custom tactics were advertised, this will have a value of 0"),
   on_shape_change, enqueue on the real device addresses.
 Python's return values of set_tactic, on_shape_change, configure_plugin and enqueue are not read (an exception is
@@ -270,24 +270,45 @@ def build(creator, inputs: list[torch.Tensor], namespace: str | None = None, see
             "build_dims": [tuple(d.desc.dims) for d in dyn_in + dyn_out]}
 
 
-def load(creator, built: dict, calls: list | None = None):
-    """Deserialization: create_plugin(RUNTIME) with the serialized fields, attach_to_context (the execution
-    context's clone) and set_tactic with the chosen tactic; returns the runtime interface that `execute` enqueues."""
-    calls = built["calls"] if calls is None else calls
+class Engine:
+    """A deserialized engine's plugin: create_plugin(RUNTIME) with the serialized fields (`loaded`), and `context()`
+    per execution context, which attaches a clone of it. attach_to_context's contract (NvInferRuntime.h v10.3.0 lines
+    1062-1081): "called automatically for each plugin when a new execution context is created" (line 1066), with "a
+    different resource context ... for each different execution context" (lines 1072-1073), and it returns "A clone of
+    the IPluginV3 object" (line 1078); the wrapper releases the returned Python object to TensorRT, which owns it
+    from then on (pyPlugin.cpp v10.3.0 line 1549, `.release()`). So the returned plugin must be neither the engine's
+    plugin nor one attached to another context: ConformanceError otherwise."""
 
-    def c(obj, name, *args):
-        calls.append(name)
+    def __init__(self, creator, built: dict, calls: list | None = None):
+        self.built, self.calls, self.attached = built, (built["calls"] if calls is None else calls), []
+        self.loaded = self._c(creator, "create_plugin", creator.name, trt.PluginFieldCollection(built["fields"]),
+                              trt.TensorRTPhase.RUNTIME)
+
+    def _c(self, obj, name, *args):
+        self.calls.append(name)
         return call(obj, name, *args)
 
-    loaded = c(creator, "create_plugin", creator.name, trt.PluginFieldCollection(built["fields"]),
-               trt.TensorRTPhase.RUNTIME)
-    runtime_of_loaded, _ = _interface(c, loaded, trt.PluginCapabilityType.RUNTIME, (trt.IPluginV3OneRuntime,))
-    attached = c(runtime_of_loaded, "attach_to_context", trt.IPluginResourceContext())
-    if not isinstance(attached, trt.IPluginV3) or attached is loaded:
-        raise ConformanceError(f"{type(loaded).__name__}.attach_to_context() must return a clone (an IPluginV3)")
-    rt, _ = _interface(c, attached, trt.PluginCapabilityType.RUNTIME, (trt.IPluginV3OneRuntime,))
-    c(rt, "set_tactic", built["tactics"][0] if built["tactics"] else 0)
-    return rt
+    def context(self):
+        """A new execution context: attach_to_context with a resource context of its own, then set_tactic with the
+        chosen tactic; returns the runtime interface of its clone, which `execute` enqueues."""
+        runtime_of_loaded, _ = _interface(self._c, self.loaded, trt.PluginCapabilityType.RUNTIME,
+                                          (trt.IPluginV3OneRuntime,))
+        attached = self._c(runtime_of_loaded, "attach_to_context", trt.IPluginResourceContext())
+        name = type(self.loaded).__name__
+        if not isinstance(attached, trt.IPluginV3) or attached is self.loaded:
+            raise ConformanceError(f"{name}.attach_to_context() must return a clone (an IPluginV3), not the plugin")
+        if any(attached is other for other in self.attached):
+            raise ConformanceError(f"{name}.attach_to_context() returned the plugin of another execution context "
+                                   "(TensorRT owns one clone per context)")
+        self.attached.append(attached)
+        rt, _ = _interface(self._c, attached, trt.PluginCapabilityType.RUNTIME, (trt.IPluginV3OneRuntime,))
+        self._c(rt, "set_tactic", self.built["tactics"][0] if self.built["tactics"] else 0)
+        return rt
+
+
+def load(creator, built: dict, calls: list | None = None):
+    """Deserialization and one execution context (Engine(...).context()): the runtime interface `execute` enqueues."""
+    return Engine(creator, built, calls).context()
 
 
 def execute(rt, built: dict, inputs: list[torch.Tensor], outputs: list[torch.Tensor], calls: list | None = None,

@@ -292,6 +292,8 @@ def define_plugins(trt, device: str = "cuda"):
             return kept[2]
 
         def attach_to_context(self, context):
+            # a new clone per execution context ("A clone of the IPluginV3 object", NvInferRuntime.h v10.3.0 line 1078),
+            # which TensorRT owns (pyPlugin.cpp v10.3.0 line 1549, .release())
             return self.clone()
 
         def clone(self):

@@ -11,7 +11,7 @@ import torch
 from plugins import trt_standin
 from plugins.contracts import DOMAIN
 from plugins.step_contract import as_words
-from plugins.trt_conformance import DEFAULTS, REQUIRED, ConformanceError, build, check_required, drive
+from plugins.trt_conformance import DEFAULTS, REQUIRED, ConformanceError, Engine, build, check_required, drive, execute
 from plugins.trt_plugins import PLUGIN_IO, PLUGIN_VERSION, define_plugins, register_creators
 from tests.conftest import KERNEL_DEVICE
 from tests.test_trt_rules import _attention_io
@@ -83,6 +83,41 @@ def test_a_plugin_sizing_scratch_from_an_output_descs_dynamic_dim_fails_the_buil
     with pytest.raises(ConformanceError, match=r"RowScratch.configure_plugin\(\) raised RuntimeError"):
         drive(creator_cls(RowScratch), _gemv_inputs(gen)[0], max_shapes=ranged)
     drive(creator_cls(RowScratch), _gemv_inputs(gen)[0])          # no range: no wildcard, it builds
+
+
+@pytest.mark.parametrize("attach", ["clone", "self", "one clone for all"])
+def test_each_execution_context_gets_a_clone_of_its_own(gen, attach):
+    """One deserialized plugin attached to two execution contexts: attach_to_context is called per new context and
+    returns "A clone of the IPluginV3 object" (NvInferRuntime.h v10.3.0 lines 1066 and 1078), which TensorRT then owns
+    (pyPlugin.cpp v10.3.0 line 1549, `.release()`). The plugins' own (a fresh clone each time) gives two distinct clones,
+    neither the engine's plugin, each running against the reference on its own buffers; returning `self`, or the
+    same clone to both contexts, fails."""
+    from plugins.reference import dual_plane_linear
+    plugins, creator_cls = _classes()
+
+    class Attaching(plugins["DualPlaneGemv"]):
+        def attach_to_context(self, context):
+            if attach == "self":
+                return self
+            if attach == "one clone for all":
+                self.__dict__.setdefault("_attached", self.clone())
+                return self._attached
+            return super().attach_to_context(context)
+    ins, (base, refine, scale) = _gemv_inputs(gen)
+    creator = creator_cls(Attaching)
+    engine = Engine(creator, build(creator, ins))
+    if attach != "clone":
+        with pytest.raises(ConformanceError, match=r"attach_to_context\(\) (must return a clone|returned the plugin "
+                                                   r"of another execution context)"):
+            engine.context(), engine.context()
+        return
+    contexts = [engine.context(), engine.context()]
+    assert contexts[0] is not contexts[1] and all(rt is not engine.loaded for rt in contexts)
+    assert engine.calls.count("attach_to_context") == 2
+    ref = dual_plane_linear(ins[0].cpu(), base, refine, scale, "target", None, act_int8=True)
+    for rt in contexts:
+        (y,) = execute(rt, engine.built, ins, [torch.empty(3, 48, device=ins[0].device)])
+        assert float((y.cpu().double() - ref).norm() / ref.norm()) < 1e-5
 
 
 def _attention_oracle(ins) -> tuple[torch.Tensor, list[torch.Tensor]]:
