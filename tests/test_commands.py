@@ -67,6 +67,7 @@ def test_bench_beside_llamacpp(rtn_checkpoint, capsys):
                   "--pass-repeats", 1, "--peer", "llamacpp", "--peer", "llamacpp-speculative",
                   *[x for p in policies for x in ("--policy", p)], "--json")
     assert list(out["runs"]) == policies + ["llamacpp_q4_1", "llamacpp_q8_0", "llamacpp_speculative"]
+    assert out["identical_to_target"] == {p: 1 for p in policies if p != "target"}   # the speed of lossless output
     lead = out["headline"]
     assert lead["policy"] == ("auto" if "auto" in POLICIES else "target")
     assert set(lead["vs"]) == {"llamacpp_q8", "llamacpp_q4_1"}       # the strawman speculation is never a headline

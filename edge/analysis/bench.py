@@ -39,6 +39,7 @@ from edge.analysis.bench_common import (
     cache_folder,
     native_spec,
     default_threads,
+    identical_to_target,
     llama_spec,
     paired_ratios,
     pass_ratios,
@@ -124,6 +125,7 @@ def bench(a, ckpt: str, command: str = "") -> dict:
         out["runs"][name] = run_entry(runs, loaded[name], read_gbps)
         if name == "speculative":
             out["runs"][name]["rounds"] = runs[-1]["rounds"]
+    out["identical_to_target"] = identical_to_target(out["runs"])     # prompts, of out["prompts"]
     tok = {k: v["tok_s"] for k, v in out["runs"].items()}
     out["ratios"] = ratios(tok)
     out["paired_ratios"] = paired_ratios(samples)

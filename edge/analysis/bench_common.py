@@ -19,7 +19,7 @@ RATIO_PEERS = {"target": "target", "llamacpp_q8_0": "llamacpp_q8", "llamacpp_q4_
 ISOLATION = "process per runner"
 STAT_KEYS = ("acceptance", "drafted", "tokens_per_round", "weight_bytes_per_token", "kv_bytes_per_token",
              "draft_passes", "target_passes", "policy_stats", "prefill_tokens", "prefill_tok_s", "system_info",
-             "tg_depth")
+             "tg_depth", "outputs")
 
 
 def cache_folder() -> Path:
@@ -119,6 +119,16 @@ def paired_ratios(samples: dict, mine=MINE, peers=RATIO_PEERS) -> dict:
                 each = [round(a / b, 3) for a, b in zip(rates[m], rates[p])]
                 out[f"{m}_vs_{label}"] = {"median": round(statistics.median(each), 3), "samples": each}
     return out
+
+
+def identical_to_target(runs: dict, lossless=("speculative", "adaptive", "auto")) -> dict:
+    """{policy: prompts whose new tokens (their digests, the last repeat's) equal the target's}, for every lossless
+    policy the run timed beside the target (the draft's output is its own)."""
+    want = runs.get("target", {}).get("outputs")
+    if want is None:
+        return {}
+    return {p: sum(a == b for a, b in zip(runs[p]["outputs"], want)) for p in lossless
+            if p in runs and runs[p].get("outputs") is not None}
 
 
 def pass_ratios(passes: dict, gamma: int) -> dict:

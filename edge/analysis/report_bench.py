@@ -146,7 +146,7 @@ def isa_paths_table(*runs: dict) -> str:
                      f"{r['target_vs_llamacpp_q8']:g}"])
     return table(["model", "ISA path", "draft head", "target tok/s", "of the read probe", f"{runs[0]['gamma'] + 1}-token / 1-token "
                   "target pass", "draft / target pass", "auto / target", f"speculative (γ = {runs[0]['gamma']}) / target",
-                  "target / llama.cpp Q8_0"], rows)
+                  "target / llama.cpp Q8_0 (the AVX2 wheel)"], rows)
 
 
 # -- the README's headline rows -----------------------------------------------------------------------------------
