@@ -27,7 +27,10 @@ the failure: the wrapper returns -1, and "a non-zero return terminates the engin
 
 Addresses are the tensors' data_ptr(): device pointers where the plugins were defined for CUDA, host pointers where
 they were defined for the CPU (plugins.trt_plugins.define_plugins(..., device="cpu"), kernels in Triton's
-interpreter)."""
+interpreter).
+
+Each check is marked in a comment: "10.3:" with the source line that makes it a TensorRT 10.3 rule, or "PROJECT
+RULE:" where the harness is stricter than 10.3, saying what 10.3 does instead (the plugins must pass both)."""
 
 import gc
 
@@ -119,6 +122,8 @@ def check_required(plugin_cls, creator_cls) -> None:
 
 
 def _prop(obj, name: str):
+    # 10.3: a property read unset raises AttributeError "<name> not initialized" inside the wrapper's getter, which
+    # returns its error value (pyPlugin.cpp v10.3.0 lines 976, 1632, 1647, 1663; a creator's 1716, 1731, 1746, 1787)
     try:
         return getattr(obj, name)
     except AttributeError as e:
@@ -126,8 +131,10 @@ def _prop(obj, name: str):
 
 
 def _interface(c, plugin, kind, want: tuple):
+    # 10.3: the result is cast to the capability's interface class, nullptr where it is not one (pyPlugin.cpp v10.3.0
+    # lines 783-805; BUILD: IPluginV3OneBuildV2 first, then IPluginV3OneBuild)
     got = c(plugin, "get_capability_interface", kind)
-    for cls in want:                         # BUILD: IPluginV3OneBuildV2 first, then IPluginV3OneBuild (line 790)
+    for cls in want:
         if isinstance(got, cls):
             return got, cls
     raise ConformanceError(f"{type(plugin).__name__}.get_capability_interface({kind.name}) returned "
@@ -146,6 +153,9 @@ def _shapes(c, plugin, build, inputs, max_shapes, num_outputs) -> tuple[list[tup
     exprs = [trt.DimsExprs([trt.IDimensionExpr(d, top=m) for d, m in zip(t.shape, top)])
              for t, top in zip(inputs, max_shapes)]
     out = c(build, "get_output_shapes", exprs, [], trt.IExprBuilder())
+    # 10.3: a list of num_outputs DimsExprs (pyPlugin.cpp v10.3.0 lines 1165-1170: cast<std::vector<DimsExprs>>, length
+    # checked). PROJECT RULE: every entry set; 10.3 hands TensorRT a null IDimensionExpr for an entry DimsExprs(n) left
+    # unset (line 2091, `new DimsExprs{}`).
     if not isinstance(out, (list, tuple)) or len(out) != num_outputs or \
             not all(isinstance(d, trt.DimsExprs) and all(isinstance(e, trt.IDimensionExpr) for e in d) for d in out):
         raise ConformanceError(f"{type(plugin).__name__}.get_output_shapes() must return {num_outputs} DimsExprs "
@@ -193,12 +203,14 @@ def build(creator, inputs: list[torch.Tensor], namespace: str | None = None, see
     name, version = creator.name, creator.plugin_version
     namespace = creator.plugin_namespace if namespace is None else namespace
     created = c(creator, "create_plugin", name, trt.PluginFieldCollection([]), trt.TensorRTPhase.BUILD)
-    if not isinstance(created, trt.IPluginV3):
+    if not isinstance(created, trt.IPluginV3):            # 10.3: cast<IPluginV3*> (pyPlugin.cpp v10.3.0 line 1771)
         raise ConformanceError(f"{type(creator).__name__}.create_plugin() returned {type(created).__name__}, "
                                "not an IPluginV3")
     plugin = c(created, "clone")                          # the network holds its own copy
     core, _ = _interface(c, plugin, trt.PluginCapabilityType.CORE, (trt.IPluginV3OneCore,))
     ident = tuple(_prop(core, p) for p in PLUGIN_PROPERTIES[:3])
+    # 10.3: name, version and namespace "Should match" the creator's (NvInferRuntime.h v10.3.0 lines 752, 762, 772-773):
+    # the engine looks its creator up by them at deserialization
     if ident != (name, version, namespace):
         raise ConformanceError(f"{type(plugin).__name__} reports (name, version, namespace) {ident}, its creator "
                                f"{(name, version, namespace)}: the engine could not find its creator again")
@@ -207,6 +219,7 @@ def build(creator, inputs: list[torch.Tensor], namespace: str | None = None, see
     n_out = _prop(build_, "num_outputs")
     in_types = [_desc(t).type for t in inputs]
     out_types = c(build_, "get_output_data_types", in_types)
+    # 10.3: a list of num_outputs DataTypes (pyPlugin.cpp v10.3.0 lines 1115-1121: cast<std::vector<DataType>>, length)
     if not isinstance(out_types, (list, tuple)) or len(out_types) != n_out or \
             not all(isinstance(t, trt.DataType) for t in out_types):
         raise ConformanceError(f"{type(plugin).__name__}.get_output_data_types() must return {n_out} DataTypes")
@@ -216,6 +229,9 @@ def build(creator, inputs: list[torch.Tensor], namespace: str | None = None, see
     out_desc = [trt.PluginTensorDesc(s, t, trt.TensorFormat.LINEAR) for s, t in zip(out_shapes, out_types)]
     dyn_in = [_at_build(d, m) for d, m in zip(in_desc, max_in)]
     dyn_out = [_at_build(d, m) for d, m in zip(out_desc, out_max)]
+    # PROJECT RULE: only the graph's own type at LINEAR is offered, and a refusal fails the build; TensorRT 10.3 asks
+    # for the combinations it considers, up to getFormatCombinationLimit (NvInferRuntime.h v10.3.0 lines 864-898), and
+    # fails only where none is accepted
     for pos in range(len(inputs) + n_out):
         if not c(build_, "supports_format_combination", pos, dyn_in + dyn_out, len(inputs)):   # cast<bool>
             raise ConformanceError(f"{type(plugin).__name__}.supports_format_combination() refuses position {pos} "
@@ -224,6 +240,9 @@ def build(creator, inputs: list[torch.Tensor], namespace: str | None = None, see
     if aliasing and build_cls is trt.IPluginV3OneBuildV2:
         for o in range(n_out):
             i = c(build_, "get_aliased_input", o)
+            # 10.3: -1 or an input index (NvInferRuntime.h v10.3.0 lines 1113-1115), one output per input (line 1117).
+            # PROJECT RULE: the input of the output's type and shape (10.3's header does not say; the wrapper casts
+            # a non-int to 0U, aliasing input 0, pyPlugin.cpp v10.3.0 lines 1389-1393: refused here)
             if not isinstance(i, int) or not -1 <= i < len(inputs):
                 raise ConformanceError(f"{type(plugin).__name__}.get_aliased_input({o}) = {i!r}: not -1 or an input")
             if i >= 0:
@@ -233,10 +252,15 @@ def build(creator, inputs: list[torch.Tensor], namespace: str | None = None, see
                 aliases[o] = i
     c(build_, "configure_plugin", dyn_in, dyn_out)
     tactics = c(build_, "get_valid_tactics")
+    # 10.3: a list of ints (pyPlugin.cpp v10.3.0 line 1004, cast<std::vector<int32_t>>), "unique and non-zero"
+    # (NvInferRuntime.h v10.3.0 lines 947-948)
     if not isinstance(tactics, (list, tuple)) or not all(isinstance(t, int) and t != 0 for t in tactics) or \
             len(set(tactics)) != len(tactics):
         raise ConformanceError(f"{type(plugin).__name__}.get_valid_tactics() = {tactics!r}: unique non-zero ints")
     workspace = c(build_, "get_workspace_size", dyn_in, dyn_out)
+    # PROJECT RULE: an int >= 0; 10.3 casts the result to size_t and, where that fails (a negative int, a float), prints
+    # "[ERROR] Return value of get_workspace_size() could not be interpreted as size_t" and builds with 0 bytes
+    # (pyPlugin.cpp v10.3.0 lines 1254-1260)
     if not isinstance(workspace, int) or workspace < 0:
         raise ConformanceError(f"{type(plugin).__name__}.get_workspace_size() = {workspace!r}: bytes, an int >= 0")
     runtime, _ = _interface(c, plugin, trt.PluginCapabilityType.RUNTIME, (trt.IPluginV3OneRuntime,))
@@ -249,7 +273,7 @@ def build(creator, inputs: list[torch.Tensor], namespace: str | None = None, see
         fake_out = [_garbage(s, _TORCH[t], gen).to(device) for s, t in zip(out_shapes, out_types)]
         _enqueue(c, runtime, fake_in, fake_out, workspace)
     returned = c(runtime, "get_fields_to_serialize")
-    if not isinstance(returned, trt.PluginFieldCollection):
+    if not isinstance(returned, trt.PluginFieldCollection):       # 10.3: the cast, nullptr otherwise (lines 1577-1581)
         raise ConformanceError(f"{type(plugin).__name__}.get_fields_to_serialize() returned {type(returned).__name__}, "
                                "not a PluginFieldCollection")
     # The wrapper (pyPlugin.cpp v10.3.0 lines 1575-1579) casts the returned vector of struct copies to a C

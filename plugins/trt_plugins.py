@@ -276,11 +276,11 @@ def define_plugins(trt, device: str = "cuda"):
         def get_fields_to_serialize(self):
             # The buffer, the PluginField over it and the collection returned stay on the plugin for its lifetime,
             # made once and rewritten in place (a collection returned earlier never points at freed memory). 10.3's
-            # trt.PluginFieldCollection is a std::vector of PluginField struct copies (pyTensorRT.cpp v10.3.0 line 48;
-            # pybind11's bind_vector pushes copies) that keeps no buffer alive: a buffer lives as long as the PluginField
-            # made over it (keep_alive<1, 3>, pyPlugin.cpp v10.3.0 line 2414) or whatever holds it; the wrapper's C
-            # collection points into the returned vector (lines 1956-1957, 2465), held only until the enclosing build
-            # call returns (plugins.trt_conformance.build says how).
+            # trt.PluginFieldCollection is a std::vector of PluginField struct copies (pyTensorRT.cpp v10.3.0 line
+            # 48; pybind11's bind_vector pushes copies) that keeps no buffer alive: a buffer lives as long as the
+            # PluginField made over it (keep_alive<1, 3>, pyPlugin.cpp v10.3.0 line 2414) or whatever holds it; the
+            # wrapper's C collection points into the returned vector (lines 1956-1957, 2465), held only until the
+            # enclosing build call returns (plugins.trt_conformance.build says how).
             values = self.serialized_values()
             kept = self.__dict__.get("_serialized")
             if kept is None:

@@ -8,7 +8,10 @@ and what the 10.3 wrapper does where a method is missing).
 Written from NVIDIA/TensorRT v10.3.0, python/src/infer/pyPlugin.cpp (the bindings at its end: class names, property
 names, the DimsExprs constructors) and include/NvInferRuntime.h. As in the wrapper, the interface classes define
 none of the plugin's callbacks (the bindings' `def`s there are documentation stubs that pybind11's get_override
-skips), and a property read before it is set raises AttributeError "<name> not initialized"."""
+skips), and a property read before it is set raises AttributeError "<name> not initialized".
+
+Every refusal is marked in a comment or docstring: "10.3:" with the source line that makes it TensorRT 10.3's rule,
+or "PROJECT RULE:" where the stand-in is stricter than 10.3, saying what 10.3 does instead."""
 
 import ctypes
 import enum
@@ -35,7 +38,8 @@ class DataType(enum.Enum):
 
 
 def nptype(t: DataType):
-    """numpy type of a DataType (tensorrt.nptype); TypeError where numpy has none."""
+    """numpy type of a DataType (tensorrt.nptype). 10.3: TypeError where numpy has none, FP8, BF16 and INT4
+    (python/packaging/bindings_wheel/tensorrt/__init__.py v10.3.0 lines 151-173)."""
     if t in (DataType.FP8, DataType.BF16, DataType.INT4):
         raise TypeError(f"{t} has no numpy type")
     return np.dtype(t.value).type
@@ -82,8 +86,9 @@ class DynamicPluginTensorDesc:
 
 
 class IDimensionExpr:
-    """A dimension expression: is_constant, get_constant_value and is_size_tensor, as 10.3 binds it (pyPlugin.cpp's
-    IDimensionExpr class; it has no `value`: TensorRT keeps a non-constant dimension symbolic while building). What it
+    """A dimension expression. 10.3: it has is_constant, get_constant_value and is_size_tensor and nothing else
+    (pyPlugin.cpp v10.3.0 lines 2341-2345; no `value`: TensorRT keeps a non-constant dimension symbolic while
+    building), and get_constant_value of a non-constant is int64's minimum (NvInferRuntime.h v10.3.0 line 243). What it
     evaluates to at the profile's min (= opt, the shapes the driver was given) and at its max is private to the
     driver (`evaluated`, `evaluated_max`)."""
 
@@ -130,7 +135,9 @@ def evaluated_max(expr: IDimensionExpr) -> int:
 
 
 class DimsExprs:
-    """A shape as dimension expressions: DimsExprs(n) (n unset entries) or DimsExprs(sequence of expressions)."""
+    """A shape as dimension expressions: DimsExprs(n) (n unset entries) or DimsExprs(sequence of expressions). 10.3:
+    entries are IDimensionExpr, anything else a TypeError (the constructors and __setitem__ take IDimensionExpr const*,
+    pyPlugin.cpp v10.3.0 lines 2070-2110, bound at 2347-2356); unset entries are null pointers there (line 2091)."""
 
     def __init__(self, arg=0):
         self._d = [None] * arg if isinstance(arg, int) else list(arg)
@@ -150,8 +157,9 @@ class DimsExprs:
 
 
 # The C type each PluginFieldType is read as (NvInferRuntimePlugin.h v10.3.0 lines 833-860, the enum; the binding's
-# `data` getter, pyPlugin.cpp v10.3.0 lines 2421-2431: py::array(self.length, static_cast<T const*>(self.data)), kUNKNOWN
-# and kINT8 as int8_t, kCHAR as char). The getter has no conversion for these (lines 2432-2438: AttributeError):
+# `data` getter, pyPlugin.cpp v10.3.0 lines 2421-2431: py::array(self.length, static_cast<T const*>(self.data)),
+# kUNKNOWN and kINT8 as int8_t, kCHAR as char). The getter has no conversion for these (lines 2432-2438:
+# AttributeError):
 FIELD_DTYPES = {PluginFieldType.FLOAT16: np.float16, PluginFieldType.FLOAT32: np.float32,
                 PluginFieldType.FLOAT64: np.float64, PluginFieldType.INT8: np.int8, PluginFieldType.INT16: np.int16,
                 PluginFieldType.INT32: np.int32, PluginFieldType.CHAR: np.int8, PluginFieldType.INT64: np.int64,
@@ -165,12 +173,13 @@ class FieldFreed(RuntimeError):
 
 
 def _check_buffer(name, data, type) -> None:
-    """PROJECT RULES, stricter than 10.3, which takes any py::buffer (pyPlugin.cpp v10.3.0 lines 1948-1953) and reads
-    `info.size` (the buffer's own element count) values of the declared type at `info.ptr`, strides ignored, never
-    checking the buffer against the type: here the buffer must be a numpy array (a list is a TypeError in 10.3 too:
-    not a buffer), C-contiguous, of the declared type's numpy dtype (kUNKNOWN: one-byte items, its length being
-    bytes: NvInferRuntime.h v10.3.0 lines 1089-1090), and of a type this stand-in reads (not kBF16, kFP8, kINT4, kDIMS).
-    Any of these would make 10.3 serialize bytes other than the values meant."""
+    """The buffer a PluginField is made over. 10.3: it is a buffer (the constructor takes py::buffer, pyPlugin.cpp
+    v10.3.0 line 1949: a list is pybind11's TypeError). PROJECT RULES, stricter than 10.3, which takes any buffer
+    (bytes, memoryview, array.array) and reads `info.size` (the buffer's own element count) values of the declared
+    type at `info.ptr` (line 1952), strides ignored, never checking the buffer against the type: here it must be a
+    numpy array, C-contiguous, of the declared type's numpy dtype (kUNKNOWN: one-byte items, its length being bytes:
+    NvInferRuntime.h v10.3.0 lines 1089-1090), and of a type this stand-in reads (not kBF16, kFP8, kINT4, kDIMS).
+    Each would make 10.3 serialize bytes other than the values meant."""
     if not isinstance(data, np.ndarray):
         raise TypeError(f"PluginField {name!r}: data must be a buffer (a numpy array of the declared type), "
                         f"not {data.__class__.__name__}")
@@ -249,7 +258,8 @@ def _struct_copy(field) -> PluginField:
         raise RuntimeError(f"Unable to cast Python instance of type {type(field).__name__} to C++ type "
                            "'nvinfer1::PluginField'")
     copy = PluginField.__new__(PluginField)
-    copy.name, copy.type, copy.size, copy._address, copy._kept = field.name, field.type, field.size, field._address, None
+    copy.name, copy.type, copy.size = field.name, field.type, field.size
+    copy._address, copy._kept = field._address, None
     return copy
 
 
@@ -284,25 +294,35 @@ def engine_copy(collection: PluginFieldCollection) -> list[PluginField]:
     return [PluginField(f.name, np.frombuffer(f.raw(), FIELD_DTYPES[f.type]).copy(), f.type) for f in collection]
 
 
-class _Settable:
-    """Properties the wrapper stores on the C++ side: reading one before it is set is an error."""
+_UNSET = object()
 
-    def _get(self, name):
+
+class _Settable:
+    """Properties the wrapper stores on the C++ side. 10.3: reading plugin_name, plugin_version, plugin_namespace,
+    num_outputs or a creator's name, plugin_version, plugin_namespace, field_names before it is set raises
+    AttributeError "<name> not initialized" (pyPlugin.cpp v10.3.0 lines 976, 1632, 1647, 1663, 1716, 1731, 1746,
+    1787); timing_cache_id and metadata_string read unset are None (nullptr, lines 1271-1274, 1286-1289) and
+    format_combination_limit is DEFAULT_FORMAT_COMBINATION_LIMIT (lines 1301-1304)."""
+
+    def _get(self, name, default=_UNSET):
         try:
             return self.__dict__["_trt_" + name]
         except KeyError:
+            if default is not _UNSET:
+                return default
             raise AttributeError(f"{name} not initialized") from None
 
 
-def _prop(name):
-    return property(lambda self: self._get(name), lambda self, v: self.__dict__.__setitem__("_trt_" + name, v))
+def _prop(name, default=_UNSET):
+    return property(lambda self: self._get(name, default),
+                    lambda self, v: self.__dict__.__setitem__("_trt_" + name, v))
 
 
 class _Bound(type):
-    """pybind11's rule for a Python class derived from bound classes: every bound base whose C++ object the instance
-    holds must have had its __init__ called, else making the instance raises TypeError "<base>.__init__() must be
-    called when overriding __init__" (pybind11's metaclass __call__; 10.3's interfaces are py::class_ with
-    py::init<>())."""
+    """10.3 (pybind11's rule for a Python class derived from bound classes): every bound base whose C++ object the
+    instance holds must have had its __init__ called, else making the instance raises TypeError "<base>.__init__()
+    must be called when overriding __init__" (pybind11 v2.13.1 detail/class.h lines 191-197, the metaclass __call__;
+    10.3's interfaces are py::class_ with py::init<>(), pyPlugin.cpp v10.3.0 lines 2549, 2563, 2588, 2596)."""
 
     def __call__(cls, *args, **kwargs):
         obj = super().__call__(*args, **kwargs)
@@ -338,8 +358,8 @@ class IPluginV3OneCore(IPluginCapability, _Settable):
 class IPluginV3OneBuild(IPluginCapability, _Settable):
     DEFAULT_FORMAT_COMBINATION_LIMIT = 100
     num_outputs = _prop("num_outputs")
-    timing_cache_id, metadata_string = _prop("timing_cache_id"), _prop("metadata_string")
-    format_combination_limit = _prop("format_combination_limit")
+    timing_cache_id, metadata_string = _prop("timing_cache_id", None), _prop("metadata_string", None)
+    format_combination_limit = _prop("format_combination_limit", DEFAULT_FORMAT_COMBINATION_LIMIT)
     __init__ = _bound_init("IPluginV3OneBuild")
 
 
@@ -366,7 +386,8 @@ class IPluginCreatorV3One(_Settable, metaclass=_Bound):
 
 
 class IPluginRegistry:
-    """Creators by (name, version, namespace); register_creator refuses a key already present (returns False)."""
+    """Creators by (name, version, namespace). 10.3: register_creator returns False "if a plugin creator with the same
+    type is already registered" (include/NvInferRuntimeCommon.h v10.3.0 lines 219-220)."""
 
     def __init__(self):
         self.creators = {}

@@ -53,9 +53,9 @@ def test_gemv_plugin_runs_tensorrt_10_3s_calls_and_matches_the_reference(gen, co
 
 
 def test_gemv_plugin_over_a_range_of_rows_sees_wildcards_in_its_input_and_output_descs(gen):
-    """A profile of 3..8 rows: at build the builder's desc.dims holds -1 for the row count in x and in y (NvInferRuntime.h
-    v10.3.0 line 360, "-1 in place of any runtime dimension"; line 811, wildcards at configure time), nowhere else;
-    the plugin still builds and runs at 3 rows against the reference."""
+    """A profile of 3..8 rows: at build the builder's desc.dims holds -1 for the row count in x and in y
+    (NvInferRuntime.h v10.3.0 line 360, "-1 in place of any runtime dimension"; line 811, wildcards at configure
+    time), nowhere else; the plugin still builds and runs at 3 rows against the reference."""
     from plugins.reference import dual_plane_linear
     plugins, creator_cls = _classes()
     ins, (base, refine, scale) = _gemv_inputs(gen)
@@ -89,9 +89,9 @@ def test_a_plugin_sizing_scratch_from_an_output_descs_dynamic_dim_fails_the_buil
 def test_each_execution_context_gets_a_clone_of_its_own(gen, attach):
     """One deserialized plugin attached to two execution contexts: attach_to_context is called per new context and
     returns "A clone of the IPluginV3 object" (NvInferRuntime.h v10.3.0 lines 1066 and 1078), which TensorRT then owns
-    (pyPlugin.cpp v10.3.0 line 1549, `.release()`). The plugins' own (a fresh clone each time) gives two distinct clones,
-    neither the engine's plugin, each running against the reference on its own buffers; returning `self`, or the
-    same clone to both contexts, fails."""
+    (pyPlugin.cpp v10.3.0 line 1549, `.release()`). The plugins' own (a fresh clone each time) gives two distinct
+    clones, neither the engine's plugin, each running against the reference on its own buffers; returning `self`, or
+    the same clone to both contexts, fails."""
     from plugins.reference import dual_plane_linear
     plugins, creator_cls = _classes()
 
@@ -264,7 +264,8 @@ def test_a_temporary_collection_over_a_kept_buffer_is_read_whole(gen):
     plugins, creator_cls = _classes()
     ins, _ = _attention_io(gen)
     ins[6][0], ins[7][0] = 10, 4
-    built = build(creator_cls(_window_kept_as(plugins["NestedKvAttention"], "buffer")), [t.to(KERNEL_DEVICE) for t in ins])
+    kept_buffer = _window_kept_as(plugins["NestedKvAttention"], "buffer")
+    built = build(creator_cls(kept_buffer), [t.to(KERNEL_DEVICE) for t in ins])
     (field,) = built["fields"]
     assert field.name == "kv_window" and field.data.tolist() == [ins[0].shape[1]]
 
@@ -352,8 +353,9 @@ def test_a_plugin_that_skips_a_base_classs_init_is_refused(gen, skipped):
 
 
 def test_plugin_fields_take_buffers_of_their_declared_type():
-    """PluginField's data is bound as a buffer and read as the declared C type: a list, or an int64 buffer declared
-    INT32, is refused when the field is made."""
+    """PluginField's data is bound as a buffer (10.3: a list is a TypeError, pyPlugin.cpp v10.3.0 line 1949) and read
+    as the declared C type; an int64 buffer declared INT32 is refused too, a PROJECT RULE (10.3 would serialize the
+    low half of the first value: line 1952 takes the buffer's element count)."""
     import numpy as np
     with pytest.raises(TypeError, match="must be a buffer"):
         trt_standin.PluginField("kv_window", [4], trt_standin.PluginFieldType.INT32)
@@ -361,6 +363,17 @@ def test_plugin_fields_take_buffers_of_their_declared_type():
         trt_standin.PluginField("kv_window", np.array([4]), trt_standin.PluginFieldType.INT32)
     f = trt_standin.PluginField("kv_window", np.array([4], np.int32), trt_standin.PluginFieldType.INT32)
     assert f.size == 1 and f.data.dtype == np.int32
+
+
+def test_build_properties_read_unset_are_what_10_3_returns():
+    """10.3 raises "<name> not initialized" for num_outputs read unset, but returns None for timing_cache_id and
+    metadata_string and the default limit for format_combination_limit (pyPlugin.cpp v10.3.0 lines 976, 1271-1274,
+    1286-1289, 1301-1304): the stand-in is no stricter there."""
+    build_ = trt_standin.IPluginV3OneBuildV2()
+    assert build_.timing_cache_id is None and build_.metadata_string is None
+    assert build_.format_combination_limit == trt_standin.IPluginV3OneBuild.DEFAULT_FORMAT_COMBINATION_LIMIT == 100
+    with pytest.raises(AttributeError, match="num_outputs not initialized"):
+        build_.num_outputs
 
 
 def test_no_fallback_to_the_non_aliasing_build_interface():
