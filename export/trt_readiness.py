@@ -19,9 +19,13 @@ WeightsContext.cpp, onnxOpImporters.cpp and its operator list, operators.md):
   given tensor is requested to be aliased by two different plugins, this may result in divergent copies");
   anything between them (an Identity) would be a copy of the whole plane per pass.
 - `opset`: the default-domain opset is within what the parser imports (9..20).
-- `namespace`: every node is a standard op or a `bitnest` plugin op. The plugin creators are registered under the
-  empty namespace (TensorRT 10.3's parser looks there) and under `bitnest` (from 10.10 the parser reads a node's
-  domain as the plugin namespace): a node of any other domain finds no creator on either.
+- `namespace` (a project rule): every node is a standard op (domain '' or ai.onnx) or a `bitnest` op. The parser
+  imports a node it has no importer for as a plugin looked up by (op_type, attribute `plugin_version`, default "1",
+  attribute `plugin_namespace`, default ""), and from TensorRT 10.10, where that finds no creator, again with the
+  node's domain as the namespace (onnx-tensorrt onnxOpImporters.cpp, FallbackPluginImporter; PR #1025, the 10.10-GA
+  release; at 10.1-GA the attribute alone, onnxOpImporters.cpp line 6443). The plugin creators are registered
+  under '' (found first on every version: the graph's nodes carry no `plugin_namespace`) and under `bitnest`. A
+  node of another domain is not one of this graph's ops: the parser would take it for a plugin named by its op_type.
 - `op`: every standard op is one the parser imports: onnx-tensorrt operators.md (10.1-GA, the newest in this
   index; 10.3 imports the same set for these ops) marks those in UNSUPPORTED_OPS "N" (BitShift and the Bitwise* ops
   among them, which is why the embedding gather unpacks nibbles by int32 division: export.onnx_rows).
@@ -117,8 +121,9 @@ def check_graph(model: onnx.ModelProto) -> list[Violation]:
     out: list[Violation] = []
     for n in g.node:
         if n.domain not in ("", "ai.onnx", DOMAIN):
-            out.append(Violation("namespace", n.name, f"{n.domain}::{n.op_type} is in a plugin namespace no creator is "
-                                 f"registered under (only '' and '{DOMAIN}')"))
+            out.append(Violation("namespace", n.name, f"{n.domain}::{n.op_type} is outside the graph's domains ('', "
+                                 f"ai.onnx, '{DOMAIN}'): TensorRT's parser would look it up as a plugin named "
+                                 f"{n.op_type!r}"))
     if out:         # the other rules read types inferred through the bitnest schemas: not this graph's nodes
         return out
     graph_io = {i.name for i in g.input} | {o.name for o in g.output}

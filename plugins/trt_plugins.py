@@ -23,8 +23,13 @@ Facts of TensorRT 10.3 this follows (NVIDIA/TensorRT v10.3.0 headers and python/
   clone (a missing one fails the build or the engine): plugins.trt_conformance lists them with the evidence and plays
   TensorRT's calls without TensorRT (tests/test_trt_conformance.py); the classes define every one, and
   get_valid_tactics / get_workspace_size as NVIDIA's V3 samples do;
-- TensorRT >= 10.10's ONNX parser reads a node's domain as the plugin namespace: the creators are registered under
-  the empty namespace (10.3) and under `bitnest` (the graph's domain), so one graph parses on both.
+- the ONNX parser imports a node it has no importer for as a plugin, looked up by (op_type, the node's `plugin_version`
+  attribute, default "1", its `plugin_namespace` attribute, default ""); from TensorRT 10.10, where that finds no
+  creator, it looks again with the node's domain as the namespace (onnx-tensorrt onnxOpImporters.cpp,
+  FallbackPluginImporter; onnx-tensorrt PR #1025, the 10.10-GA release: "Plugin fallback importer now also reads its
+  namespace from a Node's domain field"; at 10.1-GA, onnxOpImporters.cpp line 6443, the attribute alone). The graph's
+  plugin nodes carry no `plugin_namespace`, so every version finds the creators registered under "" first; those
+  registered under `bitnest` (the graph's domain) serve only a node that names that namespace in its attribute.
 """
 
 import importlib.util
@@ -35,7 +40,7 @@ from plugins.step_contract import as_bytes
 
 PLUGIN_VERSION = "1"
 PLUGIN_NAMESPACE = ""
-PLUGIN_NAMESPACES = (PLUGIN_NAMESPACE, DOMAIN)       # TensorRT 10.3's parser looks in "", >= 10.10's in the domain
+PLUGIN_NAMESPACES = (PLUGIN_NAMESPACE, DOMAIN)       # "": the parser's default (attribute absent); DOMAIN: see above
 MIN_TENSORRT = (10, 3)
 KV_WINDOW_FIELD = "kv_window"     # the attention plugin's serialized field: the profile's largest pass (its catch-up)
 
@@ -68,8 +73,9 @@ def tensorrt_unavailable() -> str | None:
     try:
         import tensorrt as trt
     except ImportError as e:
-        return (f"TensorRT is not installed ({e}); it ships with JetPack 6.1/6.2 (TensorRT 10.3), "
-                "not from PyPI: run on a Jetson or a CUDA machine with TensorRT >= 10.3")
+        return (f"TensorRT is not installed ({e}); it ships with JetPack 6.1/6.2 (TensorRT 10.3); the tensorrt "
+                "packages on the package index are stubs whose install fetches TensorRT from NVIDIA's own index "
+                "(x86_64 only): run on a Jetson or a CUDA machine with TensorRT >= 10.3")
     version = tuple(int(p) for p in trt.__version__.split(".")[:2])
     if version < MIN_TENSORRT or not hasattr(trt, "IPluginV3") or not hasattr(trt, "IPluginV3OneBuildV2"):
         return (f"TensorRT {trt.__version__} lacks Python IPluginV3 plugins with aliased I/O (IPluginV3OneBuildV2): "

@@ -1,8 +1,9 @@
 """Bad input on the TensorRT path, each refused in one line naming the fix (no traceback, exit != 0 from a
-command where one reaches it): a graph whose plugin nodes sit in a namespace no creator is registered under, an engine built by another
-TensorRT version (its build record), a missing plugin kernel library. Checked here without TensorRT: the graph rules
-and the record run before any TensorRT call, the plugin library check before the creators are registered
-(plugins.trt_standin's registry)."""
+command where one reaches it): a graph whose plugin nodes sit in a domain other than the graph's own (a project
+rule, export.trt_readiness's `namespace`: the parser would take them for plugins by op_type alone), an engine built
+by another TensorRT version (its build record), a missing plugin kernel library. Checked here without TensorRT: the
+graph rules and the record run before any TensorRT call, the plugin library check before the creators are
+registered (plugins.trt_standin's registry)."""
 
 import json
 import sys

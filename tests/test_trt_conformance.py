@@ -385,8 +385,9 @@ def test_no_fallback_to_the_non_aliasing_build_interface():
 
 
 def test_creators_register_under_the_empty_namespace_and_the_graph_domain(gen):
-    """TensorRT 10.3 looks plugins up in "", >= 10.10 in the node's domain: both resolve, and a plugin created in
-    either reports that namespace (the engine finds its creator again: the harness checks it)."""
+    """The parser looks a plugin up in its node's `plugin_namespace` attribute, default "" (every version), and from
+    10.10 falls back to the node's domain (onnx-tensorrt FallbackPluginImporter): both namespaces resolve, and a
+    plugin created in either reports that namespace (the engine finds its creator again: the harness checks it)."""
     registry = trt_standin.IPluginRegistry()
     register_creators(trt_standin, registry, KERNEL_DEVICE)
     assert sorted(registry.creators) == sorted((n, PLUGIN_VERSION, ns) for n in PLUGIN_IO for ns in ("", DOMAIN))
