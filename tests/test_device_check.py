@@ -58,6 +58,46 @@ def test_the_plugins_section_runs_the_suites_and_reports_a_failure(tmp_path):
     assert gone["status"] == "skipped" and "no_such_suite.py" in gone["reason"]
 
 
+@pytest.mark.parametrize("absent", ["pytest", "onnx"])
+def test_the_plugins_section_fails_without_pytest_or_onnx_on_a_real_run(tmp_path, absent):
+    """In an interpreter that really lacks the module (python -S: no site-packages; where only onnx is to be absent,
+    pytest's package linked onto the path), a real run's plugins section fails in one line naming the install and
+    fails the device check's verdict; a dry run skips with the same line."""
+    from edge.cli.device_check import section_status
+    site = tmp_path / "site"
+    site.mkdir()
+    if absent == "onnx":
+        (site / "pytest").symlink_to(Path(pytest.__file__).parent)
+    code = ("import json; from edge.cli.device_plugins import plugins_section; "
+            "print(json.dumps([plugins_section(60, dry=dry) for dry in (False, True)]))")
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{site}")
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, env=env, timeout=60,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    real, dry = json.loads(out.stdout)
+    assert real["status"] == "failed" and real["passed"] is False, real
+    assert real["reason"].startswith(f"{absent} is not installed here (pip install {absent})")
+    assert "\n" not in real["reason"] and dry == {"status": "skipped", "reason": real["reason"]}
+    assert section_status("plugins", real, True) == {"status": "failed", "reason": real["reason"]}
+
+
+def test_the_plugins_section_stops_its_child_before_its_limit_and_names_the_running_test(tmp_path):
+    """A suite whose second test outlasts the section: run as the device check runs a section (under its SIGALRM
+    limit), the pytest child is stopped PLUGINS_STOP_MARGIN s before the limit, so the section returns instead of
+    timing out, fails, and keeps what the child had printed: the test it was in and the one that passed."""
+    from edge.cli.device_check import _within
+    from edge.cli.device_plugins import PLUGINS_STOP_MARGIN, plugins_section
+    suite = tmp_path / "test_slow_plugin.py"
+    suite.write_text("import time\n\n\ndef test_quick():\n    pass\n\n\n"
+                     "def test_waits_for_the_device():\n    time.sleep(600)\n")
+    limit = 15.0
+    r = _within(limit, lambda: plugins_section(limit, (str(suite),)))
+    assert r["status"] == "failed" and not r["passed"], r
+    assert r["running"].endswith("test_slow_plugin.py::test_waits_for_the_device"), r
+    assert r["counts"] == {"passed": 1, "failed": 0, "skipped": 0}
+    assert r["reason"] == f"timed out after {limit - PLUGINS_STOP_MARGIN:g} s in {r['running']}"
+
+
 def test_device_check_without_a_gpu_says_so():
     import torch
     if torch.cuda.is_available():

@@ -23,7 +23,8 @@ Evidence survives a timeout: the JSON is written (atomically) before and after e
 naming the section under way and `complete` false until the end; each section has a time limit (LIMITS, SIGALRM:
 a section past it is recorded as timed out and the next one runs; the tensorrt section's child is stopped
 TRT_STOP_MARGIN seconds before that and the section names the phase it was in, with the seconds of those done:
-edge.phase_clock); the script's own `timeout` bounds the whole run for a section stuck in native code, where no
+edge.phase_clock; the plugins section's pytest child PLUGINS_STOP_MARGIN seconds before, naming the test it was
+in); the script's own `timeout` bounds the whole run for a section stuck in native code, where no
 signal handler runs. The Llama-2-7B shape, where asked, is skipped by
 itself on a device with under SEVEN_B_MIN_GIB of memory (an 8 GB Orin), and the JSON says why.
 """
@@ -313,7 +314,8 @@ def run_device_check(opts: DeviceCheckOptions, out: Path | None = None) -> dict:
 
     run = {"kernels": lambda: kernels(opts), "bandwidth": lambda: bandwidth(opts),
            "lossless": lambda: lossless(opts, dev), "pass_times": lambda: pass_times(opts, dev),
-           "plugins": lambda: plugins_section(opts.limit("plugins")), "tensorrt": lambda: tensorrt_section(opts)}
+           "plugins": lambda: plugins_section(opts.limit("plugins"), dry=opts.dry),
+           "tensorrt": lambda: tensorrt_section(opts)}
     for name in (s for s in SECTIONS if s in opts.sections):
         result["running"] = name
         save()
