@@ -8,8 +8,12 @@ from edge.analysis.report_cells import mb, pct, table
 
 BENCH_RUNS = {"target": "target AR", "draft": "draft AR", "speculative": "speculative (fixed γ = {g})",
               "adaptive": "adaptive speculation", "auto": "auto (γ from measured costs)",
-              "llamacpp_q8_0": "llama.cpp Q8_0", "llamacpp_q4_1": "llama.cpp Q4_1", "hf_fp32": "transformers float32"}
-RATIO_KEYS = ("speculative_vs_target", "adaptive_vs_target", "auto_vs_target", "target_vs_llamacpp_q8",
+              "llamacpp_native_q8_0": "llama.cpp built for this CPU, Q8_0 (made here from the shipped file)",
+              "llamacpp_native_q4_1": "llama.cpp built for this CPU, Q4_1 (as shipped)",
+              "llamacpp_q8_0": "llama.cpp Q8_0 (the xllamacpp wheel, AVX2 build)",
+              "llamacpp_q4_1": "llama.cpp Q4_1 (the xllamacpp wheel, AVX2 build)", "hf_fp32": "transformers float32"}
+RATIO_KEYS = ("speculative_vs_target", "adaptive_vs_target", "auto_vs_target", "target_vs_llamacpp_native_q8",
+              "auto_vs_llamacpp_native_q8", "auto_vs_llamacpp_native_q4_1", "target_vs_llamacpp_q8",
               "speculative_vs_llamacpp_q8", "adaptive_vs_llamacpp_q8", "auto_vs_llamacpp_q8", "speculative_vs_hf_fp32",
               "verification_pass_vs_target_pass", "draft_pass_vs_target_pass")
 SHAPE_RATIO_KEYS = ("target_vs_llamacpp_q8", "replayed_speculative_vs_target", "projected_speculative_vs_target",
@@ -171,8 +175,11 @@ def headline_bench_row(bench: dict) -> list[str]:
     if native and lead.get("policy") == "auto":
         vs = ", ".join(f"{'Q8_0 (made here from the shipped file)' if k.endswith('_q8') else 'the shipped ' + k.removeprefix('llamacpp_native_').upper()} "
                        f"{v['paired']:g}×" for k, v in native.items())
-        text = (f"`auto` (the default policy) {runs['auto']['tok_s']:g} tok/s (`auto_vs_target` {r['auto_vs_target']:g})"
-                f"; against llama.cpp built for this CPU: {vs} (medians of the repeat-by-repeat ratios); {policies}")
+        paired = {k: v["median"] for k, v in bench["paired_ratios"].items()}
+        text = (f"`auto` (the default policy) {runs['auto']['tok_s']:g} tok/s, {paired['auto_vs_target']:g}× the "
+                f"target; against llama.cpp built for this CPU: {vs}, the target "
+                f"{paired['target_vs_llamacpp_native_q8']:g}× its Q8_0 (each the median of the repeat-by-repeat "
+                f"ratios); {policies}")
     else:
         auto = f", auto {runs['auto']['tok_s']:g} (`auto_vs_target` {r['auto_vs_target']:g})" if "auto" in runs else ""
         text = policies + auto
@@ -180,8 +187,16 @@ def headline_bench_row(bench: dict) -> list[str]:
             f"backend ({bench['isa']}, {bench['threads']} threads), every runner in its own process, "
             f"{bench['prompts']} prompts",
             f"{text}{wheel}; {bench['gamma'] + 1}-token target pass {p[str(bench['gamma'] + 1)] / p['1']:.2f}× a "
-            "1-token pass ([runtime](docs/runtime.md))",
+            f"1-token pass{_identical(bench)} ([runtime](docs/runtime.md))",
             f"`{bench['command']}`"]
+
+
+def _identical(bench: dict) -> str:
+    """"; identical to the target on n / N prompts (policies)" where the run held its outputs against the target's."""
+    same = bench.get("identical_to_target")
+    if not same:
+        return ""
+    return f"; identical to the target on {min(same.values())} / {bench['prompts']} prompts ({', '.join(same)})"
 
 
 def _span(values: list[float], fmt: str = "{:.2f}") -> str:
@@ -202,7 +217,8 @@ def headline_model_row(model: str, lossless: dict, *runs: dict) -> list[str]:
     if all("auto_vs_llamacpp_native_q8" in p for p in paired):
         shipped = [k.removeprefix("auto_vs_llamacpp_native_") for k in paired[0]
                    if k.startswith("auto_vs_llamacpp_native_") and k != "auto_vs_llamacpp_native_q8"]
-        peers = f"llama.cpp built for this CPU: Q8_0 {med('auto_vs_llamacpp_native_q8')}×" + "".join(
+        peers = f"llama.cpp built for this CPU: a Q8_0 made here from the shipped file " \
+                f"{med('auto_vs_llamacpp_native_q8')}×" + "".join(
             f", the shipped {q.upper()} {med(f'auto_vs_llamacpp_native_{q}')}×" for q in shipped) + \
             f"; the target {med('target_vs_llamacpp_native_q8')}× its Q8_0"
     else:
@@ -213,7 +229,7 @@ def headline_model_row(model: str, lossless: dict, *runs: dict) -> list[str]:
             f"run{'s' if len(runs) > 1 else ''} of {first['prompts']} prompts ({eos})",
             f"speculative (γ = {first['gamma']}, {first['draft_head']} draft head{vocab}) "
             f"{med('speculative_vs_target')}× its target, `auto` (the default policy) {med('auto_vs_target')}× "
-            f"(medians of the repeat-by-repeat ratios); `auto` against {peers} on the same GGUF; read probe "
+            f"(medians of the repeat-by-repeat ratios); `auto` against {peers}; read probe "
             f"{_span(probe, '{:.1f}')} GB/s; identical "
             f"to the target on {min(same.values())} / {lossless['prompts']} prompts ({' and '.join(same)}; [model "
             "and data](docs/model-and-data.md))",
