@@ -8,12 +8,15 @@
 # $OUT/device_check.json and, generated from it, $OUT/device_check.md (the docs table). TensorRT is reported and
 # skipped where it is not installed.
 # The JSON is rewritten before and after every section (`running`, `complete`), each section has its own time limit
-# (--limits), and the whole run stops after DEVICE_CHECK_TIMEOUT seconds (240, 540 where TensorRT is importable:
-# its section may take 300): a timeout anywhere leaves the sections done. The plugins section runs the TensorRT
-# plugins' suites on the device through the stand-in. The 7B shape is opt-in (--with-7b; skipped by itself on a
-# device with under 12 GiB, an 8 GB Orin).
+# (--limits), and the whole run stops after DEVICE_CHECK_TIMEOUT seconds (240, 540 where TensorRT is importable: its
+# section may take 300; the gptq section's 300 more with --with-gptq): a timeout anywhere leaves the sections done.
+# The plugins section runs the TensorRT plugins' suites on the device through the stand-in. The 7B shape is opt-in
+# (--with-7b; skipped by itself on a device with under 12 GiB, an 8 GB Orin). The gptq section is opt-in (--with-gptq,
+# its limit added to the run's timeout): the default model exported with GPTQ on CUDA (`scripts/export.py --device
+# cuda`) and evaluated as the committed CPU figures were, passed where its draft/target agreement is within 0.5 points
+# of them on every corpus.
 #
-#   OUT=/some/dir bash scripts/device_check.sh [--with-7b] [--repeats N] [--sections a,b] [--limits kernels=200]
+#   OUT=/some/dir bash scripts/device_check.sh [--with-7b] [--with-gptq] [--repeats N] [--sections a,b] [--limits kernels=200]
 #   DRY=1 OUT=/tmp/x bash scripts/device_check.sh --repeats 1   # the same code here, Triton interpreter, tiny shapes
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +36,11 @@ if ! "$PY" -c "import tensorrt" >/dev/null 2>&1; then
 else
   WHOLE=540                                 # the tensorrt section's limit (300 s) on top
 fi
+for arg in "$@"; do
+  if [ "$arg" = "--with-gptq" ]; then           # the opt-in gptq section's limit on top (edge/cli/device_check.py)
+    WHOLE=$((WHOLE + $("$PY" -c 'from edge.cli.device_check import LIMITS; print(int(LIMITS["gptq"]))')))
+  fi
+done
 DEVICE_CHECK_TIMEOUT=${DEVICE_CHECK_TIMEOUT:-$WHOLE}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >&2 || true
 status=0

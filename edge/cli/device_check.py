@@ -1,8 +1,9 @@
 """The checks of one CUDA machine in one run (scripts/device_check.sh, <= 240 s by default, no network): the
 checkpoint cannot travel, so random-plane checkpoints of the default model's shapes (and Llama-2-7B's, opt-in with
---with-7b) are built on the GPU (edge.memory.synthetic). It writes one JSON object, from which `--table` prints the docs table.
+--with-7b) are built on the GPU (edge.memory.synthetic); the export's GPTQ on CUDA is opt-in too (--with-gptq). It
+writes one JSON object, from which `--table` prints the docs table.
 
-    python -m edge.cli.device_check --out FILE.json [--dry] [--repeats N] [--with-7b] [--sections a,b]
+    python -m edge.cli.device_check --out FILE.json [--dry] [--repeats N] [--with-7b] [--with-gptq] [--sections a,b]
                                     [--limits kernels=120,...] [--hang SECTION (dry only)] [--checkpoint DIR]
                                     [--onnx FILE]
     python -m edge.cli.device_check --table FILE.json
@@ -15,7 +16,10 @@ the TensorRT plugins' own code on the device through the stand-in of TensorRT 10
 the conformance and KV-binding suites, CUDA-graph replay of the plugin enqueues); TensorRT, where importable: the SmolLM2 engine (a --checkpoint export, or an RTN export of the default model made
 on the spot) built with the ping-pong KV binding and run against the independent step reference (export.trt_check,
 in a process of its own: greedy tokens equal, prefill logits within the self-check's bound; the binding, the plane
-copies its engine inspector lists and the runtime plugins' kv_window recorded), skipped with the reason where TensorRT is absent. In the dry run
+copies its engine inspector lists and the runtime plugins' kv_window recorded), skipped with the reason where TensorRT is absent;
+with --with-gptq, the default model exported with GPTQ on CUDA and evaluated as the committed CPU figures were
+(edge.cli.device_gptq: draft/target agreement within 0.5 points of them on every corpus; in a dry run the same path
+on the CPU at a tiny calibration, plumbing only). In the dry run
 with --checkpoint the same section runs with the graph on the CPU (onnxruntime) standing in for the engine. `--dry` runs the same code in the Triton interpreter on
 the CPU at tiny shapes (a test runs it, so a typo costs no device time); its figures mean nothing.
 
@@ -43,6 +47,7 @@ from pathlib import Path
 from edge.argtypes import Parser, count
 from edge.atomic import write_atomic
 from edge.cli.common import run_cli
+from edge.cli.device_gptq import PLUMBING, gptq_line, gptq_section
 from edge.cli.device_plugins import plugins_section
 from edge.errors import BitNestError
 from edge.phase_clock import hang as _hang
@@ -51,16 +56,24 @@ from edge.phase_clock import read_phases
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP = ROOT / "scripts" / "results" / "sweep-bitnest.json"    # the real model's speculation sweep (README)
 GAMMA = 4
-SECTIONS = ("kernels", "bandwidth", "lossless", "pass_times", "plugins", "tensorrt")
+SECTIONS = ("kernels", "bandwidth", "lossless", "pass_times", "plugins", "tensorrt", "gptq")
+OPT_IN = {"gptq": "--with-gptq"}   # sections that run only when asked, past the default run's 240 s
 # Seconds per section: the first five's sum (230) stays under scripts/device_check.sh's timeout of the whole run
 # (240: one device call with time left for a second); where TensorRT is importable the script adds the tensorrt
-# section's limit (an engine build takes minutes).
-LIMITS = {"kernels": 60, "bandwidth": 30, "lossless": 45, "pass_times": 45, "plugins": 50, "tensorrt": 300}
+# section's limit (an engine build takes minutes), with --with-gptq the gptq section's. Its 300 s, estimated (no GPU
+# run yet): on this project's 2-core CPU the default export took ~6 min (8.6 s a block, GPTQ and the calibration
+# passes) and its evaluation at 4096 tokens 168 s (2.4 GB; the float reference included); on CUDA the blocks' work
+# moves to the GPU (~1-2 s a block, ~60-100 s with the model's load), and the evaluation, on the CPU as the
+# committed figures' was, runs on 16 cores (~40-60 s): ~100-160 s; 300 leaves room for a cold machine (imports, CUDA
+# start, no cache) and for an estimate that far off.
+LIMITS = {"kernels": 60, "bandwidth": 30, "lossless": 45, "pass_times": 45, "plugins": 50, "tensorrt": 300,
+          "gptq": 300}
 # The sections whose result passes or fails the run, where they ran (the others measure): a section that raised or
 # timed out holds only {"error"} and fails its verdict; a skipped one (its reason recorded) fails nothing.
 VERDICTS = {"kernels": lambda r: bool(r.get("passed")), "lossless": lambda r: bool(r.get("identical")),
             "plugins": lambda r: r.get("status") == "skipped" or bool(r.get("passed")),
-            "tensorrt": lambda r: "error" not in r and r.get("status") != "failed"}
+            "tensorrt": lambda r: "error" not in r and r.get("status") != "failed",
+            "gptq": lambda r: r.get("status") in ("passed", PLUMBING)}
 TRT_STOP_MARGIN = 2.0     # seconds before the tensorrt section's limit at which its child is stopped
 TRT_HANG_PHASE = "load"   # where `--hang tensorrt` makes the child hang (its first phase with a checkpoint given)
 SEVEN_B_MIN_GIB = 12      # the 7B shape's synthetic checkpoint (~7 GB of planes) plus KV, workspace and the context
@@ -77,6 +90,7 @@ class DeviceCheckOptions:
     hang: str | None = None           # dry runs only: this section hangs (a simulated cold compile past its limit)
     checkpoint: str | None = None     # the tensorrt section's checkpoint (default: export the default model)
     onnx: str | None = None           # the tensorrt section's step graph (default: exported from the checkpoint)
+    with_gptq: bool = False           # the gptq section is opt-in (--with-gptq): minutes of export and evaluation
 
     def __post_init__(self):
         if self.repeats < 1 or self.new_tokens < 2:
@@ -91,6 +105,12 @@ class DeviceCheckOptions:
 
     def limit(self, section: str) -> float:
         return dict(self.limits).get(section, LIMITS[section])
+
+    @property
+    def chosen(self) -> tuple:
+        """The sections that run: --sections, in SECTIONS order, the opt-in ones only where asked."""
+        asked = {"gptq": self.with_gptq}
+        return tuple(s for s in SECTIONS if s in self.sections and asked.get(s, True))
 
 
 def seven_b_skip_reason(total_bytes: int) -> str | None:
@@ -315,8 +335,8 @@ def run_device_check(opts: DeviceCheckOptions, out: Path | None = None) -> dict:
     run = {"kernels": lambda: kernels(opts), "bandwidth": lambda: bandwidth(opts),
            "lossless": lambda: lossless(opts, dev), "pass_times": lambda: pass_times(opts, dev),
            "plugins": lambda: plugins_section(opts.limit("plugins"), dry=opts.dry),
-           "tensorrt": lambda: tensorrt_section(opts)}
-    for name in (s for s in SECTIONS if s in opts.sections):
+           "tensorrt": lambda: tensorrt_section(opts), "gptq": lambda: gptq_section(opts.limit("gptq"), dry=opts.dry)}
+    for name in opts.chosen:
         result["running"] = name
         save()
         t0 = time.time()
@@ -331,9 +351,12 @@ def run_device_check(opts: DeviceCheckOptions, out: Path | None = None) -> dict:
     result.pop("running", None)
     if "error" not in result.get("pass_times", {"error": "not run"}):
         result["projection"] = projection(result["pass_times"])
-    verdicts = [VERDICTS[s](result[s]) for s in VERDICTS if s in opts.sections]
+    verdicts = [VERDICTS[s](result[s]) for s in VERDICTS if s in opts.chosen]
     result.setdefault("tensorrt", {"status": "not run", "reason": "not among --sections"})
-    result["sections"] = {s: section_status(s, result.get(s), s in opts.sections) for s in SECTIONS}
+    for s, flag in OPT_IN.items():
+        if s not in opts.chosen and s in opts.sections:
+            result[s] = {"status": "not run", "reason": f"opt-in ({flag})"}
+    result["sections"] = {s: section_status(s, result.get(s), s in opts.chosen) for s in SECTIONS}
     result["passed"] = bool(verdicts) and all(verdicts)
     result["complete"] = True
     save()
@@ -342,12 +365,14 @@ def run_device_check(opts: DeviceCheckOptions, out: Path | None = None) -> dict:
 
 def section_status(name: str, r: dict | None, chosen: bool) -> dict:
     """One section's outcome for the JSON's summary: passed / failed (a verdict), skipped / error with the reason,
-    measured (a section that times, with no verdict), or not run."""
+    measured (a section that times, with no verdict), PLUMBING (a dry run's figures, no verdict), or not run."""
+    if r is not None and r.get("status") == "not run":
+        return {"status": "not run", "reason": r.get("reason")}
     if not chosen or r is None:
         return {"status": "not run", "reason": "not among --sections"}
     if "error" in r:
         return {"status": "error", "reason": r["error"]}
-    if r.get("status") in ("skipped", "not run"):
+    if r.get("status") in ("skipped", PLUMBING):
         return {"status": r["status"], "reason": r.get("reason")}
     if name in VERDICTS:
         return {"status": "passed" if VERDICTS[name](r) else "failed", "reason": r.get("reason")}
@@ -379,6 +404,8 @@ def table(result: dict) -> str:
     pl = result.get("plugins", missing)
     lines.append("TensorRT plugins through the 10.3 stand-in on the " + (f"{pl.get('device')}: {pl.get('summary')}"
                  if "summary" in pl else f"device: {pl.get('reason') or pl.get('error') or 'not run'}") + ".")
+    if "gptq" in result:
+        lines.append(gptq_line(result["gptq"]))
     if proj:
         lines.append(f"Projection at the real model's {proj['tokens_per_round']} tokens per round (γ = {GAMMA}, "
                      f"{proj['source']}).")
@@ -420,6 +447,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=count(), default=3)
     p.add_argument("--new-tokens", type=count(), default=32)
     p.add_argument("--with-7b", action="store_true", help="also the Llama-2-7B shape (past the default run's 240 s)")
+    p.add_argument("--with-gptq", action="store_true", help="also the gptq section: the default model exported with "
+                   "GPTQ on CUDA against the committed CPU figures (past the default run's 240 s: "
+                   f"{LIMITS['gptq']} s more)")
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {', '.join(SECTIONS)}")
     p.add_argument("--limits", default="", help="per-section seconds, e.g. kernels=200,lossless=60 (default: "
                    + ",".join(f"{k}={v}" for k, v in LIMITS.items()) + ")")
@@ -446,7 +476,8 @@ def main(argv=None) -> int:
         except ValueError:
             raise ValueError(f"--limits {a.limits!r}: use SECTION=SECONDS[,SECTION=SECONDS...]") from None
         opts = DeviceCheckOptions(a.dry, a.repeats, a.new_tokens, not a.with_7b,
-                                  tuple(s for s in a.sections.split(",") if s), limits, a.hang, a.checkpoint, a.onnx)
+                                  tuple(s for s in a.sections.split(",") if s), limits, a.hang, a.checkpoint, a.onnx,
+                                  a.with_gptq)
         return run_device_check(opts, Path(a.out) if a.out else None)
 
     return run_cli(body, a.json and not a.table, "device_check", echo=False)
