@@ -40,7 +40,7 @@ def test_device_check_script_runs_dry(tmp_path):
     assert "| tiny | static |" in md and "Kernels against the oracle: all passed" in md
     status = {k: v["status"] for k, v in r["sections"].items()}
     assert status == {"kernels": "passed", "bandwidth": "measured", "lossless": "passed", "pass_times": "measured",
-                      "plugins": "not run", "tensorrt": r["tensorrt"]["status"]}
+                      "plugins": "not run", "tensorrt": r["tensorrt"]["status"], "gptq": "not run"}
 
 
 def test_the_plugins_section_runs_the_suites_and_reports_a_failure(tmp_path):
