@@ -5,6 +5,7 @@ rounds and longer rounds in one generation."""
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -273,6 +274,7 @@ def fresh(engine, tmp_path, monkeypatch):
     monkeypatch.setenv("BITNEST_CACHE", str(tmp_path))
     monkeypatch.setattr(costs, "REPEATS", 1)
     monkeypatch.setattr(costs, "WARMUP", 0)
+    monkeypatch.setattr(costs, "CHECK_SWEEPS", 0)    # no spot check of cached tables (its own tests turn it on)
     engine.costs = None
     return engine
 
@@ -342,6 +344,38 @@ def test_a_spoiled_table_is_remeasured_never_trusted(fresh, how, why):
     assert t.source == "measured" and why in t.note and str(path) in t.note and "\n" not in t.note
     assert all(math.isfinite(x) and x > 0 for x in t.target + (t.draft,)) and t.draft != 0.008
     assert read_table(path, fp, MAX_GAMMA + 1)[0].target == t.target                # the file is sound again
+
+
+def test_the_spot_check_judges_a_tables_shape_not_its_speed():
+    """`auto` chooses from the table's ratios, so a host whose bandwidth moved keeps its table and one timed under
+    load (seen: a 22 ms 1-token target pass where it takes 6) does not."""
+    table = costs.ratios(0.006, 0.0075, 0.004)
+    assert costs.disagreement(table, costs.ratios(0.012, 0.015, 0.008), 1.5) is None       # everything 2x slower
+    assert costs.disagreement(table, costs.ratios(0.006, 0.0075 * 1.3, 0.004), 1.5) is None  # within the noise
+    why = costs.disagreement(costs.ratios(0.022, 0.024, 0.004), table, 1.5)
+    assert why and "draft vs target 1 0.182 in the table, 0.667 timed now, 3.7x apart" in why and "\n" not in why
+    assert "target 5 vs target 1" in costs.disagreement(table, costs.ratios(0.006, 0.006 * 2, 0.004), 1.5)
+
+
+def test_a_cached_table_out_of_step_with_this_machine_is_remeasured(fresh, monkeypatch):
+    """A sound file holding a draft pass 1/100 of a target pass (no engine's: the draft reads half the bytes and
+    does the same attention) is re-measured with one line saying so; allowed any shape, the same file is read, the
+    check's ratios beside it."""
+    monkeypatch.setattr(costs, "CHECK_SWEEPS", 1)
+    fp = fingerprint(fresh)
+    path = table_path(fp)
+    skewed = CostTable((0.1,) * (MAX_GAMMA + 1), 0.001, "measured", None, costs.CONTEXT)
+    costs.write_table(skewed, path, fp)
+    again = engine_costs(fresh, TEXT)
+    assert again.source == "measured" and "out of step" in again.note and str(path) in again.note
+    assert read_table(path, fp, MAX_GAMMA + 1)[0].target == again.target != skewed.target       # the file re-written
+    costs.write_table(skewed, path, fp)
+    fresh.costs = None
+    monkeypatch.setattr(costs, "CHECK_TOLERANCE", 1e9)
+    kept = engine_costs(fresh, TEXT)
+    assert kept.source == "cache" and kept.target == skewed.target and kept.note is None
+    check = kept.summary()["check"]
+    assert check["cached"]["draft_vs_target_1"] == 0.01 < 0.1 < check["timed"]["draft_vs_target_1"]
 
 
 def test_the_fingerprint_covers_what_changes_the_costs(fresh, rotated_checkpoint):

@@ -69,8 +69,13 @@ def test_auto_costs_a_ceiling_a_spoiled_table_and_a_remeasure(rtn_checkpoint, tm
     assert json.loads(r.stdout.splitlines()[-1])["stats"]["cost_table"]["source"] == "measured"
     for flags, source in (((), "cache"), (("--remeasure-costs",), "measured")):
         r = run(*flags)
+        table = json.loads(r.stdout.splitlines()[-1])["stats"]["cost_table"]
+        if not flags and table["source"] == "measured":      # the spot check found this host's passes out of step
+            assert r.returncode == 0 and len(r.stderr.splitlines()) == 1, r.stderr    # with the table (a burst of
+            assert r.stderr.startswith(f"auto: the cost table {path} is out of step"), r.stderr  # load): one line
+            continue
         assert r.returncode == 0 and r.stderr == "", r.stderr
-        assert json.loads(r.stdout.splitlines()[-1])["stats"]["cost_table"]["source"] == source, flags
+        assert table["source"] == source and ("check" in table) == (source == "cache"), (flags, table)
 
 
 def test_the_answer_line_shows_the_gamma_mix():

@@ -10,7 +10,8 @@ from typing import Optional
 class CostTable:
     """Seconds per pass on one engine: `target[w - 1]` for a target pass of w tokens (w = 1..len(target)),
     `draft` for a one-token draft pass; where it came from ("cache" or "measured"), its file (None where it
-    was not saved) and `note`, one line where a cached table was refused or could not be saved."""
+    was not saved), `note`, one line where a cached table was refused or could not be saved, and `check`, a cached
+    table's spot check on this engine (edge.decode.costs.check_table: its ratios cached and timed now)."""
 
     target: tuple[float, ...]
     draft: float
@@ -18,10 +19,11 @@ class CostTable:
     path: Optional[Path]
     context: int
     note: Optional[str] = None
+    check: Optional[dict] = None
 
     def summary(self) -> dict:
         """The table as the stats report it: milliseconds per view and width."""
         ms = lambda s: round(s * 1e3, 3)
         return {"target_ms": {str(w): ms(t) for w, t in enumerate(self.target, 1)}, "draft_ms": {"1": ms(self.draft)},
                 "source": self.source, "path": str(self.path) if self.path else None, "context": self.context,
-                **({"note": self.note} if self.note else {})}
+                **({"note": self.note} if self.note else {}), **({"check": self.check} if self.check else {})}

@@ -2,7 +2,8 @@
 engine, measured once (medians of interleaved repeats after a warm-up, at a real context) and cached per machine,
 checkpoint and backend under the user's cache folder, keyed by a fingerprint of everything that changes them.
 A cached table that is unreadable, of another fingerprint, of the wrong widths or with non-positive times is
-re-measured, never trusted; the reason comes back as one line (`CostTable.note`)."""
+re-measured, never trusted; so is one whose shape this machine's passes no longer show (a spot check at first use:
+a table timed while something else loaded the machine); the reason comes back as one line (`CostTable.note`)."""
 
 import hashlib
 import json
@@ -32,6 +33,15 @@ MAX_GAMMA = 8                # the most proposals `auto` may choose: target pass
 CONTEXT = 192                # committed positions the passes are timed at (a modest real context)
 WARMUP, REPEATS = 2, 9       # interleaved sweeps over every (view, width): discarded, then kept (medians; 5 left
                              # a pass's median ~10% apart between tables measured minutes apart on a shared machine)
+# The spot check of a cached table: interleaved sweeps of three passes (a 1-token target pass, a CHECK_WIDTH-token
+# one, a draft pass) after one warm-up, their medians' ratios held against the table's. `auto`'s choice depends on
+# the table's ratios only (best_gamma is unchanged when every time scales alike), so a host whose bandwidth moved
+# (27-77 GB/s between runs on a shared 2-core machine) keeps its table, and one whose passes changed shape (a power
+# mode or governor that slows compute and memory apart, a table timed in a burst of load) is re-measured. On that
+# 2-core host 24 checks of 3 sweeps landed 1.00-1.22x from a table timed just before (median 1.07x; the default
+# model, native step): CHECK_TOLERANCE sits past that noise, so a table is refused only where it is clearly off.
+# 3 sweeps cost 12 passes at first use (~0.07 s on the 135M).
+CHECK_SWEEPS, CHECK_WIDTH, CHECK_TOLERANCE = 3, 5, 1.5
 # CPU flags that select or speed up kernels (x86 vector extensions, aarch64 SIMD features)
 KERNEL_FLAG = re.compile(r"^(avx|amx|fma|f16c|sse4|bmi2|sve|asimd|i8mm|bf16|dotprod)")
 # a paragraph of plain English: the context the passes are timed at where the caller has no text of its own
@@ -110,20 +120,16 @@ def read_table(path: Path, fp: dict, width: int) -> tuple[Optional[CostTable], O
                      context if isinstance(context, int) else CONTEXT), None
 
 
-def measure(eng: Engine, text: list[int], width: int, repeats: Optional[int] = None,
-            warmup: Optional[int] = None) -> CostTable:
-    """Time target passes of 1..`width` tokens and one-token draft passes at a context of up to CONTEXT positions of
-    `text` (repeated to length where short), exactly as a round runs them (full logits, KV8, the draft in scratch
-    slot 0, nothing committed): medians of `repeats` (REPEATS) sweeps over every pass, after `warmup` (WARMUP)
-    sweeps. The engine is reset before and after (nothing leaks into a sequence; its stats are fresh) and its phase
-    callback is off meanwhile."""
+def _timed(eng: Engine, text: list[int], passes: list[tuple[str, int]], width: int, repeats: int,
+           warmup: int) -> tuple[dict, int]:
+    """Median seconds of each (view, width) in `passes` at a context of up to CONTEXT positions of `text` (repeated to
+    length where short), exactly as a round runs them (full logits, KV8, the draft in scratch slot 0, nothing
+    committed), over `repeats` interleaved sweeps after `warmup`; and the context. The engine is reset before and
+    after (nothing leaks into a sequence; its stats are fresh) and its phase callback is off meanwhile."""
     if not text:
         raise ValueError("measuring pass costs needs at least one token of context")
-    repeats, warmup = repeats or REPEATS, WARMUP if warmup is None else warmup
-    width = min(width, eng.capacity - 1)              # a tiny engine: the widths that fit past one position
     context = max(1, min(CONTEXT, eng.capacity - width))
     tokens = (text * (1 + (context + width) // len(text)))[:context + width]
-    passes = [(TARGET, w) for w in range(1, width + 1)] + [(DRAFT, 1)]
     seconds = {p: [] for p in passes}
     phase, eng.on_phase = eng.on_phase, None
     try:
@@ -138,9 +144,48 @@ def measure(eng: Engine, text: list[int], width: int, repeats: Optional[int] = N
     finally:
         eng.reset()
         eng.on_phase = phase
-    med = {p: statistics.median(s) for p, s in seconds.items()}
+    return {p: statistics.median(s) for p, s in seconds.items()}, context
+
+
+def measure(eng: Engine, text: list[int], width: int, repeats: Optional[int] = None,
+            warmup: Optional[int] = None) -> CostTable:
+    """Time target passes of 1..`width` tokens and one-token draft passes at a context of `text` (`_timed`): medians
+    of `repeats` (REPEATS) sweeps over every pass, after `warmup` (WARMUP) sweeps."""
+    repeats, warmup = repeats or REPEATS, WARMUP if warmup is None else warmup
+    width = min(width, eng.capacity - 1)              # a tiny engine: the widths that fit past one position
+    passes = [(TARGET, w) for w in range(1, width + 1)] + [(DRAFT, 1)]
+    med, context = _timed(eng, text, passes, width, repeats, warmup)
     return CostTable(widening([med[(TARGET, w)] for w in range(1, width + 1)]), med[(DRAFT, 1)], "measured", None,
                      context)
+
+
+def ratios(target_1: float, target_w: float, draft: float) -> dict:
+    """The shape of a table that `auto`'s choice depends on: the draft pass and the CHECK_WIDTH-token target pass,
+    each over the 1-token target pass."""
+    return {"draft_vs_target_1": draft / target_1, f"target_{CHECK_WIDTH}_vs_target_1": target_w / target_1}
+
+
+def disagreement(cached: dict, timed: dict, tolerance: float) -> Optional[str]:
+    """None where every ratio timed now (`ratios`) is within `tolerance` times the cached one either way, else one
+    line naming the ratio furthest off, its value in the table and now."""
+    off = {k: max(timed[k] / cached[k], cached[k] / timed[k]) for k in cached}
+    worst = max(off, key=off.get)
+    if off[worst] <= tolerance:
+        return None
+    return (f"out of step with this machine's passes now ({worst.replace('_', ' ')} {cached[worst]:.3f} in the table, "
+            f"{timed[worst]:.3f} timed now, {off[worst]:.1f}x apart where {tolerance:g}x is allowed)")
+
+
+def check_table(eng: Engine, text: list[int], table: CostTable) -> tuple[dict, Optional[str]]:
+    """Spot-check a cached table on this engine (CHECK_SWEEPS sweeps of three passes, after one warm-up): the ratios
+    cached and timed, and the disagreement (None where the table holds)."""
+    w = min(CHECK_WIDTH, len(table.target))
+    med, _ = _timed(eng, text, [(TARGET, 1), (TARGET, w), (DRAFT, 1)], len(table.target), CHECK_SWEEPS, 1)
+    cached = ratios(table.target[0], table.target[w - 1], table.draft)
+    timed = ratios(med[(TARGET, 1)], med[(TARGET, w)], med[(DRAFT, 1)])
+    r3 = lambda d: {k: round(v, 3) for k, v in d.items()}
+    return {"sweeps": CHECK_SWEEPS, "cached": r3(cached), "timed": r3(timed)}, disagreement(cached, timed,
+                                                                                           CHECK_TOLERANCE)
 
 
 def widening(seconds: list[float]) -> tuple[float, ...]:
@@ -164,14 +209,18 @@ def write_table(table: CostTable, path: Path, fp: dict) -> None:
 
 def engine_costs(eng: Engine, text: list[int], remeasure: bool = False) -> CostTable:
     """This engine's cost table, kept on the engine (`eng.costs`) so that every generation shares it: read from the
-    cache where a sound table for its fingerprint is there, else measured at a context of `text` (token ids) and
-    saved. `remeasure` measures even where one is cached or kept. A table measured at a shorter context than
-    CONTEXT (an engine of small capacity) is used but not saved."""
+    cache where a sound table for its fingerprint is there and passes the spot check (`check_table`; CHECK_SWEEPS
+    0: none), else measured at a context of `text` (token ids) and saved. `remeasure` measures even where one is
+    cached or kept. A table measured at a shorter context than CONTEXT (an engine of small capacity) is used but
+    not saved."""
     if eng.costs is not None and not remeasure:
         return eng.costs
     fp, width = fingerprint(eng), widths(eng)
     path = table_path(fp)
     table, refused = (None, None) if remeasure else read_table(path, fp, width)
+    if table is not None and CHECK_SWEEPS:
+        check, refused = check_table(eng, text, table)
+        table = None if refused else replace(table, check=check)
     if table is None:
         table = measure(eng, text, width)
         note = f"the cost table {path} is {refused}: re-measured" if refused else None
