@@ -4,7 +4,8 @@ passes and the draft pass, this runtime's target pass rate and prefill beside ll
 (llama-bench tg and pp, Q8_0 and Q4_K_M of the same shapes), and speculation projected from the pass times with the
 judged acceptance of a real model (the second model's lossless run: random weights have none of their own), labelled
 as such; and the draft pass with the shortlist head over a draft vocabulary (scripts/results/shape-shortlist-NAME.json)
-beside the default export's 8-bit head, with the speculation its pass times project."""
+beside the default export's 8-bit head, with the speculation its pass times project; and the same passes on the AVX2
+kernel set (scripts/results/shape-avx2-NAME.json, BITNEST_NATIVE_ISA=avx2) beside this CPU's best set's."""
 
 from edge.analysis.bench_replay import alpha_from_tokens_per_round, projected
 from edge.analysis.report_cells import pct, table
@@ -12,6 +13,7 @@ from edge.analysis.report_cells import pct, table
 SHAPES = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "llama-3.2-1b", "llama-3.2-3b", "llama-3-8b")
 SOURCES = tuple(f"shape-native-{s}.json" for s in SHAPES)
 SHORTLIST_SOURCES = tuple(f"shape-shortlist-{s}.json" for s in SHAPES)   # --draft-head shortlist --draft-vocab 65536
+AVX2_SOURCES = tuple(f"shape-avx2-{s}.json" for s in SHAPES)         # BITNEST_NATIVE_ISA=avx2, 8-bit head
 ACCEPTANCE = "lossless-qwen2.5-coder-0.5b-gptq-shortlist-vocab65536.json"     # the real model whose rounds lend α
 
 
@@ -102,3 +104,24 @@ def shapes_shortlist_table(*files: dict) -> str:
              f"Each figure the median over {shortlist[0]['rounds']} rounds of {shortlist[0]['pass_repeats']} passes, "
              "every runner in its own process; ratios within one run (the 8-bit head's from the native table's)."]
     return table(head, rows) + "\n\n" + "\n".join(notes)
+
+
+def shapes_avx2_table(*files: dict) -> str:
+    """One row per shape: the AVX2 kernel set's 1- and 5-token target passes (their ratio overall and round by round)
+    and its draft pass, beside the 5/1 ratio of this CPU's best set in the native table's run."""
+    n = len(SHAPES)
+    avx2, native = files[:n], files[n:2 * n]
+    head = ["shape", "ISA path", "target pass 1 / 5 tokens, ms (5/1)", "5/1 round by round", "draft pass, ms (/target)",
+            "read probe GB/s", "5/1 on this CPU's best set (the native table)"]
+    rows = []
+    for d, nat in zip(avx2, native):
+        lay, best = d["layouts"]["online"], nat["layouts"]["online"]
+        t1, t5, d1 = lay["ms"]["target"]["1"], lay["ms"]["target"]["5"], lay["ms"]["draft"]["1"]
+        by_round = ", ".join(f"{r['target']['5'] / r['target']['1']:.2f}×" for r in lay.get("ms_rounds", []))
+        rows.append([d["shape"], lay["isa"], f"{t1:g} / {t5:g} (**{t5 / t1:.2f}×**)", by_round,
+                     f"{d1:g} ({d1 / t1:.2f}×)", f"{d['read_gbps']:g}",
+                     f"{best['target_pass_vs_1']['5']:.2f}× ({best['isa']})"])
+    note = (f"Each figure the median over {avx2[0]['rounds']} rounds of {avx2[0]['pass_repeats']} passes, every runner "
+            "in its own process, the draft reading the default export's 8-bit head; the native table's run is another "
+            "run on the same host.")
+    return table(head, rows) + "\n\n" + note
