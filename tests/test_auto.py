@@ -360,12 +360,16 @@ def test_the_spot_check_judges_a_tables_shape_not_its_speed():
 def test_a_cached_table_out_of_step_with_this_machine_is_remeasured(fresh, monkeypatch):
     """A sound file holding a draft pass 1/100 of a target pass (no engine's: the draft reads half the bytes and
     does the same attention) is re-measured with one line saying so; allowed any shape, the same file is read, the
-    check's ratios beside it."""
+    check's ratios beside it. The reference backends are not checked (seconds a start): the cpu engine here reads
+    the file as it is until its backend is among the checked ones."""
     monkeypatch.setattr(costs, "CHECK_SWEEPS", 1)
     fp = fingerprint(fresh)
     path = table_path(fp)
     skewed = CostTable((0.1,) * (MAX_GAMMA + 1), 0.001, "measured", None, costs.CONTEXT)
     costs.write_table(skewed, path, fp)
+    assert fresh.name not in costs.CHECKED_BACKENDS and engine_costs(fresh, TEXT).target == skewed.target
+    fresh.costs = None
+    monkeypatch.setattr(costs, "CHECKED_BACKENDS", (fresh.name,))
     again = engine_costs(fresh, TEXT)
     assert again.source == "measured" and "out of step" in again.note and str(path) in again.note
     assert read_table(path, fp, MAX_GAMMA + 1)[0].target == again.target != skewed.target       # the file re-written

@@ -40,8 +40,10 @@ WARMUP, REPEATS = 2, 9       # interleaved sweeps over every (view, width): disc
 # mode or governor that slows compute and memory apart, a table timed in a burst of load) is re-measured. On that
 # 2-core host 24 checks of 3 sweeps landed 1.00-1.22x from a table timed just before (median 1.07x; the default
 # model, native step): CHECK_TOLERANCE sits past that noise, so a table is refused only where it is clearly off.
-# 3 sweeps cost 12 passes at first use (~0.07 s on the 135M).
+# 3 sweeps cost 12 passes and a prefill at first use: 0.22 s on the 135M's native step. The reference backends are
+# not checked: there the same check took 2.5 s (`cpu`) and 9.2 s (`torch`) a start, more than a table could win.
 CHECK_SWEEPS, CHECK_WIDTH, CHECK_TOLERANCE = 3, 5, 1.5
+CHECKED_BACKENDS = ("native", "triton", "tensorrt")   # the decode paths a user runs `auto` on
 # CPU flags that select or speed up kernels (x86 vector extensions, aarch64 SIMD features)
 KERNEL_FLAG = re.compile(r"^(avx|amx|fma|f16c|sse4|bmi2|sve|asimd|i8mm|bf16|dotprod)")
 # a paragraph of plain English: the context the passes are timed at where the caller has no text of its own
@@ -209,8 +211,8 @@ def write_table(table: CostTable, path: Path, fp: dict) -> None:
 
 def engine_costs(eng: Engine, text: list[int], remeasure: bool = False) -> CostTable:
     """This engine's cost table, kept on the engine (`eng.costs`) so that every generation shares it: read from the
-    cache where a sound table for its fingerprint is there and passes the spot check (`check_table`; CHECK_SWEEPS
-    0: none), else measured at a context of `text` (token ids) and saved. `remeasure` measures even where one is
+    cache where a sound table for its fingerprint is there and passes the spot check (`check_table`, on the
+    CHECKED_BACKENDS; CHECK_SWEEPS 0: none), else measured at a context of `text` (token ids) and saved. `remeasure` measures even where one is
     cached or kept. A table measured at a shorter context than CONTEXT (an engine of small capacity) is used but
     not saved."""
     if eng.costs is not None and not remeasure:
@@ -218,7 +220,7 @@ def engine_costs(eng: Engine, text: list[int], remeasure: bool = False) -> CostT
     fp, width = fingerprint(eng), widths(eng)
     path = table_path(fp)
     table, refused = (None, None) if remeasure else read_table(path, fp, width)
-    if table is not None and CHECK_SWEEPS:
+    if table is not None and CHECK_SWEEPS and eng.name in CHECKED_BACKENDS:
         check, refused = check_table(eng, text, table)
         table = None if refused else replace(table, check=check)
     if table is None:
