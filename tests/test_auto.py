@@ -5,7 +5,6 @@ rounds and longer rounds in one generation."""
 
 import json
 import math
-from dataclasses import replace
 
 import pytest
 import torch
@@ -347,8 +346,9 @@ def test_a_spoiled_table_is_remeasured_never_trusted(fresh, how, why):
 
 
 def test_the_spot_check_judges_a_tables_shape_not_its_speed():
-    """`auto` chooses from the table's ratios, so a host whose bandwidth moved keeps its table and one timed under
-    load (seen: a 22 ms 1-token target pass where it takes 6) does not."""
+    """`auto` chooses from the table's ratios, so a host whose bandwidth moved keeps its table, and one whose
+    1-token target pass was timed at 22 ms where it takes 6 beside a sound draft pass (a burst on those sweeps) does
+    not."""
     table = costs.ratios(0.006, 0.0075, 0.004)
     assert costs.disagreement(table, costs.ratios(0.012, 0.015, 0.008), 1.5) is None       # everything 2x slower
     assert costs.disagreement(table, costs.ratios(0.006, 0.0075 * 1.3, 0.004), 1.5) is None  # within the noise

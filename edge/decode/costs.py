@@ -212,9 +212,9 @@ def write_table(table: CostTable, path: Path, fp: dict) -> None:
 def engine_costs(eng: Engine, text: list[int], remeasure: bool = False) -> CostTable:
     """This engine's cost table, kept on the engine (`eng.costs`) so that every generation shares it: read from the
     cache where a sound table for its fingerprint is there and passes the spot check (`check_table`, on the
-    CHECKED_BACKENDS; CHECK_SWEEPS 0: none), else measured at a context of `text` (token ids) and saved. `remeasure` measures even where one is
-    cached or kept. A table measured at a shorter context than CONTEXT (an engine of small capacity) is used but
-    not saved."""
+    CHECKED_BACKENDS; CHECK_SWEEPS 0: none), else measured at a context of `text` (token ids) and saved.
+    `remeasure` measures even where one is cached or kept. A table measured at a shorter context than CONTEXT (an
+    engine of small capacity) is used but not saved."""
     if eng.costs is not None and not remeasure:
         return eng.costs
     fp, width = fingerprint(eng), widths(eng)
