@@ -305,7 +305,7 @@ def test_a_shape_bench_measures_replays_and_projects_in_separate_processes(small
     monkeypatch.setattr(shape_mod, "cache_folder", lambda: tmp_path)
     d = shape_mod.bench_shape(_shape_args(), TINY, "tiny", str(small), "test")
     assert d["shape"] == "tiny" and d["speculative_method"] == "replayed" and d["isolation"] == "process per runner"
-    assert d["draft_head"] == "8bit"                       # the synthetic checkpoint's head is the default export's
+    assert d["draft_head"] == "shortlist"                  # the head an export from a model's own files records
     assert d["r4_factors"] == [256]                        # and its online R4 (and R1)
     assert set(d["runs"]) == {"target", "draft", "speculative_replayed", "llamacpp_q8_0"}
     assert all(r["tok_s"] > 0 for r in d["runs"].values())

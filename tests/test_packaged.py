@@ -155,13 +155,15 @@ def test_model_and_checkpoint_together_are_one_line(tmp_path):
 
 def test_the_qwen_preset_exports_the_shortlist_draft_head_by_default():
     """The preset's measured choice (docs/model-and-data.md) is what its default export records; the default model
-    keeps the 8-bit draft head, and an export that writes the step graph (which has no shortlist) records 8bit."""
+    keeps the 8-bit draft head, a model from its own files records the shortlist (docs/runtime.md: measured at the
+    shapes), and an export that writes the step graph (which has no shortlist) records 8bit."""
     from export.pipeline import default_checkpoint_path, default_draft_head, default_export_options
     qwen = default_export_options("qwen2.5-coder-0.5b")
     assert qwen.draft_head == "shortlist" and qwen.model == "qwen2.5-coder-0.5b"
     assert default_export_options().draft_head == default_draft_head("default") == "8bit"
     assert default_draft_head("qwen2.5-coder-0.5b", step_graph=True) == "8bit"
-    assert default_draft_head("/some/model.gguf") == "8bit"
+    assert default_draft_head("/some/model.gguf") == default_draft_head("/some/hf-folder") == "shortlist"
+    assert default_draft_head("/some/model.gguf", step_graph=True) == "8bit"
     # the default export's cache folder is keyed by the options it records: an 8-bit export is not taken for it
     from dataclasses import replace
     assert default_checkpoint_path(qwen) != default_checkpoint_path(replace(qwen, draft_head="8bit"))

@@ -21,8 +21,13 @@ DRAFT_HEADS = (DRAFT_HEAD_8BIT, DRAFT_HEAD_4BIT, DRAFT_HEAD_SHORTLIST)
 # A checkpoint with a nested head but no manifest field `draft_head` was exported before the setting existed: its
 # draft read the base plane, and keeps doing so.
 DRAFT_HEAD_UNRECORDED = DRAFT_HEAD_4BIT
-# What an export with a nested head records unless told otherwise (docs/export.md: measured).
+# What an export of the default model with a nested head records unless told otherwise, as does every export that
+# writes the step graph: the one setting every backend serves (docs/export.md: measured).
 DRAFT_HEAD_EXPORT_DEFAULT = DRAFT_HEAD_8BIT
+# What an export of a model from its own files (an HF folder or a GGUF) records unless told otherwise, where it writes
+# no step graph: the 8-bit head's acceptance for about the base plane's bytes; a draft pass 0.5-0.6x a target pass at
+# the shapes of the models users run, where the 8-bit head's was up to 0.78x (docs/runtime.md: measured).
+DRAFT_HEAD_SOURCE_DEFAULT = DRAFT_HEAD_SHORTLIST
 # Rows the shortlist re-scores at 8 bits (docs/quality.md: measured).
 SHORTLIST_K = 64
 
