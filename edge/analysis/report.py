@@ -33,11 +33,7 @@ from edge.analysis.report_cells import mb as _mb
 from edge.analysis.report_cells import mib as _mib
 from edge.analysis.report_cells import pct as _pct
 from edge.analysis.report_cells import table as _table
-from edge.analysis.report_shapes import ACCEPTANCE as SHAPE_ACCEPTANCE
-from edge.analysis.report_shapes import AVX2_SOURCES as SHAPE_AVX2_SOURCES
-from edge.analysis.report_shapes import SHORTLIST_SOURCES as SHAPE_SHORTLIST_SOURCES
-from edge.analysis.report_shapes import SOURCES as SHAPE_SOURCES
-from edge.analysis.report_shapes import shapes_avx2_table, shapes_native_table, shapes_shortlist_table
+from edge.analysis.report_shapes import SHAPE_TABLES
 from edge.argtypes import Parser
 from edge.atomic import write_atomic
 from edge.errors import BitNestError
@@ -375,9 +371,7 @@ FIXED = {
     "sm87-kernels": Table(("sm87_kernels.json",), sm87_table),
     "verify-local": Table(("verify_local_llama-2-7b-32k.json", "verify_local_default.json"), verify_table),
     "replay-exports": Table(("replay-bitnest.json", "replay-top4of8.json", "replay-rtn.json"), replay_exports_table),
-    "shapes-native": Table((*SHAPE_SOURCES, SHAPE_ACCEPTANCE), shapes_native_table),
-    "shapes-shortlist": Table((*SHAPE_SHORTLIST_SOURCES, *SHAPE_SOURCES, SHAPE_ACCEPTANCE), shapes_shortlist_table),
-    "shapes-avx2": Table((*SHAPE_AVX2_SOURCES, *SHAPE_SOURCES), shapes_avx2_table),
+    **{name: Table(*spec) for name, spec in SHAPE_TABLES.items()},
 }
 PER_FILE = {  # NAME prefix -> (file pattern, renderer); longest prefix first
     "compare-phase-": ("compare-{}.json", compare_phase_table),

@@ -4,7 +4,8 @@ passes and the draft pass, this runtime's target pass rate and prefill beside ll
 (llama-bench tg and pp, Q8_0 and Q4_K_M of the same shapes), and speculation projected from the pass times with the
 judged acceptance of a real model (the second model's lossless run: random weights have none of their own), labelled
 as such; and the draft pass with the shortlist head over a draft vocabulary (scripts/results/shape-shortlist-NAME.json)
-beside the default export's 8-bit head, with the speculation its pass times project; and the same passes on the AVX2
+beside the 8-bit head, with the speculation its pass times project, and the same over every id, the head an export
+of a model from its own files records (scripts/results/shape-source-head-NAME.json); and the same passes on the AVX2
 kernel set (scripts/results/shape-avx2-NAME.json, BITNEST_NATIVE_ISA=avx2) beside this CPU's best set's."""
 
 from edge.analysis.bench_replay import alpha_from_tokens_per_round, projected
@@ -13,18 +14,20 @@ from edge.analysis.report_cells import pct, table
 SHAPES = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "llama-3.2-1b", "llama-3.2-3b", "llama-3-8b")
 SOURCES = tuple(f"shape-native-{s}.json" for s in SHAPES)
 SHORTLIST_SOURCES = tuple(f"shape-shortlist-{s}.json" for s in SHAPES)   # --draft-head shortlist --draft-vocab 65536
+SOURCE_HEAD_SOURCES = tuple(f"shape-source-head-{s}.json" for s in SHAPES)   # the shortlist over every id (the default)
 AVX2_SOURCES = tuple(f"shape-avx2-{s}.json" for s in SHAPES)         # BITNEST_NATIVE_ISA=avx2, 8-bit head
 ACCEPTANCE = "lossless-qwen2.5-coder-0.5b-gptq-shortlist-vocab65536.json"     # the real model whose rounds lend α
+SOURCE_HEAD_ACCEPTANCE = "lossless-qwen2.5-coder-0.5b-gptq-shortlist.json"    # the same, its draft scoring every id
 
 
-def borrowed_alpha(lossless: dict) -> tuple[float, str]:
-    """(judged α, its label) from the second model's lossless run: its ShareGPT speculative rounds."""
+def borrowed_alpha(lossless: dict, name: str = ACCEPTANCE) -> tuple[float, str]:
+    """(judged α, its label) from the second model's lossless run `name`: its ShareGPT speculative rounds."""
     s = lossless["stats"]["sharegpt"]["speculative"]
     g = lossless["gamma"]
     alpha = alpha_from_tokens_per_round(s["tokens_per_round"], g)
     return alpha, (f"judged α {alpha:.3f}, solved from {s['tokens_per_round']} tokens a round at γ = {g} on "
                    f"Qwen2.5-Coder-0.5B's own export ({s['tokens']} tokens of held-out ShareGPT prompts, "
-                   f"`{ACCEPTANCE}`)")
+                   f"`{name}`)")
 
 
 def paired_q8_ratios(d: dict) -> list[float]:
@@ -86,24 +89,34 @@ def shortlist_row(d: dict, native: dict, alpha: float) -> list[str]:
             f"{best:g} (γ {proj['best_gamma']}, **{best / lay['target_pass_tok_s']:.2f}×**)", f"{d['read_gbps']:g}"]
 
 
-def shapes_shortlist_table(*files: dict) -> str:
-    """One row per shape: the draft pass with the shortlist head over the first `draft_vocab` ids against the target
-    pass of the same run, the 8-bit head's ratio from the native table's run, and the projected speculation."""
+def shapes_shortlist_table(*files: dict, acceptance: str = ACCEPTANCE) -> str:
+    """One row per shape: the draft pass with the shortlist head (over the first `draft_vocab` ids where the run had
+    one) against the target pass of the same run, the 8-bit head's ratio from the native table's run, and the
+    projected speculation with the acceptance of the second model's run `acceptance` (the same head)."""
     n = len(SHAPES)
     shortlist, native, lossless = files[:n], files[n:2 * n], files[2 * n]
-    alpha, label = borrowed_alpha(lossless)
+    alpha, label = borrowed_alpha(lossless, acceptance)
     first = shortlist[0]["layouts"]["online"]
-    head = ["shape", "draft / target pass, 8-bit head (the table above)",
-            f"draft pass, shortlist head over {first['draft_vocab']:,} ids, ms (/target)",
+    vocab = first.get("draft_vocab")
+    ids = f"the first {vocab:,}" if vocab else "all"
+    head = ["shape", "draft / target pass, 8-bit head (the native table)",
+            f"draft pass, shortlist head over {f'{vocab:,} ids' if vocab else 'every id'}, ms (/target)",
             "target pass 1 / 5 tokens, ms (5/1)", "speculation projected, tok/s (best γ, /target)", "read probe GB/s"]
     rows = [shortlist_row(d, nat, alpha) for d, nat in zip(shortlist, native)]
-    notes = [f"The draft ranks the first {first['draft_vocab']:,} rows of the head on its 4-bit base plane and "
-             f"re-scores the {first['shortlist_k']} best at 8 bits (--draft-head shortlist --draft-vocab "
-             f"{first['draft_vocab']}); the target verifies every token of the full vocabulary. Projected "
-             f"speculation: {label}, an acceptance measured with this same draft head and vocabulary.",
+    notes = [f"The draft ranks {ids} rows of the head on its 4-bit base plane and re-scores the "
+             f"{first['shortlist_k']} best at 8 bits (--draft-head shortlist"
+             f"{f' --draft-vocab {vocab}' if vocab else ''}); the target verifies every token of the full vocabulary. "
+             f"Projected speculation: {label}, an acceptance measured with this same draft head"
+             f"{' and vocabulary' if vocab else ''}.",
              f"Each figure the median over {shortlist[0]['rounds']} rounds of {shortlist[0]['pass_repeats']} passes, "
              "every runner in its own process; ratios within one run (the 8-bit head's from the native table's)."]
     return table(head, rows) + "\n\n" + "\n".join(notes)
+
+
+def shapes_source_head_table(*files: dict) -> str:
+    """shapes_shortlist_table for the head an export of a model from its own files records (the shortlist over every
+    id: scripts/results/shape-source-head-NAME.json, `--passes-only` with no draft-head option)."""
+    return shapes_shortlist_table(*files, acceptance=SOURCE_HEAD_ACCEPTANCE)
 
 
 def shapes_avx2_table(*files: dict) -> str:
@@ -122,6 +135,15 @@ def shapes_avx2_table(*files: dict) -> str:
                      f"{d1:g} ({d1 / t1:.2f}×)", f"{d['read_gbps']:g}",
                      f"{best['target_pass_vs_1']['5']:.2f}× ({best['isa']})"])
     note = (f"Each figure the median over {avx2[0]['rounds']} rounds of {avx2[0]['pass_repeats']} passes, every runner "
-            "in its own process, the draft reading the default export's 8-bit head; the native table's run is another "
+            "in its own process, the draft reading the head at 8 bits; the native table's run is another "
             "run on the same host.")
     return table(head, rows) + "\n\n" + note
+
+
+# {table name: (its files under scripts/results/, its renderer)}: edge.analysis.report's registry entries
+SHAPE_TABLES = {
+    "shapes-native": ((*SOURCES, ACCEPTANCE), shapes_native_table),
+    "shapes-shortlist": ((*SHORTLIST_SOURCES, *SOURCES, ACCEPTANCE), shapes_shortlist_table),
+    "shapes-source-head": ((*SOURCE_HEAD_SOURCES, *SOURCES, SOURCE_HEAD_ACCEPTANCE), shapes_source_head_table),
+    "shapes-avx2": ((*AVX2_SOURCES, *SOURCES), shapes_avx2_table),
+}
