@@ -100,6 +100,21 @@ def small_llama_checkpoint(tmp_path_factory, small_llama_folder):
     return out
 
 
+def manifest_copy(src: Path, dst: Path, edit) -> Path:
+    """`src` with its manifest edited by `edit(manifest)` (and sealed again) beside links to its other files."""
+    import json
+    from edge.model.checkpoint import MANIFEST, SEAL, manifest_seal
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.name != MANIFEST:
+            os.symlink(f, dst / f.name)
+    m = json.loads((src / MANIFEST).read_text())
+    edit(m)
+    m[SEAL] = manifest_seal(m)
+    (dst / MANIFEST).write_text(json.dumps(m))
+    return dst
+
+
 def command_here(capsys, name: str, *args) -> "subprocess.CompletedProcess":
     """`bitnest NAME ARGS` through its scripts' own entry point (export.commands.run_command) in this process: its exit
     status and stderr as a run of `python scripts/NAME.py` gives them, without a fresh interpreter's 2-3 s of imports.

@@ -2,9 +2,7 @@
 plane, `shortlist` the base plane's top K rows re-scored at 8 bits and -inf elsewhere; the manifest records the
 setting (absent: `4bit`), a runtime overrides it, the bytes of each pass follow it, and speculation stays lossless."""
 
-import json
 import math
-import os
 
 import pytest
 import torch
@@ -16,10 +14,11 @@ from edge.decode.sampling import SamplingConfig, probs
 from edge.decode.signals import entropy_and_margin
 from edge.decode.stats import embedding_row_bytes, weight_bytes_per_pass
 from edge.errors import BitNestError, CheckpointError
-from edge.model.checkpoint import HEAD, MANIFEST, SEAL, load_checkpoint, manifest_seal, set_draft_head
+from edge.model.checkpoint import HEAD, load_checkpoint, set_draft_head
 from edge.model.decoder import Decoder
 from edge.model.draft_head import order_keys, shortlist_ids
 from edge.runtime import Runtime
+from tests.conftest import manifest_copy
 
 
 def _hidden(ck, gen, m=3):
@@ -138,21 +137,8 @@ def test_shortlist_sampling_stays_on_the_shortlist(rtn_checkpoint, gen):
     assert 0 < h <= math.log(16) + 1e-9 and m >= 0                               # at most uniform over 16
 
 
-def _manifest_copy(src, dst, edit):
-    """`src` with an edited (and sealed again) manifest beside links to its files."""
-    dst.mkdir()
-    for f in src.iterdir():
-        if f.name != MANIFEST:
-            os.symlink(f, dst / f.name)
-    m = json.loads((src / MANIFEST).read_text())
-    edit(m)
-    m[SEAL] = manifest_seal(m)
-    (dst / MANIFEST).write_text(json.dumps(m))
-    return dst
-
-
 def test_manifest_fields_are_validated(rtn_checkpoint, small_llama_checkpoint, tmp_path):
-    unrecorded = _manifest_copy(rtn_checkpoint, tmp_path / "old", lambda m: (m.pop("draft_head"), m.pop("shortlist_k")))
+    unrecorded = manifest_copy(rtn_checkpoint, tmp_path / "old", lambda m: (m.pop("draft_head"), m.pop("shortlist_k")))
     ck = load_checkpoint(unrecorded)
     assert ck.draft_head == "4bit" and ck.shortlist_k == 64          # what a nested head's draft read before the field
     for i, (field, value, match) in enumerate([("draft_head", "9bit", "unknown draft head '9bit'"),
@@ -163,17 +149,17 @@ def test_manifest_fields_are_validated(rtn_checkpoint, small_llama_checkpoint, t
                                                ("draft_vocab", 0, r"draft vocabulary \(--draft-vocab\) 0"),
                                                ("draft_vocab", 49153, "draft vocabulary .* 49153"),
                                                ("draft_vocab", True, "draft vocabulary .* True")]):
-        bad = _manifest_copy(rtn_checkpoint, tmp_path / f"bad{i}", lambda m: m.update({field: value}))
+        bad = manifest_copy(rtn_checkpoint, tmp_path / f"bad{i}", lambda m: m.update({field: value}))
         with pytest.raises(CheckpointError, match=match):
             load_checkpoint(bad)
-    float16 = _manifest_copy(small_llama_checkpoint, tmp_path / "f16", lambda m: m.update(draft_head="8bit"))
+    float16 = manifest_copy(small_llama_checkpoint, tmp_path / "f16", lambda m: m.update(draft_head="8bit"))
     with pytest.raises(CheckpointError, match="the head is float16"):
         load_checkpoint(float16)
     with pytest.raises(BitNestError, match="needs a nested LM head"):
         set_draft_head(load_checkpoint(small_llama_checkpoint), "8bit")
     with pytest.raises(BitNestError, match="unknown draft head"):
         set_draft_head(load_checkpoint(rtn_checkpoint, verify=False), "2bit")
-    recorded = _manifest_copy(rtn_checkpoint, tmp_path / "vocab", lambda m: m.update(draft_vocab=4096))
+    recorded = manifest_copy(rtn_checkpoint, tmp_path / "vocab", lambda m: m.update(draft_vocab=4096))
     assert load_checkpoint(recorded).draft_vocab == 4096
     with pytest.raises(BitNestError, match=r"draft vocabulary \(--draft-vocab\) 16 must be an integer in \[64,"):
         set_draft_head(load_checkpoint(recorded), "shortlist", 64, 16)       # fewer ids than the shortlist's rows

@@ -126,8 +126,8 @@ def test_graph_round_trips_both_views_against_the_torch_backend(rotated_checkpoi
 
 
 def test_graph_refuses_the_shortlist_and_a_different_setting(rotated_checkpoint, rotated_onnx, tmp_path):
-    """The step graph serves 8bit (the default) or 4bit; the shortlist is refused in one line naming the fix, and a
-    runtime set to another draft head than its graph's is refused too."""
+    """The step graph serves 8bit (the default) or 4bit; the shortlist asked for is refused in one line naming the
+    fix, and a runtime set to another draft head than its graph's is refused too."""
     from edge.backends.onnxruntime_step import onnxruntime_engine
     from edge.errors import BitNestError
     from edge.model.checkpoint import load_checkpoint, set_draft_head
@@ -137,9 +137,38 @@ def test_graph_refuses_the_shortlist_and_a_different_setting(rotated_checkpoint,
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--draft-head 8bit" in out.stderr, out.stderr
     with pytest.raises(BitNestError, match="serves draft head 8bit and the checkpoint is set to 4bit"):
         onnxruntime_engine(set_draft_head(load_checkpoint(rotated_checkpoint), "4bit"), 16, rotated_onnx["onnx"])
+    with pytest.raises(BitNestError, match="set to shortlist: pass --draft-head 8bit, or use the native backend$"):
+        onnxruntime_engine(set_draft_head(load_checkpoint(rotated_checkpoint), "shortlist"), 16, rotated_onnx["onnx"])
     with pytest.raises(BitNestError, match="scores the whole vocabulary .* 4096 ids only: pass --draft-vocab 49152"):
         onnxruntime_engine(set_draft_head(load_checkpoint(rotated_checkpoint), draft_vocab=4096), 16,
                            rotated_onnx["onnx"])
+
+
+def test_a_checkpoint_recording_the_shortlist_runs_its_graph_at_8_bits(rotated_checkpoint, tmp_path):
+    """A checkpoint whose manifest records the shortlist and a draft vocabulary (as a model's own-files export or the
+    Qwen preset does): its graph, exported with no draft-head option, serves the 8-bit head, and the onnxruntime
+    backend runs the checkpoint with no option at what the graph serves (the 8-bit head over every id, in the stats
+    and the byte accounting), lossless; the native backend still runs the recorded shortlist."""
+    from edge.decode.config import GenerateConfig
+    from edge.decode.stats import weight_bytes_per_pass
+    from edge.model.checkpoint import load_checkpoint, set_draft_head
+    from edge.runtime import Runtime
+    from export.onnx_export import export_onnx
+    from tests.conftest import manifest_copy
+    ck = manifest_copy(rotated_checkpoint, tmp_path / "shortlist",
+                       lambda m: m.update(draft_head="shortlist", draft_vocab=16384))
+    meta = {p.key: p.value for p in onnx.load(export_onnx(ck)["onnx"], load_external_data=False).metadata_props}
+    assert meta["bitnest.draft_head"] == "8bit"
+    rt = Runtime(ck, backend="onnxruntime", max_context=128)
+    assert (rt.ckpt.draft_head, rt.ckpt.draft_vocab) == ("8bit", None)
+    eight = set_draft_head(load_checkpoint(rotated_checkpoint), "8bit")
+    assert rt.engine.pass_weight_bytes["draft"] == weight_bytes_per_pass(eight, "draft", tokens=0)
+    ids = rt.encode("Name a river.")
+    spec = rt.generate(ids, GenerateConfig(max_new_tokens=12, gamma=4))
+    target = rt.generate(ids, GenerateConfig(max_new_tokens=12, policy="target"))
+    assert spec["tokens"] == target["tokens"] and spec["stats"].summary()["draft_head"] == "8bit"
+    native = load_checkpoint(ck)
+    assert (native.draft_head, native.draft_vocab) == ("shortlist", 16384)
 
 
 def small_onnx(checkpoint, tmp_path):

@@ -364,6 +364,13 @@ def _draft_head(cfg: ModelConfig, m: dict[str, Any]) -> tuple[Optional[str], int
         raise CheckpointError(f"manifest: {str(e)[:120]}: re-export the checkpoint") from None
 
 
+def runs_as_recorded(ckpt: Checkpoint) -> bool:
+    """Whether `ckpt` runs the draft head and draft vocabulary its manifest records (no set_draft_head override of
+    either)."""
+    head, _, vocab = _draft_head(ckpt.config, ckpt.manifest)
+    return ckpt.draft_head == head and ckpt.draft_vocab == vocab
+
+
 def _shortlist_rows(draft_head: Optional[str], shortlist_k: int) -> int:
     """Rows a draft vocabulary must hold for this setting: the shortlist's K, else 1."""
     return shortlist_k if draft_head == DRAFT_HEAD_SHORTLIST else 1

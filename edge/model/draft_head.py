@@ -64,6 +64,14 @@ def restrict_draft_vocab(logits: torch.Tensor, draft_vocab: int | None) -> torch
     return logits
 
 
+def graph_draft_head(draft_head: str | None) -> str | None:
+    """The draft head the step graph serves for a checkpoint recording `draft_head`: the same, but the 8-bit head for
+    the shortlist, whose top-K the graph has no op for (the view is a run-time input there, so its draft passes read
+    the head as its target passes do); the shortlist's chosen token is the 8-bit head's wherever that token is
+    within the base plane's top K, as on every step of both real models' runs (docs/model-and-data.md)."""
+    return DRAFT_HEAD_8BIT if draft_head == DRAFT_HEAD_SHORTLIST else draft_head
+
+
 def head_view(draft_head: str | None, view: str) -> str:
     """The view a pass of `view` reads the head at: the target's is always `target`; the draft's is `target` for
     `8bit`, `draft` for `4bit` and a float16 head (None: both views read it in full), `shortlist` for the shortlist."""
