@@ -8,7 +8,8 @@ from edge.errors import BitNestError
 from export.export_plan import HEAD_BLOCK_ROWS
 from export.pipeline import DEFAULT_ROTATION, ExportOptions, default_draft_head, default_draft_vocab, run_export
 from export.quantize import METHODS, REFINES, QuantOptions
-from edge.model.draft_head import DRAFT_HEAD_EXPORT_DEFAULT, DRAFT_HEAD_SHORTLIST, DRAFT_HEADS, SHORTLIST_K
+from edge.model.draft_head import (DRAFT_HEAD_EXPORT_DEFAULT, DRAFT_HEAD_SHORTLIST, DRAFT_HEAD_SOURCE_DEFAULT,
+                                   DRAFT_HEADS, SHORTLIST_K)
 from export.learned_rotation import LearnOptions
 from export.rotation import ROTATIONS
 
@@ -37,9 +38,10 @@ def parser() -> argparse.ArgumentParser:
                    "stored as two 4-bit planes like any linear (GPTQ base with the bitnest method), the tied embedding "
                    "read from them; float16: a float16 head that both views read in full")
     p.add_argument("--draft-head", choices=DRAFT_HEADS, help="what the draft reads of the nested head, recorded in "
-                   f"the manifest (default {DRAFT_HEAD_EXPORT_DEFAULT}: the base plane's top K rows re-scored at 8 "
-                   "bits; 8bit: the target's 8-bit view; 4bit: its base plane; a model preset may choose its own; "
-                   "8bit with --onnx/--engine, whose graph serves no shortlist)")
+                   f"the manifest (8bit: the target's 8-bit view; 4bit: its base plane; shortlist: the base plane's "
+                   f"top K rows re-scored at 8 bits; default {DRAFT_HEAD_SOURCE_DEFAULT} for an HF folder or a .gguf, "
+                   f"{DRAFT_HEAD_EXPORT_DEFAULT} for the default model, a preset's own (qwen2.5-coder-0.5b: "
+                   "shortlist); 8bit with --onnx/--engine, which serve no shortlist)")
     p.add_argument("--shortlist-k", type=count(), help=f"rows the shortlist re-scores, recorded in the manifest "
                    f"(default {SHORTLIST_K})")
     p.add_argument("--draft-vocab", type=count(), help="the draft scores token ids below N only (it reads N rows of "

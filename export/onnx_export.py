@@ -20,7 +20,7 @@ from edge.atomic import write_atomic
 from edge.errors import BitNestError
 from edge.model.checkpoint import HEAD, Checkpoint, load_checkpoint, set_draft_head, weights_sha256
 from edge.model.decoder import rope_tables
-from edge.model.draft_head import DRAFT_HEAD_8BIT, DRAFT_HEAD_SHORTLIST, dense_draft_head
+from edge.model.draft_head import DRAFT_HEAD_8BIT, DRAFT_HEAD_SHORTLIST, graph_draft_head
 from export.onnx_functions import (
     hadamard_rows_function,
     rms_norm_function,
@@ -275,10 +275,10 @@ def export_onnx(checkpoint, out=None, external=None, draft_head: str | None = No
     """Export the step graph of the checkpoint folder `checkpoint` to `out` (default: beside its weights,
     CHECKPOINT/decoder_step.onnx); `external` None = external data only past EXTERNAL_DATA_BYTES; `draft_head` the
     draft head the graph serves (None: the checkpoint's, the 8-bit head where it records the shortlist:
-    edge.model.draft_head.dense_draft_head)."""
+    edge.model.draft_head.graph_draft_head)."""
     t0 = time.time()
     ckpt = load_checkpoint(checkpoint)
-    ckpt = set_draft_head(ckpt, draft_head if draft_head is not None else dense_draft_head(ckpt.draft_head))
+    ckpt = set_draft_head(ckpt, draft_head if draft_head is not None else graph_draft_head(ckpt.draft_head))
     model = build_step_model(ckpt)
     init_bytes = sum(len(i.raw_data) for i in model.graph.initializer)
     if external is None:

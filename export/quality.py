@@ -64,11 +64,13 @@ CONFIGS = {
                                                                                       base_trust=0.1, **F16),
                                                               LEARNED_12),
     "bitnest closed, trust 0.1 + rot + nested head, draft head 4bit": Row("r1r2r4", NESTED, draft_head="4bit"),
-    "bitnest closed, trust 0.1 + rot + nested head, draft head 8bit": Row("r1r2r4", NESTED, draft_head="8bit"),
+    DEFAULT_ROW: Row("r1r2r4", NESTED, draft_head="8bit"),
     "bitnest closed, trust 0.1 + rot + nested head, draft head shortlist 32": Row("r1r2r4", NESTED,
                                                                                   draft_head="shortlist",
                                                                                   shortlist_k=32),
-    DEFAULT_ROW: Row("r1r2r4", NESTED, draft_head="shortlist", shortlist_k=64),
+    "bitnest closed, trust 0.1 + rot + nested head, draft head shortlist 64": Row("r1r2r4", NESTED,
+                                                                                  draft_head="shortlist",
+                                                                                  shortlist_k=64),
 }
 RESULTS = ROOT / "scripts" / "results" / "quality.json"
 

@@ -48,7 +48,7 @@ def _rtn_export(tmp_path_factory, rotation):
 @pytest.fixture(scope="session")
 def rtn_checkpoint(tmp_path_factory):
     """A real RTN export of the default model, no rotation, the default head (nested, the embedding read from its
-    planes, draft head shortlist) (seconds)."""
+    planes, draft head 8bit) (seconds)."""
     return _rtn_export(tmp_path_factory, "none")
 
 
@@ -170,8 +170,8 @@ def tag_from_output(tok, tokens: list[int]) -> tuple[str, int]:
 @pytest.fixture(scope="session")
 def method_exports(small_llama_folder, tmp_path_factory):
     """The small Llama exported `--method top4of8 --head float16` and with the default nested head (GPTQ base, few
-    calibration windows; embedding rows read from the nested head, draft head shortlist), each with its
-    decoder_step.onnx beside it: {"top4of8": folder, "nested-head": folder}."""
+    calibration windows; embedding rows read from the nested head, draft head 8bit), each with its decoder_step.onnx
+    beside it: {"top4of8": folder, "nested-head": folder}."""
     from export.onnx_export import export_onnx
     from export.pipeline import ExportOptions, run_export
     from export.quantize import QuantOptions

@@ -30,7 +30,7 @@ def test_checkpoint_contents(rtn_checkpoint):
     ck = load_checkpoint(rtn_checkpoint)
     m = ck.manifest
     assert m["format_version"] == 2 and m["method"] == "rtn" and m["head"] == "nested"       # the default head
-    assert m["embedding"] == "head_target" and m["draft_head"] == ck.draft_head == "shortlist" and m["shortlist_k"] == 64
+    assert m["embedding"] == "head_target" and m["draft_head"] == ck.draft_head == "8bit" and m["shortlist_k"] == 64
     # every file of the folder but the manifest is listed with its own sha256 (the old check here, '"sha256" not
     # in <hex digest>', could not fail)
     on_disk = {f.name for f in ck.path.iterdir()} - {MANIFEST}

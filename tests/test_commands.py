@@ -45,7 +45,7 @@ def test_export_with_its_default_method_and_rotation(small_llama_folder, tmp_pat
     out = bitnest(capsys, "export", "--model", small_llama_folder, "--out", tmp_path / "ck", "--calib-samples", 4,
                   "--calib-seq-len", 64, "--json")
     assert out["method"] == "bitnest" and (tmp_path / "ck" / "manifest.json").is_file()
-    # the export records the shortlist draft head (edge.model.draft_head.DRAFT_HEAD_EXPORT_DEFAULT)
+    # a model from its own files records the shortlist draft head (edge.model.draft_head.DRAFT_HEAD_SOURCE_DEFAULT)
     assert out["draft_head"] == "shortlist" and load_checkpoint(tmp_path / "ck").draft_head == "shortlist"
 
 

@@ -77,16 +77,13 @@ def test_bytes_per_token_follow_the_passes(cpu_runtime):
     t = _run(cpu_runtime, PROMPTS[0], policy="target", max_new_tokens=8)["stats"]
     d = _run(cpu_runtime, PROMPTS[0], policy="draft", max_new_tokens=8)["stats"]
     eng, ck = cpu_runtime.engine, cpu_runtime.ckpt
-    assert ck.embedding_from_head and ck.draft_head == "shortlist"       # the default export's head
+    assert ck.embedding_from_head and ck.draft_head == "8bit"            # the default export's head
     emb = ck.config.hidden_size + 2 * ck.config.hidden_size // ck.linears["lm_head"].group_size   # a row of both planes
     assert t.weight_bytes == t.target_passes * (eng.pass_weight_bytes["target"] + emb)
-    # the shortlist re-reads, per token, its K rows' refinement plane and scales at 8 bits
-    row = ck.config.hidden_size // 2 + 2 * ck.config.hidden_size // ck.linears["lm_head"].group_size
-    assert eng.token_weight_bytes["draft"] == emb + ck.shortlist_k * row
-    assert d.weight_bytes == d.draft_passes * (eng.pass_weight_bytes["draft"] + emb + ck.shortlist_k * row)
-    # beyond those rows the draft reads the base plane only of every linear, the head's too (half the target's plane
-    # bytes, same scales)
-    planes = sum(s.shape[0] * s.shape[1] // 2 for s in ck.linears.values())
+    assert d.weight_bytes == d.draft_passes * (eng.pass_weight_bytes["draft"] + emb)
+    # the draft reads the base plane only of every block linear (half the target's plane bytes, same scales) and the
+    # head at 8 bits, as the target does
+    planes = sum(s.shape[0] * s.shape[1] // 2 for n, s in ck.linears.items() if n != "lm_head")
     assert eng.pass_weight_bytes["target"] - eng.pass_weight_bytes["draft"] == planes
     # KV bytes: every AR step reads the whole committed history once at KV8
     kv8 = eng.kv_position_bytes[True]

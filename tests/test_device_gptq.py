@@ -61,7 +61,7 @@ def test_the_evaluation_is_the_committed_one():
     assert all(n == sum(min(cpu["window"], CPU_TOKENS - s) - 1 for s in windows) for n in cpu["tokens"].values())
     cmd = evaluate_command(Path("CK"), cpu, CPU_TOKENS)
     assert cmd[1:] == ["scripts/evaluate.py", "--checkpoint", "CK", "--tokens", "4096", "--window", "1024",
-                       "--backend", "torch", "--act", "float", "--draft-head", "shortlist", "--json"]
+                       "--backend", "torch", "--act", "float", "--draft-head", "8bit", "--json"]
     assert export_command(Path("OUT"), dry=False)[1:] == ["scripts/export.py", "--out", "OUT", "--device", "cuda",
                                                          "--json"]
     other = _shifted(cpu, {})

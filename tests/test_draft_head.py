@@ -45,7 +45,7 @@ def test_each_setting_reads_the_head_at_its_view(rtn_checkpoint, gen):
     head's bit for bit, the 4bit draft's the base plane's; the shortlist's are the target head's on the base plane's
     top K and -inf elsewhere. The target view reads the whole 8-bit head whatever the setting."""
     ck = load_checkpoint(rtn_checkpoint)
-    assert ck.draft_head == "shortlist" and ck.manifest["draft_head"] == "shortlist"       # the default export
+    assert ck.draft_head == "8bit" and ck.manifest["draft_head"] == "8bit"       # the default export
     be = TorchBackend(ck)
     h = _hidden(ck, gen)
     full8, full4 = be.head(h, "target"), be.head(h, "draft")                      # [M, V]

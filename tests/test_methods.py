@@ -1,9 +1,8 @@
 """The other nestings end to end: a `--method top4of8 --head float16` export (asymmetric grid, per-group offsets) and
-a default-head export (the LM head nested like any linear, draft head shortlist) of a small real-format Llama, each
-loaded and decoded greedily on the cpu, torch and triton (interpreter here, GPU where present) backends and through
-its ONNX graph in onnxruntime: speculative output equals target output on every path, and the ONNX graph passes the
-independent check. (README publishes top4of8 results; neither form had been exported, loaded and decoded end to end
-in a test.)"""
+a default-head export (the LM head nested like any linear, draft head 8bit) of a small real-format Llama, each loaded
+and decoded greedily on the cpu, torch and triton (interpreter here, GPU where present) backends and through its ONNX
+graph in onnxruntime: speculative output equals target output on every path, and the ONNX graph passes the independent
+check. (README publishes top4of8 results; neither form had been exported, loaded and decoded end to end in a test.)"""
 
 import numpy as np
 import pytest
@@ -32,7 +31,7 @@ def test_the_export_is_what_its_method_says(exported):
         assert c.method == "top4of8" and all(s.offset and s.group_size == 64 for s in c.linears.values())
     else:
         assert c.head_nested and c.linears[HEAD].shape == (c.config.vocab_size, c.config.hidden_size)
-        assert c.embedding_from_head and c.draft_head == "shortlist" and c.manifest["draft_head"] == "shortlist"
+        assert c.embedding_from_head and c.draft_head == "8bit" and c.manifest["draft_head"] == "8bit"
 
 
 # Prefill logits of each backend against the independent float64 reference (edge.checks.step_reference). Backends

@@ -13,7 +13,7 @@ import onnx
 import pytest
 import torch
 
-from tests.conftest import ROOT, manifest_copy
+from tests.conftest import ROOT
 
 # Chosen tolerances. Embedding and logits (the float tail after the last layer, on the graph's own residual): float32
 # rounding only, ~1e-6 measured. A layer's output against the reference on the same input, relative to the layer's
@@ -112,9 +112,8 @@ def test_graph_round_trips_both_views_against_the_torch_backend(rotated_checkpoi
     from edge.decode.engine import PassEngine
     from edge.model.checkpoint import load_checkpoint
     ckpt = load_checkpoint(rotated_checkpoint)
-    assert ckpt.draft_head == "shortlist"                      # the default export's, which the graph serves at 8 bits
+    assert ckpt.draft_head == "8bit"
     ort = onnxruntime_engine(ckpt, 32, rotated_onnx["onnx"])
-    assert ckpt.draft_head == "8bit"                           # the engine set it so: the reference reads that too
     ref = PassEngine(ckpt, TorchBackend(ckpt), 32)
     prompt = [1, 504, 3145, 282, 260, 3622]
     for view in ("target", "draft"):
@@ -127,7 +126,7 @@ def test_graph_round_trips_both_views_against_the_torch_backend(rotated_checkpoi
 
 
 def test_graph_refuses_the_shortlist_and_a_different_setting(rotated_checkpoint, rotated_onnx, tmp_path):
-    """The step graph serves 8bit (what it serves for the default's shortlist) or 4bit; the shortlist asked for is refused in one line naming the
+    """The step graph serves 8bit (the default) or 4bit; the shortlist asked for is refused in one line naming the
     fix, and a runtime set to another draft head than its graph's is refused too."""
     from edge.backends.onnxruntime_step import onnxruntime_engine
     from edge.errors import BitNestError
@@ -138,17 +137,16 @@ def test_graph_refuses_the_shortlist_and_a_different_setting(rotated_checkpoint,
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--draft-head 8bit" in out.stderr, out.stderr
     with pytest.raises(BitNestError, match="serves draft head 8bit and the checkpoint is set to 4bit"):
         onnxruntime_engine(set_draft_head(load_checkpoint(rotated_checkpoint), "4bit"), 16, rotated_onnx["onnx"])
-    eight = manifest_copy(rotated_checkpoint, tmp_path / "eight", lambda m: m.update(draft_head="8bit"))
     with pytest.raises(BitNestError, match="set to shortlist: pass --draft-head 8bit, or use the native backend$"):
-        onnxruntime_engine(set_draft_head(load_checkpoint(eight), "shortlist"), 16, rotated_onnx["onnx"])
+        onnxruntime_engine(set_draft_head(load_checkpoint(rotated_checkpoint), "shortlist"), 16, rotated_onnx["onnx"])
     with pytest.raises(BitNestError, match="scores the whole vocabulary .* 4096 ids only: pass --draft-vocab 49152"):
         onnxruntime_engine(set_draft_head(load_checkpoint(rotated_checkpoint), draft_vocab=4096), 16,
                            rotated_onnx["onnx"])
 
 
 def test_a_checkpoint_recording_the_shortlist_runs_its_graph_at_8_bits(rotated_checkpoint, tmp_path):
-    """A checkpoint whose manifest records the shortlist (the default export's head) and a draft vocabulary (as the Qwen
-    preset does): its graph, exported with no draft-head option, serves the 8-bit head, and the onnxruntime
+    """A checkpoint whose manifest records the shortlist and a draft vocabulary (as a model's own-files export or the
+    Qwen preset does): its graph, exported with no draft-head option, serves the 8-bit head, and the onnxruntime
     backend runs the checkpoint with no option at what the graph serves (the 8-bit head over every id, in the stats
     and the byte accounting), lossless; the native backend still runs the recorded shortlist."""
     from edge.decode.config import GenerateConfig
@@ -156,6 +154,7 @@ def test_a_checkpoint_recording_the_shortlist_runs_its_graph_at_8_bits(rotated_c
     from edge.model.checkpoint import load_checkpoint, set_draft_head
     from edge.runtime import Runtime
     from export.onnx_export import export_onnx
+    from tests.conftest import manifest_copy
     ck = manifest_copy(rotated_checkpoint, tmp_path / "shortlist",
                        lambda m: m.update(draft_head="shortlist", draft_vocab=16384))
     meta = {p.key: p.value for p in onnx.load(export_onnx(ck)["onnx"], load_external_data=False).metadata_props}

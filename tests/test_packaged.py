@@ -155,13 +155,12 @@ def test_model_and_checkpoint_together_are_one_line(tmp_path):
 
 def test_the_qwen_preset_exports_the_shortlist_draft_head_by_default():
     """The preset's measured choice (docs/model-and-data.md) is what its default export records; the default model
-    and a model from its own files record the shortlist (measured: docs/export.md), and an export
-    that writes the step graph (which has no shortlist) records 8bit."""
+    keeps the 8-bit draft head, a model from its own files records the shortlist (docs/runtime.md: measured at the
+    shapes), and an export that writes the step graph (which has no shortlist) records 8bit."""
     from export.pipeline import default_checkpoint_path, default_draft_head, default_export_options
     qwen = default_export_options("qwen2.5-coder-0.5b")
     assert qwen.draft_head == "shortlist" and qwen.model == "qwen2.5-coder-0.5b"
-    assert default_export_options().draft_head == default_draft_head("default") == "shortlist"
-    assert default_draft_head("default", step_graph=True) == "8bit"
+    assert default_export_options().draft_head == default_draft_head("default") == "8bit"
     assert default_draft_head("qwen2.5-coder-0.5b", step_graph=True) == "8bit"
     assert default_draft_head("/some/model.gguf") == default_draft_head("/some/hf-folder") == "shortlist"
     assert default_draft_head("/some/model.gguf", step_graph=True) == "8bit"
@@ -172,9 +171,8 @@ def test_the_qwen_preset_exports_the_shortlist_draft_head_by_default():
 
 def test_the_qwen_preset_records_its_draft_vocabulary_and_the_default_model_none():
     """The preset's measured draft vocabulary (65,536 of 151,936 ids) is recorded by its default export and keys its
-    folder; the default model records none, and an export recording none keeps the folder it had before the field
-    existed (the default model's 8-bit-head export keeps its key); an export that writes the step graph (which scores
-    every id) records none."""
+    folder; the default model records none and keeps the folder its exports had before the field existed (no
+    re-export of the default model); an export that writes the step graph (which scores every id) records none."""
     from dataclasses import replace
 
     from export.pipeline import default_checkpoint_path, default_draft_vocab, default_export_options
@@ -183,6 +181,4 @@ def test_the_qwen_preset_records_its_draft_vocabulary_and_the_default_model_none
     assert default_draft_vocab("qwen2.5-coder-0.5b", nested_head=False) is None   # --head float16: not refused
     assert default_export_options().draft_vocab is None and default_draft_vocab("/some/model.gguf") is None
     assert default_checkpoint_path(qwen) != default_checkpoint_path(replace(qwen, draft_vocab=None))
-    eight = replace(default_export_options(), draft_head="8bit")          # the default export before the shortlist
-    assert default_checkpoint_path(eight).name == "smollm2-135m-instruct-bitnest-0d42191a53"   # the key before the field
-    assert default_checkpoint_path() != default_checkpoint_path(eight)   # the shortlist default is another export
+    assert default_checkpoint_path().name == "smollm2-135m-instruct-bitnest-0d42191a53"   # the key before the field

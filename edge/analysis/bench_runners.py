@@ -153,17 +153,17 @@ class SyntheticRunner:
         from edge.memory.synthetic import synthetic_checkpoint, with_online_rotations
         from edge.model.arch import ModelConfig
         from edge.model.checkpoint import set_draft_head
-        from edge.model.draft_head import DRAFT_HEAD_EXPORT_DEFAULT
+        from edge.model.draft_head import DRAFT_HEAD_SOURCE_DEFAULT
         if mode not in ("target", "draft", "replay"):
             raise ValueError(f"unknown synthetic mode {mode!r}")
         if mode == "replay" and (not rounds or len(rounds) != len(prompts)):
             raise ValueError("a replay needs one recorded list of rounds per prompt")
         cfg = ModelConfig.from_dict(config)
         self.backend = resolve_backend(backend)
-        # the default export's head: nested, the embedding read from it, the draft reading it as
-        # DRAFT_HEAD_EXPORT_DEFAULT (or as asked)
+        # the head as an export of a model from its own files writes it: nested, the embedding read from it, the
+        # draft reading it as DRAFT_HEAD_SOURCE_DEFAULT (or as asked)
         ckpt = set_draft_head(synthetic_checkpoint(cfg, "cpu", seed=seed, head_nested=True,
-                                                   draft_head=DRAFT_HEAD_EXPORT_DEFAULT),
+                                                   draft_head=DRAFT_HEAD_SOURCE_DEFAULT),
                               draft_head, shortlist_k, draft_vocab)
         ckpt = with_online_rotations(ckpt, r4, seed)
         capacity = max(max(len(p) for p in prompts) + max(max_new_tokens, WARMUP_TOKENS) + gamma + 2, min_capacity)

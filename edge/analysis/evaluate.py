@@ -20,7 +20,6 @@ from edge.corpora import CORPORA, eval_text
 from edge.decode.stats import draft_head_summary
 from edge.errors import BitNestError
 from edge.model.checkpoint import Checkpoint, load_checkpoint, set_draft_head
-from edge.model.draft_head import dense_draft_head
 from edge.model.arch import ModelConfig
 from edge.model.decoder import Decoder
 from edge.model.float_store import FloatWeights
@@ -41,7 +40,7 @@ class EvalOptions:
     reference: str | None = None   # the float reference's source; default: the model the checkpoint was exported from
     with_reference: bool = True    # False: views only (a caller that already has the reference's figures)
     backend: str = "torch"         # torch (reference semantics, activations per act_int8) or cpu
-    draft_head: str | None = None  # what the draft reads of a nested head (None: the manifest's; a shortlist at 8 bits)
+    draft_head: str | None = None  # what the draft reads of a nested head (None: the checkpoint's setting)
     shortlist_k: int | None = None
     reference_loader: ReferenceLoader | None = field(default=None, compare=False)   # see reference_decoder
 
@@ -79,8 +78,6 @@ def evaluate(opts: EvalOptions) -> dict:
     """{"ppl": {"reference"|"draft"|"target": {corpus: x}}, "agreement": {corpus: x}, ...}."""
     t0 = time.time()
     ckpt = set_draft_head(load_checkpoint(opts.checkpoint), opts.draft_head, opts.shortlist_k)
-    if opts.draft_head is None and opts.shortlist_k is None:   # a recorded shortlist, scored through the 8-bit head
-        ckpt.draft_head = dense_draft_head(ckpt.draft_head)   # (its own perplexity is infinite by construction)
     ckpt.draft_vocab = None   # perplexity and agreement of the views over every id: a draft vocabulary shapes the
     # proposals of a decode (the ids past it are -inf: the draft's perplexity would be infinite), not the model
     tok = load_tokenizer(ckpt.path)

@@ -62,7 +62,7 @@ def _ci(d: dict, sep: str = " to ") -> str:
 
 # -- quality (export.quality writes quality.json) -----------------------------------------------------------------
 CORPORA = ("sharegpt", "shakespeare", "code")
-DEFAULT_ROW = "bitnest closed, trust 0.1 + rot + nested head, draft head shortlist 64 (default)"  # the default export
+DEFAULT_ROW = "bitnest closed, trust 0.1 + rot + nested head, draft head 8bit (default)"  # the default export
 
 
 def quality_table(results: dict) -> str:

@@ -5,7 +5,7 @@ passes and the draft pass, this runtime's target pass rate and prefill beside ll
 judged acceptance of a real model (the second model's lossless run: random weights have none of their own), labelled
 as such; and the draft pass with the shortlist head over a draft vocabulary (scripts/results/shape-shortlist-NAME.json)
 beside the 8-bit head, with the speculation its pass times project, and the same over every id, the head an export
-records by default (scripts/results/shape-default-head-NAME.json); and the same passes on the AVX2
+of a model from its own files records (scripts/results/shape-source-head-NAME.json); and the same passes on the AVX2
 kernel set (scripts/results/shape-avx2-NAME.json, BITNEST_NATIVE_ISA=avx2) beside this CPU's best set's."""
 
 from edge.analysis.bench_replay import alpha_from_tokens_per_round, projected
@@ -14,10 +14,10 @@ from edge.analysis.report_cells import pct, table
 SHAPES = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "llama-3.2-1b", "llama-3.2-3b", "llama-3-8b")
 SOURCES = tuple(f"shape-native-{s}.json" for s in SHAPES)
 SHORTLIST_SOURCES = tuple(f"shape-shortlist-{s}.json" for s in SHAPES)   # --draft-head shortlist --draft-vocab 65536
-DEFAULT_HEAD_SOURCES = tuple(f"shape-default-head-{s}.json" for s in SHAPES)   # the shortlist over every id (the default)
+SOURCE_HEAD_SOURCES = tuple(f"shape-source-head-{s}.json" for s in SHAPES)   # the shortlist over every id (the default)
 AVX2_SOURCES = tuple(f"shape-avx2-{s}.json" for s in SHAPES)         # BITNEST_NATIVE_ISA=avx2, 8-bit head
 ACCEPTANCE = "lossless-qwen2.5-coder-0.5b-gptq-shortlist-vocab65536.json"     # the real model whose rounds lend α
-DEFAULT_HEAD_ACCEPTANCE = "lossless-qwen2.5-coder-0.5b-gptq-shortlist.json"    # the same, its draft scoring every id
+SOURCE_HEAD_ACCEPTANCE = "lossless-qwen2.5-coder-0.5b-gptq-shortlist.json"    # the same, its draft scoring every id
 
 
 def borrowed_alpha(lossless: dict, name: str = ACCEPTANCE) -> tuple[float, str]:
@@ -113,10 +113,10 @@ def shapes_shortlist_table(*files: dict, acceptance: str = ACCEPTANCE) -> str:
     return table(head, rows) + "\n\n" + "\n".join(notes)
 
 
-def shapes_default_head_table(*files: dict) -> str:
-    """shapes_shortlist_table for the head an export records by default (the shortlist over every id:
-    scripts/results/shape-default-head-NAME.json, `--passes-only` with no draft-head option)."""
-    return shapes_shortlist_table(*files, acceptance=DEFAULT_HEAD_ACCEPTANCE)
+def shapes_source_head_table(*files: dict) -> str:
+    """shapes_shortlist_table for the head an export of a model from its own files records (the shortlist over every
+    id: scripts/results/shape-source-head-NAME.json, `--passes-only` with no draft-head option)."""
+    return shapes_shortlist_table(*files, acceptance=SOURCE_HEAD_ACCEPTANCE)
 
 
 def shapes_avx2_table(*files: dict) -> str:
@@ -144,6 +144,6 @@ def shapes_avx2_table(*files: dict) -> str:
 SHAPE_TABLES = {
     "shapes-native": ((*SOURCES, ACCEPTANCE), shapes_native_table),
     "shapes-shortlist": ((*SHORTLIST_SOURCES, *SOURCES, ACCEPTANCE), shapes_shortlist_table),
-    "shapes-default-head": ((*DEFAULT_HEAD_SOURCES, *SOURCES, DEFAULT_HEAD_ACCEPTANCE), shapes_default_head_table),
+    "shapes-source-head": ((*SOURCE_HEAD_SOURCES, *SOURCES, SOURCE_HEAD_ACCEPTANCE), shapes_source_head_table),
     "shapes-avx2": ((*AVX2_SOURCES, *SOURCES), shapes_avx2_table),
 }

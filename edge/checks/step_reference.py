@@ -69,10 +69,7 @@ class StepReference:
         self.d, self.eps, self.theta = c["head_dim"], c["rms_norm_eps"], c["rope_theta"]
         self.tied = c["tie_word_embeddings"]
         self.embedding = m.get("embedding", "float16")
-        # a recorded shortlist is what the step graph serves at 8 bits (edge.model.draft_head.dense_draft_head); the
-        # reference reads the head as the graph does
-        recorded = m.get("draft_head", "4bit")
-        self.draft_head = draft_head or ("8bit" if recorded == "shortlist" else recorded)
+        self.draft_head = draft_head or m.get("draft_head", "4bit")
         if self.draft_head not in ("8bit", "4bit"):
             raise ValueError(f"the step reference reads the head at 8 or 4 bits, not {self.draft_head!r}")
         if m["format_version"] == 1:

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 QUALITY = ROOT / "scripts" / "results" / "quality.json"
 # The committed row of the default export and the command README's headline row names for it (edge.analysis.report,
 # which edge.cli may not import: tests/test_device_gptq.py holds the name equal to its DEFAULT_ROW)
-DEFAULT_ROW = "bitnest closed, trust 0.1 + rot + nested head, draft head shortlist 64 (default)"
+DEFAULT_ROW = "bitnest closed, trust 0.1 + rot + nested head, draft head 8bit (default)"
 CPU_COMMAND = "python scripts/quality_table.py --tokens 4096"
 CPU_TOKENS = 4096             # that command's --tokens: the committed row counts 4 windows of 1024, 4 x 1023 = 4092
 # The bound. GPTQ on CUDA sums float32 in another order, so a code on a rounding edge may move by one step

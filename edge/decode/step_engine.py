@@ -10,18 +10,18 @@ import torch
 from edge.decode.engine import Engine
 from edge.errors import BitNestError
 from edge.model.checkpoint import Checkpoint, runs_as_recorded
-from edge.model.draft_head import dense_draft_head
+from edge.model.draft_head import graph_draft_head
 from plugins.step_contract import DRAFT_HEAD_META, FLOAT16_HEAD
 
 
 def check_graph_draft_head(meta: dict, ckpt: Checkpoint, path) -> None:
     """A step graph's metadata `meta` says it serves the draft head `ckpt` is set to (edge.model.draft_head), else a
     one-line error naming both fixes; a draft vocabulary (which no graph serves) is refused. A checkpoint run at what
-    its manifest records (no override) is first set to what the graph serves for it (dense_draft_head: the 8-bit head
+    its manifest records (no override) is first set to what the graph serves for it (graph_draft_head: the 8-bit head
     for a recorded shortlist, every id for a recorded draft vocabulary), in place, so the engine's byte accounting
     and the stats say what the graph reads. A graph exported before the setting existed read a nested head at the
     pass's view: `4bit`."""
-    served = dense_draft_head(ckpt.draft_head)
+    served = graph_draft_head(ckpt.draft_head)
     if served is not None and meta.get(DRAFT_HEAD_META) == served and runs_as_recorded(ckpt):
         ckpt.draft_head, ckpt.draft_vocab = served, None
     if ckpt.draft_vocab is not None:
@@ -32,7 +32,7 @@ def check_graph_draft_head(meta: dict, ckpt: Checkpoint, path) -> None:
     got = meta.get(DRAFT_HEAD_META, "4bit" if ckpt.head_nested else FLOAT16_HEAD)
     if got != want:
         again = f"export the graph again with `python scripts/export.py --out {ckpt.path} --existing --onnx " \
-                f"--draft-head {want}`" if dense_draft_head(want) == want else "use the native backend"
+                f"--draft-head {want}`" if graph_draft_head(want) == want else "use the native backend"
         raise BitNestError(f"{path} serves draft head {got} and the checkpoint is set to {want}: pass --draft-head "
                            f"{got}, or {again}")
 

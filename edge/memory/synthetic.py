@@ -8,7 +8,7 @@ import torch
 from edge.model.arch import BLOCK_NORMS, ModelConfig
 from edge.model.checkpoint import EMBED_HEAD_TARGET, HEAD, Checkpoint, LinearSpec, draft_reads_refine, expected_linears
 from edge.model.decoder import OnlineRotations
-from edge.model.draft_head import DRAFT_HEAD_EXPORT_DEFAULT, dense_draft_head
+from edge.model.draft_head import DRAFT_HEAD_EXPORT_DEFAULT
 from plugins.contracts import group_size_for
 
 
@@ -93,8 +93,6 @@ def with_online_rotations(ckpt: Checkpoint, r4: str = "online", seed: int = 0) -
 
 def exported_shapes(cfg: ModelConfig, device: str = "meta", weights: str = "nested") -> Checkpoint:
     """`synthetic_checkpoint` with the head as the default export writes it (export.quantize.QuantOptions: the head
-    nested, the embedding read from it where tied) and the draft head the step graph serves of the default
-    (dense_draft_head(DRAFT_HEAD_EXPORT_DEFAULT): the 8-bit head, whose planes the shortlist stores too): what the
-    planner and its check count for a model known by its shapes alone."""
-    return synthetic_checkpoint(cfg, device, head_nested=True, draft_head=dense_draft_head(DRAFT_HEAD_EXPORT_DEFAULT),
-                                weights=weights)
+    nested, the embedding read from it where tied, the draft head DRAFT_HEAD_EXPORT_DEFAULT): what the planner and
+    its check count for a model known by its shapes alone."""
+    return synthetic_checkpoint(cfg, device, head_nested=True, draft_head=DRAFT_HEAD_EXPORT_DEFAULT, weights=weights)

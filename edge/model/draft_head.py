@@ -21,11 +21,13 @@ DRAFT_HEADS = (DRAFT_HEAD_8BIT, DRAFT_HEAD_4BIT, DRAFT_HEAD_SHORTLIST)
 # A checkpoint with a nested head but no manifest field `draft_head` was exported before the setting existed: its
 # draft read the base plane, and keeps doing so.
 DRAFT_HEAD_UNRECORDED = DRAFT_HEAD_4BIT
-# What an export with a nested head records unless told otherwise, where it writes no step graph (which records
-# dense_draft_head of it): the 8-bit head's acceptance for about the base plane's bytes; a draft pass 0.5-0.6x a
-# target pass at the shapes of the models users run, where the 8-bit head's was up to 0.78x, and 0.59-0.64x against
-# 0.68x on the default model's native step (measured: docs/export.md).
-DRAFT_HEAD_EXPORT_DEFAULT = DRAFT_HEAD_SHORTLIST
+# What an export of the default model with a nested head records unless told otherwise, as does every export that
+# writes the step graph: the one setting every backend serves (docs/export.md: measured).
+DRAFT_HEAD_EXPORT_DEFAULT = DRAFT_HEAD_8BIT
+# What an export of a model from its own files (an HF folder or a GGUF) records unless told otherwise, where it writes
+# no step graph: the 8-bit head's acceptance for about the base plane's bytes; a draft pass 0.5-0.6x a target pass at
+# the shapes of the models users run, where the 8-bit head's was up to 0.78x (docs/runtime.md: measured).
+DRAFT_HEAD_SOURCE_DEFAULT = DRAFT_HEAD_SHORTLIST
 # Rows the shortlist re-scores at 8 bits (docs/quality.md: measured).
 SHORTLIST_K = 64
 
@@ -62,12 +64,11 @@ def restrict_draft_vocab(logits: torch.Tensor, draft_vocab: int | None) -> torch
     return logits
 
 
-def dense_draft_head(draft_head: str | None) -> str | None:
-    """The draft head that scores every id nearest `draft_head`: the same, but the 8-bit head for the shortlist,
-    whose logits are -inf off its K rows. The step graph serves it (it has no top-K op, and its view is a run-time
-    input, so its draft passes read the head as its target passes do), and a perplexity scores it (the shortlist's is
-    infinite by construction); the shortlist's chosen token is the 8-bit head's wherever that token is within the
-    base plane's top K, as on every step of both real models' runs (docs/model-and-data.md)."""
+def graph_draft_head(draft_head: str | None) -> str | None:
+    """The draft head the step graph serves for a checkpoint recording `draft_head`: the same, but the 8-bit head for
+    the shortlist, whose top-K the graph has no op for (the view is a run-time input there, so its draft passes read
+    the head as its target passes do); the shortlist's chosen token is the 8-bit head's wherever that token is
+    within the base plane's top K, as on every step of both real models' runs (docs/model-and-data.md)."""
     return DRAFT_HEAD_8BIT if draft_head == DRAFT_HEAD_SHORTLIST else draft_head
 
 
