@@ -169,6 +169,11 @@ def test_a_checkpoint_recording_the_shortlist_runs_its_graph_at_8_bits(rotated_c
     assert spec["tokens"] == target["tokens"] and spec["stats"].summary()["draft_head"] == "8bit"
     native = load_checkpoint(ck)
     assert (native.draft_head, native.draft_vocab) == ("shortlist", 16384)
+    # the independent reference reads it as the graph does (a target-only check of its graph or engine runs on it)
+    from edge.checks.step_reference import StepReference
+    ids = [1, 504, 3145, 282]
+    got, want = (StepReference(c, 16).step(ids, "draft", len(ids), 0) for c in (ck, rotated_checkpoint))
+    assert np.array_equal(got, want)
 
 
 def small_onnx(checkpoint, tmp_path):

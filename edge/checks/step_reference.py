@@ -57,7 +57,8 @@ class StepReference:
     """One sequence's decoder steps over a checkpoint folder, with its own nested KV planes: `step(ids, view,
     seq_len, kv8_from)` has the step graph's semantics (plugins.step_contract) and returns logits [M, V]. A nested
     head is read at the view its draft head gives the pass (docs/contracts.md, weights: the draft head): `8bit` the
-    target view in both views, `4bit` the pass's view; `draft_head` None takes the manifest's (absent: `4bit`)."""
+    target view in both views, `4bit` the pass's view; `draft_head` None takes the manifest's (absent: `4bit`; a
+    shortlist: `8bit`, as the step graph serves it)."""
 
     def __init__(self, checkpoint, capacity: int, draft_head: str | None = None):
         from safetensors.numpy import load_file
@@ -69,7 +70,9 @@ class StepReference:
         self.d, self.eps, self.theta = c["head_dim"], c["rms_norm_eps"], c["rope_theta"]
         self.tied = c["tie_word_embeddings"]
         self.embedding = m.get("embedding", "float16")
-        self.draft_head = draft_head or m.get("draft_head", "4bit")
+        # a recorded shortlist is read as the step graph serves it, at 8 bits (edge.model.draft_head.graph_draft_head)
+        recorded = m.get("draft_head", "4bit")
+        self.draft_head = draft_head or ("8bit" if recorded == "shortlist" else recorded)
         if self.draft_head not in ("8bit", "4bit"):
             raise ValueError(f"the step reference reads the head at 8 or 4 bits, not {self.draft_head!r}")
         if m["format_version"] == 1:
