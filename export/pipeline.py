@@ -24,9 +24,9 @@ from export.rotation import RotationPlan, plan_rotations
 from export.source_spec import resolve_spec
 from export.stages import block_stage, embed_stage, head_stage
 from export.workdir import JOB, PROGRESS, WorkFolder, work_folder
-from edge.model.draft_head import (DRAFT_HEAD_8BIT, DRAFT_HEAD_EXPORT_DEFAULT, DRAFT_HEAD_SHORTLIST,
-                                   DRAFT_HEAD_SOURCE_DEFAULT, SHORTLIST_K, check_draft_head,
-                                   check_draft_vocab, check_shortlist_k)
+from edge.model.draft_head import (DRAFT_HEAD_EXPORT_DEFAULT, DRAFT_HEAD_SHORTLIST, DRAFT_HEAD_SOURCE_DEFAULT,
+                                   SHORTLIST_K, check_draft_head, check_draft_vocab, check_shortlist_k,
+                                   graph_draft_head)
 from export.sources import load_source, open_source
 from export.writer import assemble_checkpoint, check_output_dir
 from plugins.contracts import FORMAT_VERSION, bits_per_weight
@@ -102,14 +102,14 @@ def default_draft_vocab(model: str, step_graph: bool = False, nested_head: bool 
 def default_draft_head(model: str, step_graph: bool = False) -> str:
     """What an export of `model` records as its draft head unless told otherwise: a packaged preset's own measured
     choice; DRAFT_HEAD_EXPORT_DEFAULT for the default model; DRAFT_HEAD_SOURCE_DEFAULT (the shortlist) for a model
-    from its own files. An export that also writes the step graph (--onnx, --engine) records the 8-bit head where the
-    choice is the shortlist, which the graph does not serve."""
+    from its own files. An export that also writes the step graph (--onnx, --engine) records what the graph serves of
+    it (graph_draft_head: the 8-bit head for the shortlist)."""
     from edge.model.packaged import PACKAGED_MODELS
     if model in PACKAGED_MODELS:
         head = PACKAGED_MODELS[model].draft_head
     else:
         head = DRAFT_HEAD_EXPORT_DEFAULT if model == "default" else DRAFT_HEAD_SOURCE_DEFAULT
-    return DRAFT_HEAD_8BIT if step_graph and head == DRAFT_HEAD_SHORTLIST else head
+    return graph_draft_head(head) if step_graph else head
 
 
 def default_export_options(model: str = "default") -> ExportOptions:

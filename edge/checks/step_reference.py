@@ -70,7 +70,8 @@ class StepReference:
         self.d, self.eps, self.theta = c["head_dim"], c["rms_norm_eps"], c["rope_theta"]
         self.tied = c["tie_word_embeddings"]
         self.embedding = m.get("embedding", "float16")
-        # a recorded shortlist is read as the step graph serves it, at 8 bits (edge.model.draft_head.graph_draft_head)
+        # a recorded shortlist is read as the step graph serves it, at 8 bits (edge.model.draft_head.graph_draft_head,
+        # written again here: this reference imports nothing from edge.model)
         recorded = m.get("draft_head", "4bit")
         self.draft_head = draft_head or ("8bit" if recorded == "shortlist" else recorded)
         if self.draft_head not in ("8bit", "4bit"):

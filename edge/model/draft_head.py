@@ -22,7 +22,8 @@ DRAFT_HEADS = (DRAFT_HEAD_8BIT, DRAFT_HEAD_4BIT, DRAFT_HEAD_SHORTLIST)
 # draft read the base plane, and keeps doing so.
 DRAFT_HEAD_UNRECORDED = DRAFT_HEAD_4BIT
 # What an export of the default model with a nested head records unless told otherwise, as does every export that
-# writes the step graph: the one setting every backend serves (docs/export.md: measured).
+# writes the step graph (docs/export.md: measured; the default model's checks are built on its draft's dense 8-bit
+# logits, docs/model-and-data.md).
 DRAFT_HEAD_EXPORT_DEFAULT = DRAFT_HEAD_8BIT
 # What an export of a model from its own files (an HF folder or a GGUF) records unless told otherwise, where it writes
 # no step graph: the 8-bit head's acceptance for about the base plane's bytes; a draft pass 0.5-0.6x a target pass at
