@@ -27,6 +27,7 @@ def test_device_check_script_runs_dry(tmp_path):
     for section in ("kernels", "bandwidth", "lossless", "pass_times"):
         assert "error" not in r[section], (section, r[section])
     assert r["passed"] and r["kernels"]["passed"] and r["lossless"]["identical"]
+    assert r["kernels"]["unit_tests"]["counts"] == {"passed": 1}             # the dry run's one unit test, in a child
     assert r["bandwidth"]["copy_GBps"] > 0 and r["bandwidth"]["gemv"] and r["bandwidth"]["attention"]
     assert set(r["pass_times"]["tiny"]) == {"eager", "static"}                 # graphs only where CUDA is
     assert all(v > 0 for form in r["pass_times"]["tiny"].values() for v in form.values())
@@ -56,6 +57,19 @@ def test_the_plugins_section_runs_the_suites_and_reports_a_failure(tmp_path):
     assert any("test_enqueue_writes_its_outputs" in f for f in r["failures"])
     gone = plugins_section(120, ("tests/no_such_suite.py",))
     assert gone["status"] == "skipped" and "no_such_suite.py" in gone["reason"]
+
+
+def test_a_failing_kernel_unit_test_fails_the_kernels_section(tmp_path, monkeypatch):
+    """The kernels section passes only where the oracle checks and the kernels' unit tests on the device both pass:
+    a failing unit test (here a suite beside the dry run's one test) fails it and is named."""
+    from edge.cli import device_check as dc
+    bad = tmp_path / "test_broken_kernel.py"
+    bad.write_text("def test_group_of_32_compiles():\n    assert 16 >= 32\n")
+    monkeypatch.setattr(dc, "KERNEL_TESTS_DRY", (*dc.KERNEL_TESTS_DRY, str(bad)))
+    r = dc.kernels(dc.DeviceCheckOptions(dry=True, repeats=1))
+    assert all(c["passed"] for c in r["checks"]) and not r["passed"]
+    assert r["unit_tests"]["counts"] == {"passed": 1, "failed": 1}
+    assert any("test_group_of_32_compiles" in f for f in r["unit_tests"]["failures"])
 
 
 @pytest.mark.parametrize("absent", ["pytest", "onnx"])

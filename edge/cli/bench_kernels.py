@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from edge.argtypes import Parser, count
 from edge.cli.common import run_cli
@@ -52,9 +53,24 @@ def time_graph(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+class _HostData(TorchDispatchMode):
+    """Refuses what a CUDA graph cannot capture: a tensor made from host data (`torch.tensor`, a copy from the CPU
+    on a GPU) or a value read back to the host (`.item()`)."""
+    REFUSED = {torch.ops.aten.lift_fresh.default: "makes a tensor from host data (a host-to-device copy on a GPU)",
+               torch.ops.aten._local_scalar_dense.default: "reads a value back to the host"}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in self.REFUSED:
+            raise BitNestError(f"a timed kernel call {self.REFUSED[func]}: a CUDA graph cannot capture it; make its "
+                               "inputs (lengths included: the `_at` launchers) before timing")
+        return func(*args, **(kwargs or {}))
+
+
 def time_host(fn, repeats: int) -> float:
-    """Median seconds per call of `fn` timed on the host (the CPU / the Triton interpreter: the dry run's timer)."""
-    fn()
+    """Median seconds per call of `fn` timed on the host (the CPU / the Triton interpreter: the dry run's timer).
+    Its first call runs as `time_graph` would capture it: one that could not be captured raises here too."""
+    with _HostData():
+        fn()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -98,18 +114,22 @@ def gemv_rows(repeats: int, copy_bw: float, shapes=GEMV_SHAPES, device: str = "c
 
 def attention_rows(repeats: int, copy_bw: float, contexts: list[int], layouts=ATTENTION_LAYOUTS, device: str = "cuda",
                    timer=time_graph) -> list[dict]:
-    from plugins.kernels import nested_kv_attention
+    from plugins.kernels import nested_kv_attention_at
     rows = []
     for layout, hq, hkv, d in layouts:
         for s in contexts:
             base = torch.randint(0, 256, (2, hkv, s, d // 2), dtype=torch.uint8, device=device)
             refine = torch.randint(0, 256, base.shape, dtype=torch.uint8, device=device)
             scale = (torch.rand(2, hkv, s, device=device) * 0.1).half()
+            # lengths in device scalars made before timing: a CUDA graph cannot capture a host-to-device copy
+            length = torch.tensor([s], dtype=torch.int32, device=device)
+            kv8_from = {"kv8": torch.zeros(1, dtype=torch.int32, device=device), "kv4": length}
             for t in (1, 5):
                 q = torch.randn(hq, t, d, device=device)
                 out = torch.empty(hq, t, d, device=device)
-                for view, kv8_from, planes in (("kv8", 0, 2), ("kv4", s, 1)):
-                    sec = timer(lambda: nested_kv_attention(q, base, refine, scale, s, kv8_from, out=out), repeats)
+                for view, planes in (("kv8", 2), ("kv4", 1)):
+                    sec = timer(lambda: nested_kv_attention_at(q, base, refine, scale, length, length, kv8_from[view],
+                                                               out=out), repeats)
                     need = s * hkv * 2 * (planes * d // 2 + 2) + 2 * hq * t * d * 4
                     rows.append({"kernel": "nested_kv_attention", "layout": layout, "context": s, "T": t,
                                  "view": view, "bytes": need, "us": sec * 1e6, "GBps": need / sec / 1e9,

@@ -8,7 +8,7 @@ writes one JSON object, from which `--table` prints the docs table.
                                     [--onnx FILE]
     python -m edge.cli.device_check --table FILE.json
 
-Sections: every kernel against the oracle on the GPU; kernel GB/s against the same run's copy bandwidth; the
+Sections: every kernel against the oracle on the GPU, and the kernels' unit tests compiled for it; kernel GB/s against the same run's copy bandwidth; the
 `triton` backend lossless (speculative = target) on the 135M shape; draft-, target- and verification-pass times of
 the eager launchers, the static passes and their CUDA-graph replays; the speculative speed-up those times project
 at the acceptance measured on the real model (tokens per round x target pass / (γ draft passes + 1 verification));
@@ -47,8 +47,9 @@ from pathlib import Path
 from edge.argtypes import Parser, count
 from edge.atomic import write_atomic
 from edge.cli.common import run_cli
-from edge.cli.device_gptq import PLUMBING, gptq_line, gptq_section
+from edge.cli.device_gptq import PLUMBING, gptq_section
 from edge.cli.device_plugins import plugins_section
+from edge.cli.device_table import table
 from edge.errors import BitNestError
 from edge.phase_clock import hang as _hang
 from edge.phase_clock import read_phases
@@ -56,6 +57,8 @@ from edge.phase_clock import read_phases
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP = ROOT / "scripts" / "results" / "sweep-bitnest.json"    # the real model's speculation sweep (README)
 GAMMA = 4
+KERNEL_TESTS = ("tests/test_kernels.py",)     # the kernels' unit tests, on the GPU in a real run (~30-60 s there)
+KERNEL_TESTS_DRY = ("tests/test_kernels.py::test_dual_plane_linear_rejects_bad_shapes",)
 SECTIONS = ("kernels", "bandwidth", "lossless", "pass_times", "plugins", "tensorrt", "gptq")
 OPT_IN = {"gptq": "--with-gptq"}   # sections that run only when asked, past the default run's 240 s
 # Seconds per section: the first five's sum (230) stays under scripts/device_check.sh's timeout of the whole run
@@ -66,7 +69,9 @@ OPT_IN = {"gptq": "--with-gptq"}   # sections that run only when asked, past the
 # moves to the GPU (~1-2 s a block, ~60-100 s with the model's load), and the evaluation, on the CPU as the
 # committed figures' was, runs on 16 cores (~40-60 s): ~100-160 s; 300 leaves room for a cold machine (imports, CUDA
 # start, no cache) and for an estimate that far off.
-LIMITS = {"kernels": 60, "bandwidth": 30, "lossless": 45, "pass_times": 45, "plugins": 50, "tensorrt": 300,
+# On an H200 (triton 3.6, every section's code compiled cold) they took kernels 9-10 s (before its unit tests, ~40 s
+# alone with 8 workers), bandwidth 11, lossless 3-5, pass times 12 (the 7B shape included), plugins 12-15.
+LIMITS = {"kernels": 100, "bandwidth": 30, "lossless": 30, "pass_times": 30, "plugins": 40, "tensorrt": 300,
           "gptq": 300}
 # The sections whose result passes or fails the run, where they ran (the others measure): a section that raised or
 # timed out holds only {"error"} and fails its verdict; a skipped one (its reason recorded) fails nothing.
@@ -166,15 +171,24 @@ def environment() -> dict:
 
 
 def kernels(opts: DeviceCheckOptions) -> dict:
-    """Every kernel against the pure-torch oracle (random RTN-nested planes; tiny ones in the dry run)."""
+    """Every kernel against the pure-torch oracle (random RTN-nested planes; tiny ones in the dry run), then the
+    kernels' unit tests compiled for this GPU (`unit_tests`: every shape, group size and GQA layout they cover; the
+    dry run runs one of them, plumbing only: the suite runs them all here in the interpreter)."""
     from plugins.kernels.selfcheck import random_linears, run_checks
+    t0 = time.time()
     if opts.dry:
         from plugins.nesting import nest_rtn
         from plugins.packing import pack_nibbles
         import torch
         c = nest_rtn(torch.randn(32, 128, generator=torch.Generator().manual_seed(0)) * 0.05, 64)
-        return run_checks([("random[32x128]", pack_nibbles(c.q4), pack_nibbles(c.qr), c.scale, c.offset)], (4, 2, 32))
-    return run_checks(random_linears())
+        out = run_checks([("random[32x128]", pack_nibbles(c.q4), pack_nibbles(c.qr), c.scale, c.offset)], (4, 2, 32))
+    else:
+        out = run_checks(random_linears())
+    left = opts.limit("kernels") - (time.time() - t0)
+    out["unit_tests"] = plugins_section(left, KERNEL_TESTS_DRY if opts.dry else KERNEL_TESTS, dry=opts.dry,
+                                        workers=0 if opts.dry else min(8, os.cpu_count() or 1))
+    out["passed"] = bool(out["passed"]) and bool(out["unit_tests"].get("passed"))
+    return out
 
 
 def bandwidth(opts: DeviceCheckOptions) -> dict:
@@ -377,65 +391,6 @@ def section_status(name: str, r: dict | None, chosen: bool) -> dict:
     if name in VERDICTS:
         return {"status": "passed" if VERDICTS[name](r) else "failed", "reason": r.get("reason")}
     return {"status": "measured", "reason": None}
-
-
-def table(result: dict) -> str:
-    """The docs table (markdown) of a device_check JSON object."""
-    env = result["environment"]
-    trt = result.get("tensorrt", {"status": "not reached"})
-    lines = [f"Device: {env['gpu'] or 'CPU (dry run)'}, torch {env['torch']}, CUDA {env['cuda']}, triton "
-             f"{env['triton']}; TensorRT: {trt_summary(trt)}.", "",
-             "| model | engine | draft pass (ms) | target pass (ms) | verification pass, γ+1 (ms) | projected speed-up |",
-             "| --- | --- | --- | --- | --- | --- |"]
-    proj = result.get("projection", {})
-    for model, forms in result.get("pass_times", {}).items():
-        if model == "error":
-            continue
-        for form, t in forms.items():
-            lines.append(f"| {model} | {form} | {t['draft_ms']} | {t['target_ms']} | {t['verify_ms']} | "
-                         f"{proj.get(model, {}).get(form, '')}× |")
-    missing = {"error": "not run"}
-    k, ll = result.get("kernels", missing), result.get("lossless", missing)
-    bw = result.get("bandwidth", {})
-    lines += ["", f"Kernels against the oracle: {'all passed' if k.get('passed') else k.get('error') or 'FAILED'} "
-              f"({len(k.get('checks', []))} checks). Lossless (triton, γ = {GAMMA}, {ll.get('model')}): "
-              f"{ll.get('identical')}, acceptance {ll.get('acceptance')}. Copy bandwidth "
-              f"{round(bw.get('copy_GBps', 0), 1)} GB/s."]
-    pl = result.get("plugins", missing)
-    lines.append("TensorRT plugins through the 10.3 stand-in on the " + (f"{pl.get('device')}: {pl.get('summary')}"
-                 if "summary" in pl else f"device: {pl.get('reason') or pl.get('error') or 'not run'}") + ".")
-    if "gptq" in result:
-        lines.append(gptq_line(result["gptq"]))
-    if proj:
-        lines.append(f"Projection at the real model's {proj['tokens_per_round']} tokens per round (γ = {GAMMA}, "
-                     f"{proj['source']}).")
-    if not result.get("complete", True):
-        lines.append(f"INCOMPLETE: stopped during `{result.get('running')}` (the sections above it are recorded).")
-    timed_out = [s for s in SECTIONS if "timed out" in str(result.get(s, {}).get("error", ""))]
-    if timed_out:
-        lines.append(f"Timed out: {', '.join(timed_out)}.")
-    if "llama-2-7b" in result:
-        lines.append(f"Llama-2-7B shape {result['llama-2-7b']}.")
-    return "\n".join(lines) + "\n"
-
-
-def trt_summary(trt: dict) -> str:
-    """One line of the tensorrt section: skipped and why, or the engine's agreement, KV binding and plane copies."""
-    if "error" in trt:
-        return trt["error"]
-    if trt.get("status") not in ("passed", "failed"):
-        return trt.get("reason") or trt.get("status", "not reached")
-    if "prefill_rel_err" not in trt:                    # stopped, or failed, before any comparison
-        done = ", ".join(f"{k} {v:g} s" for k, v in trt.get("phase_seconds", {}).items())
-        return f"{trt['status']}: {trt.get('reason')}" + (f" (phases done: {done})" if done else "")
-    build = trt.get("build", {})
-    binding = f", KV {build['kv_binding']}, plane copies in its engine: {len(build['plane_copies'])}" + \
-        (f" (the aliased build's: {len(build['aliased_build_copies'])})" if "aliased_build_copies" in build else "") + \
-        f", runtime kv_window {build.get('kv_window')}" + \
-        (f", aliased engine failed: {trt['aliased_failed']}" if trt.get("aliased_failed") else "") if build else ""
-    return (f"{trt['status']} against the independent reference ({trt['engine']}{binding}; prefill logits "
-            f"{trt['prefill_rel_err']:.2e}, bound {trt['prefill_bound']:.2e}; greedy tokens equal: "
-            f"{trt['tokens_equal']})" + (f": {trt['reason']}" if trt.get("reason") else ""))
 
 
 def parser() -> argparse.ArgumentParser:

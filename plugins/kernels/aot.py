@@ -41,8 +41,8 @@ def _gemv(name, target, float_act, split, g=128, runtime_view=False):
     sig = {"x_ptr": "*fp16" if float_act else "*i8", "sx_ptr": "*fp32", "base_ptr": "*u8", "refine_ptr": "*u8",
            "scale_ptr": "*fp16", "offset_ptr": "*fp16", "out_ptr": "*fp32", "view_ptr": "*i64", "M": "i32",
            "N": "i32", "K": "i32", "GROUPS_PER_SPLIT": "i32"}
-    const = {"TARGET": target, "HAS_OFFSET": False, "FLOAT_ACT": float_act, "SPLIT": split, "G": g, "BLOCK_N": 64,
-             "BLOCK_M": gemv.BLOCK_M, "INTERP": False, "RUNTIME_VIEW": runtime_view}
+    const = {"TARGET": target, "HAS_OFFSET": False, "FLOAT_ACT": float_act, "SPLIT": split, "G": g,
+             "DOT_K": gemv.dot_k(g), "BLOCK_N": 64, "BLOCK_M": gemv.BLOCK_M, "INTERP": False, "RUNTIME_VIEW": runtime_view}
     return KernelSpec(name, gemv.dual_plane_kernel, sig | {k: "constexpr" for k in const}, const)
 
 
@@ -57,7 +57,7 @@ def _attention(name, d, r, num_warps=4):
 
 
 def kernel_specs() -> list[KernelSpec]:
-    """Every kernel at the decode shapes the runtime launches (group 128 and 64; head dims 64 and 128)."""
+    """Every kernel at the decode shapes the runtime launches (group 128, 64 and 32; head dims 64 and 128)."""
     return [
         KernelSpec("quantize_rows", gemv.quantize_rows_kernel,
                    {"x_ptr": "*fp32", "xq_ptr": "*i8", "sx_ptr": "*fp32", "K": "i32", "stride_x": "i32",
@@ -65,6 +65,7 @@ def kernel_specs() -> list[KernelSpec]:
         _gemv("gemv_draft_w4a8", False, False, 4),
         _gemv("gemv_target_w8a8", True, False, 4),
         _gemv("gemv_target_w8a8_g64_nosplit", True, False, 1, g=64),
+        _gemv("gemv_target_w8a8_g32", True, False, 4, g=32),     # a group of 16 bytes: below int8 MMA's K of 32
         _gemv("gemv_runtime_view_w8a8", False, False, 4, runtime_view=True),    # the TensorRT plugin's form
         _gemv("gemv_draft_w4a16", False, True, 4),
         _gemv("gemv_target_w8a16", True, True, 4),

@@ -82,7 +82,7 @@ def dual_plane_kernel(
     x_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, view_ptr,
     M, N, K, GROUPS_PER_SPLIT,
     TARGET: tl.constexpr, HAS_OFFSET: tl.constexpr, FLOAT_ACT: tl.constexpr, SPLIT: tl.constexpr,
-    G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, INTERP: tl.constexpr,
+    G: tl.constexpr, DOT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, INTERP: tl.constexpr,
     RUNTIME_VIEW: tl.constexpr = False,
 ):
     """Program (n-tile, split): rows [n0, n0+BLOCK_N), groups [split*GPS, (split+1)*GPS) of K.
@@ -90,7 +90,8 @@ def dual_plane_kernel(
     scale/offset float16 [N, K/G]. out: float32 [M, N] (SPLIT == 1) or partials [SPLIT, M, N] (unscaled by s_x).
     Bytes: each plane byte of the tile once (the refinement plane only when TARGET), one scale per row and group,
     the tile's x columns (M*K bytes in all, L2-resident), and the output tile once; no weight is re-read per token.
-    RUNTIME_VIEW: the view is read from view_ptr (1 = target) instead of TARGET."""
+    RUNTIME_VIEW: the view is read from view_ptr (1 = target) instead of TARGET. DOT_K (`dot_k`): the MMAs' K, a
+    group's G/2 bytes padded with masked-off lanes (no load issued) up to the int8 MMA's minimum of 32."""
     if RUNTIME_VIEW:
         target = tl.load(view_ptr) == 1
     else:
@@ -100,7 +101,7 @@ def dual_plane_kernel(
     HALF: tl.constexpr = G // 2
     n_offs = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)              # [BN]
     m_offs = tl.arange(0, BLOCK_M)                               # [BM]
-    j = tl.arange(0, HALF)                                       # [G/2] byte within a group
+    j = tl.arange(0, DOT_K)                                      # [DOT_K] byte within a group (>= G/2: masked)
     n_mask = n_offs < N
     m_mask = m_offs < M
     n_groups = K // G
@@ -108,14 +109,15 @@ def dual_plane_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for gi in range(0, GROUPS_PER_SPLIT):
         g = g_begin + gi
-        col = g * G + 2 * j                                      # [G/2] even columns of this group
-        xm = m_mask[:, None] & (col[None, :] < K)                                # [BM, G/2]
-        x_even = tl.load(x_ptr + m_offs[:, None] * K + col[None, :], mask=xm, other=0)        # [BM, G/2]
-        x_odd = tl.load(x_ptr + m_offs[:, None] * K + col[None, :] + 1, mask=xm, other=0)     # [BM, G/2]
-        wm = n_mask[:, None] & (col[None, :] < K)                                # [BN, G/2]
+        col = g * G + 2 * j                                      # [DOT_K] even columns of this group
+        lane = (j < HALF)[None, :] & (col[None, :] < K)                          # [1, DOT_K]
+        xm = m_mask[:, None] & lane                                              # [BM, DOT_K]
+        x_even = tl.load(x_ptr + m_offs[:, None] * K + col[None, :], mask=xm, other=0)        # [BM, DOT_K]
+        x_odd = tl.load(x_ptr + m_offs[:, None] * K + col[None, :] + 1, mask=xm, other=0)     # [BM, DOT_K]
+        wm = n_mask[:, None] & lane                                              # [BN, DOT_K]
         gm = n_mask & (n_offs * 0 + g < n_groups)                                            # [BN]
-        byte = n_offs[:, None] * (K // 2) + g * HALF + j[None, :]                            # [BN, G/2]
-        lo, hi = _nibbles(tl.load(base_ptr + byte, mask=wm, other=0))                        # [BN, G/2] int8
+        byte = n_offs[:, None] * (K // 2) + g * HALF + j[None, :]                            # [BN, DOT_K]
+        lo, hi = _nibbles(tl.load(base_ptr + byte, mask=wm, other=0))                        # [BN, DOT_K] int8
         if FLOAT_ACT:
             lo, hi = lo.to(tl.float16), hi.to(tl.float16)
         part = _mma(x_even, tl.trans(lo), INTERP) + _mma(x_odd, tl.trans(hi), INTERP)        # [BM, BN]
@@ -171,6 +173,12 @@ def plan_split(n: int, k: int, g: int, block_n: int, sms: int) -> tuple[int, int
     return triton.cdiv(groups, per), per
 
 
+def dot_k(g: int) -> int:
+    """The MMAs' K for group size g: its G/2 bytes, at least 32 (int8 MMA's minimum K on sm_80+, Orin's sm_87 and
+    Hopper: a group of 32 is padded with masked lanes)."""
+    return max(g // 2, 32)
+
+
 def block_n_for(n: int) -> int:
     return 64 if n >= 64 else max(16, triton.next_power_of_2(n))
 
@@ -213,7 +221,7 @@ def _launch(x, base, refine, scale, offset, y, act, target, view_code):
         xk, sx, base, refine if refine is not None else base, scale, offset if offset is not None else scale, dest,
         view_code if view_code is not None else scale, m, n, k, per,
         TARGET=bool(target), HAS_OFFSET=offset is not None, FLOAT_ACT=float_act, SPLIT=split,
-        G=g, BLOCK_N=bn, BLOCK_M=BLOCK_M, INTERP=INTERPRET, RUNTIME_VIEW=view_code is not None,
+        G=g, BLOCK_N=bn, BLOCK_M=BLOCK_M, INTERP=INTERPRET, RUNTIME_VIEW=view_code is not None, DOT_K=dot_k(g),
         enable_fp_fusion=False,
     )
     if split > 1:

@@ -1,0 +1,83 @@
+"""The docs table of a device-check JSON object (`python -m edge.cli.device_check --table FILE.json`): the pass
+times and their projected speed-up per model and engine form, then one line per section (the kernels and their unit
+tests, lossless, bandwidth as shares of the copy bandwidth, the plugins, TensorRT, GPTQ) and what did not finish."""
+
+from edge.cli.device_gptq import gptq_line
+
+
+def table(result: dict) -> str:
+    """The docs table (markdown) of a device_check JSON object."""
+    from edge.cli.device_check import GAMMA, SECTIONS     # (device_check imports this module)
+    env = result["environment"]
+    trt = result.get("tensorrt", {"status": "not reached"})
+    lines = [f"Device: {env['gpu'] or 'CPU (dry run)'}, torch {env['torch']}, CUDA {env['cuda']}, triton "
+             f"{env['triton']}; TensorRT: {trt_summary(trt)}.", "",
+             "| model | engine | draft pass (ms) | target pass (ms) | verification pass, γ+1 (ms) | projected speed-up |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    proj = result.get("projection", {})
+    for model, forms in result.get("pass_times", {}).items():
+        if model == "error":
+            continue
+        for form, t in forms.items():
+            lines.append(f"| {model} | {form} | {t['draft_ms']} | {t['target_ms']} | {t['verify_ms']} | "
+                         f"{proj.get(model, {}).get(form, '')}× |")
+    missing = {"error": "not run"}
+    k, ll = result.get("kernels", missing), result.get("lossless", missing)
+    bw = result.get("bandwidth", {})
+    unit = k.get("unit_tests", {})
+    tests = (unit.get("summary") or unit.get("reason") or "not run") + \
+        (f" ({'; '.join(unit['failures'])})" if unit.get("failures") else "")
+    verdict = "all passed" if k.get("passed") else k.get("error") or "FAILED"
+    lines += ["", f"Kernels against the oracle: {verdict} ({len(k.get('checks', []))} checks; their unit tests on "
+              f"this device: {tests}). Lossless (triton, γ = {GAMMA}, {ll.get('model')}): {ll.get('identical')}, "
+              f"acceptance {ll.get('acceptance')}. {bandwidth_line(bw)}"]
+    pl = result.get("plugins", missing)
+    lines.append("TensorRT plugins through the 10.3 stand-in on the " + (f"{pl.get('device')}: {pl.get('summary')}"
+                 if "summary" in pl else f"device: {pl.get('reason') or pl.get('error') or 'not run'}") + ".")
+    if "gptq" in result:
+        lines.append(gptq_line(result["gptq"]))
+    if proj:
+        lines.append(f"Projection at the real model's {proj['tokens_per_round']} tokens per round (γ = {GAMMA}, "
+                     f"{proj['source']}).")
+    if not result.get("complete", True):
+        lines.append(f"INCOMPLETE: stopped during `{result.get('running')}` (the sections above it are recorded).")
+    timed_out = [s for s in SECTIONS if "timed out" in str(result.get(s, {}).get("error", ""))]
+    if timed_out:
+        lines.append(f"Timed out: {', '.join(timed_out)}.")
+    if "llama-2-7b" in result:
+        lines.append(f"Llama-2-7B shape {result['llama-2-7b']}.")
+    return "\n".join(lines) + "\n"
+
+
+def bandwidth_line(bw: dict) -> str:
+    """The bandwidth section in a sentence: copy GB/s and each kernel's range as a share of it (or its error)."""
+    if "copy_GBps" not in bw:
+        return f"Bandwidth: {bw.get('error', 'not run').rstrip('.')}."
+
+    def share(rows):
+        f = sorted(r["fraction_of_copy"] for r in rows)
+        return f"{100 * f[0]:.0f}–{100 * f[-1]:.0f}%" if f else "none"
+    gemv = [r for r in bw["gemv"] if r["M"] == 1 and r["act"] == "int8"]
+    parts = [f"GEMV M = 1 {v} {share([r for r in gemv if r['view'] == v])}" for v in ("draft", "target")]
+    parts += [f"attention T = 1 {v} {share([r for r in bw['attention'] if r['T'] == 1 and r['view'] == v])}"
+              for v in ("kv8", "kv4")]
+    return f"Copy bandwidth {bw['copy_GBps']:.0f} GB/s; kernels as a share of it: {', '.join(parts)}."
+
+
+def trt_summary(trt: dict) -> str:
+    """One line of the tensorrt section: skipped and why, or the engine's agreement, KV binding and plane copies."""
+    if "error" in trt:
+        return trt["error"]
+    if trt.get("status") not in ("passed", "failed"):
+        return trt.get("reason") or trt.get("status", "not reached")
+    if "prefill_rel_err" not in trt:                    # stopped, or failed, before any comparison
+        done = ", ".join(f"{k} {v:g} s" for k, v in trt.get("phase_seconds", {}).items())
+        return f"{trt['status']}: {trt.get('reason')}" + (f" (phases done: {done})" if done else "")
+    build = trt.get("build", {})
+    binding = f", KV {build['kv_binding']}, plane copies in its engine: {len(build['plane_copies'])}" + \
+        (f" (the aliased build's: {len(build['aliased_build_copies'])})" if "aliased_build_copies" in build else "") + \
+        f", runtime kv_window {build.get('kv_window')}" + \
+        (f", aliased engine failed: {trt['aliased_failed']}" if trt.get("aliased_failed") else "") if build else ""
+    return (f"{trt['status']} against the independent reference ({trt['engine']}{binding}; prefill logits "
+            f"{trt['prefill_rel_err']:.2e}, bound {trt['prefill_bound']:.2e}; greedy tokens equal: "
+            f"{trt['tokens_equal']})" + (f": {trt['reason']}" if trt.get("reason") else ""))
