@@ -34,7 +34,7 @@ from edge.analysis.report_cells import mib as _mib
 from edge.analysis.report_cells import pct as _pct
 from edge.analysis.report_cells import table as _table
 from edge.analysis.report_shapes import SHAPE_TABLES
-from edge.cli.device_table import table as device_check_table
+from edge.cli.device_check import table as device_check_table
 from edge.argtypes import Parser
 from edge.atomic import write_atomic
 from edge.errors import BitNestError

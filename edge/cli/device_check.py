@@ -49,7 +49,7 @@ from edge.atomic import write_atomic
 from edge.cli.common import run_cli
 from edge.cli.device_gptq import PLUMBING, gptq_section
 from edge.cli.device_plugins import plugins_section
-from edge.cli.device_table import table
+from edge.cli.device_table import render_table
 from edge.errors import BitNestError
 from edge.phase_clock import hang as _hang
 from edge.phase_clock import read_phases
@@ -391,6 +391,11 @@ def section_status(name: str, r: dict | None, chosen: bool) -> dict:
     if name in VERDICTS:
         return {"status": "passed" if VERDICTS[name](r) else "failed", "reason": r.get("reason")}
     return {"status": "measured", "reason": None}
+
+
+def table(result: dict) -> str:
+    """The docs table (markdown) of a device_check JSON object (edge.cli.device_table)."""
+    return render_table(result, GAMMA, SECTIONS)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -5,9 +5,8 @@ tests, lossless, bandwidth as shares of the copy bandwidth, the plugins, TensorR
 from edge.cli.device_gptq import gptq_line
 
 
-def table(result: dict) -> str:
-    """The docs table (markdown) of a device_check JSON object."""
-    from edge.cli.device_check import GAMMA, SECTIONS     # (device_check imports this module)
+def render_table(result: dict, gamma: int, sections: tuple) -> str:
+    """The docs table (markdown) of a device_check JSON object whose passes ran at `gamma`, of `sections`."""
     env = result["environment"]
     trt = result.get("tensorrt", {"status": "not reached"})
     lines = [f"Device: {env['gpu'] or 'CPU (dry run)'}, torch {env['torch']}, CUDA {env['cuda']}, triton "
@@ -29,7 +28,7 @@ def table(result: dict) -> str:
         (f" ({'; '.join(unit['failures'])})" if unit.get("failures") else "")
     verdict = "all passed" if k.get("passed") else k.get("error") or "FAILED"
     lines += ["", f"Kernels against the oracle: {verdict} ({len(k.get('checks', []))} checks; their unit tests on "
-              f"this device: {tests}). Lossless (triton, γ = {GAMMA}, {ll.get('model')}): {ll.get('identical')}, "
+              f"this device: {tests}). Lossless (triton, γ = {gamma}, {ll.get('model')}): {ll.get('identical')}, "
               f"acceptance {ll.get('acceptance')}. {bandwidth_line(bw)}"]
     pl = result.get("plugins", missing)
     lines.append("TensorRT plugins through the 10.3 stand-in on the " + (f"{pl.get('device')}: {pl.get('summary')}"
@@ -37,11 +36,11 @@ def table(result: dict) -> str:
     if "gptq" in result:
         lines.append(gptq_line(result["gptq"]))
     if proj:
-        lines.append(f"Projection at the real model's {proj['tokens_per_round']} tokens per round (γ = {GAMMA}, "
+        lines.append(f"Projection at the real model's {proj['tokens_per_round']} tokens per round (γ = {gamma}, "
                      f"{proj['source']}).")
     if not result.get("complete", True):
         lines.append(f"INCOMPLETE: stopped during `{result.get('running')}` (the sections above it are recorded).")
-    timed_out = [s for s in SECTIONS if "timed out" in str(result.get(s, {}).get("error", ""))]
+    timed_out = [s for s in sections if "timed out" in str(result.get(s, {}).get("error", ""))]
     if timed_out:
         lines.append(f"Timed out: {', '.join(timed_out)}.")
     if "llama-2-7b" in result:
