@@ -223,3 +223,18 @@ def test_a_draft_vocabulary_scores_its_ids_only(rtn_checkpoint, gen, setting):
     target = weight_bytes_per_pass(ck, "target")
     assert full - weight_bytes_per_pass(set_draft_head(ck, setting, k, n), "draft") == (v - n) * row
     assert weight_bytes_per_pass(ck, "target") == target and ck.draft_vocab == n
+
+
+def test_evaluate_scores_a_shortlist_draft_through_its_8bit_head(rtn_checkpoint):
+    """`bitnest evaluate` on a shortlist draft: its perplexity is the 8-bit head's (its own logits are -inf past its
+    K rows: infinite by construction), its agreement the shortlist's own: at K = 1 the only finite row is the base
+    plane's argmax, so its agreement is the 4-bit head's, not the 8-bit head's."""
+    from edge.analysis.evaluate import EvalOptions, evaluate
+    run = {head: evaluate(EvalOptions(str(rtn_checkpoint), corpora=("code",), tokens=192, window=96,
+                                      with_reference=False, draft_head=head, shortlist_k=k))
+           for head, k in (("shortlist", 1), ("8bit", None), ("4bit", None))}
+    short, eight, four = run["shortlist"], run["8bit"], run["4bit"]
+    assert short["draft_ppl_head"] == "8bit" and eight["draft_ppl_head"] == "8bit"
+    assert math.isfinite(short["ppl"]["draft"]["code"]) and short["ppl"]["draft"] == eight["ppl"]["draft"]
+    assert short["ppl"]["target"] == eight["ppl"]["target"]
+    assert short["agreement"] == four["agreement"] != eight["agreement"]

@@ -1,5 +1,7 @@
 """Quality of the nested views: perplexity of the float reference, the draft view and the target view on
-held-out text, and teacher-forced draft/target argmax agreement."""
+held-out text, and teacher-forced draft/target argmax agreement. A draft reading the shortlist head is scored
+through the 8-bit head it re-scores with (`draft_ppl_head`; its own logits are -inf past its K rows), its
+agreement through the shortlist itself."""
 
 import argparse
 import math
@@ -22,6 +24,7 @@ from edge.errors import BitNestError
 from edge.model.checkpoint import Checkpoint, load_checkpoint, set_draft_head
 from edge.model.arch import ModelConfig
 from edge.model.decoder import Decoder
+from edge.model.draft_head import DRAFT_HEAD_8BIT, DRAFT_HEAD_SHORTLIST, head_view
 from edge.model.float_store import FloatWeights
 from edge.model.hf_folder import load_hf_folder
 from edge.runtime import load_tokenizer
@@ -73,6 +76,17 @@ def _windows(ids: torch.Tensor, window: int):
             yield chunk
 
 
+def _draft_logits(nested: Decoder, chunk: torch.Tensor) -> dict:
+    """{"draft": the draft's logits [T, V] (its argmax: agreement), "scored": the logits its perplexity is taken
+    of}: the same, but for the shortlist, whose logits are -inf past its K rows (an infinite perplexity by
+    construction): its perplexity is read through the 8-bit head it re-scores its rows with, from the same residual."""
+    if nested.draft_head != DRAFT_HEAD_SHORTLIST:
+        lg = nested.forward(chunk, "draft")
+        return {"draft": lg, "scored": lg}
+    h = nested.final_norm(nested.residual(chunk, "draft"))
+    return {"draft": nested.head(h, "draft"), "scored": nested.weights.head(h, head_view(DRAFT_HEAD_8BIT, "draft"))}
+
+
 @torch.no_grad()
 def evaluate(opts: EvalOptions) -> dict:
     """{"ppl": {"reference"|"draft"|"target": {corpus: x}}, "agreement": {corpus: x}, ...}."""
@@ -93,10 +107,12 @@ def evaluate(opts: EvalOptions) -> dict:
         agree = tref = n = 0
         for chunk in _windows(ids, opts.window):
             targets = chunk[1:]
-            logits = {"draft": nested.forward(chunk, "draft"), "target": nested.forward(chunk, "target")}
+            logits, scored = _draft_logits(nested, chunk), {"target": nested.forward(chunk, "target")}
+            scored["draft"] = logits.pop("scored")
+            logits["target"] = scored["target"]
             if ref is not None:
-                logits["reference"] = ref.forward(chunk, "target")
-            for k, lg in logits.items():
+                scored["reference"] = logits["reference"] = ref.forward(chunk, "target")
+            for k, lg in scored.items():
                 nll[k] += F.cross_entropy(lg[:-1].float(), targets, reduction="sum").item()
             am = {k: lg[:-1].argmax(-1) for k, lg in logits.items()}
             agree += int((am["draft"] == am["target"]).sum())
@@ -111,6 +127,7 @@ def evaluate(opts: EvalOptions) -> dict:
         counted[corpus] = n
     return {"checkpoint": str(ckpt.path), "method": ckpt.method, "refine": ckpt.manifest.get("refine"),
             "rotation": ckpt.manifest["rotation"]["kind"], "backend": opts.backend, **draft_head_summary(ckpt),
+            "draft_ppl_head": DRAFT_HEAD_8BIT if ckpt.draft_head == DRAFT_HEAD_SHORTLIST else ckpt.draft_head,
             "activations": getattr(weights, "activations", "float32"),
             "ppl": ppl, "agreement": agreement, "target_reference_agreement": target_vs_ref,
             "tokens": counted, "window": opts.window, "seconds": round(time.time() - t0, 1)}

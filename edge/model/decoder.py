@@ -140,12 +140,19 @@ class Decoder:
         """ids [T] at positions [start, start + T) -> logits [T, V] ([1, V] with `last_only`).
         Without `attend`, plain causal attention over `ids` alone (no cache). `rope`: the positions' (cos, sin)
         [T, D] already on the weights' device (a pass whose positions live on the device), else computed here."""
+        x = self.residual(ids, view, attend, start, rope)
+        return self.final(x[-1:] if last_only else x, view)
+
+    @torch.no_grad()
+    def residual(self, ids: torch.Tensor, view: str, attend: Optional["Attention"] = None, start: int = 0,
+                 rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
+        """ids [T] -> the residual stream [T, H] after the last block (`forward` without the head)."""
         attend = attend or causal_attention
         x = self.embed(ids)
         cos, sin = rope if rope is not None else self.rope(ids.shape[0], start)
         for layer in range(self.cfg.num_layers):
             x = self.block(layer, x, cos, sin, view, attend)
-        return self.final(x[-1:] if last_only else x, view)
+        return x
 
 
 class Attention(Protocol):
