@@ -50,7 +50,9 @@ def test_nest_views_gradient_is_straight_through_plus_the_scale_term(gen):
     w.grad = None
     d, t = _reference_views(w, 32)
     (d * gd + t * gt).sum().backward()
-    assert torch.allclose(got, w.grad, rtol=1e-5, atol=1e-6), float((got - w.grad).abs().max())
+    # float32 sums over a group of 32 products of O(1) values in two orders: ~1e-6 apart (1.31e-6 seen); a missing
+    # or wrong term is O(0.1)
+    assert torch.allclose(got, w.grad, rtol=1e-5, atol=1e-5), float((got - w.grad).abs().max())
     assert not torch.allclose(got, gd + gt), "the scale term must reach each group's largest weight"
 
 

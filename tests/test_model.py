@@ -35,7 +35,9 @@ def test_rotations_preserve_logits_in_float64(default_model, gen, kind):
     rot = OnlineRotations(r1=None if r1 is None else r1.double(), r4_size=record["r4_size"])
     got = Decoder(cfg, FloatWeights(rotated, cfg.tie_word_embeddings, torch.float64), rot).forward(ids, "target")
     err = ((got - want).norm() / want.norm()).item()
-    assert err < 1e-6, f"rotation {kind}: rel err {err:.3g}"
+    # the rotated weights are stored in float32 (the export's format), so the float64 logits carry that rounding:
+    # 0.7-6e-7 over six seeds, 4.1e-6 at the worst seen; a wrong rotation or sign moves them by O(1)
+    assert err < 1e-4, f"rotation {kind}: rel err {err:.3g}"
     if kind != "r4":
         assert record["norms_folded"] and record["r1"]["online_sites"]
         assert not torch.equal(rotated["model.layers.0.self_attn.q_proj.weight"],
