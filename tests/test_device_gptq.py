@@ -1,6 +1,6 @@
 """The device check's opt-in `gptq` section (edge.cli.device_gptq) on the CPU: its comparison with the committed
 CPU figures, the opt-in, a child stopped before the section's limit, and the whole section in its dry form (the same
-export and evaluation scripts on the CPU at a tiny calibration). The real comparison needs CUDA (marked `gpu`)."""
+export and evaluation scripts on the CPU, RTN at a tiny calibration). The real comparison needs CUDA (marked `gpu`)."""
 
 import json
 import os
@@ -130,8 +130,8 @@ def test_a_child_past_the_limit_is_stopped_and_its_last_lines_kept(tmp_path):
 
 def test_the_gptq_section_runs_dry_on_the_cpu(tmp_path):
     """DRY=1 scripts/device_check.sh --with-gptq --sections gptq: the real export (the default model, --device cpu,
-    2 x 32 calibration tokens) and the real evaluation (64 tokens a corpus), both figures per corpus, no verdict on
-    them, the export's seconds and peak memory, the table line. ~45 s on an idle 2-core CPU; the limit is raised
+    RTN, 2 x 32 calibration tokens) and the real evaluation (64 tokens a corpus), both figures per corpus, no verdict on
+    them, the export's seconds and peak memory, the table line. ~20 s on an idle 2-core CPU; the limit is raised
     since a loaded one (the suite's workers beside it) has taken 260 s for the export alone."""
     env = dict(os.environ, DRY="1", OUT=str(tmp_path), DEVICE_CHECK_TIMEOUT="1000")
     out = subprocess.run(["bash", str(ROOT / "scripts" / "device_check.sh"), "--with-gptq", "--sections", "gptq",
@@ -141,7 +141,7 @@ def test_the_gptq_section_runs_dry_on_the_cpu(tmp_path):
     assert out.returncode == 0 and r["complete"], (out.stderr[-2000:], g)
     assert g["status"] == "dry: plumbing only" and g["passed"] is None and g["device"] == "cpu", g
     assert r["sections"]["gptq"]["status"] == "dry: plumbing only" and r["passed"]
-    assert "--device cpu --json --calib-samples 2 --calib-seq-len 32" in g["commands"]["export"]
+    assert "--device cpu --json --method rtn --calib-samples 2 --calib-seq-len 32" in g["commands"]["export"]
     assert "--tokens 64 " in g["commands"]["evaluation"]
     assert set(g["corpora"]) == {"sharegpt", "shakespeare", "code"}
     for corpus, v in g["corpora"].items():

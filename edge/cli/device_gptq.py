@@ -8,7 +8,8 @@ corpus's draft/target agreement is within TOLERANCE_POINTS of the committed figu
 Both steps are the repo's own scripts in processes of their own (edge never imports export), bounded together by
 the section's limit: the child under way is stopped GPTQ_STOP_MARGIN seconds before it, and the section fails naming
 the step and keeping the child's last output lines. A dry run (--dry) runs the same path on the CPU with a tiny
-calibration and few tokens: its figures are not the CPU export's, so its verdict is PLUMBING, neither pass nor fail.
+calibration, RTN in place of GPTQ, and few tokens: its figures are not the CPU export's, so its verdict is PLUMBING,
+neither pass nor fail.
 """
 
 import json
@@ -33,7 +34,9 @@ CPU_TOKENS = 4096             # that command's --tokens: the committed row count
 TOLERANCE_POINTS = 0.5
 GPTQ_STOP_MARGIN = 2.0        # seconds before the section's limit at which the child under way is stopped
 TAIL_LINES = 12               # a child's last output lines kept in the JSON
-DRY_EXPORT = ("--calib-samples", "2", "--calib-seq-len", "32")   # the dry run's tiny calibration (~30 s on 2 cores)
+# the dry run's export: RTN (~10 s on 2 cores; the plumbing is the section's, GPTQ on the CPU is the suite's own
+# tests/test_export_e2e.py), a tiny calibration for what the export still calibrates
+DRY_EXPORT = ("--method", "rtn", "--calib-samples", "2", "--calib-seq-len", "32")
 DRY_TOKENS = 64               # the dry run's evaluation tokens per corpus
 PLUMBING = "dry: plumbing only"
 EXPORT = (sys.executable, "scripts/export.py")
@@ -51,7 +54,7 @@ def committed(path: Path = QUALITY) -> dict:
 
 
 def export_command(out: Path, dry: bool, program: tuple = EXPORT) -> list:
-    """The default model, the default method and options, GPTQ on CUDA (the CPU and a tiny calibration when dry)."""
+    """The default model, the default method and options, GPTQ on CUDA (when dry: the CPU, RTN, a tiny calibration)."""
     return [*program, "--out", str(out), "--device", "cpu" if dry else "cuda", "--json", *(DRY_EXPORT if dry else ())]
 
 
@@ -156,7 +159,7 @@ def judge(ev: dict, cpu: dict, dry: bool = False) -> dict:
     "status", "passed", "reason"}. Failed where a corpus is past the bound, or where the evaluation counted other
     tokens than the committed one (not the same evaluation); PLUMBING, with no pass or fail, in a dry run."""
     corpora = compare(ev.get("agreement") or {}, cpu["agreement"])
-    if dry:                      # a tiny calibration is not the CPU export's: the figures show the plumbing only
+    if dry:                      # an RTN export is not the CPU export's: the figures show the plumbing only
         return {"corpora": corpora, "status": PLUMBING, "passed": None, "reason": None}
     counted = ev.get("tokens") or {}
     other = [c for c in cpu["tokens"] if counted.get(c) != cpu["tokens"][c]]
