@@ -4,7 +4,7 @@ the text between the markers (atomically) and, with `check`, only names the tabl
 
     bitnest tables [--check] [--json]        (python scripts/results_tables.py)
 
-NAME is a fixed table (`headline`, `quality`, `bench`, `bench-ratios`, `bench-passes`, `sm87-kernels`, `device-check`, `verify-local`,
+NAME is a fixed table (`headline`, `quality`, `bench`, `bench-ratios`, `bench-passes`, `sm87-kernels`, `device-check`, `device-bandwidth`, `verify-local`,
 `replay-exports`) or KIND-STEM for one results file: `replay-STEM` (replay-STEM.json), `compare-STEM`,
 `compare-phase-STEM`, `history-STEM`, `history-phase-STEM` (compare-STEM.json), `sweep-STEM` (sweep-STEM.json),
 `max-context-STEM` (max_context_STEM.json), `lossless-STEM`, `bench-STEM` (bench-STEM.json: `bench --shape STEM`).
@@ -35,6 +35,7 @@ from edge.analysis.report_cells import pct as _pct
 from edge.analysis.report_cells import table as _table
 from edge.analysis.report_shapes import SHAPE_TABLES
 from edge.cli.device_check import table as device_check_table
+from edge.cli.device_table import bandwidth_table
 from edge.argtypes import Parser
 from edge.atomic import write_atomic
 from edge.errors import BitNestError
@@ -371,6 +372,7 @@ FIXED = {
                             "lossless-generic.json"), lossless_isas_table),
     "sm87-kernels": Table(("sm87_kernels.json",), sm87_table),
     "device-check": Table(("device-check-h200.json",), device_check_table),
+    "device-bandwidth": Table(("device-check-h200.json",), bandwidth_table),
     "verify-local": Table(("verify_local_llama-2-7b-32k.json", "verify_local_default.json"), verify_table),
     "replay-exports": Table(("replay-bitnest.json", "replay-top4of8.json", "replay-rtn.json"), replay_exports_table),
     **{name: Table(*spec) for name, spec in SHAPE_TABLES.items()},

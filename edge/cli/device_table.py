@@ -80,3 +80,18 @@ def trt_summary(trt: dict) -> str:
     return (f"{trt['status']} against the independent reference ({trt['engine']}{binding}; prefill logits "
             f"{trt['prefill_rel_err']:.2e}, bound {trt['prefill_bound']:.2e}; greedy tokens equal: "
             f"{trt['tokens_equal']})" + (f": {trt['reason']}" if trt.get("reason") else ""))
+
+
+def bandwidth_table(result: dict) -> str:
+    """The device check's bandwidth section as a table: each kernel's time and GB/s at Llama-7B's decode shapes, as
+    a share of the copy bandwidth of the same run (the GEMV beside cuBLAS float16 at the same shape)."""
+    bw = result["bandwidth"]
+    lines = [f"Copy bandwidth {bw['copy_GBps']:.0f} GB/s ({result['environment']['gpu']}).", "",
+             "| kernel | shape | M / T | view | activations | µs | GB/s | of copy |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in bw["gemv"]:
+        lines.append(f"| {r['kernel']} | {r['K']} × {r['N']} | {r['M']} | {r['view']} | {r['act']} | {r['us']:.1f} | "
+                     f"{r['GBps']:.0f} | {100 * r['fraction_of_copy']:.0f}% |")
+    for r in bw["attention"]:
+        lines.append(f"| {r['kernel']} | {r['layout']}, {r['context']} positions | {r['T']} | {r['view']} | float32 | "
+                     f"{r['us']:.1f} | {r['GBps']:.0f} | {100 * r['fraction_of_copy']:.0f}% |")
+    return "\n".join(lines) + "\n"
