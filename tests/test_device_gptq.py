@@ -122,7 +122,9 @@ def test_a_child_past_the_limit_is_stopped_and_its_last_lines_kept(tmp_path):
     assert r["reason"] == (f"timed out after {stop:g} s (the section's limit {limit:g} s less {GPTQ_STOP_MARGIN:g}) "
                            "in the export: layers:  10%|#         | 3/30 [00:05<00:45]"), r["reason"]
     assert r["export"]["tail"] == ["export plan: peak 1.01 GiB resident", "layers:  10%|#         | 3/30 [00:05<00:45]"]
-    assert stop <= r["export"]["wall_seconds"] < limit and r["export"]["rc"] == -9
+    # the child's clock starts after the section's own (its deadline is the section's start + stop), so on a loaded
+    # host it has run for less than `stop` when it is killed (5.5 s of 6 seen): killed at the deadline, not later
+    assert 0 < r["export"]["wall_seconds"] <= stop + 1.0 and r["export"]["rc"] == -9
     got = json.loads(argv.read_text())
     assert got[0] == "--out" and got[2:] == ["--device", "cuda", "--json"], got
     assert "--device cuda --json" in r["commands"]["export"] and r["device"] == "cuda"
