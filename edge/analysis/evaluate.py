@@ -76,15 +76,15 @@ def _windows(ids: torch.Tensor, window: int):
             yield chunk
 
 
-def _draft_logits(nested: Decoder, chunk: torch.Tensor) -> dict:
-    """{"draft": the draft's logits [T, V] (its argmax: agreement), "scored": the logits its perplexity is taken
-    of}: the same, but for the shortlist, whose logits are -inf past its K rows (an infinite perplexity by
+def _draft_logits(nested: Decoder, chunk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the draft's logits [T, V], whose argmax is its agreement; the logits [T, V] its perplexity is taken of): the
+    same tensor, but for the shortlist, whose logits are -inf past its K rows (an infinite perplexity by
     construction): its perplexity is read through the 8-bit head it re-scores its rows with, from the same residual."""
     if nested.draft_head != DRAFT_HEAD_SHORTLIST:
         lg = nested.forward(chunk, "draft")
-        return {"draft": lg, "scored": lg}
+        return lg, lg
     h = nested.final_norm(nested.residual(chunk, "draft"))
-    return {"draft": nested.head(h, "draft"), "scored": nested.weights.head(h, head_view(DRAFT_HEAD_8BIT, "draft"))}
+    return nested.head(h, "draft"), nested.weights.head(h, head_view(DRAFT_HEAD_8BIT, "draft"))
 
 
 @torch.no_grad()
@@ -107,9 +107,9 @@ def evaluate(opts: EvalOptions) -> dict:
         agree = tref = n = 0
         for chunk in _windows(ids, opts.window):
             targets = chunk[1:]
-            logits, scored = _draft_logits(nested, chunk), {"target": nested.forward(chunk, "target")}
-            scored["draft"] = logits.pop("scored")
-            logits["target"] = scored["target"]
+            draft, draft_scored = _draft_logits(nested, chunk)
+            target = nested.forward(chunk, "target")
+            logits, scored = {"draft": draft, "target": target}, {"draft": draft_scored, "target": target}
             if ref is not None:
                 scored["reference"] = logits["reference"] = ref.forward(chunk, "target")
             for k, lg in scored.items():

@@ -4,10 +4,11 @@ the text between the markers (atomically) and, with `check`, only names the tabl
 
     bitnest tables [--check] [--json]        (python scripts/results_tables.py)
 
-NAME is a fixed table (`headline`, `quality`, `bench`, `bench-ratios`, `bench-passes`, `sm87-kernels`, `device-check`, `device-bandwidth`, `verify-local`,
-`replay-exports`) or KIND-STEM for one results file: `replay-STEM` (replay-STEM.json), `compare-STEM`,
-`compare-phase-STEM`, `history-STEM`, `history-phase-STEM` (compare-STEM.json), `sweep-STEM` (sweep-STEM.json),
-`max-context-STEM` (max_context_STEM.json), `lossless-STEM`, `bench-STEM` (bench-STEM.json: `bench --shape STEM`).
+NAME is a fixed table (`headline`, `quality`, `bench`, `bench-ratios`, `bench-passes`, `sm87-kernels`, `device-check`,
+`device-bandwidth`, `verify-local`, `replay-exports`) or KIND-STEM for one results file: `replay-STEM`
+(replay-STEM.json), `compare-STEM`, `compare-phase-STEM`, `history-STEM`, `history-phase-STEM` (compare-STEM.json),
+`sweep-STEM` (sweep-STEM.json), `max-context-STEM` (max_context_STEM.json), `lossless-STEM`, `bench-STEM`
+(bench-STEM.json: `bench --shape STEM`).
 The bench tables are edge.analysis.report_bench's.
 """
 

@@ -8,20 +8,21 @@ writes one JSON object, from which `--table` prints the docs table.
                                     [--onnx FILE]
     python -m edge.cli.device_check --table FILE.json
 
-Sections: every kernel against the oracle on the GPU, and the kernels' unit tests compiled for it; kernel GB/s against the same run's copy bandwidth; the
-`triton` backend lossless (speculative = target) on the 135M shape; draft-, target- and verification-pass times of
-the eager launchers, the static passes and their CUDA-graph replays; the speculative speed-up those times project
-at the acceptance measured on the real model (tokens per round x target pass / (γ draft passes + 1 verification));
-the TensorRT plugins' own code on the device through the stand-in of TensorRT 10.3's API (edge.cli.device_plugins:
-the conformance and KV-binding suites, CUDA-graph replay of the plugin enqueues); TensorRT, where importable: the SmolLM2 engine (a --checkpoint export, or an RTN export of the default model made
-on the spot) built with the ping-pong KV binding and run against the independent step reference (export.trt_check,
-in a process of its own: greedy tokens equal, prefill logits within the self-check's bound; the binding, the plane
-copies its engine inspector lists and the runtime plugins' kv_window recorded), skipped with the reason where TensorRT is absent;
-with --with-gptq, the default model exported with GPTQ on CUDA and evaluated as the committed CPU figures were
-(edge.cli.device_gptq: draft/target agreement within 0.5 points of them on every corpus; in a dry run the same path
-on the CPU at a tiny calibration, plumbing only). In the dry run
-with --checkpoint the same section runs with the graph on the CPU (onnxruntime) standing in for the engine. `--dry` runs the same code in the Triton interpreter on
-the CPU at tiny shapes (a test runs it, so a typo costs no device time); its figures mean nothing.
+Sections: every kernel against the oracle on the GPU, and the kernels' unit tests compiled for it; kernel GB/s against
+the same run's copy bandwidth; the `triton` backend lossless (speculative = target) on the 135M shape; draft-, target-
+and verification-pass times of the eager launchers, the static passes and their CUDA-graph replays; the speculative
+speed-up those times project at the acceptance measured on the real model (tokens per round x target pass / (γ draft
+passes + 1 verification)); the TensorRT plugins' own code on the device through the stand-in of TensorRT 10.3's API
+(edge.cli.device_plugins: the conformance and KV-binding suites, CUDA-graph replay of the plugin enqueues); TensorRT,
+where importable: the SmolLM2 engine (a --checkpoint export, or an RTN export of the default model made on the spot)
+built with the ping-pong KV binding and run against the independent step reference (export.trt_check, in a process of
+its own: greedy tokens equal, prefill logits within the self-check's bound; the binding, the plane copies its engine
+inspector lists and the runtime plugins' kv_window recorded), skipped with the reason where TensorRT is absent; with
+--with-gptq, the default model exported with GPTQ on CUDA and evaluated as the committed CPU figures were
+(edge.cli.device_gptq: draft/target agreement within 0.5 points of them on every corpus; in a dry run the same path on
+the CPU at a tiny calibration, plumbing only). In the dry run with --checkpoint the same section runs with the graph
+on the CPU (onnxruntime) standing in for the engine. `--dry` runs the same code in the Triton interpreter on the CPU
+at tiny shapes (a test runs it, so a typo costs no device time); its figures mean nothing.
 
 Evidence survives a timeout: the JSON is written (atomically) before and after every section, with `running`
 naming the section under way and `complete` false until the end; each section has a time limit (LIMITS, SIGALRM:
@@ -57,7 +58,7 @@ from edge.phase_clock import read_phases
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP = ROOT / "scripts" / "results" / "sweep-bitnest.json"    # the real model's speculation sweep (README)
 GAMMA = 4
-KERNEL_TESTS = ("tests/test_kernels.py",)     # the kernels' unit tests, on the GPU in a real run (~30-60 s there)
+KERNEL_TESTS = ("tests/test_kernels.py",)     # the kernels' unit tests, on the GPU in a real run (16 s on an H200)
 KERNEL_TESTS_DRY = ("tests/test_kernels.py::test_dual_plane_linear_rejects_bad_shapes",)
 SECTIONS = ("kernels", "bandwidth", "lossless", "pass_times", "plugins", "tensorrt", "gptq")
 OPT_IN = {"gptq": "--with-gptq"}   # sections that run only when asked, past the default run's 240 s
@@ -69,8 +70,8 @@ OPT_IN = {"gptq": "--with-gptq"}   # sections that run only when asked, past the
 # moves to the GPU (~1-2 s a block, ~60-100 s with the model's load), and the evaluation, on the CPU as the
 # committed figures' was, runs on 16 cores (~40-60 s): ~100-160 s; 300 leaves room for a cold machine (imports, CUDA
 # start, no cache) and for an estimate that far off.
-# On an H200 (triton 3.6, every section's code compiled cold) they took kernels 9-10 s (before its unit tests, ~40 s
-# alone with 8 workers), bandwidth 11, lossless 3-5, pass times 12 (the 7B shape included), plugins 12-15.
+# On an H200 (triton 3.6, every section's code compiled cold) they took kernels 28 s (its unit tests 16 of it, 8
+# workers), bandwidth 9-11, lossless 3-5, pass times 10-12 (the 7B shape included), plugins 12-15.
 LIMITS = {"kernels": 100, "bandwidth": 30, "lossless": 30, "pass_times": 30, "plugins": 40, "tensorrt": 300,
           "gptq": 300}
 # The sections whose result passes or fails the run, where they ran (the others measure): a section that raised or

@@ -56,8 +56,8 @@ def running_test(output: str) -> str | None:
 def plugins_section(limit: float, suites: tuple = SUITES, dry: bool = False, workers: int = 0) -> dict:
     """The suites' outcome: {"passed", "counts", "device", "summary", "failures", "suites"}; on a real run without
     pytest or onnx {"status": "failed", "passed": False, "reason"} (a dry run skips with the reason, as where the
-    suites are not in this copy); `workers` > 1: that many pytest-xdist workers where it is installed; stopped
-    PLUGINS_STOP_MARGIN s before `limit`, it fails with "running" (the test
+    suites are not in this copy); `workers` > 1: that many pytest-xdist workers where it is installed (the
+    kernels section's unit tests); stopped PLUGINS_STOP_MARGIN s before `limit`, it fails with "running" (the test
     under way) and the counts so far."""
     reason = missing_requirement()
     if reason:
@@ -66,8 +66,8 @@ def plugins_section(limit: float, suites: tuple = SUITES, dry: bool = False, wor
     missing = [s for s in suites if not (ROOT / s.split("::")[0]).is_file()]
     if missing:
         return {"status": "skipped", "reason": f"{missing[0]} is not in this copy of the repo"}
-    # the project's addopts cleared: one process unless `workers` asks for more and pytest-xdist is here; -u and -v: each
-    # test's id reaches the pipe as it starts, so a stopped child still says which test it was in
+    # the project's addopts cleared: one process unless `workers` asks for more and pytest-xdist is here; -u and -v:
+    # each test's id reaches the pipe as it starts, so a stopped child still says which test it was in
     xdist = workers > 1 and importlib.util.find_spec("xdist") is not None     # suites that compile many kernels
     cmd = [sys.executable, "-u", "-m", "pytest", "-o", "addopts=", "-v", "-p", "no:cacheprovider",
            *(("-n", str(workers)) if xdist else ()), *suites]

@@ -11,7 +11,8 @@ def render_table(result: dict, gamma: int, sections: tuple) -> str:
     trt = result.get("tensorrt", {"status": "not reached"})
     lines = [f"Device: {env['gpu'] or 'CPU (dry run)'}, torch {env['torch']}, CUDA {env['cuda']}, triton "
              f"{env['triton']}; TensorRT: {trt_summary(trt)}.", "",
-             "| model | engine | draft pass (ms) | target pass (ms) | verification pass, γ+1 (ms) | projected speed-up |",
+             "| model | engine | draft pass (ms) | target pass (ms) | verification pass, γ+1 (ms) "
+             "| projected speed-up |",
              "| --- | --- | --- | --- | --- | --- |"]
     proj = result.get("projection", {})
     for model, forms in result.get("pass_times", {}).items():
@@ -87,7 +88,8 @@ def bandwidth_table(result: dict) -> str:
     a share of the copy bandwidth of the same run (the GEMV beside cuBLAS float16 at the same shape)."""
     bw = result["bandwidth"]
     lines = [f"Copy bandwidth {bw['copy_GBps']:.0f} GB/s ({result['environment']['gpu']}).", "",
-             "| kernel | shape | M / T | view | activations | µs | GB/s | of copy |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| kernel | shape | M / T | view | activations | µs | GB/s | of copy |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in bw["gemv"]:
         lines.append(f"| {r['kernel']} | {r['K']} × {r['N']} | {r['M']} | {r['view']} | {r['act']} | {r['us']:.1f} | "
                      f"{r['GBps']:.0f} | {100 * r['fraction_of_copy']:.0f}% |")

@@ -42,7 +42,8 @@ def _gemv(name, target, float_act, split, g=128, runtime_view=False):
            "scale_ptr": "*fp16", "offset_ptr": "*fp16", "out_ptr": "*fp32", "view_ptr": "*i64", "M": "i32",
            "N": "i32", "K": "i32", "GROUPS_PER_SPLIT": "i32"}
     const = {"TARGET": target, "HAS_OFFSET": False, "FLOAT_ACT": float_act, "SPLIT": split, "G": g,
-             "DOT_K": gemv.dot_k(g), "BLOCK_N": 64, "BLOCK_M": gemv.BLOCK_M, "INTERP": False, "RUNTIME_VIEW": runtime_view}
+             "DOT_K": gemv.dot_k(g), "BLOCK_N": 64, "BLOCK_M": gemv.BLOCK_M, "INTERP": False,
+             "RUNTIME_VIEW": runtime_view}
     return KernelSpec(name, gemv.dual_plane_kernel, sig | {k: "constexpr" for k in const}, const)
 
 
