@@ -76,15 +76,20 @@ def _windows(ids: torch.Tensor, window: int):
             yield chunk
 
 
-def _draft_logits(nested: Decoder, chunk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the draft's logits [T, V], whose argmax is its agreement; the logits [T, V] its perplexity is taken of): the
-    same tensor, but for the shortlist, whose logits are -inf past its K rows (an infinite perplexity by
-    construction): its perplexity is read through the 8-bit head it re-scores its rows with, from the same residual."""
+def _scores(logits: torch.Tensor, targets: torch.Tensor) -> tuple[float, torch.Tensor]:
+    """(summed negative log-likelihood of targets [T-1], argmax [T-1]) of logits [T, V]."""
+    return F.cross_entropy(logits[:-1].float(), targets, reduction="sum").item(), logits[:-1].argmax(-1)
+
+
+def _draft_scores(nested: Decoder, chunk: torch.Tensor, targets: torch.Tensor) -> tuple[float, torch.Tensor]:
+    """The draft's (NLL, argmax): for the shortlist, whose logits are -inf past its K rows (an infinite perplexity by
+    construction), the NLL through the 8-bit head it re-scores its rows with, from the same residual, and the argmax
+    (its agreement) through the shortlist itself; one [T, V] tensor alive at a time."""
     if nested.draft_head != DRAFT_HEAD_SHORTLIST:
-        lg = nested.forward(chunk, "draft")
-        return lg, lg
+        return _scores(nested.forward(chunk, "draft"), targets)
     h = nested.final_norm(nested.residual(chunk, "draft"))
-    return nested.head(h, "draft"), nested.weights.head(h, head_view(DRAFT_HEAD_8BIT, "draft"))
+    nll, _ = _scores(nested.weights.head(h, head_view(DRAFT_HEAD_8BIT, "draft")), targets)
+    return nll, nested.head(h, "draft")[:-1].argmax(-1)
 
 
 @torch.no_grad()
@@ -107,14 +112,14 @@ def evaluate(opts: EvalOptions) -> dict:
         agree = tref = n = 0
         for chunk in _windows(ids, opts.window):
             targets = chunk[1:]
-            draft, draft_scored = _draft_logits(nested, chunk)
-            target = nested.forward(chunk, "target")
-            logits, scored = {"draft": draft, "target": target}, {"draft": draft_scored, "target": target}
+            # {view: (NLL, argmax)}: each view's logits [T, V] scored and dropped before the next view's are made
+            scores = {"draft": _draft_scores(nested, chunk, targets),
+                      "target": _scores(nested.forward(chunk, "target"), targets)}
             if ref is not None:
-                scored["reference"] = logits["reference"] = ref.forward(chunk, "target")
-            for k, lg in scored.items():
-                nll[k] += F.cross_entropy(lg[:-1].float(), targets, reduction="sum").item()
-            am = {k: lg[:-1].argmax(-1) for k, lg in logits.items()}
+                scores["reference"] = _scores(ref.forward(chunk, "target"), targets)
+            for k, (loss, _) in scores.items():
+                nll[k] += loss
+            am = {k: argmax for k, (_, argmax) in scores.items()}
             agree += int((am["draft"] == am["target"]).sum())
             if ref is not None:
                 tref += int((am["target"] == am["reference"]).sum())
