@@ -1,6 +1,8 @@
 """Shared fixtures: the real default model (converted once into the cache) and small real exports."""
 
+import fcntl
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -37,25 +39,51 @@ def default_model():
     return load_source("default")
 
 
+def _files(folder: Path) -> dict:
+    return {str(f.relative_to(folder)): (f.stat().st_size, f.stat().st_mtime_ns)
+            for f in sorted(folder.rglob("*")) if f.is_file()}
+
+
+def made_once(tmp_path_factory, name: str, make):
+    """A folder `make(path)` fills, made once for the whole run however many xdist workers ask for it (each would
+    otherwise repeat the same export): the first to ask makes it under the run's shared temporary folder behind an
+    flock, into a sibling renamed into place when `make` returns (a failed one leaves nothing half-made to reuse);
+    the others wait and reuse it. A generator fixture body: yields the folder, then checks that no test wrote into it
+    (tests that change a checkpoint copy it first)."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "made-once"
+    root.mkdir(exist_ok=True)
+    out = root / name
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not out.exists():
+            part = root / f"{name}.partial"
+            shutil.rmtree(part, ignore_errors=True)
+            make(part)
+            part.rename(out)
+    before = _files(out)
+    yield out
+    assert _files(out) == before, f"a test wrote into the shared {name} (copy it first: shutil.copytree)"
+
+
 def _rtn_export(tmp_path_factory, rotation):
     from export.pipeline import ExportOptions, run_export
     from export.quantize import QuantOptions
-    out = tmp_path_factory.mktemp("ckpt") / f"rtn-{rotation}"
-    run_export(ExportOptions(out=str(out), rotation=rotation, quant=QuantOptions(method="rtn")))
-    return out
+    yield from made_once(tmp_path_factory, f"rtn-{rotation}", lambda out: run_export(
+        ExportOptions(out=str(out), rotation=rotation, quant=QuantOptions(method="rtn"))))
 
 
 @pytest.fixture(scope="session")
 def rtn_checkpoint(tmp_path_factory):
     """A real RTN export of the default model, no rotation, the default head (nested, the embedding read from its
-    planes, draft head 8bit) (seconds)."""
-    return _rtn_export(tmp_path_factory, "none")
+    planes, draft head 8bit) (seconds; one for the run)."""
+    yield from _rtn_export(tmp_path_factory, "none")
 
 
 @pytest.fixture(scope="session")
 def rotated_checkpoint(tmp_path_factory):
-    """A real RTN export with R1, R2 and the online R4 and the default head (seconds)."""
-    return _rtn_export(tmp_path_factory, "r1r2r4")
+    """A real RTN export with R1, R2 and the online R4 and the default head (seconds; one for the run)."""
+    yield from _rtn_export(tmp_path_factory, "r1r2r4")
 
 
 @pytest.fixture
@@ -69,7 +97,6 @@ def gen():
 def save_small_hf_model(folder: Path, model, default_model) -> Path:
     """Save a small randomly initialised transformers model as a real HF folder with SmolLM2's tokenizer files
     (so calibration text and prompts tokenize into its vocabulary)."""
-    import shutil
     model.save_pretrained(folder)
     for f in default_model.tokenizer_files():
         if f.name != "generation_config.json":
@@ -91,13 +118,13 @@ def small_llama_folder(tmp_path_factory, default_model):
 @pytest.fixture(scope="session")
 def small_llama_checkpoint(tmp_path_factory, small_llama_folder):
     """The small Llama exported RTN with R1/R2/R4 and a float16 head: small enough for the Triton interpreter to run
-    whole passes (a nested 49152-row head would take ~20 s a pass there), with the kernels' minimum head dim."""
+    whole passes (a nested 49152-row head would take ~20 s a pass there), with the kernels' minimum head dim (one for
+    the run)."""
     from export.pipeline import ExportOptions, run_export
     from export.quantize import QuantOptions
-    out = tmp_path_factory.mktemp("ckpt") / "small-llama"
-    run_export(ExportOptions(out=str(out), model=str(small_llama_folder), rotation="r1r2r4",
-                             quant=QuantOptions(method="rtn", quantize_head=False)))
-    return out
+    yield from made_once(tmp_path_factory, "small-llama", lambda out: run_export(
+        ExportOptions(out=str(out), model=str(small_llama_folder), rotation="r1r2r4",
+                      quant=QuantOptions(method="rtn", quantize_head=False))))
 
 
 def manifest_copy(src: Path, dst: Path, edit) -> Path:
@@ -171,15 +198,17 @@ def tag_from_output(tok, tokens: list[int]) -> tuple[str, int]:
 def method_exports(small_llama_folder, tmp_path_factory):
     """The small Llama exported `--method top4of8 --head float16` and with the default nested head (GPTQ base, few
     calibration windows; embedding rows read from the nested head, draft head 8bit), each with its decoder_step.onnx
-    beside it: {"top4of8": folder, "nested-head": folder}."""
+    beside it: {"top4of8": folder, "nested-head": folder} (one for the run)."""
     from export.onnx_export import export_onnx
     from export.pipeline import ExportOptions, run_export
     from export.quantize import QuantOptions
-    out = {}
-    for name, quant in (("top4of8", QuantOptions(method="top4of8", quantize_head=False)),
-                        ("nested-head", QuantOptions(method="bitnest", quantize_head=True))):
-        out[name] = tmp_path_factory.mktemp("methods") / name
-        run_export(ExportOptions(out=str(out[name]), model=str(small_llama_folder), calib_samples=4,
-                                 calib_seq_len=64, quant=quant))
-        export_onnx(out[name])
-    return out
+
+    def make(root: Path):
+        root.mkdir()
+        for name, quant in (("top4of8", QuantOptions(method="top4of8", quantize_head=False)),
+                            ("nested-head", QuantOptions(method="bitnest", quantize_head=True))):
+            run_export(ExportOptions(out=str(root / name), model=str(small_llama_folder), calib_samples=4,
+                                     calib_seq_len=64, quant=quant))
+            export_onnx(root / name)
+    for root in made_once(tmp_path_factory, "methods", make):
+        yield {name: root / name for name in ("top4of8", "nested-head")}
