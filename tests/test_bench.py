@@ -20,8 +20,8 @@ from edge.analysis.bench_replay import (alpha_from_tokens_per_round, expected_to
                                         replay_generation)
 from edge.analysis.machine import PROBE_LLC_MULTIPLE, llc_bytes, machine, probe_bytes
 from edge.analysis.peers import shipped_gguf
-from edge.analysis.synthetic_gguf import (BYTES, FILLER, SCALE, SPECIAL, donor_tokenizer, synthetic_gguf,
-                                          synthetic_gguf_problem, tensor_shapes)
+from edge.analysis.synthetic_gguf import (BYTES, FILLER, SCALE, SPECIAL, donor_tokenizer, q8_0_bytes_per_token,
+                                          synthetic_gguf, synthetic_gguf_problem, tensor_shapes)
 from edge.memory.model_shapes import BENCH_SHAPES, MODEL_PRESETS
 from edge.model.arch import ModelConfig
 from edge.model.gguf_file import GGUFReader  # gguf-py's reader, parsed faster (tests/test_gguf_file.py)
@@ -224,6 +224,15 @@ def _assert_tensors(reader, cfg: ModelConfig) -> None:
 def gguf_cache(tmp_path_factory):
     """One folder for the module: a file written by one test is reused (not rewritten) by the next."""
     return tmp_path_factory.mktemp("gguf")
+
+
+def test_q8_0_bytes_per_token_are_what_the_files_tensors_hold_past_the_embedding(gguf_cache):
+    """The bytes the shapes table prices llama.cpp's decode step at: every tensor as the written file holds it, the
+    token embedding left out (one row a token) unless the head is tied to it (then it is the head, read whole)."""
+    for cfg, name in ((TINY_QWEN2, "tiny-qwen2"), (TINY, "tiny")):
+        r = GGUFReader(str(synthetic_gguf(cfg, name, shipped_gguf(), gguf_cache)))
+        read = sum(int(t.n_bytes) for t in r.tensors if t.name != "token_embd.weight" or cfg.tie_word_embeddings)
+        assert q8_0_bytes_per_token(cfg) == read, name
 
 
 def test_a_qwen2_shape_is_a_qwen2_gguf_with_biases_and_its_own_head(gguf_cache):

@@ -10,6 +10,8 @@ kernel set (scripts/results/shape-avx2-NAME.json, BITNEST_NATIVE_ISA=avx2) besid
 
 from edge.analysis.bench_replay import alpha_from_tokens_per_round, projected
 from edge.analysis.report_cells import pct, table
+from edge.analysis.synthetic_gguf import q8_0_bytes_per_token
+from edge.model.arch import ModelConfig
 
 SHAPES = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "llama-3.2-1b", "llama-3.2-3b", "llama-3-8b")
 SOURCES = tuple(f"shape-native-{s}.json" for s in SHAPES)
@@ -48,8 +50,13 @@ def shape_row(d: dict, alpha: float) -> list[str]:
     pp = lay["prefill"]["tok_s"]
     roof = f"{lay['target_pass_gbps']:g} ({pct(lay['target_roofline_fraction'], 0)} of {d['read_gbps']:g})" \
         if "read_gbps" in d else "not probed"
+    q8_bytes = q8_0_bytes_per_token(ModelConfig.from_dict(d["config"]))
+    q8_gbps = q8["tg_tok_s"] * q8_bytes / 1e9
+    ours = lay["target_pass_gbps"] * t1 * 1e6                  # the target's bytes a token (GB/s x ms)
+    peer = f"{q8_gbps:.2f} ({pct(q8_gbps / d['read_gbps'], 0)}); {q8_bytes / ours:.2f}×" if "read_gbps" in d else \
+        f"{q8_gbps:.2f}; {q8_bytes / ours:.2f}×"
     return [d["shape"], f"{t1:g} / {t5:g} ({t5 / t1:.2f}×)", f"{d1:g} ({d1 / t1:.2f}×)",
-            f"{tok:g}", roof, f"{q8['tg_tok_s']:g} / {q4['tg_tok_s']:g}", f"**{tok / q8['tg_tok_s']:.2f}×**",
+            f"{tok:g}", roof, f"{q8['tg_tok_s']:g} / {q4['tg_tok_s']:g}", peer, f"**{tok / q8['tg_tok_s']:.2f}×**",
             ", ".join(f"{r:.2f}×" for r in paired_q8_ratios(d)) or "not recorded",
             f"{best:g} (γ {proj['best_gamma']}, {best / tok:.2f}×)", f"{best / q4['tg_tok_s']:.2f}×",
             f"{pp:g}", f"{q8['pp_tok_s']:g} / {q4['pp_tok_s']:g}", f"**{pp / q8['pp_tok_s']:.2f}×**"]
@@ -60,7 +67,8 @@ def shapes_native_table(*files: dict) -> str:
     *shapes, lossless = files
     alpha, label = borrowed_alpha(lossless)
     head = ["shape", "target pass 1 / 5 tokens, ms (5/1)", "draft pass, ms (/target)", "target tok/s",
-            "target GB/s (of the read probe's)", "llama.cpp tg Q8_0 / Q4_K_M", "target / Q8_0",
+            "target GB/s (of the read probe's)", "llama.cpp tg Q8_0 / Q4_K_M",
+            "Q8_0 GB/s (of the probe's); its bytes a token / the target's", "target / Q8_0",
             "target / Q8_0 round by round", "speculation projected, tok/s (best γ, /target)",
             "/ Q4_K_M tg", "prefill tok/s", "llama.cpp pp Q8_0 / Q4_K_M", "prefill / Q8_0"]
     rows = [shape_row(d, alpha) for d in shapes]

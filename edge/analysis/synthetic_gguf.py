@@ -49,6 +49,18 @@ def tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return out
 
 
+def q8_0_bytes_per_token(cfg: ModelConfig) -> int:
+    """The bytes one llama.cpp decode step of a token reads from this GGUF: every tensor but the token embedding (one
+    row of it; read whole as the head when the head is tied), a matrix at 34 bytes per 32 weights (Q8_0), a norm or
+    bias at 4 bytes a value: what a pass at the memory roofline streams, beside this runtime's target bytes."""
+    total = 0
+    for name, shape in tensor_shapes(cfg).items():
+        if name == "token_embd.weight" and not cfg.tie_word_embeddings:
+            continue
+        total += shape[0] * shape[1] // Q8_BLOCK * (Q8_BLOCK + 2) if len(shape) == 2 else 4 * shape[0]
+    return total
+
+
 def q8_0_blocks(rows: int, cols: int, gen: torch.Generator) -> np.ndarray:
     """Random Q8_0 data of a [rows, cols] weight as GGUF stores it: uint8 [rows, cols / 32 * 34], each block the
     float16 SCALE and 32 codes in [-127, 127], drawn in one call."""
