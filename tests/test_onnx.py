@@ -164,8 +164,8 @@ def test_a_checkpoint_recording_the_shortlist_runs_its_graph_at_8_bits(rotated_c
     eight = set_draft_head(load_checkpoint(rotated_checkpoint), "8bit")
     assert rt.engine.pass_weight_bytes["draft"] == weight_bytes_per_pass(eight, "draft", tokens=0)
     ids = rt.encode("Name a river.")
-    spec = rt.generate(ids, GenerateConfig(max_new_tokens=6, gamma=4))            # at least two rounds
-    target = rt.generate(ids, GenerateConfig(max_new_tokens=6, policy="target"))
+    spec = rt.generate(ids, GenerateConfig(max_new_tokens=4, gamma=1))      # 3 tokens past the prefill's: 2+ rounds
+    target = rt.generate(ids, GenerateConfig(max_new_tokens=4, policy="target"))
     assert spec["tokens"] == target["tokens"] and spec["stats"].summary()["draft_head"] == "8bit"
     native = load_checkpoint(ck)
     assert (native.draft_head, native.draft_vocab) == ("shortlist", 16384)
