@@ -47,9 +47,9 @@ def _files(folder: Path) -> dict:
 def made_once(tmp_path_factory, name: str, make):
     """A folder `make(path)` fills, made once for the whole run however many xdist workers ask for it (each would
     otherwise repeat the same export): the first to ask makes it under the run's shared temporary folder behind an
-    flock, into a sibling renamed into place when `make` returns (a failed one leaves nothing half-made to reuse);
-    the others wait and reuse it. A generator fixture body: yields the folder, then checks that no test wrote into it
-    (tests that change a checkpoint copy it first)."""
+    flock, on every core, into a sibling renamed into place when `make` returns (a failed one leaves nothing
+    half-made to reuse); the others wait and reuse it. A generator fixture body: yields the folder, then checks that
+    no test wrote into it (tests that change a checkpoint copy it first)."""
     base = tmp_path_factory.getbasetemp()
     root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "made-once"
     root.mkdir(exist_ok=True)
@@ -59,7 +59,12 @@ def made_once(tmp_path_factory, name: str, make):
         if not out.exists():
             part = root / f"{name}.partial"
             shutil.rmtree(part, ignore_errors=True)
-            make(part)
+            threads = torch.get_num_threads()
+            torch.set_num_threads(os.cpu_count() or 1)      # every core: the other workers mostly wait for it
+            try:
+                make(part)
+            finally:
+                torch.set_num_threads(threads)
             part.rename(out)
     before = _files(out)
     yield out
