@@ -53,8 +53,8 @@ def shape_row(d: dict, alpha: float) -> list[str]:
     q8_bytes = q8_0_bytes_per_token(ModelConfig.from_dict(d["config"]))
     q8_gbps = q8["tg_tok_s"] * q8_bytes / 1e9
     ours = lay["target_pass_gbps"] * t1 * 1e6                  # the target's bytes a token (GB/s x ms)
-    peer = f"{q8_gbps:.2f} ({pct(q8_gbps / d['read_gbps'], 0)}); {q8_bytes / ours:.2f}×" if "read_gbps" in d else \
-        f"{q8_gbps:.2f}; {q8_bytes / ours:.2f}×"
+    share = f" ({pct(q8_gbps / d['read_gbps'], 0)})" if "read_gbps" in d else ""
+    peer = f"{q8_gbps:.2f}{share}; {q8_bytes / ours:.2f}×"
     return [d["shape"], f"{t1:g} / {t5:g} ({t5 / t1:.2f}×)", f"{d1:g} ({d1 / t1:.2f}×)",
             f"{tok:g}", roof, f"{q8['tg_tok_s']:g} / {q4['tg_tok_s']:g}", peer, f"**{tok / q8['tg_tok_s']:.2f}×**",
             ", ".join(f"{r:.2f}×" for r in paired_q8_ratios(d)) or "not recorded",

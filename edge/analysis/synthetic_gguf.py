@@ -49,16 +49,22 @@ def tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return out
 
 
+def q8_0_row_bytes(cols: int) -> int:
+    """Bytes of one Q8_0 row of `cols` weights: 34 per block of 32."""
+    return cols // Q8_BLOCK * (Q8_BLOCK + 2)
+
+
+def stored_bytes(shape: tuple[int, ...]) -> int:
+    """Bytes a tensor of `shape` takes in this GGUF: a matrix in Q8_0 rows, a norm or bias at 4 bytes a value."""
+    return shape[0] * q8_0_row_bytes(shape[1]) if len(shape) == 2 else 4 * shape[0]
+
+
 def q8_0_bytes_per_token(cfg: ModelConfig) -> int:
     """The bytes one llama.cpp decode step of a token reads from this GGUF: every tensor but the token embedding (one
-    row of it; read whole as the head when the head is tied), a matrix at 34 bytes per 32 weights (Q8_0), a norm or
-    bias at 4 bytes a value: what a pass at the memory roofline streams, beside this runtime's target bytes."""
-    total = 0
-    for name, shape in tensor_shapes(cfg).items():
-        if name == "token_embd.weight" and not cfg.tie_word_embeddings:
-            continue
-        total += shape[0] * shape[1] // Q8_BLOCK * (Q8_BLOCK + 2) if len(shape) == 2 else 4 * shape[0]
-    return total
+    row of it; read whole as the head when the head is tied): what a pass at the memory roofline streams, beside
+    this runtime's target bytes."""
+    return sum(stored_bytes(shape) for name, shape in tensor_shapes(cfg).items()
+               if name != "token_embd.weight" or cfg.tie_word_embeddings)
 
 
 def q8_0_blocks(rows: int, cols: int, gen: torch.Generator) -> np.ndarray:
@@ -67,7 +73,7 @@ def q8_0_blocks(rows: int, cols: int, gen: torch.Generator) -> np.ndarray:
     nb = cols // Q8_BLOCK
     codes = torch.randint(-127, 128, (rows, nb, Q8_BLOCK), dtype=torch.int8, generator=gen)   # [R, B, 32]
     scale = torch.full((rows, nb, 1), SCALE, dtype=torch.float16).view(torch.uint8)           # [R, B, 2]
-    return torch.cat([scale, codes.view(torch.uint8)], dim=2).reshape(rows, nb * (Q8_BLOCK + 2)).numpy()
+    return torch.cat([scale, codes.view(torch.uint8)], dim=2).reshape(rows, q8_0_row_bytes(cols)).numpy()
 
 
 def _cache_name(cfg: ModelConfig, name: str, source: Path, seed: int) -> str:
@@ -191,10 +197,10 @@ def _write(gguf, tokenizer: dict[str, tuple], cfg: ModelConfig, name: str, path:
     Q80 = gguf.GGMLQuantizationType.Q8_0
     for t, shape in shapes.items():
         if len(shape) == 1:
-            writer.add_tensor_info(t, shape, np.dtype(np.float32), 4 * shape[0])
+            writer.add_tensor_info(t, shape, np.dtype(np.float32), stored_bytes(shape))
         else:
-            byte_shape = (shape[0], shape[1] // Q8_BLOCK * (Q8_BLOCK + 2))
-            writer.add_tensor_info(t, byte_shape, np.dtype(np.uint8), byte_shape[0] * byte_shape[1], raw_dtype=Q80)
+            byte_shape = (shape[0], q8_0_row_bytes(shape[1]))
+            writer.add_tensor_info(t, byte_shape, np.dtype(np.uint8), stored_bytes(shape), raw_dtype=Q80)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
