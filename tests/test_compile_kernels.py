@@ -17,18 +17,54 @@ def compile_kernels(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_compile_kernels_for_sm87(tmp_path):
+    """Every kernel compiles for sm_87 with JetPack 6's PTX ISA, nothing spills, and every decode GEMV meets the
+    bandwidth budgets of plugins.kernels.aot.BUDGETS (<= 128 registers, <= 4 lane instructions per weight byte in
+    its main loop, dp4a on CUDA cores, 128-bit plane loads); the tensor-core kernel, which decoded before, misses
+    them (the budget check can fail: putting it back as the decode kernel fails this test)."""
+    from plugins.kernels.aot import BUDGETS, budget_failures
     out = compile_kernels("--arch", "sm_87", "--out", str(tmp_path), "--json")
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     rows = {r["kernel"]: r for r in result["kernels"]}
-    assert {"gemv_draft_w4a8", "gemv_target_w8a8", "flash_decode_d128_gqa4", "write_kv_d128"} <= rows.keys()
+    decode = {"decode_draft_m1", "decode_target_m1", "decode_target_m5", "decode_target_m8", "decode_runtime_view_m1",
+              "decode_runtime_view_m5", "decode_draft_m1_g64", "decode_target_m5_g64"}
+    assert decode | {"mma_target_w8a8", "flash_decode_d128_gqa4", "write_kv_d128", "quantize_decode"} <= rows.keys()
     for name, r in rows.items():
         assert r["ptx_isa"] == "8.5" and r["target"] == "sm_87", name
         assert (tmp_path / f"{name}.ptx").stat().st_size > 0 and (tmp_path / f"{name}.cubin").stat().st_size > 0
         assert r["registers"] and r["registers"] <= 255 and r["spill_store_bytes"] == 0, name
-    assert rows["gemv_draft_w4a8"]["imma"] > 0 and rows["gemv_target_w8a8"]["imma"] > rows["gemv_draft_w4a8"]["imma"]
-    assert rows["gemv_draft_w4a16"]["hmma"] > 0 and rows["flash_decode_d128_gqa4"]["hmma"] > 0
+    for name in decode:
+        r = rows[name]
+        assert r["budget_failures"] == [] and budget_failures(r) == [], (name, r)
+        assert r["instructions_per_weight_byte"] <= BUDGETS["instructions_per_weight_byte"] and r["loop_ldg128"] > 0
+        assert r["shared_bytes"] == 0 and r["imma"] == r["hmma"] == 0, name     # no tiles staged, no tensor cores
+    # the target's loop loads both planes: twice the draft's 128-bit plane loads per row at one token
+    assert rows["decode_target_m1"]["loop_ldg128"] - rows["decode_draft_m1"]["loop_ldg128"] == 4
+    mma = budget_failures(rows["mma_target_w8a8"])
+    assert any("registers" in f for f in mma) and any("per weight byte" in f for f in mma), mma
+    assert rows["mma_target_w8a8"]["imma"] > rows["mma_draft_w4a8"]["imma"] > 0
+    assert rows["mma_draft_w4a16"]["hmma"] > 0 and rows["flash_decode_d128_gqa4"]["hmma"] > 0
     assert json.loads((tmp_path / "summary.json").read_text())["arch"] == "sm_87"
+
+
+def test_the_budget_check_catches_a_decode_kernel_without_128_bit_loads(tmp_path):
+    """The decode kernel compiled without the alignment Triton's launcher proves at run time (what a plane view at
+    an odd offset, or a lost `multiple_of` hint, would give) loads its planes 32 bits at a time: the proxy counts
+    more instructions per weight byte and no 128-bit load, and the budget check names it."""
+    from plugins.kernels.aot import budget_failures
+    code = ("import json, sys; from dataclasses import replace; from pathlib import Path; "
+            "from plugins.kernels.aot import compile_spec, kernel_specs; "
+            "spec = next(s for s in kernel_specs() if s.name == 'decode_target_m1'); out = Path(sys.argv[1]); "
+            "print(json.dumps([compile_spec(spec, out), compile_spec(replace(spec, name='unaligned', aligned=False), "
+            "out)]))")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}   # the compiler, not the interpreter
+    run = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env,
+                         cwd=ROOT, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    aligned, loose = json.loads(run.stdout.strip().splitlines()[-1])
+    assert aligned["budget_failures"] == [] and aligned["loop_ldg128"] > 0
+    assert loose["loop_ldg128"] == 0 and any("128-bit" in f for f in budget_failures(loose)), loose
+    assert loose["instructions_per_weight_byte"] > aligned["instructions_per_weight_byte"]
 
 
 def test_compile_kernels_rejects_a_bad_arch(tmp_path):

@@ -60,6 +60,60 @@ def test_dual_plane_linear_is_batch_invariant(gen, act):
                 (view, i)
 
 
+@pytest.mark.parametrize("n,k,g,method", [(300, 1024, 128, "rtn"), (100, 576, 64, "top4of8"), (40, 256, 32, "rtn")])
+def test_decode_rows_equal_the_tensor_core_kernel_bit_for_bit(gen, n, k, g, method):
+    """A pass of 12 tokens runs the tensor-core kernel; each token alone (M = 1) and the first five together (M = 5,
+    two row tiles a thread) run the decode kernel: every row is equal bit for bit, both views, with the offset of a
+    top-4-of-8 nest too (exact int32 group sums, then the same float32 steps in the same order and split). N = 300
+    leaves a partial row tile; K = 1024 at G = 128 splits K unevenly over the interpreter's 8 SMs."""
+    from plugins.kernels.gemv import DECODE_MAX_M
+    base, refine, scale, offset = to_dev(*nested_planes(gen, n, k, g, method))
+    x = torch.randn(12, k, generator=gen).to(DEV)
+    assert 12 > DECODE_MAX_M
+    for view in ("draft", "target"):
+        whole = dual_plane_linear(x, base, refine, scale, view, offset)
+        five = dual_plane_linear(x[:5], base, refine, scale, view, offset)
+        assert torch.equal(five, whole[:5]), view
+        for i in (0, 7, 11):
+            assert torch.equal(dual_plane_linear(x[i:i + 1], base, refine, scale, view, offset), whole[i:i + 1]), \
+                (view, i)
+
+
+@pytest.mark.parametrize("m", [1, 6])
+def test_decode_kernel_chains_match_its_group_form(gen, monkeypatch, m):
+    """The decode kernel's compiled form (dp4a chains over 16-byte chunks, the lanes split out of each word),
+    emulated lane by lane in the interpreter, gives what its whole-group interpreter form gives, bit for bit, and
+    the reference within the INT8 tolerance: the code the GPU compiles is run here, not only compiled."""
+    if DEV != "cpu":
+        pytest.skip("on a GPU the compiled form runs in every other test")
+    from plugins.kernels import gemv_decode
+    base, refine, scale, offset = nested_planes(gen, 136, 256, 64, "top4of8")
+    x = torch.randn(m, 256, generator=gen)
+    for view in ("draft", "target"):
+        groups = dual_plane_linear(x, base, refine, scale, view, offset)
+        monkeypatch.setattr(gemv_decode, "interp_form", int(gemv_decode.INTERP_CHAINS))
+        chains = dual_plane_linear(x, base, refine, scale, view, offset)
+        monkeypatch.setattr(gemv_decode, "interp_form", int(gemv_decode.INTERP_GROUPS))
+        assert torch.equal(chains, groups), view
+        want = reference.dual_plane_linear(x, base, refine, scale, view, offset, act_int8=True)
+        assert rel_err(chains, want) < 1e-5, view
+
+
+def test_decode_kernel_draft_never_reads_the_refinement_plane(gen):
+    """Garbage in the refinement plane changes no bit of a draft pass (decode kernel, compile-time and run-time
+    view): the draft's program holds no load of it."""
+    from plugins.kernels import dual_plane_linear_coded
+    base, refine, scale, _ = to_dev(*nested_planes(gen, 64, 256, 128, "rtn"))
+    junk = torch.randint(0, 256, refine.shape, generator=gen, dtype=torch.uint8).to(DEV)
+    x = torch.randn(3, 256, generator=gen).to(DEV)
+    draft = torch.zeros(1, dtype=torch.int32, device=DEV)
+    want = dual_plane_linear(x, base, None, scale, "draft")
+    assert torch.equal(dual_plane_linear(x, base, junk, scale, "draft"), want)
+    assert torch.equal(dual_plane_linear_coded(x, base, junk, scale, draft), want)
+    assert torch.equal(dual_plane_linear_coded(x, base, refine, scale, draft + 1),
+                       dual_plane_linear(x, base, refine, scale, "target"))
+
+
 def test_dual_plane_linear_rejects_bad_shapes(gen):
     base, refine, scale, _ = nested_planes(gen, 16, 128, 32, "rtn")
     with pytest.raises(ValueError, match="do not fit"):

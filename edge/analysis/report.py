@@ -89,9 +89,13 @@ def quality_table(results: dict) -> str:
 
 # -- kernels (compile_kernels --json) ---------------------------------------------------------------------------
 def sm87_table(d: dict) -> str:
-    head = ["kernel variant", "PTX ISA", "registers", "shared bytes", "spill bytes", "IMMA", "HMMA", "DP4A"]
-    return _table(head, [[f"`{k['kernel']}`", k["ptx_isa"], str(k["registers"]), str(k["shared_bytes"]),
-                          str(k["spill_store_bytes"]), str(k["imma"]), str(k["hmma"]), str(k["idp4a"])]
+    """Per kernel variant: resources, instructions, 128-bit loads; for GEMVs the bandwidth proxy and budget verdict."""
+    head = ["kernel variant", "registers", "shared bytes", "spill bytes", "IMMA", "HMMA", "DP4A", "128-bit loads",
+            "instructions / weight byte", "budget"]
+    verdict = {True: "met", False: "missed"}
+    return _table(head, [[f"`{k['kernel']}`", *(str(k[c]) for c in ("registers", "shared_bytes", "spill_store_bytes",
+                          "imma", "hmma", "idp4a", "ldg128")), f"{k.get('instructions_per_weight_byte', '')}",
+                          verdict.get(k["budget_failures"] == [], "") if "budget_failures" in k else ""]
                          for k in d["kernels"]])
 
 

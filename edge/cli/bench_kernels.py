@@ -3,9 +3,13 @@ device's measured copy bandwidth (both taken in the same run).
 
     python scripts/bench_kernels.py [--repeats 7] [--contexts 4096,8192,16384,32768] [--out FILE] [--json]
 
-GEMV: K x N = 4096 x 4096, 4096 x 11008 and 11008 x 4096 (Llama-7B q/o, gate/up and down), M = 1 and 5, draft
-(W4A8: base + scales) and target (W8A8: both planes), and the float16-activation variant; cuBLAS float16 x @ W^T
-of the same shape is timed beside it. Attention: Llama-2-7B heads (32 x 128, MHA) and a GQA 32/8 layout, T = 1 and
+GEMV: K x N = 4096 x 4096, 4096 x 11008 and 11008 x 4096 (Llama-7B q/o, gate/up and down), the shapes beyond any
+L2 (8192 x 28672 and 28672 x 8192: 117-235 MB of planes a matrix) and the real shapes of Qwen2.5-1.5B and Llama-3-8B,
+M = 1, 5 and 8, draft (W4A8: base + scales) and target (W8A8: both planes), INT8 activations (the decode kernel) and
+the float16-activation variant (the tensor-core kernel; not in the device check); cuBLAS float16 x @ W^T of the
+same shape is timed beside it. Every timed launch reads its own copy of the planes from a ring of copies that
+together exceed twice the device's L2, so no launch finds its weights in L2 (`ring`), and each row gives the
+copy bandwidth of the same bytes in the same run beside the 512 MiB copy that every fraction is of. Attention: Llama-2-7B heads (32 x 128, MHA) and a GQA 32/8 layout, T = 1 and
 5, KV8 and KV4, over each context. "bytes" are the bytes the format requires (planes, scales, activations in,
 result out); each time is the median over repeats of a CUDA-graph replay of 20 launches (launch overhead excluded),
 and the copy bandwidth is a device-to-device copy of 512 MiB counted as read + write.
@@ -24,13 +28,18 @@ from edge.argtypes import Parser, count
 from edge.cli.common import run_cli
 from edge.errors import BitNestError
 
-GEMV_SHAPES = [(4096, 4096), (4096, 11008), (11008, 4096)]   # (K, N)
+GEMV_SHAPES = [(4096, 4096), (4096, 11008), (11008, 4096)]   # (K, N): Llama-2-7B
+BEYOND_L2 = [(8192, 28672), (28672, 8192)]                  # each matrix's planes > 2x any GPU's L2 (Hopper: 50 MB)
+REAL_SHAPES = {"qwen2.5-1.5b": [(1536, 1536), (1536, 256), (1536, 8960), (8960, 1536)],
+               "llama-3-8b": [(4096, 4096), (4096, 1024), (4096, 14336), (14336, 4096)]}
+DEVICE_CHECK_SHAPES = BEYOND_L2 + [s for shapes in REAL_SHAPES.values() for s in shapes]
+GEMV_TOKENS = (1, 5, 8)
 ATTENTION_LAYOUTS = [("llama2-7b mha", 32, 32, 128), ("gqa 32/8", 32, 8, 128)]   # (name, Hq, Hkv, D)
 LAUNCHES = 20
 
 
-def time_graph(fn, repeats: int) -> float:
-    """Median seconds per call of `fn` over `repeats` replays of a CUDA graph holding LAUNCHES calls."""
+def time_graph(fn, repeats: int, launches: int = LAUNCHES) -> float:
+    """Median seconds per call of `fn` over `repeats` replays of a CUDA graph holding `launches` calls."""
     fn()
     torch.cuda.synchronize()
     stream = torch.cuda.Stream()
@@ -40,7 +49,7 @@ def time_graph(fn, repeats: int) -> float:
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(LAUNCHES):
+        for _ in range(launches):
             fn()
     times = []
     for _ in range(repeats):
@@ -49,7 +58,7 @@ def time_graph(fn, repeats: int) -> float:
         graph.replay()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / LAUNCHES)
+        times.append(start.elapsed_time(end) / 1e3 / launches)
     return statistics.median(times)
 
 
@@ -66,7 +75,7 @@ class _HostData(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def time_host(fn, repeats: int) -> float:
+def time_host(fn, repeats: int, launches: int = LAUNCHES) -> float:
     """Median seconds per call of `fn` timed on the host (the CPU / the Triton interpreter: the dry run's timer).
     Its first call runs as `time_graph` would capture it: one that could not be captured raises here too."""
     with _HostData():
@@ -85,30 +94,75 @@ def copy_bandwidth(repeats: int, nbytes: int = 512 << 20, device: str = "cuda", 
     return 2 * src.numel() / timer(lambda: dst.copy_(src), repeats)
 
 
-def gemv_rows(repeats: int, copy_bw: float, shapes=GEMV_SHAPES, device: str = "cuda", timer=time_graph) -> list[dict]:
+def l2_bytes(device: str) -> int:
+    """The device's L2 cache in bytes (0 on the CPU: the dry run)."""
+    if device != "cuda":
+        return 0
+    return getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20)
+
+
+def ring(nbytes: int, l2: int, launches: int = LAUNCHES) -> int:
+    """Copies of an `nbytes` operand so that those one CUDA graph of `launches` calls touches exceed twice the L2
+    (each call reads the next copy): at least 1; where even `launches` copies would not, the caller times more
+    launches (`max(launches, copies)`)."""
+    return max(1, -(-2 * l2 // max(nbytes, 1)) + 1) if l2 else 1
+
+
+class Cycle:
+    """A callable over a ring of operand sets: each call runs `fn` on the next set."""
+
+    def __init__(self, fn, sets):
+        self.fn, self.sets, self.i = fn, sets, 0
+
+    def __call__(self):
+        out = self.fn(*self.sets[self.i % len(self.sets)])
+        self.i += 1
+        return out
+
+
+def _row(kernel, k, n, m, view, act, need, sec, copy_bw, **extra) -> dict:
+    return {"kernel": kernel, "K": k, "N": n, "M": m, "view": view, "act": act, "bytes": need, "us": sec * 1e6,
+            "GBps": need / sec / 1e9, "fraction_of_copy": need / sec / copy_bw, **extra}
+
+
+def gemv_rows(repeats: int, copy_bw: float, shapes=GEMV_SHAPES, device: str = "cuda", timer=time_graph,
+              acts=("int8", "float16"), tokens=GEMV_TOKENS) -> list[dict]:
+    """One row per (shape, M, view, activations) and a cuBLAS float16 row per (shape, M), each launch on its own
+    copy of the operands (`ring`); `copy_same_GBps`: a device copy of the target's plane bytes, same ring."""
     from plugins.kernels import dual_plane_linear
-    rows = []
+    rows, l2 = [], l2_bytes(device)
     for k, n in shapes:
         g = 128 if k % 128 == 0 else 64
-        base = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=device)
-        refine = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=device)
-        scale = (torch.rand(n, k // g, device=device) * 1e-2).half()
-        w16 = torch.randn(n, k, device=device).half()
-        for m in (1, 5):
+        plane = n * k // 2
+        copies = ring(2 * plane, l2)
+        launches = max(LAUNCHES, copies) if device == "cuda" else LAUNCHES
+        sets = [(torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=device),
+                 torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=device),
+                 (torch.rand(n, k // g, device=device) * 1e-2).half()) for _ in range(copies)]
+        dst = [torch.empty(2 * plane, dtype=torch.uint8, device=device) for _ in range(copies)]
+        copy_sets = [(torch.cat((b.view(-1), r.view(-1))), d) for (b, r, _), d in zip(sets, dst)]
+        copy_same = 2 * 2 * plane / timer(Cycle(lambda src, d: d.copy_(src), copy_sets), repeats, launches)
+        del copy_sets, dst
+        for m in tokens:
             x = torch.randn(m, k, device=device).half()
             out = torch.empty(m, n, dtype=torch.float32, device=device)
             for view, planes in (("draft", 1), ("target", 2)):
-                for act in ("int8", "float16"):
-                    sec = timer(lambda: dual_plane_linear(x, base, refine, scale, view, out=out, act=act), repeats)
-                    need = planes * n * k // 2 + n * (k // g) * 2 + m * k * 2 + m * n * 4
-                    rows.append({"kernel": "dual_plane_linear", "K": k, "N": n, "M": m, "view": view, "act": act,
-                                 "bytes": need, "us": sec * 1e6, "GBps": need / sec / 1e9,
-                                 "fraction_of_copy": need / sec / copy_bw})
-            sec = timer(lambda: x @ w16.T, repeats)
-            need = n * k * 2 + m * k * 2 + m * n * 2
-            rows.append({"kernel": "cublas_fp16", "K": k, "N": n, "M": m, "view": "fp16", "act": "float16",
-                         "bytes": need, "us": sec * 1e6, "GBps": need / sec / 1e9,
-                         "fraction_of_copy": need / sec / copy_bw})
+                for act in acts:
+                    fn = Cycle(lambda b, r, s: dual_plane_linear(x, b, r, s, view, out=out, act=act), sets)
+                    sec = timer(fn, repeats, launches)
+                    need = planes * plane + n * (k // g) * 2 + m * k * 2 + m * n * 4
+                    rows.append(_row("dual_plane_linear", k, n, m, view, act, need, sec, copy_bw,
+                                     copy_same_GBps=copy_same / 1e9, ring=copies, beyond_l2=plane > l2 > 0))
+        del sets
+        w16 = [torch.randn(n, k, device=device).half() for _ in range(ring(2 * n * k, l2))]
+        for m in tokens[:1]:
+            x = torch.randn(m, k, device=device).half()
+            sec = timer(Cycle(lambda w: x @ w.T, [(w,) for w in w16]), repeats, max(launches, len(w16)))
+            rows.append(_row("cublas_fp16", k, n, m, "fp16", "float16", n * k * 2 + m * k * 2 + m * n * 2, sec,
+                             copy_bw, ring=len(w16)))
+        del w16
+        if device == "cuda":
+            torch.cuda.empty_cache()
     return rows
 
 
@@ -146,7 +200,8 @@ def run(a) -> dict:
     copy_bw = copy_bandwidth(a.repeats)
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "triton": __import__("triton").__version__, "repeats": a.repeats, "copy_GBps": copy_bw / 1e9,
-              "gemv": gemv_rows(a.repeats, copy_bw), "attention": attention_rows(a.repeats, copy_bw, contexts)}
+              "l2_bytes": l2_bytes("cuda"), "gemv": gemv_rows(a.repeats, copy_bw, GEMV_SHAPES + DEVICE_CHECK_SHAPES),
+              "attention": attention_rows(a.repeats, copy_bw, contexts)}
     if a.out:
         tmp = Path(a.out + ".tmp")
         tmp.write_text(json.dumps(result, indent=1))

@@ -36,6 +36,8 @@ def render_table(result: dict, gamma: int, sections: tuple) -> str:
                  if "summary" in pl else f"device: {pl.get('reason') or pl.get('error') or 'not run'}") + ".")
     if "gptq" in result:
         lines.append(gptq_line(result["gptq"]))
+    if result.get("step_bandwidth"):
+        lines.append(step_line(result["step_bandwidth"]))
     if proj:
         lines.append(f"Projection at the real model's {proj['tokens_per_round']} tokens per round (γ = {gamma}, "
                      f"{proj['source']}).")
@@ -50,18 +52,35 @@ def render_table(result: dict, gamma: int, sections: tuple) -> str:
 
 
 def bandwidth_line(bw: dict) -> str:
-    """The bandwidth section in a sentence: copy GB/s and each kernel's range as a share of it (or its error)."""
+    """The bandwidth section in a sentence: copy GB/s and each kernel's range as a share of it (or its error): the
+    decode GEMV at M = 1 and 5 beyond L2 (one copy of the planes larger than the L2) and at the other shapes."""
     if "copy_GBps" not in bw:
         return f"Bandwidth: {bw.get('error', 'not run').rstrip('.')}."
 
     def share(rows):
         f = sorted(r["fraction_of_copy"] for r in rows)
         return f"{100 * f[0]:.0f}–{100 * f[-1]:.0f}%" if f else "none"
-    gemv = [r for r in bw["gemv"] if r["M"] == 1 and r["act"] == "int8"]
-    parts = [f"GEMV M = 1 {v} {share([r for r in gemv if r['view'] == v])}" for v in ("draft", "target")]
+    gemv = [r for r in bw["gemv"] if r["kernel"] == "dual_plane_linear" and r["act"] == "int8"]
+    parts = []
+    for where, rows in (("beyond L2", [r for r in gemv if r.get("beyond_l2")]),
+                        ("at the other shapes", [r for r in gemv if not r.get("beyond_l2")])):
+        parts += [f"GEMV {where} M = {m} {v} {share([r for r in rows if r['M'] == m and r['view'] == v])}"
+                  for m, v in ((1, "draft"), (1, "target"), (5, "target")) if any(r["M"] == m for r in rows)]
     parts += [f"attention T = 1 {v} {share([r for r in bw['attention'] if r['T'] == 1 and r['view'] == v])}"
               for v in ("kv8", "kv4")]
     return f"Copy bandwidth {bw['copy_GBps']:.0f} GB/s; kernels as a share of it: {', '.join(parts)}."
+
+
+def step_line(steps: dict) -> str:
+    """Each model's whole graphed pass (its weight bytes over its time) as a share of the copy bandwidth."""
+    parts = []
+    for model, forms in steps.items():
+        t = forms.get("graphs") or forms.get("static") or {}
+        if t:
+            parts.append(f"{model} target {100 * t['target']:.0f}%, draft {100 * t['draft']:.0f}%, "
+                         f"verification {100 * t['verify']:.0f}%")
+    return ("Whole passes, weight bytes over pass time as a share of the copy bandwidth: " + "; ".join(parts) + ".") \
+        if parts else ""
 
 
 def trt_summary(trt: dict) -> str:

@@ -5,6 +5,13 @@ metadata), and which matrix instructions the SASS holds (int8 IMMA, float16 HMMA
 Argument types are the ones the launchers pass at run time (activations, queries and new K/V are float32; the
 float16-activation GEMV variants take float16), so the registers reported are those of the kernels that run.
 
+The bandwidth proxy (`sass_proxy`, what a developer without a GPU holds every change to): the number of 128-bit
+global loads (`LDG.E.128`: a weight chunk of 16 bytes per instruction), and the lane instructions per weight byte of
+the main loop: the SASS instructions between the loop's head and its backward branch, times the threads of a
+program, over the plane bytes a program reads per iteration (one group of its rows). Decode GEMVs are held to
+BUDGETS (`budget_failures`): on Orin NX (8 SMs x 128 lanes at 918 MHz, 102 GB/s) the issue rate allows ~9 lane
+instructions per byte at the roofline, so <= 4 leaves the memory system the bound with room for latency.
+
 PTX ISA version: Triton 3.9 bundles ptxas 12.9 and by default emits PTX ISA 8.8, which the CUDA 12.6 driver of
 JetPack 6.1/6.2 cannot JIT (12.6 reads PTX up to ISA 8.5). We pin `ptx_version=85` for sm_87, so the PTX loads on
 JetPack 6's driver; the cubins are sm_87 SASS. On the device Triton compiles at run time with the ptxas that
@@ -21,9 +28,10 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from plugins.kernels import attention, gemv
+from plugins.kernels import attention, gemv, gemv_decode
 
 JETPACK6_PTX = 85     # PTX ISA 8.5: the newest the CUDA 12.6 driver (JetPack 6.1/6.2) loads
+BUDGETS = {"registers": 128, "spill_bytes": 0, "instructions_per_weight_byte": 4.0}   # decode GEMVs, sm_87
 
 
 @dataclass(frozen=True)
@@ -35,16 +43,43 @@ class KernelSpec:
     signature: dict
     constexprs: dict
     num_warps: int = 4
+    loop_weight_bytes: int = 0      # plane bytes a program reads per main-loop iteration (GEMVs; 0: not a GEMV)
+    decode: bool = False            # a decode GEMV: held to BUDGETS
+    num_stages: int = 3             # Triton's software-pipelining stages (its default), as the launcher passes
+    aligned: bool = True            # pointers specialized as 16-byte aligned (False: what a misaligned call gets)
+
+    def attrs(self) -> dict:
+        """Every pointer argument 16-byte aligned, as Triton's launcher specializes torch's allocations at run time
+        (without it the compiler cannot prove a 128-bit load aligned and the SASS would not be what runs)."""
+        if not self.aligned:
+            return {}
+        return {(i,): [["tt.divisibility", 16]] for i, t in enumerate(self.signature.values()) if t.startswith("*")}
 
 
 def _gemv(name, target, float_act, split, g=128, runtime_view=False):
+    """The tensor-core kernel (prefill tiles of 16 tokens): one group of 64 rows per loop iteration."""
     sig = {"x_ptr": "*fp16" if float_act else "*i8", "sx_ptr": "*fp32", "base_ptr": "*u8", "refine_ptr": "*u8",
            "scale_ptr": "*fp16", "offset_ptr": "*fp16", "out_ptr": "*fp32", "view_ptr": "*i64", "M": "i32",
            "N": "i32", "K": "i32", "GROUPS_PER_SPLIT": "i32"}
     const = {"TARGET": target, "HAS_OFFSET": False, "FLOAT_ACT": float_act, "SPLIT": split, "G": g,
              "DOT_K": gemv.dot_k(g), "BLOCK_N": 64, "BLOCK_M": gemv.BLOCK_M, "INTERP": False,
              "RUNTIME_VIEW": runtime_view}
-    return KernelSpec(name, gemv.dual_plane_kernel, sig | {k: "constexpr" for k in const}, const)
+    planes = 2 if target or runtime_view else 1
+    return KernelSpec(name, gemv.dual_plane_kernel, sig | {k: "constexpr" for k in const}, const,
+                      loop_weight_bytes=64 * planes * g // 2)
+
+
+def _decode(name, target, m, g=128, runtime_view=False):
+    """The decode kernel for m tokens (what `gemv._launch_decode` launches): one group per loop iteration."""
+    sig = {"x_ptr": "*i32", "xsum_ptr": "*i32", "sx_ptr": "*fp32", "base_ptr": "*i32", "refine_ptr": "*i32",
+           "scale_ptr": "*fp16", "offset_ptr": "*fp16", "out_ptr": "*fp32", "view_ptr": "*i64", "N": "i32",
+           "K": "i32", "GROUPS_PER_SPLIT": "i32"}
+    rows, block_s = gemv.decode_rows(m), 32 * gemv.DECODE_WARPS
+    const = {"M": m, "TARGET": target, "HAS_OFFSET": False, "SPLIT": 4, "G": g, "ROWS": rows, "BLOCK_S": block_s,
+             "INTERP": 0, "RUNTIME_VIEW": runtime_view}
+    planes = 2 if target or runtime_view else 1       # a run-time view's largest loop is its target view's
+    return KernelSpec(name, gemv_decode.decode_gemv_kernel, sig | {k: "constexpr" for k in const}, const,
+                      gemv.DECODE_WARPS, loop_weight_bytes=rows * block_s * planes * g // 2, decode=True)
 
 
 def _attention(name, d, r, num_warps=4):
@@ -54,7 +89,8 @@ def _attention(name, d, r, num_warps=4):
     sig = dict(zip(ptrs, types)) | {k: "i32" for k in ("T", "cap", "scap", "n_chunks")} | {"sm_scale": "fp32"}
     const = {"HKV": 8, "R": r, "D": d, "CHUNK": attention.CHUNK, "BLOCK_S": attention.BLOCK_S, "BLOCK_M": attention.rows_per_tile(r),
              "INTERP": False}
-    return KernelSpec(name, attention.flash_decode_kernel, sig | {k: "constexpr" for k in const}, const, num_warps)
+    return KernelSpec(name, attention.flash_decode_kernel, sig | {k: "constexpr" for k in const}, const, num_warps,
+                      num_stages=attention.STAGES)
 
 
 def kernel_specs() -> list[KernelSpec]:
@@ -63,13 +99,25 @@ def kernel_specs() -> list[KernelSpec]:
         KernelSpec("quantize_rows", gemv.quantize_rows_kernel,
                    {"x_ptr": "*fp32", "xq_ptr": "*i8", "sx_ptr": "*fp32", "K": "i32", "stride_x": "i32",
                     "BLOCK_K": "constexpr"}, {"BLOCK_K": 1024}),
-        _gemv("gemv_draft_w4a8", False, False, 4),
-        _gemv("gemv_target_w8a8", True, False, 4),
-        _gemv("gemv_target_w8a8_g64_nosplit", True, False, 1, g=64),
-        _gemv("gemv_target_w8a8_g32", True, False, 4, g=32),     # a group of 16 bytes: below int8 MMA's K of 32
-        _gemv("gemv_runtime_view_w8a8", False, False, 4, runtime_view=True),    # the TensorRT plugin's form
-        _gemv("gemv_draft_w4a16", False, True, 4),
-        _gemv("gemv_target_w8a16", True, True, 4),
+        KernelSpec("quantize_decode", gemv_decode.quantize_decode_kernel,
+                   {"x_ptr": "*fp32", "xq_ptr": "*i8", "xsum_ptr": "*i32", "sx_ptr": "*fp32", "K": "i32",
+                    "stride_x": "i32", "M": "constexpr", "G": "constexpr", "BLOCK_K": "constexpr"},
+                   {"M": 5, "G": 128, "BLOCK_K": 1024}),
+        _decode("decode_draft_m1", False, 1),                 # a draft step
+        _decode("decode_target_m1", True, 1),                 # a target step
+        _decode("decode_target_m5", True, 5),                 # verification at γ = 4
+        _decode("decode_target_m8", True, 8),                 # the largest decode pass
+        _decode("decode_runtime_view_m1", False, 1, runtime_view=True),    # the TensorRT plugin's form
+        _decode("decode_runtime_view_m5", False, 5, runtime_view=True),
+        _decode("decode_draft_m1_g64", False, 1, g=64),       # the default model's group size
+        _decode("decode_target_m5_g64", True, 5, g=64),
+        _gemv("mma_draft_w4a8", False, False, 4),             # prefill tiles (M > 8): tensor cores
+        _gemv("mma_target_w8a8", True, False, 4),
+        _gemv("mma_target_w8a8_g64_nosplit", True, False, 1, g=64),
+        _gemv("mma_target_w8a8_g32", True, False, 4, g=32),   # a group of 16 bytes: below int8 MMA's K of 32
+        _gemv("mma_runtime_view_w8a8", False, False, 4, runtime_view=True),
+        _gemv("mma_draft_w4a16", False, True, 4),             # float16 activations, any M
+        _gemv("mma_target_w8a16", True, True, 4),
         KernelSpec("gemv_split_reduce", gemv.split_reduce_kernel,
                    {"part_ptr": "*fp32", "sx_ptr": "*fp32", "out_ptr": "*fp32", "M": "i32", "N": "i32",
                     "SPLIT": "constexpr", "SCALE_X": "constexpr", "BLOCK": "constexpr"},
@@ -101,31 +149,86 @@ def ptxas_usage(ptx_file: Path, arch: int) -> dict:
             "spill_load_bytes": int(spill.group(2)) if spill else 0}
 
 
-def sass_instructions(cubin_file: Path) -> dict:
-    """Counts of the matrix / dot-product instructions in the SASS of `cubin_file`."""
-    sass = subprocess.run([_tool("cuobjdump"), "-sass", str(cubin_file)], capture_output=True, text=True,
+def _sass(cubin_file: Path) -> str:
+    return subprocess.run([_tool("cuobjdump"), "-sass", str(cubin_file)], capture_output=True, text=True,
                           check=True).stdout
+
+
+def sass_instructions(sass: str) -> dict:
+    """Counts of the matrix / dot-product instructions and of 128-bit global loads in `sass` (cuobjdump -sass)."""
     return {"imma": len(re.findall(r"\bIMMA\b", sass)), "hmma": len(re.findall(r"\bHMMA\b", sass)),
-            "idp4a": len(re.findall(r"\bIDP\.4A\b", sass)), "sass_lines": sass.count("\n")}
+            "idp4a": len(re.findall(r"\bIDP\.4A\b", sass)), "ldg128": len(re.findall(r"\bLDG\.E\S*\.128\b", sass)),
+            "sass_lines": sass.count("\n")}
+
+
+def main_loop(sass: str) -> list[str]:
+    """The instructions of the largest loop of `sass` holding a global load: from a backward branch's target to the
+    branch (cuobjdump prints each instruction as /*ADDR*/ OPCODE ...;). Empty where there is none."""
+    code = [(int(a, 16), op.strip()) for a, op in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    best = []
+    for addr, op in code:
+        jump = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", op)
+        if jump and int(jump.group(1), 16) <= addr:
+            body = [o for a, o in code if int(jump.group(1), 16) <= a <= addr]
+            if len(body) > len(best) and any(re.search(r"\bLDG\b", o) for o in body):
+                best = body
+    return best
+
+
+def sass_proxy(sass: str, spec: KernelSpec) -> dict:
+    """The bandwidth proxy of a GEMV (module docstring): its main loop's instructions and the lane instructions
+    per weight byte they cost."""
+    if not spec.loop_weight_bytes:
+        return {}
+    loop = main_loop(sass)
+    per_byte = len(loop) * 32 * spec.num_warps / spec.loop_weight_bytes
+    return {"loop_instructions": len(loop), "loop_weight_bytes": spec.loop_weight_bytes,
+            "loop_ldg128": sum(bool(re.search(r"\bLDG\.E\S*\.128\b", o)) for o in loop),
+            "instructions_per_weight_byte": round(per_byte, 3)}
+
+
+def budget_failures(row: dict) -> list[str]:
+    """What a compiled decode GEMV (a `compile_all` row) misses of BUDGETS, each in a few words; [] where it meets
+    them. It must also dot on CUDA cores (dp4a, no matrix instructions) and load its planes 128 bits at a time."""
+    out = []
+    if row["registers"] is None or row["registers"] > BUDGETS["registers"]:
+        out.append(f"{row['registers']} registers > {BUDGETS['registers']}")
+    if row["spill_store_bytes"] + row["spill_load_bytes"] > BUDGETS["spill_bytes"]:
+        out.append(f"spills {row['spill_store_bytes']} + {row['spill_load_bytes']} bytes")
+    per_byte = row.get("instructions_per_weight_byte")
+    if per_byte is None or per_byte > BUDGETS["instructions_per_weight_byte"]:
+        out.append(f"{per_byte} lane instructions per weight byte > {BUDGETS['instructions_per_weight_byte']}")
+    if row["imma"] or row["hmma"] or not row["idp4a"]:
+        out.append(f"matrix instructions (IMMA {row['imma']}, HMMA {row['hmma']}) or no dp4a ({row['idp4a']})")
+    if not row.get("loop_ldg128"):
+        out.append("no 128-bit load in the main loop")
+    return out
+
+
+def compile_spec(spec: KernelSpec, out_dir: Path, arch: int = 87, ptx_version: int = JETPACK6_PTX) -> dict:
+    """Compile one spec for sm_`arch`, write NAME.ptx and NAME.cubin under out_dir and summarize it (a decode
+    GEMV's row also lists what it misses of BUDGETS)."""
+    k = triton.compile(ASTSource(spec.fn, spec.signature, spec.constexprs, spec.attrs()),
+                       target=GPUTarget("cuda", arch, 32),
+                       options={"num_warps": spec.num_warps, "num_stages": spec.num_stages, "ptx_version": ptx_version,
+                                "enable_fp_fusion": False})
+    ptx, cubin = out_dir / f"{spec.name}.ptx", out_dir / f"{spec.name}.cubin"
+    ptx.write_text(k.asm["ptx"])
+    cubin.write_bytes(k.asm["cubin"])
+    sass = _sass(cubin)
+    isa = re.search(r"^\.version (\d+\.\d+)", k.asm["ptx"], re.M)
+    row = {"kernel": spec.name, "ptx_isa": isa.group(1) if isa else None,
+           "target": re.search(r"^\.target (\S+)", k.asm["ptx"], re.M).group(1),
+           "shared_bytes": k.metadata.shared, "num_warps": spec.num_warps,
+           "ptx_int8_mma": len(re.findall(r"mma\.sync\.aligned\.\S*\.s8\.s8", k.asm["ptx"])),
+           "ptx_dp4a": k.asm["ptx"].count("dp4a"), **ptxas_usage(ptx, arch), **sass_instructions(sass),
+           **sass_proxy(sass, spec)}
+    if spec.decode:
+        row["budget_failures"] = budget_failures(row)
+    return row
 
 
 def compile_all(out_dir: Path, arch: int = 87, ptx_version: int = JETPACK6_PTX) -> list[dict]:
-    """Compile every kernel spec for sm_`arch`; writes NAME.ptx and NAME.cubin under out_dir, returns summaries."""
+    """Compile every kernel spec for sm_`arch` (`compile_spec`); returns their summaries."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    target = GPUTarget("cuda", arch, 32)
-    rows = []
-    for spec in kernel_specs():
-        src = ASTSource(spec.fn, spec.signature, spec.constexprs)
-        k = triton.compile(src, target=target, options={"num_warps": spec.num_warps, "ptx_version": ptx_version,
-                                                         "enable_fp_fusion": False})
-        ptx, cubin = out_dir / f"{spec.name}.ptx", out_dir / f"{spec.name}.cubin"
-        ptx.write_text(k.asm["ptx"])
-        cubin.write_bytes(k.asm["cubin"])
-        isa = re.search(r"^\.version (\d+\.\d+)", k.asm["ptx"], re.M)
-        rows.append({"kernel": spec.name, "ptx_isa": isa.group(1) if isa else None,
-                     "target": re.search(r"^\.target (\S+)", k.asm["ptx"], re.M).group(1),
-                     "shared_bytes": k.metadata.shared, "num_warps": spec.num_warps,
-                     "ptx_int8_mma": len(re.findall(r"mma\.sync\.aligned\.\S*\.s8\.s8", k.asm["ptx"])),
-                     "ptx_dp4a": k.asm["ptx"].count("dp4a"),
-                     **ptxas_usage(ptx, arch), **sass_instructions(cubin)})
-    return rows
+    return [compile_spec(spec, out_dir, arch, ptx_version) for spec in kernel_specs()]

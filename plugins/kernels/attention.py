@@ -43,6 +43,9 @@ from plugins.kernels.common import INTERPRET, interp_dot, round_half_even
 CHUNK = 128          # positions per program (absolute boundaries): 32K context = 256 chunks per KV head
 BLOCK_S = 64         # positions per inner step
 MAX_ROWS = 64        # query rows (GQA group x queries) per program; larger groups tile over a grid axis
+STAGES = 1           # software-pipelining stages of the attention loop: with 16-byte-aligned planes (what the
+                     # launcher specializes) 3 stages staged 94-106 KB of shared memory per program on sm_87 and
+                     # spilled the d128 MHA tile; one stage: 28-41 KB, no spill (`bitnest compile-kernels`)
 QUERY_SLOTS = 5      # queries per row tile for any GQA ratio (γ + 1 <= 5, the default γ = 4, verifies in one read
                      # of the KV; 8 slots gave d64 GQA 3 a 32-row tile that spills on sm_87 at 4 or 8 warps)
 
@@ -270,7 +273,7 @@ def _attend(q, base, refine, scale, scratch, main_ptr, seq_ptr, kv8_ptr, n_chunk
         q.contiguous(), base, refine, scale, sb, sr, ss, m_ws, l_ws, acc_ws, main_ptr, seq_ptr, kv8_ptr,
         t, base.shape[2], scap, n_chunks, 1.0 / math.sqrt(d),
         HKV=hkv, R=r, D=d, CHUNK=CHUNK, BLOCK_S=BLOCK_S, BLOCK_M=block_m, INTERP=INTERPRET,
-        num_warps=warps_for(d, r), enable_fp_fusion=False,
+        num_warps=warps_for(d, r), num_stages=STAGES, enable_fp_fusion=False,
     )
     y = out if out is not None else torch.empty(hq, t, d, dtype=torch.float32, device=dev)
     chunk_reduce_kernel[(hkv, r * t)](m_ws, l_ws, acc_ws, y, t, n_chunks, R=r, D=d, enable_fp_fusion=False)

@@ -46,3 +46,14 @@ def interp_dot(a, b):
     (Haswell/Zen) sgemm gives a row a result that depends on its position in the block (1e-7..2e-6 apart), which
     would make a verification pass differ from single-token steps on some machines and not on others."""
     return tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)    # [BM, BN]
+
+
+@triton.jit
+def row_scale(x_ptr, K, BLOCK_K: tl.constexpr):
+    """s_x = max|x|/127 (at least 1e-12) of the row of K floats at x_ptr: per-token INT8 activations' scale."""
+    offs = tl.arange(0, BLOCK_K)
+    amax = tl.zeros([BLOCK_K], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        v = tl.load(x_ptr + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(v))
+    return tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), 127.0), 1e-12)

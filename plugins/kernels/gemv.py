@@ -29,9 +29,13 @@ import torch
 import triton
 import triton.language as tl
 
-from plugins.kernels.common import INTERPRET, interp_dot, round_half_even
+from plugins.kernels.common import INTERPRET, interp_dot, round_half_even, row_scale
+import plugins.kernels.gemv_decode as gemv_decode
+from plugins.kernels.gemv_decode import DECODE_MAX_M, XSUM_SLOTS, decode_gemv_kernel, quantize_decode_kernel
 
-BLOCK_M = 16          # rows of x per program: the MMA's minimum M; M <= 16 runs in one tile
+BLOCK_M = 16          # rows of x per program of the tensor-core kernel: the MMA's minimum M
+PLAN_ROWS = 128       # rows per program in the split plan (plan_split)
+DECODE_WARPS = 4      # the decode kernel's warps: one row per thread, BLOCK_S = 32 * DECODE_WARPS rows per row tile
 ACTS = ("int8", "float16")
 
 
@@ -41,11 +45,7 @@ def quantize_rows_kernel(x_ptr, xq_ptr, sx_ptr, K, stride_x, BLOCK_K: tl.constex
     Bytes: the row of x twice (max, then quantize; the second read hits L1/L2), K bytes of codes and 4 of scale out."""
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK_K)
-    amax = tl.zeros([BLOCK_K], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        v = tl.load(x_ptr + row * stride_x + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
-        amax = tl.maximum(amax, tl.abs(v))
-    s = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), 127.0), 1e-12)
+    s = row_scale(x_ptr + row * stride_x, K, BLOCK_K)
     tl.store(sx_ptr + row, s)
     for k0 in range(0, K, BLOCK_K):
         m = k0 + offs < K
@@ -163,12 +163,13 @@ def _sm_count(device: torch.device) -> int:
     return 8  # the interpreter: Orin NX's 8 SMs, so tests exercise the split path
 
 
-def plan_split(n: int, k: int, g: int, block_n: int, sms: int) -> tuple[int, int]:
-    """(split, groups per split) for an N x K layer: enough programs to give every SM ~4 of them at M = 1,
-    never splitting below 2 groups of K per program. Depends on the shape and device only, never on M."""
+def plan_split(n: int, k: int, g: int, sms: int) -> tuple[int, int]:
+    """(split, groups per split) for an N x K layer: enough programs of PLAN_ROWS rows (the decode kernel's at
+    M <= 4) to give every SM ~4 of them, never splitting below 2 groups of K per program. Depends on the shape and
+    device only, never on M or on which kernel runs: both kernels reduce the same splits in the same order, which is
+    what makes their rows equal bit for bit."""
     groups = k // g
-    tiles = triton.cdiv(n, block_n)
-    split = max(1, min(triton.cdiv(4 * sms, tiles), groups // 2 or 1, 32))
+    split = max(1, min(triton.cdiv(4 * sms, triton.cdiv(n, PLAN_ROWS)), groups // 2 or 1, 32))
     per = triton.cdiv(groups, split)
     return triton.cdiv(groups, per), per
 
@@ -206,16 +207,63 @@ def _check(x, base, scale, act):
     return m, k, n, g
 
 
+def decode_rows(m: int) -> int:
+    """Row tiles per thread of the decode kernel for m tokens: 2 from 5 tokens on (each activation word loaded
+    serves two rows: fewer instructions per weight byte where the dp4a work grows with m), else 1 (more programs)."""
+    return 2 if m >= 5 else 1
+
+
+def _reduce(dest, sx, y, m, n, split, scale_x):
+    """y = (s_x *) the ordered sum of the split partials dest [split, m, n] (no-op where split == 1)."""
+    if split > 1:
+        block = 256
+        split_reduce_kernel[(triton.cdiv(m * n, block),)](dest, sx, y, m, n, SPLIT=split, SCALE_X=scale_x,
+                                                          BLOCK=block, enable_fp_fusion=False)
+
+
+def _launch_decode(x, base, refine, scale, offset, y, target, view_code, split, per):
+    """One decode launch (M <= DECODE_MAX_M, INT8 activations): plugins.kernels.gemv_decode."""
+    m, k = x.shape
+    n, g = base.shape[0], k // scale.shape[1]
+    xq, xsum, sx = quantize_decode(x.contiguous(), g)
+    rows = decode_rows(m)
+    dest = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    words = base.view(torch.int32)
+    decode_gemv_kernel[(triton.cdiv(n, rows * 32 * DECODE_WARPS), split)](
+        xq, xsum, sx, words, refine.view(torch.int32) if refine is not None else words, scale,
+        offset if offset is not None else scale, dest, view_code if view_code is not None else scale, n, k, per,
+        M=m, TARGET=bool(target), HAS_OFFSET=offset is not None, SPLIT=split, G=g, ROWS=rows,
+        BLOCK_S=32 * DECODE_WARPS, INTERP=gemv_decode.interp_form if INTERPRET else 0, RUNTIME_VIEW=view_code is not None,
+        num_warps=DECODE_WARPS, enable_fp_fusion=False)
+    _reduce(dest, sx, y, m, n, split, True)
+    return y
+
+
+def quantize_decode(x: torch.Tensor, g: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (int32 words of the decode layout [K/32, M, 8], int32 group sums [K/g, XSUM_SLOTS], float32
+    scales [M]): per-token INT8 activations as `quantize_rows`, laid out for `decode_gemv_kernel`."""
+    m, k = x.shape
+    xq = torch.empty(m * k // 4, dtype=torch.int32, device=x.device)
+    xsum = torch.empty(k // g, XSUM_SLOTS, dtype=torch.int32, device=x.device)    # slots past M are never read
+    sx = torch.empty(m, dtype=torch.float32, device=x.device)
+    quantize_decode_kernel[(m,)](x, xq.view(torch.int8), xsum, sx, k, x.stride(0), M=m, G=g,
+                                 BLOCK_K=max(g, min(1024, triton.next_power_of_2(k))), enable_fp_fusion=False)
+    return xq, xsum, sx
+
+
 def _launch(x, base, refine, scale, offset, y, act, target, view_code):
-    """One launch (M <= BLOCK_M) of the view `target` (bool) or of the view in device scalar `view_code`."""
+    """One launch (M <= BLOCK_M) of the view `target` (bool) or of the view in device scalar `view_code`: the
+    decode kernel for M <= DECODE_MAX_M with INT8 activations, the tensor-core kernel otherwise."""
     m, k, n, g = _check(x, base, scale, act)
+    split, per = plan_split(n, k, g, _sm_count(x.device))
     float_act = act == "float16"
+    if not float_act and m <= DECODE_MAX_M:
+        return _launch_decode(x, base, refine, scale, offset, y, target, view_code, split, per)
     if float_act:
         xk, sx = x.to(torch.float16).contiguous(), y     # sx unused
     else:
         xk, sx = quantize_rows(x.contiguous())
     bn = block_n_for(n)
-    split, per = plan_split(n, k, g, bn, _sm_count(x.device))
     dest = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     dual_plane_kernel[(triton.cdiv(n, bn), split)](
         xk, sx, base, refine if refine is not None else base, scale, offset if offset is not None else scale, dest,
@@ -224,10 +272,7 @@ def _launch(x, base, refine, scale, offset, y, act, target, view_code):
         G=g, BLOCK_N=bn, BLOCK_M=BLOCK_M, INTERP=INTERPRET, RUNTIME_VIEW=view_code is not None, DOT_K=dot_k(g),
         enable_fp_fusion=False,
     )
-    if split > 1:
-        block = 256
-        split_reduce_kernel[(triton.cdiv(m * n, block),)](dest, sx, y, m, n, SPLIT=split, SCALE_X=not float_act,
-                                                          BLOCK=block, enable_fp_fusion=False)
+    _reduce(dest, sx, y, m, n, split, not float_act)
     return y
 
 

@@ -1,0 +1,257 @@
+"""Triton decode GEMV of the dual-plane format (docs/kernels.md, decode GEMV): y[M, N] = x[M, K] @ W_view^T for the
+M <= DECODE_MAX_M tokens of a draft step (1) or a verification pass (γ+1), on CUDA cores, built to stream the planes
+at the memory roofline. `plugins.kernels.gemv` launches it for small M and keeps the tensor-core kernel for prefill.
+
+Why this shape (decode is bandwidth-bound: a 7B target step reads ~6.8 GB of planes to do ~14 GFLOP):
+- one thread owns one weight row of a ROWS x 32 x num_warps-row tile and walks whole groups of its row; each 16-byte
+  chunk of a plane row is one 128-bit load (`LDG.E.128`), and every plane byte is loaded once per pass whatever M
+  (the M tokens' activations, kilobytes, come from L1/L2);
+- the nibbles are unpacked in registers with 32-bit bit operations, four lanes at a time, into signed int8 lanes
+  that dp4a consumes: draft lane = 16*q4 (`(b << 4) & 0xF0F0F0F0` and `b & 0xF0F0F0F0`: the nibble in the high half
+  of a byte is 16*q4 in two's complement), target lane = 16*q4 + qr + 8 (the high nibble from the base byte, the low
+  one `qr ^ 8` from the refinement byte: always in [-128, 127], even for top-4-of-8 codes, whose 16*q4 + qr reaches
+  -136);
+- dot products are dp4a (four int8 x int8 products into int32 per instruction) on per-token INT8 activations that
+  `quantize_decode` lays out per 32-column chunk as [token][4 words of even columns, 4 words of odd columns], so the
+  words of a chunk pair with the base words' low and high nibbles without any shuffle;
+- no tensor cores: at M = 1 an MMA tile would compute 16 tokens to use one, and its operand tiles hold the
+  registers that the old kernel spent (254 on sm_87); here no shared memory, no barriers, no shuffles.
+
+Exact arithmetic, and why it equals the tensor-core kernel bit for bit: each (token, row, group) sum is an exact
+int32: the draft's dp4a sum is 16*dot(x, q4), shifted down by 4; the target's is 16*dot(x, q4) + dot(x, qr) +
+8*sum(x), less 8*sum(x) (the group sums of x that `quantize_decode` writes beside it). The float32 steps are then
+those of `plugins.kernels.gemv.dual_plane_kernel`, in the same order: acc += sum * s (draft) or sum * (s/16)
+(target), plus sum(x) * offset where there is one, groups in index order, the same split of K (`gemv.plan_split`),
+the same ordered reduction and s_x at the end. So a row's result depends on neither M nor which kernel ran it, and
+a verification pass computes bit for bit what single-token steps compute.
+"""
+
+import triton
+import triton.language as tl
+
+from plugins.kernels.common import round_half_even, row_scale
+
+DECODE_MAX_M = 8                      # tokens a decode launch serves; larger M runs the tensor-core kernel
+# The interpreter's two forms of the group sums (the kernel's INTERP): INTERP_GROUPS, whole-group numpy operations
+# (the default: whole model passes in the interpreter stay seconds), or INTERP_CHAINS, the compiled form's dp4a
+# chains emulated lane by lane (the tests run it on small shapes, so the code the GPU compiles runs here too).
+INTERP_GROUPS = tl.constexpr(1)
+INTERP_CHAINS = tl.constexpr(2)
+interp_form = 1                       # what the launcher passes in the interpreter (a test sets INTERP_CHAINS)
+XSUM_SLOTS = tl.constexpr(DECODE_MAX_M)   # group sums of x_q per group: one slot per token, unused ones 0
+CHUNK_COLS = tl.constexpr(32)         # columns per 16-byte chunk of a plane row (one 128-bit load per plane)
+LOW = tl.constexpr(0x0F0F0F0F)        # the low nibble of each byte lane
+HIGH = tl.constexpr(-0x0F0F0F10)      # 0xF0F0F0F0 as int32: the high nibble of each byte lane
+EIGHTS = tl.constexpr(-0x77777778)    # 0x88888888: each nibble's qr ^ 8 = qr + 8 in [0, 15]
+DRAFT_REFINE = EIGHTS                 # the refinement word a draft view reads instead: every qr ^ 8 is 0
+
+
+@triton.jit
+def _dp4a(a, b, c, INTERP: tl.constexpr):
+    """c + the sum of the four signed int8 lanes of a times those of b (int32 tensors; PTX dp4a.s32.s32)."""
+    if INTERP:                       # the interpreter has no inline PTX: the same sum, lane by lane, in int32
+        for i in tl.static_range(4):
+            c += ((a << (24 - 8 * i)) >> 24) * ((b << (24 - 8 * i)) >> 24)
+        return c
+    return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
+def quantize_decode_kernel(x_ptr, xq_ptr, xsum_ptr, sx_ptr, K, stride_x, M: tl.constexpr, G: tl.constexpr,
+                           BLOCK_K: tl.constexpr):
+    """One program per token m: s_x = max|x|/127 (at least 1e-12), x_q = clip(rne(x/s_x), -127, 127), as
+    `gemv.quantize_rows_kernel`, written in the decode layout: column k of chunk c = k // 32 goes to byte
+    c*M*32 + m*32 + 4*(4*(k % 2) + (k // 8) % 4) + (k // 2) % 4 (even columns in the chunk's first four words, odd
+    ones in the last four), and each group's sum of x_q to xsum[group, m] (int32 [K/G, XSUM_SLOTS], the other slots left as they are).
+    Bytes: the row of x twice, K bytes of codes, 4 per group and 4 of scale out."""
+    m = tl.program_id(0)
+    offs = tl.arange(0, BLOCK_K)
+    s = row_scale(x_ptr + m * stride_x, K, BLOCK_K)
+    tl.store(sx_ptr + m, s)
+    n_groups = K // G
+    gi = tl.arange(0, BLOCK_K // G)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + offs
+        live = k < K
+        v = tl.load(x_ptr + m * stride_x + k, mask=live, other=0.0).to(tl.float32)
+        q = tl.minimum(tl.maximum(round_half_even(tl.math.div_rn(v, s)), -127.0), 127.0)
+        dst = (k // CHUNK_COLS) * (M * 32) + m * 32 + 4 * (4 * (k % 2) + (k // 8) % 4) + (k // 2) % 4
+        tl.store(xq_ptr + dst, q.to(tl.int8), mask=live)
+        sums = tl.sum(tl.reshape(q.to(tl.int32), [BLOCK_K // G, G]), axis=1)                # [BLOCK_K / G]
+        g = k0 // G + gi
+        tl.store(xsum_ptr + g * XSUM_SLOTS + m, sums, mask=g < n_groups)
+
+
+@triton.jit
+def _words(t):
+    """The four words of a [..., 4] tensor as a tuple of [...] tensors (in-thread: each thread holds all four)."""
+    a, b = tl.split(tl.reshape(t, t.shape[:-1] + [2, 2]))     # words (0, 2) and (1, 3)
+    w0, w2 = tl.split(a)
+    w1, w3 = tl.split(b)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def _eight(t):
+    """The eight entries of an [8] tensor as a tuple of scalars (in-thread)."""
+    e, o = tl.split(tl.reshape(t, [4, 2]))              # t[0::2], t[1::2]
+    ee, eo = tl.split(tl.reshape(e, [2, 2]))            # (t0, t4), (t2, t6)
+    oe, oo = tl.split(tl.reshape(o, [2, 2]))            # (t1, t5), (t3, t7)
+    t0, t4 = tl.split(ee)
+    t2, t6 = tl.split(eo)
+    t1, t5 = tl.split(oe)
+    t3, t7 = tl.split(oo)
+    return t0, t1, t2, t3, t4, t5, t6, t7
+
+
+@triton.jit
+def _lanes(t):
+    """The four signed int8 lanes of each int32 word of t [R, W] as int32 [R, W, 4]."""
+    shift = 24 - 8 * tl.arange(0, 4)
+    return (t[:, :, None] << shift[None, None, :]) >> 24
+
+
+@triton.jit
+def _group_sums_interp(isum, x_ptr, base_ptr, refine_ptr, wp, g, M: tl.constexpr, TARGET: tl.constexpr,
+                       ROWS: tl.constexpr, CH: tl.constexpr):
+    """The interpreter's form of one group's dp4a chains: the same lanes (16*q4, or 16*q4 + qr + 8) times the same
+    activation lanes, summed exactly in int32, as whole-group numpy operations (the chains' thousands of scalar
+    steps take the interpreter seconds a launch). Reads the same words at the same addresses as the GPU form."""
+    words = tl.arange(0, CH * 4)                                                     # [W] the group's words of a row
+    xw = g * (CH * M * 8) + tl.arange(0, CH)[:, None] * (M * 8) + tl.arange(0, 4)[None, :]   # [CH, 4] token 0, even
+    out = ()
+    for m in tl.static_range(M):
+        xe = _lanes(tl.reshape(tl.load(x_ptr + xw + m * 8), [1, CH * 4]))              # [1, W, 4] even columns
+        xo = _lanes(tl.reshape(tl.load(x_ptr + xw + m * 8 + 4), [1, CH * 4]))          # [1, W, 4] odd columns
+        for r in tl.static_range(ROWS):
+            row = tl.max(wp[r] - tl.arange(0, 4)[None, :], axis=1)[:, None] + words[None, :]   # [BS, W]
+            b = tl.load(base_ptr + row)
+            if TARGET:
+                q = tl.load(refine_ptr + row) ^ EIGHTS
+                lo, hi = ((b << 4) & HIGH) | (q & LOW), (b & HIGH) | ((q >> 4) & LOW)
+            else:
+                lo, hi = (b << 4) & HIGH, b & HIGH
+            dot = _lanes(lo) * xe + _lanes(hi) * xo                                       # [BS, W, 4]
+            out = out + (isum[m * ROWS + r] + tl.sum(tl.sum(dot, axis=2), axis=1),)
+    return out
+
+
+@triton.jit
+def _zeros(n: tl.constexpr, shape: tl.constexpr, dtype: tl.constexpr):
+    """A tuple of n zero tensors (one accumulator per (row tile, token))."""
+    out = ()
+    for _ in tl.static_range(n):
+        out = out + (tl.zeros(shape, dtype),)
+    return out
+
+
+@triton.jit
+def _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, N, K, GROUPS_PER_SPLIT,
+          M: tl.constexpr, TARGET: tl.constexpr, HAS_OFFSET: tl.constexpr, SPLIT: tl.constexpr, G: tl.constexpr,
+          ROWS: tl.constexpr, BLOCK_S: tl.constexpr, INTERP: tl.constexpr):
+    """The program of `decode_gemv_kernel` for one view. No load is masked (a masked load costs a move per register
+    for its `other`): rows past N read row N-1 and are not stored, and the last split runs only its own groups."""
+    CH: tl.constexpr = G // CHUNK_COLS
+    row_words = tl.multiple_of(K // 8, 4)               # K is a multiple of G >= 32: rows start 16-byte aligned
+    n_groups = K // G
+    g0 = tl.program_id(1) * GROUPS_PER_SPLIT
+    w = tl.arange(0, 4)                                  # [4] words of a 16-byte chunk
+    rows = ()
+    wp = ()                                              # [BS, 4] word offsets of each row tile at group g0
+    sp = ()                                              # [BS] scale offsets at group g0
+    for r in tl.static_range(ROWS):
+        n = tl.program_id(0) * (ROWS * BLOCK_S) + r * BLOCK_S + tl.arange(0, BLOCK_S)
+        rows = rows + (n,)
+        n = tl.minimum(n, N - 1)
+        wp = wp + ((n * row_words)[:, None] + g0 * (CH * 4) + w[None, :],)
+        sp = sp + (n * n_groups + g0,)
+    xp = x_ptr + g0 * (CH * M * 8) + w                   # [4] the group's first activation words
+    acc = _zeros(ROWS * M, [BLOCK_S], tl.float32)
+    for gi in range(0, tl.minimum(GROUPS_PER_SPLIT, n_groups - g0)):
+        xs = _eight(tl.load(xsum_ptr + (g0 + gi) * XSUM_SLOTS + tl.arange(0, XSUM_SLOTS)))   # sums of x_q
+        isum = ()
+        for m in tl.static_range(M):       # the target's dp4a sums carry 8*sum(x): they start from -8*sum(x)
+            for r in tl.static_range(ROWS):
+                isum = isum + (tl.full([BLOCK_S], -8 * xs[m] if TARGET else 0, tl.int32),)
+        if INTERP == INTERP_GROUPS:
+            isum = _group_sums_interp(isum, x_ptr, base_ptr, refine_ptr, wp, g0 + gi, M, TARGET, ROWS, CH)
+        else:
+            for c in tl.static_range(CH):
+                lo = ()
+                hi = ()
+                for r in tl.static_range(ROWS):
+                    b = tl.load(base_ptr + wp[r] + c * 4)                                      # [BS, 4] int32
+                    if TARGET:
+                        q = tl.load(refine_ptr + wp[r] + c * 4) ^ EIGHTS                       # qr + 8 per nibble
+                        lo = lo + (_words(((b << 4) & HIGH) | (q & LOW)),)                     # 16*q4 + qr + 8
+                        hi = hi + (_words((b & HIGH) | ((q >> 4) & LOW)),)
+                    else:
+                        lo = lo + (_words((b << 4) & HIGH),)                                   # 16*q4
+                        hi = hi + (_words(b & HIGH),)
+                new = ()
+                for m in tl.static_range(M):
+                    xe = _words(tl.load(xp + (c * M + m) * 8))                                 # 4 x [] even columns
+                    xo = _words(tl.load(xp + (c * M + m) * 8 + 4))                             # 4 x [] odd columns
+                    for r in tl.static_range(ROWS):
+                        a = isum[m * ROWS + r]
+                        for i in tl.static_range(4):
+                            a = _dp4a(hi[r][i], xo[i], _dp4a(lo[r][i], xe[i], a, INTERP), INTERP)
+                        new = new + (a,)
+                isum = new
+        out = ()
+        for r in tl.static_range(ROWS):
+            step = tl.load(scale_ptr + sp[r] + gi).to(tl.float32)                          # [BS]
+            if TARGET:
+                step = step * 0.0625                                                        # s/16, exactly
+            if HAS_OFFSET:
+                off = tl.load(offset_ptr + sp[r] + gi).to(tl.float32)
+            for m in tl.static_range(M):
+                total = isum[m * ROWS + r]                                                  # [BS] exact int32
+                if not TARGET:
+                    total = total >> 4                                                      # 16*dot(x, q4) / 16
+                a = acc[r * M + m] + total.to(tl.float32) * step
+                if HAS_OFFSET:
+                    a = a + xs[m].to(tl.float32) * off
+                out = out + (a,)
+        acc = out
+        adv = ()
+        for r in tl.static_range(ROWS):
+            adv = adv + (wp[r] + CH * 4,)
+        wp = adv
+        xp += CH * M * 8
+    for r in tl.static_range(ROWS):
+        live = rows[r] < N
+        for m in tl.static_range(M):
+            if SPLIT == 1:
+                tl.store(out_ptr + m * N + rows[r], acc[r * M + m] * tl.load(sx_ptr + m), mask=live)
+            else:
+                tl.store(out_ptr + (tl.program_id(1) * M + m) * N + rows[r], acc[r * M + m], mask=live)
+
+
+@triton.jit(do_not_specialize=["GROUPS_PER_SPLIT"])
+def decode_gemv_kernel(
+    x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, view_ptr,
+    N, K, GROUPS_PER_SPLIT,
+    M: tl.constexpr, TARGET: tl.constexpr, HAS_OFFSET: tl.constexpr, SPLIT: tl.constexpr, G: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_S: tl.constexpr, INTERP: tl.constexpr, RUNTIME_VIEW: tl.constexpr = False,
+):
+    """Program (n-tile, split): rows [n0, n0 + ROWS*BLOCK_S) as ROWS sub-tiles of BLOCK_S (one row per thread),
+    groups [split*GPS, min((split+1)*GPS, K/G)) of K, all M tokens.
+    x: int32 words of the decode layout [K/32, M, 8]; xsum int32 [K/G, XSUM_SLOTS]; sx float32 [M]; base/refine:
+    int32 words [N, K/8] (the canonical uint8 [N, K/2] planes viewed as words); scale/offset float16 [N, K/G].
+    out: float32 [M, N] (SPLIT == 1) or partials [SPLIT, M, N] unscaled by s_x.
+    Bytes: each plane byte of the tile once in 128-bit loads, the refinement plane only for the target (the draft's
+    program holds no load of it), one scale per row and group; x and xsum are L1/L2-resident.
+    RUNTIME_VIEW: the view is read from the device scalar view_ptr (1 = target, else the draft) and the program of
+    that view runs (a uniform branch: the TensorRT plugin's form, one kernel for both views of an engine)."""
+    if RUNTIME_VIEW:
+        if tl.load(view_ptr) == 1:
+            _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, N, K,
+                  GROUPS_PER_SPLIT, M, True, HAS_OFFSET, SPLIT, G, ROWS, BLOCK_S, INTERP)
+        else:
+            _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, N, K,
+                  GROUPS_PER_SPLIT, M, False, HAS_OFFSET, SPLIT, G, ROWS, BLOCK_S, INTERP)
+    else:
+        _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, N, K, GROUPS_PER_SPLIT,
+              M, TARGET, HAS_OFFSET, SPLIT, G, ROWS, BLOCK_S, INTERP)
