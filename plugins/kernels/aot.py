@@ -75,7 +75,7 @@ def _decode(name, target, m, g=128, runtime_view=False):
            "scale_ptr": "*fp16", "offset_ptr": "*fp16", "out_ptr": "*fp32", "view_ptr": "*i64", "N": "i32",
            "K": "i32", "GROUPS_PER_SPLIT": "i32"}
     rows, block_s = gemv.decode_rows(m), 32 * gemv.DECODE_WARPS
-    const = {"M": m, "TARGET": target, "HAS_OFFSET": False, "SPLIT": 4, "G": g, "ROWS": rows, "BLOCK_S": block_s,
+    const = {"M": m, "TARGET": target, "HAS_OFFSET": False, "PARTIAL": True, "G": g, "ROWS": rows, "BLOCK_S": block_s,
              "INTERP": 0, "RUNTIME_VIEW": runtime_view}
     planes = 2 if target or runtime_view else 1       # a run-time view's largest loop is its target view's
     return KernelSpec(name, gemv_decode.decode_gemv_kernel, sig | {k: "constexpr" for k in const}, const,
@@ -120,8 +120,8 @@ def kernel_specs() -> list[KernelSpec]:
         _gemv("mma_target_w8a16", True, True, 4),
         KernelSpec("gemv_split_reduce", gemv.split_reduce_kernel,
                    {"part_ptr": "*fp32", "sx_ptr": "*fp32", "out_ptr": "*fp32", "M": "i32", "N": "i32",
-                    "SPLIT": "constexpr", "SCALE_X": "constexpr", "BLOCK": "constexpr"},
-                   {"SPLIT": 4, "SCALE_X": True, "BLOCK": 256}),
+                    "SPLIT": "i32", "SCALE_X": "constexpr", "BLOCK": "constexpr"},
+                   {"SCALE_X": True, "BLOCK": 256}),
         _attention("flash_decode_d128_mha", 128, 1, attention.warps_for(128, 1)),
         _attention("flash_decode_d128_gqa4", 128, 4, attention.warps_for(128, 4)),
         _attention("flash_decode_d64_gqa3", 64, 3, attention.warps_for(64, 3)),

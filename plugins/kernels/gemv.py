@@ -1,5 +1,7 @@
-"""Triton dual-plane GEMV/GEMM (docs/contracts.md, weights, activations, ops): y[M, N] = x[M, K] @ W_view^T straight from the packed planes,
-for the small M of drafting (1) and verification (γ+1 <= 16) where decoding is bandwidth-bound.
+"""Triton dual-plane GEMV/GEMM (docs/contracts.md, weights, activations, ops): y[M, N] = x[M, K] @ W_view^T straight from the packed planes.
+`dual_plane_linear` launches the decode kernel of `plugins.kernels.gemv_decode` (CUDA cores, 128-bit plane loads,
+dp4a) for M <= DECODE_MAX_M tokens with INT8 activations, and the tensor-core kernel below for larger M (prefill
+tiles of BLOCK_M tokens) and for float16 activations; both give the same rows bit for bit (INT8 activations).
 
 Bytes read, and why no more than the format requires: each program owns BLOCK_N rows and a contiguous range of
 whole groups; it reads every byte of `base` (and, for the target view only, of `refine`) in that tile exactly once,
@@ -142,9 +144,8 @@ def dual_plane_kernel(
         tl.store(out_ptr + (split * M + m_offs[:, None]) * N + n_offs[None, :], acc, mask=out_mask)
 
 
-@triton.jit
-def split_reduce_kernel(part_ptr, sx_ptr, out_ptr, M, N, SPLIT: tl.constexpr, SCALE_X: tl.constexpr,
-                        BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["SPLIT"])   # one compiled reduction for every split count
+def split_reduce_kernel(part_ptr, sx_ptr, out_ptr, M, N, SPLIT, SCALE_X: tl.constexpr, BLOCK: tl.constexpr):
     """out[m, n] = s_x[m] * sum over splits in index order (deterministic) of part[split, m, n].
     Bytes: SPLIT * M * N * 4 partials in and M * N * 4 out: no weight bytes."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -232,7 +233,7 @@ def _launch_decode(x, base, refine, scale, offset, y, target, view_code, split, 
     decode_gemv_kernel[(triton.cdiv(n, rows * 32 * DECODE_WARPS), split)](
         xq, xsum, sx, words, refine.view(torch.int32) if refine is not None else words, scale,
         offset if offset is not None else scale, dest, view_code if view_code is not None else scale, n, k, per,
-        M=m, TARGET=bool(target), HAS_OFFSET=offset is not None, SPLIT=split, G=g, ROWS=rows,
+        M=m, TARGET=bool(target), HAS_OFFSET=offset is not None, PARTIAL=split > 1, G=g, ROWS=rows,
         BLOCK_S=32 * DECODE_WARPS, INTERP=gemv_decode.interp_form if INTERPRET else 0, RUNTIME_VIEW=view_code is not None,
         num_warps=DECODE_WARPS, enable_fp_fusion=False)
     _reduce(dest, sx, y, m, n, split, True)

@@ -148,7 +148,7 @@ def _zeros(n: tl.constexpr, shape: tl.constexpr, dtype: tl.constexpr):
 
 @triton.jit
 def _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, N, K, GROUPS_PER_SPLIT,
-          M: tl.constexpr, TARGET: tl.constexpr, HAS_OFFSET: tl.constexpr, SPLIT: tl.constexpr, G: tl.constexpr,
+          M: tl.constexpr, TARGET: tl.constexpr, HAS_OFFSET: tl.constexpr, PARTIAL: tl.constexpr, G: tl.constexpr,
           ROWS: tl.constexpr, BLOCK_S: tl.constexpr, INTERP: tl.constexpr):
     """The program of `decode_gemv_kernel` for one view. No load is masked (a masked load costs a move per register
     for its `other`): rows past N read row N-1 and are not stored, and the last split runs only its own groups."""
@@ -223,7 +223,7 @@ def _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, 
     for r in tl.static_range(ROWS):
         live = rows[r] < N
         for m in tl.static_range(M):
-            if SPLIT == 1:
+            if not PARTIAL:
                 tl.store(out_ptr + m * N + rows[r], acc[r * M + m] * tl.load(sx_ptr + m), mask=live)
             else:
                 tl.store(out_ptr + (tl.program_id(1) * M + m) * N + rows[r], acc[r * M + m], mask=live)
@@ -233,14 +233,15 @@ def _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, 
 def decode_gemv_kernel(
     x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, view_ptr,
     N, K, GROUPS_PER_SPLIT,
-    M: tl.constexpr, TARGET: tl.constexpr, HAS_OFFSET: tl.constexpr, SPLIT: tl.constexpr, G: tl.constexpr,
+    M: tl.constexpr, TARGET: tl.constexpr, HAS_OFFSET: tl.constexpr, PARTIAL: tl.constexpr, G: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_S: tl.constexpr, INTERP: tl.constexpr, RUNTIME_VIEW: tl.constexpr = False,
 ):
     """Program (n-tile, split): rows [n0, n0 + ROWS*BLOCK_S) as ROWS sub-tiles of BLOCK_S (one row per thread),
     groups [split*GPS, min((split+1)*GPS, K/G)) of K, all M tokens.
     x: int32 words of the decode layout [K/32, M, 8]; xsum int32 [K/G, XSUM_SLOTS]; sx float32 [M]; base/refine:
     int32 words [N, K/8] (the canonical uint8 [N, K/2] planes viewed as words); scale/offset float16 [N, K/G].
-    out: float32 [M, N] (SPLIT == 1) or partials [SPLIT, M, N] unscaled by s_x.
+    out: float32 [M, N], or with PARTIAL (K split over the grid's second axis) partials [splits, M, N] unscaled
+    by s_x (a flag, not the split count: one compiled program serves every split of a shape family).
     Bytes: each plane byte of the tile once in 128-bit loads, the refinement plane only for the target (the draft's
     program holds no load of it), one scale per row and group; x and xsum are L1/L2-resident.
     RUNTIME_VIEW: the view is read from the device scalar view_ptr (1 = target, else the draft) and the program of
@@ -248,10 +249,10 @@ def decode_gemv_kernel(
     if RUNTIME_VIEW:
         if tl.load(view_ptr) == 1:
             _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, N, K,
-                  GROUPS_PER_SPLIT, M, True, HAS_OFFSET, SPLIT, G, ROWS, BLOCK_S, INTERP)
+                  GROUPS_PER_SPLIT, M, True, HAS_OFFSET, PARTIAL, G, ROWS, BLOCK_S, INTERP)
         else:
             _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, N, K,
-                  GROUPS_PER_SPLIT, M, False, HAS_OFFSET, SPLIT, G, ROWS, BLOCK_S, INTERP)
+                  GROUPS_PER_SPLIT, M, False, HAS_OFFSET, PARTIAL, G, ROWS, BLOCK_S, INTERP)
     else:
         _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, N, K, GROUPS_PER_SPLIT,
-              M, TARGET, HAS_OFFSET, SPLIT, G, ROWS, BLOCK_S, INTERP)
+              M, TARGET, HAS_OFFSET, PARTIAL, G, ROWS, BLOCK_S, INTERP)
