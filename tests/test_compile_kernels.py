@@ -1,8 +1,10 @@
-"""Every kernel compiles for Orin (sm_87) without a GPU, with PTX that JetPack 6's CUDA 12.6 driver loads, and the
-matrix instructions the design relies on (int8 MMA in the W4A8/W8A8 GEMV, float16 MMA in attention) are there."""
+"""Every kernel compiles for Orin (sm_87) without a GPU, with PTX that JetPack 6's CUDA 12.6 driver loads; the decode
+GEMVs and the flash-decoding kernels meet their bandwidth-proxy budgets (plugins/kernels/aot.py), and the checks
+fail where a regression is planted."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +23,7 @@ def test_compile_kernels_for_sm87(tmp_path):
     bandwidth budgets of plugins.kernels.aot.BUDGETS (<= 128 registers, <= 4 lane instructions per weight byte in
     its main loop, dp4a on CUDA cores, 128-bit plane loads); the tensor-core kernel, which decoded before, misses
     them (the budget check can fail: putting it back as the decode kernel fails this test)."""
-    from plugins.kernels.aot import BUDGETS, budget_failures
+    from plugins.kernels.aot import ATTENTION_BUDGETS, BUDGETS, budget_failures
     out = compile_kernels("--arch", "sm_87", "--out", str(tmp_path), "--json")
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
@@ -44,7 +46,12 @@ def test_compile_kernels_for_sm87(tmp_path):
     assert any("registers" in f for f in mma) and any("per weight byte" in f for f in mma), mma
     assert rows["mma_target_w8a8"]["imma"] > rows["mma_draft_w4a8"]["imma"] > 0
     assert rows["mma_draft_w4a16"]["hmma"] > 0 and rows["flash_decode_d128_gqa4"]["hmma"] > 0
-    assert json.loads((tmp_path / "summary.json").read_text())["arch"] == "sm_87"
+    assert json.loads((tmp_path / "summary.json").read_text())["arch"] == "sm_87" and result["budgets_met"]
+    for name in ("flash_decode_d128_mha", "flash_decode_d128_gqa4", "flash_decode_d64_gqa3"):
+        r = rows[name]       # a KV4 loop (base plane) then a KV8 loop (both planes), within the attention budgets
+        assert r["budget_failures"] == [] and r["attention_loops"] == 2, (name, r)
+        assert 0 < 2 * r["kv4_loop_plane_loads"] == r["kv8_loop_plane_loads"], (name, r)
+        assert r["instructions_per_kv8_byte"] <= ATTENTION_BUDGETS["instructions_per_kv8_byte"] and r["registers"] <= 128
 
 
 def test_the_budget_check_catches_a_decode_kernel_without_128_bit_loads(tmp_path):
@@ -65,6 +72,46 @@ def test_the_budget_check_catches_a_decode_kernel_without_128_bit_loads(tmp_path
     assert aligned["budget_failures"] == [] and aligned["loop_ldg128"] > 0
     assert loose["loop_ldg128"] == 0 and any("128-bit" in f for f in budget_failures(loose)), loose
     assert loose["instructions_per_weight_byte"] > aligned["instructions_per_weight_byte"]
+
+
+def test_the_attention_budget_catches_a_refinement_load_in_the_kv4_loop(tmp_path):
+    """The flash-decoding kernel with the defect the KV4 loop exists to avoid put back (its code unpacking loading
+    the refinement plane at KV4 positions too, a copy of attention.py with that one line changed): the proxy counts
+    as many plane loads in the KV4 loop as in the KV8 loop, and the budget check names it."""
+    source = (ROOT / "plugins" / "kernels" / "attention.py").read_text()
+    assert source.count("    if KV8:\n        qx = ") == 1
+    (tmp_path / "attention_planted.py").write_text(source.replace("    if KV8:\n        qx = ", "    if True:\n        qx = "))
+    code = ("import json, sys; from dataclasses import replace; from pathlib import Path; import attention_planted; "
+            "from plugins.kernels.aot import compile_spec, kernel_specs; out = Path(sys.argv[1]); "
+            "spec = next(s for s in kernel_specs() if s.name == 'flash_decode_d128_mha'); "
+            "print(json.dumps([compile_spec(spec, out), "
+            "compile_spec(replace(spec, name='planted', fn=attention_planted.flash_decode_kernel), out)]))")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
+    run = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env,
+                         cwd=ROOT, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    shipped, planted = json.loads(run.stdout.strip().splitlines()[-1])
+    assert shipped["budget_failures"] == []
+    assert planted["kv4_loop_plane_loads"] == planted["kv8_loop_plane_loads"] > 0, planted
+    assert any("KV4 loop" in f for f in planted["budget_failures"]), planted
+
+
+def test_compile_kernels_exits_1_naming_a_kernel_over_budget():
+    """Without --out the kernels go to a new temporary folder; a budget the shipped kernels cannot meet (a register
+    cap of 16, set in the module's table) makes the command exit 1 with one line naming the kernel over it."""
+    code = ("import sys; from plugins.kernels import aot; from edge.cli.compile_kernels import main; "
+            "real = aot.kernel_specs; aot.kernel_specs = lambda: [s for s in real() if s.name == 'decode_draft_m1']; "
+            "aot.BUDGETS['registers'] = int(sys.argv[1]); sys.exit(main(['--json']))")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    runs = {cap: subprocess.run([sys.executable, "-c", code, str(cap)], capture_output=True, text=True, env=env,
+                                cwd=ROOT, timeout=600) for cap in (128, 16)}
+    met = json.loads(runs[128].stdout.strip().splitlines()[-1])
+    assert runs[128].returncode == 0 and met["budgets_met"] and Path(met["out"], "summary.json").is_file()
+    assert runs[16].returncode == 1 and json.loads(runs[16].stdout.strip().splitlines()[-1])["budgets_met"] is False
+    over = [ln for ln in runs[16].stderr.splitlines() if "over budget" in ln]
+    assert len(over) == 1 and re.fullmatch(r"compile_kernels\.py: over budget: decode_draft_m1: \d+ registers > 16",
+                                           over[0]), runs[16].stderr[-1000:]
 
 
 def test_compile_kernels_rejects_a_bad_arch(tmp_path):

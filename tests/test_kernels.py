@@ -164,6 +164,54 @@ def test_kv4_positions_never_read_the_refinement_plane(gen):
                        nested_kv_attention(q, base, junk, scale, 150, 100))
 
 
+def _run_ptx(asm: str, inputs: list[int]) -> list[int]:
+    """Run the few PTX instructions the attention's code unpacking uses (mov.b32, prmt.b32 in its default mode,
+    sub.f16x2 rounding to nearest, and the {lo, hi} half unpack), as the PTX ISA defines them, on 32-bit inputs $N
+    after the outputs; returns the 16-bit outputs $0 .. in order."""
+    import re
+    import numpy as np
+    regs, outs = {}, {}
+    n_out = len(re.findall(r"\{\$\d+, \$\d+\}", asm)) * 2
+    for i, v in enumerate(inputs):
+        regs[f"${n_out + i}"] = v & 0xFFFFFFFF
+    val = lambda t: regs[t] if t in regs else int(t, 16) if t.startswith("0x") else int(t)
+    for ins in [s.strip() for s in asm.strip("{} ").split(";") if s.strip() and not s.strip().startswith(".reg")]:
+        op, args = ins.split(None, 1)
+        if op == "mov.b32" and args.startswith("{"):
+            lo, hi, src = re.fullmatch(r"\{(\$\d+), (\$\d+)\}, (\w+)", args).groups()
+            outs[lo], outs[hi] = regs[src] & 0xFFFF, regs[src] >> 16
+            continue
+        d, *ops = [a.strip() for a in args.split(",")]
+        if op == "mov.b32":
+            regs[d] = val(ops[0])
+        elif op == "prmt.b32":          # bytes 0-3 from a, 4-7 from b; selector nibble i picks d's byte i
+            pool = val(ops[0]) | val(ops[1]) << 32
+            regs[d] = sum(((pool >> (8 * ((val(ops[2]) >> (4 * i)) & 7))) & 0xFF) << (8 * i) for i in range(4))
+        elif op == "sub.f16x2":
+            halves = lambda x: np.array([x & 0xFFFF, x >> 16], dtype=np.uint16).view(np.float16)
+            r = (halves(val(ops[0])) - halves(val(ops[1]))).view(np.uint16)
+            regs[d] = int(r[0]) | int(r[1]) << 16
+        else:
+            raise AssertionError(f"unexpected instruction {ins}")
+    return [outs[f"${i}"] for i in range(n_out)]
+
+
+def test_attention_unpacking_ptx_gives_the_interpreters_codes(gen):
+    """The inline PTX that turns the attention's code bytes into float16 on the GPU (never run by the interpreter)
+    gives, run instruction by instruction as the PTX ISA defines them, the codes of the interpreter's form: every
+    byte value in every lane, KV8 (u - 136) and KV4 (u - 128), dims in order (lo's byte i, then hi's)."""
+    import numpy as np
+    from plugins.kernels import attention
+    u = torch.arange(256, dtype=torch.int64)
+    lo = u | u.roll(1) << 8 | u.roll(2) << 16 | u.roll(3) << 24              # every byte value in every lane
+    hi = u.roll(7) | u.roll(11) << 8 | u.roll(13) << 16 | u.roll(17) << 24
+    for asm, bias in ((attention.F16_LANES_KV8.value, 136), (attention.F16_LANES_KV4.value, 128)):
+        for a, b in zip(lo.tolist(), hi.tolist()):
+            got = np.array(_run_ptx(asm, [a, b]), dtype=np.uint16).view(np.float16).astype(np.float64)
+            want = [((w >> (8 * (j // 2))) & 0xFF) - bias for j, w in zip(range(8), [a, b] * 4)]
+            assert got.tolist() == want, (hex(a), hex(b), bias)
+
+
 # GQA 3 over two chunks; GQA 4 with 9 queries (36 rows: two row tiles); MHA with a Recent-N split.
 @pytest.mark.parametrize("hq,hkv,d,seq,n_queries,kv8_from", [(9, 3, 64, 133, (5, 2), 0), (8, 2, 32, 70, (9,), 0),
                                                              (4, 4, 32, 150, (5,), 120)])

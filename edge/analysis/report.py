@@ -89,12 +89,14 @@ def quality_table(results: dict) -> str:
 
 # -- kernels (compile_kernels --json) ---------------------------------------------------------------------------
 def sm87_table(d: dict) -> str:
-    """Per kernel variant: resources, instructions, 128-bit loads; for GEMVs the bandwidth proxy and budget verdict."""
+    """Per kernel variant: resources, instructions, 128-bit loads; GEMVs' and attention's proxy and budget verdict."""
     head = ["kernel variant", "registers", "shared bytes", "spill bytes", "IMMA", "HMMA", "DP4A", "128-bit loads",
-            "instructions / weight byte", "budget"]
+            "instructions / plane byte", "budget"]
     verdict = {True: "met", False: "missed"}
+    per_byte = lambda k: (f"KV4 {k['instructions_per_kv4_byte']}, KV8 {k['instructions_per_kv8_byte']}"
+                          if "instructions_per_kv8_byte" in k else f"{k.get('instructions_per_weight_byte', '')}")
     return _table(head, [[f"`{k['kernel']}`", *(str(k[c]) for c in ("registers", "shared_bytes", "spill_store_bytes",
-                          "imma", "hmma", "idp4a", "ldg128")), f"{k.get('instructions_per_weight_byte', '')}",
+                          "imma", "hmma", "idp4a", "ldg128")), per_byte(k),
                           verdict.get(k["budget_failures"] == [], "") if "budget_failures" in k else ""]
                          for k in d["kernels"]])
 

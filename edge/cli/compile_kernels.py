@@ -1,17 +1,22 @@
 """Compile every Triton kernel for a GPU architecture without a GPU (Orin NX / AGX Orin: sm_87) and summarize it.
 
-    python scripts/compile_kernels.py --arch sm_87 --out DIR [--ptx-version 85] [--json]
+    python scripts/compile_kernels.py --arch sm_87 [--out DIR] [--ptx-version 85] [--json]
 
-Writes DIR/NAME.ptx and DIR/NAME.cubin per kernel variant and DIR/summary.json; prints a table (or, with --json,
-one object last: {"arch", "ptx_version", "kernels": [{"kernel", "ptx_isa", "registers", "shared_bytes",
-"spill_store_bytes", "spill_load_bytes", "imma", "hmma", "idp4a", ...}]}). The PTX ISA is pinned to 8.5 by
-default so it loads on the CUDA 12.6 driver of JetPack 6.1/6.2 (see plugins/kernels/aot.py).
+Writes DIR/NAME.ptx and DIR/NAME.cubin per kernel variant and DIR/summary.json (DIR: a new temporary folder unless
+--out names one); prints a table (or, with --json, one object last: {"arch", "ptx_version", "out", "budgets_met",
+"kernels": [{"kernel", "ptx_isa", "registers", "shared_bytes", "spill_store_bytes", "spill_load_bytes", "imma",
+"hmma", "idp4a", "ldg128", the bandwidth proxy of the GEMVs (instructions_per_weight_byte, loop_ldg128) and of
+attention (instructions_per_kv4_byte, instructions_per_kv8_byte, the loops' plane loads), "budget_failures"}]}).
+Exit 1 where a decode GEMV or attention kernel misses its budget (plugins/kernels/aot.py), naming each miss. The
+PTX ISA is pinned to 8.5 by default so it loads on the CUDA 12.6 driver of JetPack 6.1/6.2.
 """
 
 import argparse
 import json
 import os
 import re
+import sys
+import tempfile
 from pathlib import Path
 
 from edge.argtypes import Parser, count
@@ -28,16 +33,24 @@ def run(a) -> dict:
         from plugins.kernels.aot import compile_all
     except ImportError as e:
         raise ValueError(f"triton is not installed ({e}): pip install triton") from e
-    rows = compile_all(Path(a.out), int(m.group(1)), a.ptx_version)
-    result = {"arch": a.arch, "ptx_version": a.ptx_version, "out": str(a.out), "kernels": rows}
-    tmp = Path(a.out) / "summary.json.tmp"
+    out = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix=f"bitnest-{a.arch}-"))
+    rows = compile_all(out, int(m.group(1)), a.ptx_version)
+    misses = [f"{r['kernel']}: {'; '.join(r['budget_failures'])}" for r in rows if r.get("budget_failures")]
+    result = {"arch": a.arch, "ptx_version": a.ptx_version, "out": str(out), "budgets_met": not misses, "kernels": rows}
+    tmp = out / "summary.json.tmp"
     tmp.write_text(json.dumps(result, indent=1))
-    tmp.replace(Path(a.out) / "summary.json")
+    tmp.replace(out / "summary.json")
     if not a.json:
-        print(f"{'kernel':32} {'isa':>4} {'regs':>5} {'smem':>6} {'spill':>6} {'IMMA':>5} {'HMMA':>5} {'DP4A':>5}")
+        print(f"{'kernel':32} {'isa':>4} {'regs':>5} {'smem':>6} {'spill':>6} {'IMMA':>5} {'HMMA':>5} {'DP4A':>5} "
+              f"{'LDG128':>6}  instructions a plane byte")
         for r in rows:
+            per_byte = (f"KV4 {r['instructions_per_kv4_byte']}, KV8 {r['instructions_per_kv8_byte']}"
+                        if "instructions_per_kv8_byte" in r else r.get("instructions_per_weight_byte", ""))
             print(f"{r['kernel']:32} {r['ptx_isa']:>4} {r['registers']:>5} {r['shared_bytes']:>6} "
-                  f"{r['spill_store_bytes']:>6} {r['imma']:>5} {r['hmma']:>5} {r['idp4a']:>5}")
+                  f"{r['spill_store_bytes']:>6} {r['imma']:>5} {r['hmma']:>5} {r['idp4a']:>5} {r['ldg128']:>6}  {per_byte}")
+        print(f"kernels in {out}")
+    for miss in misses:
+        print(f"compile_kernels.py: over budget: {miss}", file=sys.stderr)
     return result
 
 
@@ -45,7 +58,7 @@ def parser() -> argparse.ArgumentParser:
     """The command's options (main parses them)."""
     p = Parser(prog="compile_kernels.py", description=__doc__.splitlines()[0])
     p.add_argument("--arch", default="sm_87", help="target architecture, e.g. sm_87 (Orin)")
-    p.add_argument("--out", required=True, help="folder for the PTX, cubins and summary.json")
+    p.add_argument("--out", help="folder for the PTX, cubins and summary.json (default: a new temporary folder)")
     p.add_argument("--ptx-version", type=count(10), default=85, help="PTX ISA version x10 (85 loads on CUDA 12.6)")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
     return p
@@ -54,4 +67,6 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     p = parser()
     a = p.parse_args(argv)
-    return run_cli(lambda: run(a), a.json, p.prog, echo=False)
+    done = {}
+    rc = run_cli(lambda: done.setdefault("result", run(a)), a.json, p.prog, echo=False)
+    return 1 if rc == 0 and not done["result"]["budgets_met"] else rc

@@ -12,6 +12,13 @@ program, over the plane bytes a program reads per iteration (one group of its ro
 BUDGETS (`budget_failures`): on Orin NX (8 SMs x 128 lanes at 918 MHz, 102 GB/s) the issue rate allows ~9 lane
 instructions per byte at the roofline, so <= 4 leaves the memory system the bound with room for latency.
 
+The attention proxy (`attention_proxy`): the flash-decoding kernel has two position loops, KV4 positions (base plane
+only) then KV8 positions (both planes); for each, the lane instructions per KV byte it streams (K and V plane bytes
+of a step of positions), and its plane loads (the KV4 loop must issue half the KV8 loop's: it never loads the
+refinement plane). Attention is held to ATTENTION_BUDGETS (`attention_budget_failures`): <= 128 registers, no
+spill, and per-byte ceilings that the kernel it replaced (20-27 lane instructions per KV8 byte, 40-53 per KV4 byte)
+fails; they are above the GEMV's 4 because a tensor-core row tile computes 16 rows where one decode query is live.
+
 PTX ISA version: Triton 3.9 bundles ptxas 12.9 and by default emits PTX ISA 8.8, which the CUDA 12.6 driver of
 JetPack 6.1/6.2 cannot JIT (12.6 reads PTX up to ISA 8.5). We pin `ptx_version=85` for sm_87, so the PTX loads on
 JetPack 6's driver; the cubins are sm_87 SASS. On the device Triton compiles at run time with the ptxas that
@@ -32,6 +39,8 @@ from plugins.kernels import attention, gemv, gemv_decode
 
 JETPACK6_PTX = 85     # PTX ISA 8.5: the newest the CUDA 12.6 driver (JetPack 6.1/6.2) loads
 BUDGETS = {"registers": 128, "spill_bytes": 0, "instructions_per_weight_byte": 4.0}   # decode GEMVs, sm_87
+ATTENTION_BUDGETS = {"registers": 128, "spill_bytes": 0, "instructions_per_kv8_byte": 12.0,
+                     "instructions_per_kv4_byte": 24.0}                                    # flash decoding, sm_87
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,8 @@ class KernelSpec:
     decode: bool = False            # a decode GEMV: held to BUDGETS
     num_stages: int = 3             # Triton's software-pipelining stages (its default), as the launcher passes
     aligned: bool = True            # pointers specialized as 16-byte aligned (False: what a misaligned call gets)
+    maxnreg: int | None = None      # ptxas's register cap, as the launcher passes it
+    kv_step_bytes: int = 0          # attention: KV4 plane bytes (K and V) a position loop step streams (KV8: twice)
 
     def attrs(self) -> dict:
         """Every pointer argument 16-byte aligned, as Triton's launcher specializes torch's allocations at run time
@@ -82,15 +93,18 @@ def _decode(name, target, m, g=128, runtime_view=False):
                       gemv.DECODE_WARPS, loop_weight_bytes=rows * block_s * planes * g // 2, decode=True)
 
 
-def _attention(name, d, r, num_warps=4):
+def _attention(name, d, r):
+    """The flash-decoding kernel for head dim d and GQA ratio r, as `attention._attend` launches it."""
     ptrs = ["q_ptr", "base_ptr", "refine_ptr", "scale_ptr", "sbase_ptr", "srefine_ptr", "sscale_ptr",
             "m_ws", "l_ws", "acc_ws", "main_ptr", "seq_ptr", "kv8_ptr"]
-    types = ["*fp32", "*u8", "*u8", "*fp16", "*u8", "*u8", "*fp16", "*fp32", "*fp32", "*fp32", "*i32", "*i32", "*i32"]
+    types = ["*fp32", "*i32", "*i32", "*fp16", "*i32", "*i32", "*fp16", "*fp32", "*fp32", "*fp32", "*i32", "*i32", "*i32"]
     sig = dict(zip(ptrs, types)) | {k: "i32" for k in ("T", "cap", "scap", "n_chunks")} | {"sm_scale": "fp32"}
-    const = {"HKV": 8, "R": r, "D": d, "CHUNK": attention.CHUNK, "BLOCK_S": attention.BLOCK_S, "BLOCK_M": attention.rows_per_tile(r),
-             "INTERP": False}
-    return KernelSpec(name, attention.flash_decode_kernel, sig | {k: "constexpr" for k in const}, const, num_warps,
-                      num_stages=attention.STAGES)
+    block_s = attention.block_s_for(d)
+    const = {"HKV": 8, "R": r, "D": d, "CHUNK": attention.CHUNK, "BLOCK_S": block_s,
+             "BLOCK_M": attention.rows_per_tile(r), "INTERP": False}
+    return KernelSpec(name, attention.flash_decode_kernel, sig | {k: "constexpr" for k in const}, const,
+                      attention.warps_for(d, r), num_stages=attention.STAGES, maxnreg=attention.MAXNREG,
+                      kv_step_bytes=2 * block_s * d // 2)
 
 
 def kernel_specs() -> list[KernelSpec]:
@@ -122,9 +136,9 @@ def kernel_specs() -> list[KernelSpec]:
                    {"part_ptr": "*fp32", "sx_ptr": "*fp32", "out_ptr": "*fp32", "M": "i32", "N": "i32",
                     "SPLIT": "i32", "SCALE_X": "constexpr", "BLOCK": "constexpr"},
                    {"SCALE_X": True, "BLOCK": 256}),
-        _attention("flash_decode_d128_mha", 128, 1, attention.warps_for(128, 1)),
-        _attention("flash_decode_d128_gqa4", 128, 4, attention.warps_for(128, 4)),
-        _attention("flash_decode_d64_gqa3", 64, 3, attention.warps_for(64, 3)),
+        _attention("flash_decode_d128_mha", 128, 1),           # Llama-2-7B
+        _attention("flash_decode_d128_gqa4", 128, 4),          # Llama-3-8B
+        _attention("flash_decode_d64_gqa3", 64, 3),            # SmolLM2-135M
         KernelSpec("flash_decode_reduce_d128", attention.chunk_reduce_kernel,
                    {"m_ws": "*fp32", "l_ws": "*fp32", "acc_ws": "*fp32", "out_ptr": "*fp32", "T": "i32",
                     "n_chunks": "i32", "R": "constexpr", "D": "constexpr"}, {"R": 4, "D": 128}),
@@ -161,18 +175,29 @@ def sass_instructions(sass: str) -> dict:
             "sass_lines": sass.count("\n")}
 
 
-def main_loop(sass: str) -> list[str]:
-    """The instructions of the largest loop of `sass` holding a global load: from a backward branch's target to the
-    branch (cuobjdump prints each instruction as /*ADDR*/ OPCODE ...;). Empty where there is none."""
+def load_loops(sass: str) -> list[list[str]]:
+    """The instructions of each loop of `sass` holding a global load, in code order: from a backward branch's target
+    to the branch (cuobjdump prints each instruction as /*ADDR*/ OPCODE ...;)."""
     code = [(int(a, 16), op.strip()) for a, op in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-    best = []
+    loops = []
     for addr, op in code:
         jump = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", op)
         if jump and int(jump.group(1), 16) <= addr:
             body = [o for a, o in code if int(jump.group(1), 16) <= a <= addr]
-            if len(body) > len(best) and any(re.search(r"\bLDG\b", o) for o in body):
-                best = body
-    return best
+            if any(re.search(r"\bLDG\b", o) for o in body):
+                loops.append((int(jump.group(1), 16), body))
+    return [body for _, body in sorted(loops, key=lambda t: t[0])]
+
+
+def main_loop(sass: str) -> list[str]:
+    """The largest loop of `sass` holding a global load (`load_loops`); empty where there is none."""
+    return max(load_loops(sass), key=len, default=[])
+
+
+def _plane_loads(loop: list[str]) -> int:
+    """Global loads of 32 bits or more in `loop` (plane words; the float16 scales are 16-bit loads)."""
+    ops = [o.split()[1] if o.startswith("@") else o.split()[0] for o in loop]
+    return sum(op.startswith("LDG") and not re.search(r"\.[US](8|16)\b", op) for op in ops)
 
 
 def sass_proxy(sass: str, spec: KernelSpec) -> dict:
@@ -185,6 +210,42 @@ def sass_proxy(sass: str, spec: KernelSpec) -> dict:
     return {"loop_instructions": len(loop), "loop_weight_bytes": spec.loop_weight_bytes,
             "loop_ldg128": sum(bool(re.search(r"\bLDG\.E\S*\.128\b", o)) for o in loop),
             "instructions_per_weight_byte": round(per_byte, 3)}
+
+
+def attention_proxy(sass: str, spec: KernelSpec) -> dict:
+    """The attention proxy (module docstring): the KV4 and the KV8 position loop, in code order, each with its
+    instructions, plane loads and lane instructions per KV byte."""
+    if not spec.kv_step_bytes:
+        return {}
+    loops = load_loops(sass)
+    if len(loops) != 2:
+        return {"attention_loops": len(loops)}
+    out = {"attention_loops": 2}
+    for view, loop, step_bytes in (("kv4", loops[0], spec.kv_step_bytes), ("kv8", loops[1], 2 * spec.kv_step_bytes)):
+        out |= {f"{view}_loop_instructions": len(loop), f"{view}_loop_plane_loads": _plane_loads(loop),
+                f"{view}_loop_ldg128": sum(bool(re.search(r"\bLDG\.E\S*\.128\b", o)) for o in loop),
+                f"instructions_per_{view}_byte": round(len(loop) * 32 * spec.num_warps / step_bytes, 3)}
+    return out
+
+
+def attention_budget_failures(row: dict) -> list[str]:
+    """What a compiled flash-decoding kernel misses of ATTENTION_BUDGETS; [] where it meets them. Its KV4 loop must
+    also issue half the plane loads of its KV8 loop (no refinement load where the view is KV4)."""
+    out = []
+    if row["registers"] is None or row["registers"] > ATTENTION_BUDGETS["registers"]:
+        out.append(f"{row['registers']} registers > {ATTENTION_BUDGETS['registers']}")
+    if row["spill_store_bytes"] + row["spill_load_bytes"] > ATTENTION_BUDGETS["spill_bytes"]:
+        out.append(f"spills {row['spill_store_bytes']} + {row['spill_load_bytes']} bytes")
+    if row.get("attention_loops") != 2:
+        return out + [f"{row.get('attention_loops')} position loops with loads, not a KV4 and a KV8 loop"]
+    for view in ("kv4", "kv8"):
+        per_byte, cap = row[f"instructions_per_{view}_byte"], ATTENTION_BUDGETS[f"instructions_per_{view}_byte"]
+        if per_byte > cap:
+            out.append(f"{per_byte} lane instructions per {view.upper()} byte > {cap}")
+    if 2 * row["kv4_loop_plane_loads"] != row["kv8_loop_plane_loads"]:
+        out.append(f"the KV4 loop issues {row['kv4_loop_plane_loads']} plane loads, the KV8 loop "
+                   f"{row['kv8_loop_plane_loads']}: not half (a refinement load where the view is KV4?)")
+    return out
 
 
 def budget_failures(row: dict) -> list[str]:
@@ -208,10 +269,12 @@ def budget_failures(row: dict) -> list[str]:
 def compile_spec(spec: KernelSpec, out_dir: Path, arch: int = 87, ptx_version: int = JETPACK6_PTX) -> dict:
     """Compile one spec for sm_`arch`, write NAME.ptx and NAME.cubin under out_dir and summarize it (a decode
     GEMV's row also lists what it misses of BUDGETS)."""
+    options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages, "ptx_version": ptx_version,
+               "enable_fp_fusion": False}
+    if spec.maxnreg:
+        options["maxnreg"] = spec.maxnreg
     k = triton.compile(ASTSource(spec.fn, spec.signature, spec.constexprs, spec.attrs()),
-                       target=GPUTarget("cuda", arch, 32),
-                       options={"num_warps": spec.num_warps, "num_stages": spec.num_stages, "ptx_version": ptx_version,
-                                "enable_fp_fusion": False})
+                       target=GPUTarget("cuda", arch, 32), options=options)
     ptx, cubin = out_dir / f"{spec.name}.ptx", out_dir / f"{spec.name}.cubin"
     ptx.write_text(k.asm["ptx"])
     cubin.write_bytes(k.asm["cubin"])
@@ -222,9 +285,11 @@ def compile_spec(spec: KernelSpec, out_dir: Path, arch: int = 87, ptx_version: i
            "shared_bytes": k.metadata.shared, "num_warps": spec.num_warps,
            "ptx_int8_mma": len(re.findall(r"mma\.sync\.aligned\.\S*\.s8\.s8", k.asm["ptx"])),
            "ptx_dp4a": k.asm["ptx"].count("dp4a"), **ptxas_usage(ptx, arch), **sass_instructions(sass),
-           **sass_proxy(sass, spec)}
+           **sass_proxy(sass, spec), **attention_proxy(sass, spec)}
     if spec.decode:
         row["budget_failures"] = budget_failures(row)
+    elif spec.kv_step_bytes:
+        row["budget_failures"] = attention_budget_failures(row)
     return row
 
 

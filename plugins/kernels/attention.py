@@ -4,25 +4,32 @@ write path that quantizes new K/V entries into the planes.
 
 Bytes read, and why no more than the format requires: each program owns one KV head and one chunk of CHUNK
 positions and serves every query head of that KV head's GQA group and every query (R*T rows) from one read, so
-each base byte and each float16 scale of the S visible positions is read once per pass; refinement bytes are
-loaded only for positions at or after `kv8_from` (the load is masked off before it: a KV4 position never touches
-the refinement plane, so a KV4 or Recent-N pass reads half the plane bytes of a KV8 one). Positions past S are
-never loaded. Partial results (m, l and a D-vector per row and chunk, float32) are a few KB per chunk.
+each base byte and each float16 scale of the S visible positions is read once per pass. A chunk runs two loops:
+its positions before `kv8_from` in a KV4 loop whose program holds no load of the refinement plane, then its
+positions from `kv8_from` on in a KV8 loop that loads both planes (a KV4 or Recent-N pass reads half the plane
+bytes of a KV8 one, and spends no instruction on the other half). Positions past S are never loaded: a step's
+positions past its loop's end load the loop's last position (no masked load) and score -inf. Partial results (m, l
+and a D-vector per row and chunk, float32) are a few KB per chunk.
 
-Layout: base / refine uint8 [2, Hkv, C, D/2] (K then V; byte j holds dims 2j, 2j+1), scale float16 [2, Hkv, C].
-The sequence is main positions [0, main_len) then `scratch_len` draft-time slots of the scratch planes. Codes are
-exact in float16 (|16*q4 + qr| <= 136); the float32 queries and probabilities are split into float16 high and low
-halves, so two float16 MMAs with float32 accumulation give ~float32 accuracy (one half alone costs ~3e-4 relative,
-which INT8 activation rounding downstream amplifies); the KV scale (s/16) is applied to the scores (K) and to the
-probabilities (V) in float32.
+Layout: base / refine uint8 [2, Hkv, C, D/2] (K then V; byte j holds dims 2j, 2j+1), scale float16 [2, Hkv, C];
+the kernel reads the planes as int32 words [2, Hkv, C, D/8] (eight nibbles a word, 128-bit loads of a position's
+row at d128). The sequence is main positions [0, main_len) then `scratch_len` draft-time slots of the scratch
+planes: one pointer per position, chosen between them, so each word is loaded once. Unpacking, per pair of base and
+refinement words (eight dims): a few 32-bit bit operations give the bytes 16*q4 + qr + 136 (KV8; 16*q4 + 128 for
+KV4), and inline PTX (`_halves`: `prmt` under the float16 exponent of 1024, `sub.f16x2`) turns them into exact
+float16 codes, two dims a register, in dim order. Codes are exact in float16 (|16*q4 + qr| <= 136); the float32
+queries and probabilities are split into float16 high and low halves, so two float16 MMAs with float32
+accumulation give ~float32 accuracy (one half alone costs ~3e-4 relative, which INT8 activation rounding
+downstream amplifies); the KV scale (s/16) is applied to the scores (K) and to the probabilities (V) in float32.
 
 Batch invariance by construction (what makes a verification pass equal single-query steps bit for bit): a query's
 arithmetic does not depend on how many queries share the pass. The row tile (`rows_per_tile`) depends on the GQA
 ratio only, never on T, so every pass of a layer runs the same compiled program on the same tile shape; each row's
 scores and outputs are reductions of that row alone in a fixed order (tensor-core MMAs on the GPU; in the
 interpreter a broadcast product and a sum, `common.interp_dot`, never numpy's BLAS, whose AVX2 kernels make a
-row's result depend on its position); chunk boundaries are absolute positions (multiples of CHUNK) and chunks are
-reduced in index order; positions a query cannot see contribute exact zeros.
+row's result depend on its position); chunk boundaries are absolute positions (multiples of CHUNK), a chunk's
+steps start at the chunk and at kv8_from, chunks are reduced in index order; positions a query cannot see
+contribute exact zeros.
 
 Lengths on the device: the kernels read main_len, seq_len, kv8_from (attention) and the write's end position
 (write_kv) from device scalars, so a pass can be captured once in a CUDA graph and replayed with new lengths
@@ -41,13 +48,23 @@ import triton.language as tl
 from plugins.kernels.common import INTERPRET, interp_dot, round_half_even
 
 CHUNK = 128          # positions per program (absolute boundaries): 32K context = 256 chunks per KV head
-BLOCK_S = 64         # positions per inner step
 MAX_ROWS = 64        # query rows (GQA group x queries) per program; larger groups tile over a grid axis
-STAGES = 1           # software-pipelining stages of the attention loop: with 16-byte-aligned planes (what the
+STAGES = 1           # software-pipelining stages of the attention loops: with 16-byte-aligned planes (what the
                      # launcher specializes) 3 stages staged 94-106 KB of shared memory per program on sm_87 and
-                     # spilled the d128 MHA tile; one stage: 28-41 KB, no spill (`bitnest compile-kernels`)
+                     # spilled the d128 MHA tile; one stage: 16-41 KB, no spill (`bitnest compile-kernels`)
+MAXNREG = 128        # registers a thread may hold (ptxas's cap): d128 GQA 4 takes 153 uncapped, 120 capped, with no
+                     # spill and the same instructions (`bitnest compile-kernels`); 128 keeps 4 programs of 4 warps
+                     # (or 2 of 8) resident on an SM for the loads in flight
 QUERY_SLOTS = 5      # queries per row tile for any GQA ratio (γ + 1 <= 5, the default γ = 4, verifies in one read
                      # of the KV; 8 slots gave d64 GQA 3 a 32-row tile that spills on sm_87 at 4 or 8 warps)
+
+
+def block_s_for(d: int) -> int:
+    """Positions per loop step for head dim d: 8 KB of each plane of K and V a step (64 positions at d128, 128 at
+    d64): the softmax and MMA work of a step is paid per position, so fewer positions a step cost more
+    instructions per KV byte (sm_87: d128 at 32 / 64 / 128 positions, 8.2 / 6.6 / 6.0 per KV8 byte at 4 warps, the
+    last at 208 registers)."""
+    return min(CHUNK, 8192 // d)
 
 
 def rows_per_tile(r: int) -> int:
@@ -57,43 +74,79 @@ def rows_per_tile(r: int) -> int:
 
 
 def warps_for(d: int, r: int) -> int:
-    """Warps per attention program: 8 for a [rows, D] tile of 2048 or more keeps its accumulators out of local
-    memory on sm_87 (`bitnest compile-kernels`: d128 at 16 or 32 rows); 4 below (d64 GQA 3, 16 rows: 199 regs)."""
-    return 8 if rows_per_tile(r) * d >= 2048 else 4
+    """Warps per attention program: 4 up to a [rows, D] tile of 2048 (d128 MHA, d64 GQA 3: 6.6-8.1 lane instructions
+    per KV8 byte, against 8.1-10.6 at 8 warps), 8 above (d128 GQA 4's 32 rows: 4 warps need 190 registers)."""
+    return 8 if rows_per_tile(r) * d > 2048 else 4
+
+
+# Bit patterns of the code unpacking (`_codes`): per byte lane of an int32 word of 8 nibbles.
+LOW = tl.constexpr(0x0F0F0F0F)        # the low nibble of each byte
+HIGH = tl.constexpr(-0x0F0F0F10)      # 0xF0F0F0F0 as int32: the high nibble of each byte
+EIGHTS = tl.constexpr(-0x77777778)    # 0x88888888: XOR turns a two's-complement nibble n into n + 8 in [0, 15]
+# Byte lanes to float16 codes, eight at a time (`_halves`): `lo` holds the even dims' bytes u of 4 dims, `hi` the
+# odd dims'. Two `prmt` interleave them into dim order ([lo.b0, hi.b0, lo.b1, hi.b1] and the same of bytes 2, 3);
+# four more put each byte under the exponent byte 0x64 (the float16 1024 + u, exact), two dims a register; four
+# `sub.f16x2` take 1024 + bias off (exact: integers below 2048). KV8 bytes are u = 16*q4 + qr + 136 (bias 136:
+# half 0x6488), KV4 bytes u = 16*q4 + 128 (bias 128: half 0x6480).
+_F16_LANES = ("{ .reg .b32 c, k, a, b, p, q, r, s; mov.b32 c, 0x64646464; mov.b32 k, 0x%s; "
+              "prmt.b32 a, $8, $9, 0x5140; prmt.b32 b, $8, $9, 0x7362; "
+              "prmt.b32 p, a, c, 0x4140; prmt.b32 q, a, c, 0x4342; prmt.b32 r, b, c, 0x4140; prmt.b32 s, b, c, 0x4342; "
+              "sub.f16x2 p, p, k; sub.f16x2 q, q, k; sub.f16x2 r, r, k; sub.f16x2 s, s, k; "
+              "mov.b32 {$0, $1}, p; mov.b32 {$2, $3}, q; mov.b32 {$4, $5}, r; mov.b32 {$6, $7}, s; }")
+F16_LANES_KV8 = tl.constexpr(_F16_LANES % "64886488")
+F16_LANES_KV4 = tl.constexpr(_F16_LANES % "64806480")
+F16_CONSTRAINTS = tl.constexpr("=h," * 8 + "r,r")
 
 
 @triton.jit
-def _codes(base_ptr, refine_ptr, sbase_ptr, srefine_ptr, plane, pos, main_len, seq_len, kv8_from, cap, scap,
-           j, HALF: tl.constexpr):
-    """Nested codes 16*q4 (+ qr at KV8 positions) of positions pos [BS] for dims (2j, 2j+1): float16 [BS, HALF] x2.
-    plane = kv * Hkv + head. Main positions read the main planes, later ones the scratch planes."""
-    in_main = pos < main_len
-    in_scr = (pos >= main_len) & (pos < seq_len)
-    kv8 = pos >= kv8_from
-    moff = (plane * cap + pos)[:, None] * HALF + j[None, :]                               # [BS, HALF]
-    soff = (plane * scap + (pos - main_len))[:, None] * HALF + j[None, :]
-    full = j[None, :] < HALF
-    mm, sm = in_main[:, None] & full, in_scr[:, None] & full
-    b = tl.where(mm, tl.load(base_ptr + moff, mask=mm, other=0), tl.load(sbase_ptr + soff, mask=sm, other=0))
-    rm, rs = mm & kv8[:, None], sm & kv8[:, None]
-    r = tl.where(rm, tl.load(refine_ptr + moff, mask=rm, other=0), tl.load(srefine_ptr + soff, mask=rs, other=0))
-    b_lo = (b << 4).to(tl.int8, bitcast=True) >> 4
-    b_hi = b.to(tl.int8, bitcast=True) >> 4
-    r_lo = (r << 4).to(tl.int8, bitcast=True) >> 4                                       # 0 where not loaded
-    r_hi = r.to(tl.int8, bitcast=True) >> 4
-    lo = (16 * b_lo.to(tl.int16) + r_lo.to(tl.int16)).to(tl.float16)
-    hi = (16 * b_hi.to(tl.int16) + r_hi.to(tl.int16)).to(tl.float16)
-    return lo, hi
+def _halves(lo, hi, KV8: tl.constexpr, INTERP: tl.constexpr):
+    """The byte lanes of lo, hi (int32 [BS, W]: dims 8w + 2i and 8w + 2i + 1 in byte i) as float16 codes (u - 136
+    for KV8, u - 128 for KV4): a tuple of eight [BS, W] tensors, dims 8w .. 8w + 7 in order."""
+    if INTERP:                      # the interpreter has no inline PTX: the same values, lane by lane
+        out = ()
+        for i in tl.static_range(4):
+            for word in tl.static_range(2):
+                u = (((hi if word else lo) >> (8 * i)) & 0xFF)
+                out = out + ((u - (136 if KV8 else 128)).to(tl.float16),)
+        return out
+    if KV8:
+        return tl.inline_asm_elementwise(F16_LANES_KV8, F16_CONSTRAINTS, [lo, hi], dtype=(tl.float16,) * 8,
+                                         is_pure=True, pack=1)
+    return tl.inline_asm_elementwise(F16_LANES_KV4, F16_CONSTRAINTS, [lo, hi], dtype=(tl.float16,) * 8,
+                                     is_pure=True, pack=1)
 
 
 @triton.jit
-def _scales(scale_ptr, sscale_ptr, plane, pos, main_len, seq_len, cap, scap):
-    """KV scales / 16 of positions pos [BS] as float32 (0 past the sequence)."""
-    in_main = pos < main_len
-    in_scr = (pos >= main_len) & (pos < seq_len)
-    s = tl.where(in_main, tl.load(scale_ptr + plane * cap + pos, mask=in_main, other=0.0),
-                 tl.load(sscale_ptr + plane * scap + (pos - main_len), mask=in_scr, other=0.0))
-    return s.to(tl.float32) / 16.0
+def _codes(base_ptr, refine_ptr, sbase_ptr, srefine_ptr, plane, at, main_len, cap, scap, W: tl.constexpr,
+           KV8: tl.constexpr, INTERP: tl.constexpr):
+    """Nested codes of positions `at` [BS] (each inside the sequence): float16 [BS, D], dims in order, 16*q4 + qr
+    (KV8) or 16*q4 (KV4, the refinement plane never loaded). plane = kv * Hkv + head; main positions read the main
+    planes, later ones the scratch planes: one pointer per position, so one 128-bit load per 16 bytes whatever
+    the position's plane. base/refine are int32 words [.., W] of the uint8 [.., D/2] rows (8 nibbles a word)."""
+    w = tl.arange(0, W)
+    in_main = (at < main_len)[:, None]                                                     # [BS, 1]
+    moff = (plane * cap + at)[:, None] * W + w[None, :]                                    # [BS, W]
+    soff = (plane * scap + (at - main_len))[:, None] * W + w[None, :]
+    bx = tl.load(tl.where(in_main, base_ptr + moff, sbase_ptr + soff)) ^ EIGHTS           # nibbles q4 + 8
+    if KV8:
+        qx = tl.load(tl.where(in_main, refine_ptr + moff, srefine_ptr + soff)) ^ EIGHTS    # nibbles qr + 8
+        lo = ((bx << 4) & HIGH) | (qx & LOW)         # even dims: bytes 16*(q4 + 8) + qr + 8 = code + 136
+        hi = (bx & HIGH) | ((qx >> 4) & LOW)         # odd dims
+    else:
+        lo = (bx << 4) & HIGH                        # bytes 16*(q4 + 8) = code + 128
+        hi = bx & HIGH
+    t0, t1, t2, t3, t4, t5, t6, t7 = _halves(lo, hi, KV8, INTERP)                     # [BS, W] dims 8w + j
+    # [BS, W, 8] -> [BS, D]: the outermost join pairs neighbours (dim 8w + j: j = 4a + 2b + c, c outermost)
+    x = tl.join(tl.join(tl.join(t0, t4), tl.join(t2, t6)), tl.join(tl.join(t1, t5), tl.join(t3, t7)))
+    return tl.reshape(x, [at.shape[0], W * 8])
+
+
+@triton.jit
+def _scales(scale_ptr, sscale_ptr, plane, at, main_len, cap, scap):
+    """KV scales / 16 of positions `at` [BS] (each inside the sequence) as float32."""
+    in_main = at < main_len
+    s = tl.load(tl.where(in_main, scale_ptr + plane * cap + at, sscale_ptr + plane * scap + (at - main_len)))
+    return s.to(tl.float32) * 0.0625                 # s/16, exactly (a division would call a slow path)
 
 
 @triton.jit
@@ -120,6 +173,32 @@ def _lengths(main_ptr, seq_ptr, kv8_ptr, cap, scap):
     return main_len.to(tl.int32), seq_len.to(tl.int32), kv8_from.to(tl.int32)
 
 
+@triton.jit
+def _block(m_i, l_i, acc, q_hi, q_lo, qpos, live, s0, end, h, base_ptr, refine_ptr, scale_ptr, sbase_ptr,
+           srefine_ptr, sscale_ptr, main_len, cap, scap, sm_scale, HKV: tl.constexpr, W: tl.constexpr,
+           BLOCK_S: tl.constexpr, KV8: tl.constexpr, INTERP: tl.constexpr):
+    """One online-softmax step over positions [s0, s0 + BLOCK_S) of a range ending at `end` (one view: KV8 or
+    KV4): returns the new (m, l, acc). Positions at or past `end` load position end - 1 (no masked load) and
+    score -inf, so they add exact zeros."""
+    pos = s0 + tl.arange(0, BLOCK_S)                                    # [BS]
+    at = tl.minimum(pos, end - 1)
+    k = _codes(base_ptr, refine_ptr, sbase_ptr, srefine_ptr, h, at, main_len, cap, scap, W, KV8, INTERP)  # [BS, D]
+    sk = _scales(scale_ptr, sscale_ptr, h, at, main_len, cap, scap)
+    scores = _dot(q_hi, q_lo, tl.trans(k), INTERP) * (sk * sm_scale)[None, :]                        # [BM, BS]
+    visible = (pos[None, :] <= qpos[:, None]) & (pos < end)[None, :] & live[:, None]
+    scores = tl.where(visible, scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp(scores - m_safe[:, None])                                # [BM, BS], 0 where masked
+    alpha = tl.exp(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = _codes(base_ptr, refine_ptr, sbase_ptr, srefine_ptr, HKV + h, at, main_len, cap, scap, W, KV8, INTERP)
+    sv = _scales(scale_ptr, sscale_ptr, HKV + h, at, main_len, cap, scap)
+    pv_hi, pv_lo = _split16(p * sv[None, :])
+    acc = acc * alpha[:, None] + _dot(pv_hi, pv_lo, v, INTERP)          # [BM, D]
+    return m_new, l_i, acc
+
+
 @triton.jit(do_not_specialize=["T"])   # T == 1 would otherwise compile a program of its own
 def flash_decode_kernel(
     q_ptr, base_ptr, refine_ptr, scale_ptr, sbase_ptr, srefine_ptr, sscale_ptr,
@@ -130,56 +209,41 @@ def flash_decode_kernel(
 ):
     """Program (kv head h, chunk c, row tile): rows i = r*T + t (query head h*R + r, query t at position
     seq_len - T + t). Writes per row and chunk the running max m, the sum l and the unnormalized output [D].
-    Bytes: the chunk's K and V base bytes and scales once for all R*T rows, refinement bytes only at positions
+    base/refine (and the scratch planes) are int32 words [2, Hkv, C, D/8]. The chunk's KV4 positions (before
+    kv8_from) run a loop that never loads the refinement plane, its KV8 positions a loop that loads both.
+    Bytes: the chunk's K and V base words and scales once for all R*T rows, refinement words only at positions
     >= kv8_from, nothing past seq_len; q once per program (L2-resident across chunks). A chunk at or past seq_len
     runs no iteration and stores m = -inf, l = 0, acc = 0 (an exact zero in the reduction)."""
     h = tl.program_id(0)
     c = tl.program_id(1)
     tile = tl.program_id(2)
     main_len, seq_len, kv8_from = _lengths(main_ptr, seq_ptr, kv8_ptr, cap, scap)
-    HALF: tl.constexpr = D // 2
+    W: tl.constexpr = D // 8
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)                     # [BM]
     live = rows < R * T
     head = h * R + rows // T
     qpos = seq_len - T + rows % T                                      # [BM] position of each query
-    j = tl.arange(0, HALF)
-    qoff = (head * T + rows % T)[:, None] * D + 2 * j[None, :]        # q [Hq, T, D]
-    qm = live[:, None] & (j[None, :] < HALF)
-    qe_hi, qe_lo = _split16(tl.load(q_ptr + qoff, mask=qm, other=0.0).to(tl.float32))    # [BM, HALF] x2
-    qo_hi, qo_lo = _split16(tl.load(q_ptr + qoff + 1, mask=qm, other=0.0).to(tl.float32))
+    d = tl.arange(0, D)
+    qoff = (head * T + rows % T)[:, None] * D + d[None, :]            # q [Hq, T, D]
+    q_hi, q_lo = _split16(tl.load(q_ptr + qoff, mask=live[:, None], other=0.0).to(tl.float32))    # [BM, D] x2
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc_e = tl.zeros([BLOCK_M, HALF], tl.float32)
-    acc_o = tl.zeros([BLOCK_M, HALF], tl.float32)
-    k_plane = h
-    v_plane = HKV + h
-    for s0 in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, seq_len), BLOCK_S):
-        pos = s0 + tl.arange(0, BLOCK_S)                                # [BS]
-        k_lo, k_hi = _codes(base_ptr, refine_ptr, sbase_ptr, srefine_ptr, k_plane, pos, main_len, seq_len,
-                            kv8_from, cap, scap, j, HALF)
-        sk = _scales(scale_ptr, sscale_ptr, k_plane, pos, main_len, seq_len, cap, scap)
-        scores = _dot(qe_hi, qe_lo, tl.trans(k_lo), INTERP) + _dot(qo_hi, qo_lo, tl.trans(k_hi), INTERP)  # [BM, BS]
-        scores = scores * (sk * sm_scale)[None, :]
-        visible = (pos[None, :] <= qpos[:, None]) & (pos[None, :] < seq_len) & live[:, None]
-        scores = tl.where(visible, scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(scores - m_safe[:, None])                            # [BM, BS], 0 where masked
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v_lo, v_hi = _codes(base_ptr, refine_ptr, sbase_ptr, srefine_ptr, v_plane, pos, main_len, seq_len,
-                            kv8_from, cap, scap, j, HALF)
-        sv = _scales(scale_ptr, sscale_ptr, v_plane, pos, main_len, seq_len, cap, scap)
-        pv_hi, pv_lo = _split16(p * sv[None, :])
-        acc_e = acc_e * alpha[:, None] + _dot(pv_hi, pv_lo, v_lo, INTERP)
-        acc_o = acc_o * alpha[:, None] + _dot(pv_hi, pv_lo, v_hi, INTERP)
-        m_i = m_new
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    c0 = c * CHUNK
+    c1 = tl.minimum(c0 + CHUNK, seq_len)
+    kv4_end = tl.minimum(c1, kv8_from)
+    for s0 in range(c0, kv4_end, BLOCK_S):                              # KV4 positions: base plane only
+        m_i, l_i, acc = _block(m_i, l_i, acc, q_hi, q_lo, qpos, live, s0, kv4_end, h, base_ptr, refine_ptr,
+                               scale_ptr, sbase_ptr, srefine_ptr, sscale_ptr, main_len, cap, scap, sm_scale, HKV, W,
+                               BLOCK_S, False, INTERP)
+    for s0 in range(tl.maximum(c0, kv8_from), c1, BLOCK_S):            # KV8 positions: both planes
+        m_i, l_i, acc = _block(m_i, l_i, acc, q_hi, q_lo, qpos, live, s0, c1, h, base_ptr, refine_ptr,
+                               scale_ptr, sbase_ptr, srefine_ptr, sscale_ptr, main_len, cap, scap, sm_scale, HKV, W,
+                               BLOCK_S, True, INTERP)
     slot = (h * R * T + rows) * n_chunks + c                             # [BM]
     tl.store(m_ws + slot, m_i, mask=live)
     tl.store(l_ws + slot, l_i, mask=live)
-    am = live[:, None] & (j[None, :] < HALF)
-    tl.store(acc_ws + slot[:, None] * D + 2 * j[None, :], acc_e, mask=am)
-    tl.store(acc_ws + slot[:, None] * D + 2 * j[None, :] + 1, acc_o, mask=am)
+    tl.store(acc_ws + slot[:, None] * D + d[None, :], acc, mask=live[:, None])
 
 
 @triton.jit
@@ -269,11 +333,12 @@ def _attend(q, base, refine, scale, scratch, main_ptr, seq_ptr, kv8_ptr, n_chunk
     m_ws = torch.empty(hkv * r * t * n_chunks, dtype=torch.float32, device=dev)
     l_ws = torch.empty_like(m_ws)
     acc_ws = torch.empty(hkv * r * t * n_chunks, d, dtype=torch.float32, device=dev)
+    words = [p.view(torch.int32) for p in (base, refine, sb, sr)]        # [2, Hkv, C, D/8] words of 8 nibbles
     flash_decode_kernel[(hkv, n_chunks, tiles)](
-        q.contiguous(), base, refine, scale, sb, sr, ss, m_ws, l_ws, acc_ws, main_ptr, seq_ptr, kv8_ptr,
+        q.contiguous(), words[0], words[1], scale, words[2], words[3], ss, m_ws, l_ws, acc_ws, main_ptr, seq_ptr, kv8_ptr,
         t, base.shape[2], scap, n_chunks, 1.0 / math.sqrt(d),
-        HKV=hkv, R=r, D=d, CHUNK=CHUNK, BLOCK_S=BLOCK_S, BLOCK_M=block_m, INTERP=INTERPRET,
-        num_warps=warps_for(d, r), num_stages=STAGES, enable_fp_fusion=False,
+        HKV=hkv, R=r, D=d, CHUNK=CHUNK, BLOCK_S=block_s_for(d), BLOCK_M=block_m, INTERP=INTERPRET,
+        num_warps=warps_for(d, r), num_stages=STAGES, maxnreg=MAXNREG, enable_fp_fusion=False,
     )
     y = out if out is not None else torch.empty(hq, t, d, dtype=torch.float32, device=dev)
     chunk_reduce_kernel[(hkv, r * t)](m_ws, l_ws, acc_ws, y, t, n_chunks, R=r, D=d, enable_fp_fusion=False)
