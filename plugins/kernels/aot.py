@@ -53,7 +53,8 @@ class KernelSpec:
     constexprs: dict
     num_warps: int = 4
     loop_weight_bytes: int = 0      # plane bytes a program reads per main-loop iteration (GEMVs; 0: not a GEMV)
-    decode: bool = False            # a decode GEMV: held to BUDGETS
+    decode: bool = False            # a decode GEMV: its budget_failures listed (BUDGETS)
+    held: bool = True               # its budget failures fail the build (`bitnest compile-kernels` exits 1)
     num_stages: int = 3             # Triton's software-pipelining stages (its default), as the launcher passes
     aligned: bool = True            # pointers specialized as 16-byte aligned (False: what a misaligned call gets)
     maxnreg: int | None = None      # ptxas's register cap, as the launcher passes it
@@ -80,7 +81,7 @@ def _gemv(name, target, float_act, split, g=128, runtime_view=False):
                       loop_weight_bytes=64 * planes * g // 2)
 
 
-def _decode(name, target, m, g=128, runtime_view=False):
+def _decode(name, target, m, g=128, runtime_view=False, held=True):
     """The decode kernel for m tokens (what `gemv._launch_decode` launches): one group per loop iteration."""
     sig = {"x_ptr": "*i32", "xsum_ptr": "*i32", "sx_ptr": "*fp32", "base_ptr": "*i32", "refine_ptr": "*i32",
            "scale_ptr": "*fp16", "offset_ptr": "*fp16", "out_ptr": "*fp32", "view_ptr": "*i64", "N": "i32",
@@ -90,7 +91,24 @@ def _decode(name, target, m, g=128, runtime_view=False):
              "INTERP": 0, "RUNTIME_VIEW": runtime_view}
     planes = 2 if target or runtime_view else 1       # a run-time view's largest loop is its target view's
     return KernelSpec(name, gemv_decode.decode_gemv_kernel, sig | {k: "constexpr" for k in const}, const,
-                      gemv.DECODE_WARPS, loop_weight_bytes=rows * block_s * planes * g // 2, decode=True)
+                      gemv.DECODE_WARPS, loop_weight_bytes=rows * block_s * planes * g // 2, decode=True,
+                      held=held)
+
+
+def held_to_budget(target: bool, m: int, g: int) -> bool:
+    """Which decode variants BUDGETS binds: the target view at every M of a verification pass (1..DECODE_MAX_M)
+    at groups of 64 and 128 (every real model's linears here: K divisible by 128, or by 64 for SmolLM2's 576), and
+    at group 32 up to M = 5 (γ = 4; at 6-8 tokens a 16-byte group's float steps per token cost 4.3-4.7 a byte);
+    the draft view at M = 1, the only M a draft step runs (prefill tails of a draft-only decode run 2-8 tokens:
+    reported, not held; the draft's dp4a work per byte is twice the target's at the same M)."""
+    return m <= 5 or g >= 64 if target else m == 1
+
+
+def decode_sweep_specs() -> list[KernelSpec]:
+    """The decode kernel at every M (1..DECODE_MAX_M), view and group size (32, 64, 128): `compile-kernels
+    --decode-sweep`, each held to BUDGETS where `held_to_budget` says."""
+    return [_decode(f"decode_{'target' if t else 'draft'}_m{m}_g{g}", t, m, g, held=held_to_budget(t, m, g))
+            for t in (False, True) for g in (32, 64, 128) for m in range(1, gemv_decode.DECODE_MAX_M + 1)]
 
 
 def _attention(name, d, r):
@@ -125,6 +143,9 @@ def kernel_specs() -> list[KernelSpec]:
         _decode("decode_runtime_view_m5", False, 5, runtime_view=True),
         _decode("decode_draft_m1_g64", False, 1, g=64),       # the default model's group size
         _decode("decode_target_m5_g64", True, 5, g=64),
+        _decode("decode_target_m8_g64", True, 8, g=64),
+        _decode("decode_draft_m1_g32", False, 1, g=32),       # a 16-byte group: ptxas unrolls its loop 4 times
+        _decode("decode_target_m5_g32", True, 5, g=32),
         _gemv("mma_draft_w4a8", False, False, 4),             # prefill tiles (M > 8): tensor cores
         _gemv("mma_target_w8a8", True, False, 4),
         _gemv("mma_target_w8a8_g64_nosplit", True, False, 1, g=64),
@@ -202,13 +223,18 @@ def _plane_loads(loop: list[str]) -> int:
 
 def sass_proxy(sass: str, spec: KernelSpec) -> dict:
     """The bandwidth proxy of a GEMV (module docstring): its main loop's instructions and the lane instructions
-    per weight byte they cost."""
+    per weight byte they cost. ptxas may unroll a decode GEMV's loop (it does at group 32): the loop then covers
+    as many groups as its dp4a count holds groups' worth (ROWS * M * G/4 a group), and their bytes."""
     if not spec.loop_weight_bytes:
         return {}
     loop = main_loop(sass)
-    per_byte = len(loop) * 32 * spec.num_warps / spec.loop_weight_bytes
-    return {"loop_instructions": len(loop), "loop_weight_bytes": spec.loop_weight_bytes,
-            "loop_ldg128": sum(bool(re.search(r"\bLDG\.E\S*\.128\b", o)) for o in loop),
+    unroll = 1
+    if spec.decode:
+        c = spec.constexprs
+        unroll = max(1, sum(bool(re.search(r"\bIDP\.4A\b", o)) for o in loop) // (c["ROWS"] * c["M"] * c["G"] // 4))
+    per_byte = len(loop) * 32 * spec.num_warps / (unroll * spec.loop_weight_bytes)
+    return {"loop_instructions": len(loop), "loop_weight_bytes": unroll * spec.loop_weight_bytes,
+            "loop_unroll": unroll, "loop_ldg128": sum(bool(re.search(r"\bLDG\.E\S*\.128\b", o)) for o in loop),
             "instructions_per_weight_byte": round(per_byte, 3)}
 
 
@@ -290,10 +316,14 @@ def compile_spec(spec: KernelSpec, out_dir: Path, arch: int = 87, ptx_version: i
         row["budget_failures"] = budget_failures(row)
     elif spec.kv_step_bytes:
         row["budget_failures"] = attention_budget_failures(row)
+    if "budget_failures" in row:
+        row["held"] = spec.held
     return row
 
 
-def compile_all(out_dir: Path, arch: int = 87, ptx_version: int = JETPACK6_PTX) -> list[dict]:
-    """Compile every kernel spec for sm_`arch` (`compile_spec`); returns their summaries."""
+def compile_all(out_dir: Path, arch: int = 87, ptx_version: int = JETPACK6_PTX, sweep: bool = False) -> list[dict]:
+    """Compile every kernel spec for sm_`arch` (`compile_spec`), or with `sweep` every decode variant
+    (`decode_sweep_specs`); returns their summaries."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    return [compile_spec(spec, out_dir, arch, ptx_version) for spec in kernel_specs()]
+    return [compile_spec(spec, out_dir, arch, ptx_version)
+            for spec in (decode_sweep_specs() if sweep else kernel_specs())]
