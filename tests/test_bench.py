@@ -402,3 +402,21 @@ def test_a_runner_that_cannot_load_is_one_line_and_leaves_no_process(small, caps
 def test_default_policies_include_auto_where_the_registry_has_it():
     from edge.decode.registry import POLICIES
     assert ("auto" in DEFAULT_POLICIES) == ("auto" in POLICIES)
+
+
+def test_a_runner_killed_by_the_system_is_named_with_its_signal_not_a_broken_pipe():
+    """A runner the out-of-memory killer takes (SIGKILL, sent here to a real worker process) is one error naming the
+    runner, the signal and the likely cause, and closing the workers afterwards raises nothing (a dead worker's
+    unflushed request once surfaced as `bench.py: error: Broken pipe`)."""
+    import os
+    import signal
+    from edge.analysis.bench_process import Workers
+    from edge.errors import BitNestError
+    with pytest.raises(BitNestError) as err:
+        with Workers(["target", "hf_fp32"]) as workers:
+            os.kill(workers["hf_fp32"].pid, signal.SIGKILL)
+            workers["hf_fp32"].proc.wait()
+            workers["hf_fp32"].request("load", kind="probe", buffer_bytes=1 << 20)
+    assert f"bench runner hf_fp32 (pid" in str(err.value) and "killed by SIGKILL" in str(err.value), err.value
+    assert "out-of-memory killer" in str(err.value)
+    assert not _my_children()

@@ -13,6 +13,7 @@ prints there (llama.cpp logs) goes to its stderr, which the parent keeps in a lo
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -61,11 +62,24 @@ class Worker:
         return self.request("load", kind=kind, **spec)
 
     def _last_log(self) -> str:
-        self.proc.poll()
+        """Why the worker stopped: the signal that killed it and its likely cause, or its exit code, after the
+        last line it wrote."""
+        try:
+            self.proc.wait(timeout=5)                  # a pipe closes a moment before its process is reaped
+        except subprocess.TimeoutExpired:
+            pass
         self.log.seek(0)
         lines = [ln.strip() for ln in self.log.read().splitlines() if ln.strip()]
-        code = self.proc.returncode
-        return (lines[-1][:300] if lines else "no output") + ("" if code is None else f" (exit code {code})")
+        last, code = (lines[-1][:300] if lines else "no output"), self.proc.returncode
+        if code is None:
+            return last
+        if code >= 0:
+            return f"{last} (exit code {code})"
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+        why = (": likely the system's out-of-memory killer (the runners loaded together outgrew this host's memory; "
+               "see dmesg, and time fewer runners at once, e.g. --peer none or one --policy)"
+               if -code == signal.SIGKILL else "")
+        return f"killed by {name}{why} (its last output: {last})"
 
     def close(self) -> None:
         """Ask the worker to quit; kill it where it does not within 30 s."""
@@ -78,7 +92,10 @@ class Worker:
                 self.proc.kill()
                 self.proc.wait()
         for f in (self.proc.stdin, self.proc.stdout, self.log):
-            f.close()
+            try:
+                f.close()
+            except OSError:      # a dead worker's stdin still holding a request: its flush meets a broken pipe
+                pass
 
 
 class Workers(dict):
