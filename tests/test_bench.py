@@ -420,3 +420,47 @@ def test_a_runner_killed_by_the_system_is_named_with_its_signal_not_a_broken_pip
     assert f"bench runner hf_fp32 (pid" in str(err.value) and "killed by SIGKILL" in str(err.value), err.value
     assert "out-of-memory killer" in str(err.value)
     assert not _my_children()
+
+
+def test_the_memory_plan_groups_runners_that_do_not_fit_together_and_skips_one_that_cannot_fit(small):
+    """Each runner's resident bytes come from the files it loads (the checkpoint's weight files, a GGUF, the float32
+    model, the probe's buffer); within a budget they are grouped first-fit in order, and one over it alone is skipped
+    with its reason; a budget no policy fits is one error."""
+    from edge.analysis.bench_memory import MARGIN, WORKER_BYTES, memory_plan, resident_bytes
+    from edge.errors import BitNestError
+    from edge.model.checkpoint import read_manifest, weight_files
+    policy = {"kind": "policy", "checkpoint": str(small)}
+    specs = {"probe": {"kind": "probe", "nbytes": 64 << 20}, "target": policy, "speculative": policy,
+             "hf_fp32": {"kind": "hf"}}
+    weights = sum((small / f).stat().st_size for f in weight_files(small, read_manifest(small)))
+    assert resident_bytes(policy, str(small)) == int((WORKER_BYTES + weights) * MARGIN)
+    need = {n: resident_bytes(s, str(small)) for n, s in specs.items()}
+    assert need["hf_fp32"] > need["target"] > weights            # float32 of every parameter, past the 8-bit planes
+    roomy = memory_plan(specs, str(small), sum(need.values()))
+    assert roomy["groups"] == [list(specs)] and roomy["skipped"] == {} and roomy["runners"] == need
+    assert memory_plan(specs, str(small), need["probe"] + need["target"])["groups"][:2] == [
+        ["probe", "target"], ["speculative"] + ["hf_fp32"] * (need["speculative"] + need["hf_fp32"] <=
+                                                               need["probe"] + need["target"])]
+    tight = memory_plan(specs, str(small), max(need["probe"], need["target"]))    # no two fit together
+    assert tight["groups"] == [["probe"], ["target"], ["speculative"]] and list(tight["skipped"]) == ["hf_fp32"]
+    assert "GiB resident alone" in tight["skipped"]["hf_fp32"]
+    with pytest.raises(BitNestError, match="--memory-mib"):
+        memory_plan(specs, str(small), need["target"] - 1)
+
+
+def test_a_bench_whose_runners_do_not_fit_together_runs_them_in_groups(small, capsys):
+    """--memory-mib below the probe and the target together: each loads and runs in a group of its own, one after
+    the other, and the run completes with every figure, the plan in its JSON and one line saying so."""
+    from edge.analysis.bench_common import default_threads, probe_spec
+    from edge.analysis.bench_memory import MiB, resident_bytes
+    probe = resident_bytes(probe_spec(machine(default_threads())), str(small))
+    target = resident_bytes({"kind": "policy", "checkpoint": str(small)}, str(small))
+    budget = max(probe, target) // MiB + 1
+    assert budget * MiB < probe + target
+    rc, out, err = _cli(capsys, "--checkpoint", small, "--policy", "target", "--peer", "none", "--prompts", 1,
+                        "--max-new-tokens", 4, "--repeats", 1, "--pass-repeats", 1, "--memory-mib", budget, "--json")
+    assert rc == 0, err
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["memory_plan"]["groups"] == [["probe"], ["target"]] and list(result["runs"]) == ["target"]
+    assert result["read_gbps"] > 0 and result["runs"]["target"]["tok_s"] > 0 and result["pass_times"]["ms"]["target"]
+    assert "2 groups, one after another" in err and not _my_children()

@@ -51,6 +51,7 @@ from edge.analysis.bench_common import (
     run_all,
     run_entry,
 )
+from edge.analysis.bench_memory import MiB, memory_plan
 from edge.analysis.machine import load_average, machine
 from edge.analysis.peers import q8_0_gguf, quant_label, source_gguf
 from edge.argtypes import Parser, count, gamma
@@ -110,8 +111,16 @@ def bench(a, ckpt: str, command: str = "") -> dict:
                             "max_new_tokens": a.max_new_tokens,
                             "gguf": None if weights else str(source_gguf(manifest))}
     specs["probe"] = probe_spec(mach)
+    plan = memory_plan(_plan_order(specs, policies), ckpt, a.memory_mib and a.memory_mib * MiB)
+    for name, why in plan["skipped"].items():
+        print(f"bench.py: skipped {name}: {why}", file=sys.stderr)
+        del specs[name]
+    if len(plan["groups"]) > 1:
+        print(f"bench.py: the runners do not fit in memory together: {len(plan['groups'])} groups, one after another "
+              "(their repeats interleave within a group only)", file=sys.stderr)
+    policies = [p for p in policies if p in specs]
     pass_runner = "target" if "target" in specs else policies[0]
-    loaded, samples, passes = run_all(specs, a.repeats, pass_runner, a.pass_repeats)
+    loaded, samples, passes = run_all(specs, a.repeats, pass_runner, a.pass_repeats, plan["groups"])
     mach["load_average_after"] = load_average()
     read_gbps, probe = probe_entry(samples.pop("probe"), loaded["probe"])
     first = loaded[pass_runner]
@@ -120,8 +129,8 @@ def bench(a, ckpt: str, command: str = "") -> dict:
            "prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "stop_at_eos": a.stop_at_eos,
            "repeats": a.repeats,
            "gamma": a.gamma, "threads": threads, "machine": mach, "read_gbps": read_gbps,
-           "read_gbps_samples": probe["gbps_samples"], "probe": probe, "runs": {}}
-    for name, runs in samples.items():
+           "read_gbps_samples": probe["gbps_samples"], "probe": probe, "memory_plan": plan, "runs": {}}
+    for name, runs in ((n, samples[n]) for n in specs if n in samples):     # the runners in the order asked
         out["runs"][name] = run_entry(runs, loaded[name], read_gbps)
         if name == "speculative":
             out["runs"][name]["rounds"] = runs[-1]["rounds"]
@@ -139,6 +148,14 @@ def bench(a, ckpt: str, command: str = "") -> dict:
     out["pass_times"] = passes
     out["ratios"].update(pass_ratios(passes, a.gamma))
     return out
+
+
+def _plan_order(specs: dict, policies) -> dict:
+    """The runners in the order the memory plan places them: the probe, the headline policy (`auto`, else the
+    target) and llama.cpp's runs it is paired with, the other policies, then transformers (the largest)."""
+    lead = "auto" if "auto" in policies else "target"
+    rank = lambda n: (n != "probe", n != lead, not n.startswith("llamacpp"), n == "hf_fp32")
+    return {name: specs[name] for name in sorted(specs, key=rank)}
 
 
 def headline(out: dict, policy: str) -> dict:
@@ -168,6 +185,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=count(), default=3)
     p.add_argument("--threads", type=count(), help="threads of every runner (default: torch's count here)")
     p.add_argument("--pass-repeats", type=count(), default=15, help="timed passes per view and width (median)")
+    p.add_argument("--memory-mib", type=count(), help="memory the runners may hold together (default: 90%% of this "
+                   "host's MemAvailable): runners that do not fit together run in groups one after another, one that "
+                   "does not fit alone is skipped (edge.analysis.bench_memory)")
     p.add_argument("--policy", action="append", choices=POLICIES,
                    help=f"policy to time (repeatable; default: {', '.join(DEFAULT_POLICIES)})")
     p.add_argument("--peer", action="append", choices=PEERS, help="peer to time beside them (repeatable; default: "

@@ -65,16 +65,19 @@ def native_spec(gguf: Path, prompts: list, n: int, threads: int) -> dict:
             "prompt_tokens": int(statistics.median(map(len, prompts))), "max_new_tokens": n, "cache": str(cache_root())}
 
 
-def run_all(specs: dict, repeats: int, pass_runner: str | None, pass_repeats: int) -> tuple[dict, dict, dict | None]:
-    """Start every runner in its own process, load them one at a time, interleave `repeats` repeats across them, then
-    time passes in `pass_runner`'s process: ({name: what it reported on loading}, {name: [results]}, pass times)."""
-    with Workers(specs) as w:
-        loaded = w.load_all(specs)
-        samples = w.interleave(repeats)
-        passes = None
-        if pass_runner is not None:
-            passes = dict(w[pass_runner].request("pass_times", repeats=pass_repeats), runner=pass_runner,
-                          pid=loaded[pass_runner]["pid"])
+def run_all(specs: dict, repeats: int, pass_runner: str | None, pass_repeats: int,
+            groups: list | None = None) -> tuple[dict, dict, dict | None]:
+    """Start every runner of a group in its own process, load them one at a time, interleave `repeats` repeats across
+    them, time passes in `pass_runner`'s process, close them, then the next group (`groups`: lists of names, the
+    memory plan's; default one group of all): ({name: what it reported on loading}, {name: [results]}, pass times)."""
+    loaded, samples, passes = {}, {}, None
+    for group in groups or [list(specs)]:
+        with Workers(group) as w:
+            loaded |= w.load_all({name: specs[name] for name in group})
+            samples |= w.interleave(repeats)
+            if pass_runner in group:
+                passes = dict(w[pass_runner].request("pass_times", repeats=pass_repeats), runner=pass_runner,
+                              pid=loaded[pass_runner]["pid"])
     return loaded, samples, passes
 
 

@@ -8,8 +8,7 @@ NAME is a fixed table (`headline`, `quality`, `bench`, `bench-ratios`, `bench-pa
 `device-bandwidth`, `verify-local`, `replay-exports`) or KIND-STEM for one results file: `replay-STEM`
 (replay-STEM.json), `compare-STEM`, `compare-phase-STEM`, `history-STEM`, `history-phase-STEM` (compare-STEM.json),
 `sweep-STEM` (sweep-STEM.json), `max-context-STEM` (max_context_STEM.json), `lossless-STEM`, `bench-STEM`
-(bench-STEM.json: `bench --shape STEM`).
-The bench tables are edge.analysis.report_bench's.
+(bench-STEM.json: `bench --shape STEM`). The bench tables are edge.analysis.report_bench's.
 """
 
 import argparse
@@ -92,11 +91,10 @@ def sm87_table(d: dict) -> str:
     """Per kernel variant: resources, instructions, 128-bit loads; GEMVs' and attention's proxy and budget verdict."""
     head = ["kernel variant", "registers", "shared bytes", "spill bytes", "IMMA", "HMMA", "DP4A", "128-bit loads",
             "instructions / plane byte", "budget"]
-    verdict = {True: "met", False: "missed"}
-    per_byte = lambda k: (f"KV4 {k['instructions_per_kv4_byte']}, KV8 {k['instructions_per_kv8_byte']}"
-                          if "instructions_per_kv8_byte" in k else f"{k.get('instructions_per_weight_byte', '')}")
+    verdict, kv = {True: "met", False: "missed"}, "KV4 {instructions_per_kv4_byte}, KV8 {instructions_per_kv8_byte}"
     return _table(head, [[f"`{k['kernel']}`", *(str(k[c]) for c in ("registers", "shared_bytes", "spill_store_bytes",
-                          "imma", "hmma", "idp4a", "ldg128")), per_byte(k),
+                          "imma", "hmma", "idp4a", "ldg128")), kv.format(**k) if "instructions_per_kv8_byte" in k
+                          else str(k.get("instructions_per_weight_byte", "")),
                           verdict.get(k["budget_failures"] == [], "") if "budget_failures" in k else ""]
                          for k in d["kernels"]])
 

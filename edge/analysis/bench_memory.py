@@ -1,0 +1,85 @@
+"""The bench's memory plan, made before any runner starts: each runner's resident bytes from the files it will load
+(the checkpoint's weight files, a GGUF, the float32 model transformers builds, the probe's buffer) plus what its
+process holds before it loads anything, and which runners run together: in the bench's order, each joins the first
+group whose runners still fit beside it, so groups that do not fit together run one after another and a runner that
+does not fit alone is skipped with a reason. At a 1.5B model on a 24 GB host the five policies, llama.cpp's four
+runs and transformers' float32 model (7.3 GB) together outgrew the host and the out-of-memory killer took a runner.
+
+Figures (RSS of `python -c "import ..."` here, /usr/bin/time -v): a worker with torch and this runtime imported holds
+~230 MB, with transformers ~470 MB. A GGUF is mapped and read whole by llama.cpp; a policy runner holds its
+checkpoint's tensors once (the backends re-lay planes in place of the canonical ones, never beside them).
+"""
+
+from pathlib import Path
+
+from edge.errors import BitNestError
+
+MiB = 1 << 20
+WORKER_BYTES = 230 * MiB            # a worker process with torch and the runtime imported, before it loads a model
+HF_WORKER_BYTES = 470 * MiB         # the same with transformers imported
+MARGIN = 1.10                       # loads hold transient copies, the KV cache and activations come on top
+HOST_SHARE = 0.90                   # of MemAvailable: what the runners may hold together, the rest left to the system
+
+
+def available_bytes() -> int:
+    """What the runners may hold together: HOST_SHARE of this host's MemAvailable."""
+    from edge.memory.devices import meminfo
+    return int(meminfo().get("MemAvailable", 0) * HOST_SHARE)
+
+
+def _checkpoint_bytes(folder: str) -> int:
+    from edge.model.checkpoint import read_manifest, weight_files
+    path = Path(folder)
+    return sum((path / f).stat().st_size for f in weight_files(path, read_manifest(path)))
+
+
+def _float32_bytes(checkpoint: str) -> int:
+    """The float32 model transformers builds of the checkpoint's source: every parameter at 4 bytes."""
+    from edge.memory.plan import dense_weight_bytes
+    from edge.model.checkpoint import read_manifest
+    from edge.model.arch import ModelConfig
+    cfg = ModelConfig.from_dict(read_manifest(Path(checkpoint))["config"])
+    return 2 * sum(dense_weight_bytes(cfg, "fp16").values())
+
+
+def resident_bytes(spec: dict, checkpoint: str) -> int:
+    """A runner's resident bytes once loaded, from its spec (edge.analysis.bench_common) and the files it names."""
+    kind = spec["kind"]
+    if kind == "policy":
+        need = WORKER_BYTES + _checkpoint_bytes(spec["checkpoint"])
+    elif kind in ("llamacpp", "llamacpp_native"):
+        files = [spec["gguf"]] + ([spec["draft"]] if spec.get("draft") else [])
+        need = WORKER_BYTES + sum(Path(f).stat().st_size for f in files)
+    elif kind == "hf":
+        need = HF_WORKER_BYTES + _float32_bytes(checkpoint)
+    elif kind == "probe":
+        need = WORKER_BYTES + spec["nbytes"]
+    else:
+        need = WORKER_BYTES
+    return int(need * MARGIN)
+
+
+def memory_plan(specs: dict, checkpoint: str, budget: int | None = None) -> dict:
+    """{"budget_bytes", "runners": {name: bytes}, "groups": [[name, ...], ...], "skipped": {name: reason}}: the
+    runners of `specs` (in order) grouped first-fit within `budget` (default `available_bytes`). BitNestError where
+    none of this runtime's policies fits alone."""
+    budget = available_bytes() if budget is None else budget
+    need = {name: resident_bytes(spec, checkpoint) for name, spec in specs.items()}
+    groups, used, skipped = [], [], {}
+    for name, b in need.items():
+        if b > budget:
+            skipped[name] = (f"needs ~{b / 2**30:.1f} GiB resident alone, {budget / 2**30:.1f} GiB available "
+                             "(90% of MemAvailable, or --memory-mib)")
+            continue
+        fit = next((i for i, u in enumerate(used) if u + b <= budget), None)
+        if fit is None:
+            groups.append([])
+            used.append(0)
+            fit = len(groups) - 1
+        groups[fit].append(name)
+        used[fit] += b
+    policies = [n for n, s in specs.items() if s["kind"] == "policy"]
+    if policies and all(p in skipped for p in policies):
+        raise BitNestError(f"this runtime's runners need ~{need[policies[0]] / 2**30:.1f} GiB each and "
+                           f"{budget / 2**30:.1f} GiB is available: free memory, or give more with --memory-mib")
+    return {"budget_bytes": budget, "runners": need, "groups": groups, "skipped": skipped}
