@@ -444,8 +444,10 @@ def test_the_memory_plan_groups_runners_that_do_not_fit_together_and_skips_one_t
     tight = memory_plan(specs, str(small), max(need["probe"], need["target"]))    # no two fit together
     assert tight["groups"] == [["probe"], ["target"], ["speculative"]] and list(tight["skipped"]) == ["hf_fp32"]
     assert "GiB resident alone" in tight["skipped"]["hf_fp32"]
-    with pytest.raises(BitNestError, match="--memory-mib"):
+    with pytest.raises(BitNestError, match="runtime's runners need .* --memory-mib"):
         memory_plan(specs, str(small), need["target"] - 1)
+    with pytest.raises(BitNestError, match="read probe needs .* --memory-mib"):
+        memory_plan({"probe": specs["probe"]}, str(small), need["probe"] - 1)
 
 
 def test_a_bench_whose_runners_do_not_fit_together_runs_them_in_groups(small, capsys):

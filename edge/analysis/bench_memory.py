@@ -79,7 +79,9 @@ def memory_plan(specs: dict, checkpoint: str, budget: int | None = None) -> dict
         groups[fit].append(name)
         used[fit] += b
     policies = [n for n, s in specs.items() if s["kind"] == "policy"]
-    if policies and all(p in skipped for p in policies):
-        raise BitNestError(f"this runtime's runners need ~{need[policies[0]] / 2**30:.1f} GiB each and "
-                           f"{budget / 2**30:.1f} GiB is available: free memory, or give more with --memory-mib")
+    for what, names in (("this runtime's runners need", policies), ("the read probe needs", ["probe"])):
+        names = [n for n in names if n in specs]
+        if names and all(n in skipped for n in names):       # the bench means nothing without them
+            raise BitNestError(f"{what} ~{need[names[0]] / 2**30:.1f} GiB{' each' * (len(names) > 1)} and "
+                               f"{budget / 2**30:.1f} GiB is available: free memory, or give more with --memory-mib")
     return {"budget_bytes": budget, "runners": need, "groups": groups, "skipped": skipped}
