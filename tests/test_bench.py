@@ -463,6 +463,8 @@ def test_a_bench_whose_runners_do_not_fit_together_runs_them_in_groups(small, ca
                         "--max-new-tokens", 4, "--repeats", 1, "--pass-repeats", 1, "--memory-mib", budget, "--json")
     assert rc == 0, err
     result = json.loads(out.strip().splitlines()[-1])
-    assert result["memory_plan"]["groups"] == [["probe"], ["target"]] and list(result["runs"]) == ["target"]
+    plan = result["memory_plan"]
+    assert plan["groups"] == [["probe"], ["target"]] and list(result["runs"]) == ["target"]
+    assert 0 < plan["peak_rss_after_load"]["target"] <= plan["runners"]["target"], plan     # the plan's bound held
     assert result["read_gbps"] > 0 and result["runs"]["target"]["tok_s"] > 0 and result["pass_times"]["ms"]["target"]
     assert "2 groups, one after another" in err and not _my_children()

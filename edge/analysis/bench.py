@@ -122,6 +122,7 @@ def bench(a, ckpt: str, command: str = "") -> dict:
     pass_runner = "target" if "target" in specs else policies[0]
     loaded, samples, passes = run_all(specs, a.repeats, pass_runner, a.pass_repeats, plan["groups"])
     mach["load_average_after"] = load_average()
+    plan["peak_rss_after_load"] = {name: loaded[name].get("peak_rss_bytes") for name in loaded}   # planned vs seen
     read_gbps, probe = probe_entry(samples.pop("probe"), loaded["probe"])
     first = loaded[pass_runner]
     out = {"command": command, "checkpoint": ckpt, "backend": first["backend"], "isa": first["isa"],

@@ -5,9 +5,13 @@ group whose runners still fit beside it, so groups that do not fit together run 
 does not fit alone is skipped with a reason. At a 1.5B model on a 24 GB host the five policies, llama.cpp's four
 runs and transformers' float32 model (7.3 GB) together outgrew the host and the out-of-memory killer took a runner.
 
-Figures (RSS of `python -c "import ..."` here, /usr/bin/time -v): a worker with torch and this runtime imported holds
-~230 MB, with transformers ~470 MB. A GGUF is mapped and read whole by llama.cpp; a policy runner holds its
-checkpoint's tensors once (the backends re-lay planes in place of the canonical ones, never beside them).
+Figures: each worker reports its peak resident bytes once loaded (VmHWM, `peak_rss_after_load` in the bench's
+JSON, beside the plan). On the default model (python scripts/bench.py --repeats 1 --prompts 1 --max-new-tokens 8
+--policy target --policy auto --peer llamacpp --peer hf): a policy runner 454 MB over a 166 MB checkpoint, llama.cpp
+401 / 445 MB over 98 / 145 MB GGUFs, transformers 1,253 MB over 540 MB of float32 parameters, the probe 1,505 MB
+over its buffer: a process holds ~300 MB besides what it loads (~720 MB with transformers). A GGUF is mapped and
+read whole by llama.cpp; a policy runner holds its checkpoint's tensors once (the backends re-lay planes in place of
+the canonical ones, never beside them).
 """
 
 from pathlib import Path
@@ -15,8 +19,8 @@ from pathlib import Path
 from edge.errors import BitNestError
 
 MiB = 1 << 20
-WORKER_BYTES = 230 * MiB            # a worker process with torch and the runtime imported, before it loads a model
-HF_WORKER_BYTES = 470 * MiB         # the same with transformers imported
+WORKER_BYTES = 340 * MiB            # a loaded worker's process besides the files it loads (measured ~300 MB)
+HF_WORKER_BYTES = 720 * MiB         # the same for transformers' runner (measured ~710 MB)
 MARGIN = 1.10                       # loads hold transient copies, the KV cache and activations come on top
 HOST_SHARE = 0.90                   # of MemAvailable: what the runners may hold together, the rest left to the system
 

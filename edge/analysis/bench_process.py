@@ -4,7 +4,8 @@ waits for each answer before it sends the next request, so only one runner works
 repeats in turns across the workers, so drift in the machine's speed falls on every runner alike.
 
 Protocol (stdin -> stdout of the worker, one JSON object per line):
-    {"op": "load", "kind": K, ...spec}  ->  {"result": {"pid": ..., ...what the runner reports of itself}}
+    {"op": "load", "kind": K, ...spec}  ->  {"result": {"pid": ..., "peak_rss_bytes": ..., ...what the runner
+                                             reports of itself}}
     {"op": OP, ...arguments}             ->  {"result": {...}}    (OP one of the runner's OPS)
     {"op": "quit"}                       ->  the worker exits
 A failure answers {"error": "one line"}. The worker keeps its real stdout for the protocol alone: anything a library
@@ -145,8 +146,9 @@ def serve(lines, reply) -> None:
         try:
             if op == "load":
                 from edge.analysis.bench_runners import make_runner
-                runner = make_runner(msg)
-                result = {"pid": os.getpid(), **runner.info}
+                from edge.memory.devices import process_rss_bytes
+                runner = make_runner(msg)         # its peak resident bytes once loaded: the memory plan's check
+                result = {"pid": os.getpid(), "peak_rss_bytes": process_rss_bytes("VmHWM"), **runner.info}
             elif runner is None or op not in runner.OPS:
                 raise BitNestError(f"no runner op {op!r} here")
             else:

@@ -100,13 +100,13 @@ def meminfo(path: str = "/proc/meminfo") -> dict[str, int]:
     return out
 
 
-def process_rss_bytes() -> int:
-    """Resident set size of this process (VmRSS)."""
+def process_rss_bytes(field: str = "VmRSS") -> int:
+    """Resident set size of this process (VmRSS), or its peak so far with field="VmHWM"."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
-    raise BitNestError("cannot read VmRSS from /proc/self/status")
+    raise BitNestError(f"cannot read {field} from /proc/self/status")
 
 
 def release_freed_heap() -> bool:
