@@ -45,7 +45,7 @@ BOUNDS = {
         "--rounds": "int [1, inf)", "--prefill": "int [0, inf)", "--shortlist-k": "int [1, inf)",
         "--draft-vocab": "int [1, inf)", "--gate-threshold": "float [0.0, inf)", "--gate-rate": "float [0.0, 1.0]", "--gate-seed": "int [0, inf)",
         "--adaptive-stop": "float [0.0, inf)", "--adaptive-extend": "float [0.0, inf) none",
-        "--gamma-max": "int [1, 16]"},
+        "--gamma-max": "int [1, 16]", "--memory-mib": "int [1, inf)"},
     "lossless": {"--prompts": "int [1, inf)", "--code-prompts": "int [0, inf)", "--max-new-tokens": "int [1, inf)",
         "--gamma": "int [1, 16]", "--shortlist-k": "int [1, inf)", "--draft-vocab": "int [1, inf)"},
     "max-context": {"--gamma": "int [1, 16]", "--prefill-chunk": "int [1, inf)", "--kv-window": "int [1, inf)",
