@@ -229,3 +229,32 @@ def test_nested_kv_attention_is_batch_invariant(gen, hq, hkv, d, seq, n_queries,
                 single[t, pos] = nested_kv_attention(q[:, t:t + 1].contiguous(), base, refine, scale, pos + 1,
                                                      kv8_from)
             assert torch.equal(whole[:, t:t + 1], single[t, pos]), (t_all, t)
+
+
+@pytest.mark.parametrize("m,h", [(1, 576), (5, 1536), (3, 4096)])
+def test_rms_norm_kernel_matches_the_decoders_norm_and_is_row_invariant(gen, m, h):
+    """One launch of plugins.kernels.norm against plugins.decoder_math.rms_norm in float64 (float32 accuracy), on the
+    float16 weight as stored; a row alone gives the bits it gives among others."""
+    from plugins.decoder_math import rms_norm as ref_norm
+    from plugins.kernels import rms_norm
+    x = torch.randn(m, h, generator=gen) * 3
+    w = (torch.rand(h, generator=gen) + 0.5).half()
+    got = rms_norm(x.to(DEV), w.to(DEV), 1e-5)
+    assert rel_err(got, ref_norm(x.double(), w.double(), 1e-5)) < 1e-6, (m, h)
+    for i in range(m):
+        assert torch.equal(rms_norm(x[i:i + 1].to(DEV), w.to(DEV), 1e-5), got[i:i + 1]), i
+
+
+def test_rope_kernel_is_the_decoders_rope_bit_for_bit(gen):
+    """q and k rotated in one launch, from the strided views the decoder passes (heads split out of a linear's
+    output), equal `apply_rope`'s float32 result exactly (the same unfused operations in the same order)."""
+    from edge.model.decoder import apply_rope
+    from plugins.kernels import rope
+    t, hq, hk, d = 5, 9, 3, 64
+    q = (torch.randn(t, hq * d, generator=gen) * 4).to(DEV).view(t, hq, d).transpose(0, 1)     # [Hq, T, D] strided
+    k = (torch.randn(t, hk * d, generator=gen) * 4).to(DEV).view(t, hk, d).transpose(0, 1)
+    ang = torch.arange(40, 40 + t)[:, None] * (1e4 ** (-torch.arange(0, d, 2) / d))[None, :]
+    cos, sin = [f(torch.cat((ang, ang), dim=-1)).float().to(DEV) for f in (torch.cos, torch.sin)]   # [T, D]
+    qo, ko = rope(q, k, cos, sin)
+    assert torch.equal(qo, apply_rope(q, cos, sin)) and torch.equal(ko, apply_rope(k, cos, sin))
+    assert qo.is_contiguous() and ko.shape == (hk, t, d)

@@ -122,3 +122,27 @@ def test_triton_lossless_on_the_default_model_gpu(rtn_checkpoint):
         runs = [rt.generate(ids, GenerateConfig(policy=p, gamma=4, max_new_tokens=64))["tokens"]
                 for p in ("target", "speculative")]
         assert runs[0] == runs[1]
+
+
+def test_linears_reading_one_input_share_its_quantization(small_llama_checkpoint, monkeypatch):
+    """q/k/v and gate/up read the same normed input: a decode pass quantizes it once for them (4 quantization
+    launches a layer, not 7) and computes the same bits as quantizing it for each linear; a prefill chunk wider
+    than a decode pass quantizes per linear as before."""
+    import plugins.kernels.gemv as gemv
+    ck = load_checkpoint(small_llama_checkpoint)
+    eng = PassEngine(ck, make_backend("triton", ck), 64, scratch=8, prefill_chunk=16)
+    eng.prefill(PROMPT)
+    calls = []
+    real = gemv.quantize_decode
+    monkeypatch.setattr(gemv, "quantize_decode", lambda x, g: calls.append(x.shape) or real(x, g))
+    shared = eng.forward([42, 7, 99], "target", KVRead("kv8"))
+    backend_calls = len(calls)            # the backend's own quantizations go through plugins.kernels' launcher
+    layers = ck.config.num_layers
+    assert backend_calls == 4 * layers + ck.head_nested, (backend_calls, layers)
+    ck2 = load_checkpoint(small_llama_checkpoint)
+    solo = PassEngine(ck2, make_backend("triton", ck2), 64, scratch=8, prefill_chunk=16)
+    solo.prefill(PROMPT)
+    monkeypatch.setattr(solo.backend, "_shared_acts", lambda x, g: None)     # every linear quantizes its own x
+    calls.clear()
+    assert torch.equal(solo.forward([42, 7, 99], "target", KVRead("kv8")), shared)
+    assert len(calls) == 7 * layers + ck.head_nested

@@ -48,6 +48,28 @@ class TritonBackend:
         for key, t in ckpt.tensors.items():            # move, don't copy: the CPU tensors are released
             ckpt.tensors[key] = t.to(self.device)
         self.attention_ops = self.k
+        from plugins.kernels.gemv_decode import DECODE_MAX_M
+        self.decode_max_m = DECODE_MAX_M               # the widest pass whose activations the decode GEMV reads
+        self._acts = (None, -1, 0, None)               # (x, its version, group size, its decode activations)
+
+    def rms_norm(self, x: torch.Tensor, name: str, eps: float) -> torch.Tensor:
+        """The decoder's RMSNorm [T, H] in one kernel launch (plugins.kernels.norm), on the float16 weight."""
+        return self.k.rms_norm(x.contiguous(), self.ckpt.tensors[name + ".weight"], eps)
+
+    def rope(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """q, k rotated by position in one kernel launch (plugins.kernels.decoder_ops), bit for bit apply_rope's."""
+        return self.k.rope(q, k, cos, sin)
+
+    def _shared_acts(self, x: torch.Tensor, g: int):
+        """x's decode-layout INT8 activations at group size g, quantized once for the linears that read the same x
+        (q/k/v, gate/up: one launch where there were three and two); None where x is no decode pass's (M > 8)."""
+        if x.shape[0] > self.decode_max_m:
+            return None
+        last, version, group, acts = self._acts
+        if last is not x or version != x._version or group != g:
+            acts = self.k.quantize_decode(x.contiguous(), g)
+            self._acts = (x, x._version, g, acts)
+        return acts
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         ids = ids.to(self.device)
@@ -61,7 +83,8 @@ class TritonBackend:
 
     def linear(self, name: str, x: torch.Tensor, view: str) -> torch.Tensor:
         base, refine, scale, offset = self.ckpt.planes(name)
-        y = self.k.dual_plane_linear(x, base, refine if view == "target" else None, scale, view, offset)
+        acts = self._shared_acts(x, x.shape[1] // scale.shape[1])
+        y = self.k.dual_plane_linear(x, base, refine if view == "target" else None, scale, view, offset, acts=acts)
         bias = self.ckpt.tensors.get(name + ".bias")
         return y if bias is None else y + bias.float()
 

@@ -19,7 +19,10 @@ from plugins.hadamard import check_factors, online_hadamard_factors
 
 
 class WeightStore(Protocol):
-    """What the decoder reads: every linear goes through `linear` with the current view."""
+    """What the decoder reads: every linear goes through `linear` with the current view. A store may also have
+    `rms_norm(x, name, eps)` and `rope(q, k, cos, sin)`, its own kernels for those steps (the triton backend's, one
+    launch each); without them the decoder applies plugins.decoder_math.rms_norm to `norm(name)` (`_norm`) and
+    `apply_rope` to q and k (`_rope`)."""
 
     dtype: torch.dtype
     device: Optional[torch.device]                                     # None: the CPU
@@ -52,6 +55,18 @@ class OnlineRotations:
         if factors is None:
             raise ValueError(f"no Hadamard construction of order {self.r4_size} for R4")
         object.__setattr__(self, "r4_factors", check_factors(self.r4_size, factors))
+
+
+def _norm(w: WeightStore, x: torch.Tensor, name: str, eps: float) -> torch.Tensor:
+    """RMSNorm of x [T, H] by the store's weight `name`: the store's own kernel where it has one."""
+    fused = getattr(w, "rms_norm", None)
+    return fused(x, name, eps) if fused is not None else rms_norm(x, w.norm(name), eps)
+
+
+def _rope(w: WeightStore, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """q [Hq, T, D] and k [Hkv, T, D] rotated by position: the store's own kernel where it has one."""
+    fused = getattr(w, "rope", None)
+    return fused(q, k, cos, sin) if fused is not None else (apply_rope(q, cos, sin), apply_rope(k, cos, sin))
 
 
 def rope_tables(cfg: ModelConfig, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,15 +105,15 @@ class Decoder:
         """One decoder block on the residual stream x [T, H]."""
         cfg, w, p = self.cfg, self.weights, f"model.layers.{layer}."
         t = x.shape[0]
-        h = rms_norm(x, w.norm(p + "input_layernorm"), cfg.rms_norm_eps)
+        h = _norm(w, x, p + "input_layernorm", cfg.rms_norm_eps)
         q = w.linear(p + "self_attn.q_proj", h, view).view(t, cfg.num_heads, cfg.head_dim).transpose(0, 1)
         k = w.linear(p + "self_attn.k_proj", h, view).view(t, cfg.num_kv_heads, cfg.head_dim).transpose(0, 1)
         v = w.linear(p + "self_attn.v_proj", h, view).view(t, cfg.num_kv_heads, cfg.head_dim).transpose(0, 1)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)      # [Hq, T, D], [Hkv, T, D]
+        q, k = _rope(w, q, k, cos, sin)                               # [Hq, T, D], [Hkv, T, D]
         a = attend(layer, q, k, v)                                    # [Hq, T, D]
         a = a.transpose(0, 1).reshape(t, cfg.num_heads * cfg.head_dim)  # [T, Hq*D]
         x = x + w.linear(p + "self_attn.o_proj", a, view)
-        h = rms_norm(x, w.norm(p + "post_attention_layernorm"), cfg.rms_norm_eps)
+        h = _norm(w, x, p + "post_attention_layernorm", cfg.rms_norm_eps)
         g = silu_mul(w.linear(p + "mlp.gate_proj", h, view), w.linear(p + "mlp.up_proj", h, view))  # [T, I]
         if self.rot.r4_size is not None:
             g = hadamard_rows(g, self.rot.r4_size, self.rot.r4_factors)   # [T, I] @ H, the recorded factors
@@ -108,7 +123,7 @@ class Decoder:
         """Residual [T, H] -> the head's input [T, H]: R1 undone, then the final norm."""
         if self.rot.r1 is not None:
             x = rotate_rows(x, self.rot.r1, transpose=True)           # back to the original basis
-        return rms_norm(x, self.weights.norm("model.norm"), self.cfg.rms_norm_eps)
+        return _norm(self.weights, x, "model.norm", self.cfg.rms_norm_eps)
 
     def final(self, x: torch.Tensor, view: str) -> torch.Tensor:
         """Residual [T, H] -> logits [T, V]."""

@@ -1,5 +1,6 @@
 """Triton kernels of the BitNest ops (docs/contracts.md, ops): the dual-plane GEMV/GEMM (`gemv`), nested-KV flash-decoding and
-its KV write path (`attention`), ahead-of-time compilation for Orin (`aot`) and a self-check (`selfcheck`).
+its KV write path (`attention`), the decoder's RMSNorm and RoPE in one launch each (`decoder_ops`), ahead-of-time
+compilation for Orin (`aot`) and a self-check (`selfcheck`).
 
 Importing this package does not import triton: the launchers below load their module on first call, so CPU-only
 code paths never need it. Set TRITON_INTERPRET=1 before the first call to run the kernels on CPU tensors.
@@ -7,10 +8,29 @@ The `*_at` / `*_coded` launchers read their lengths or view from device scalars 
 """
 
 
-def dual_plane_linear(x, base, refine, scale, view, offset=None, out=None, act="int8"):
-    """y float32 [M, N] = x [M, K] @ W_view^T from the packed planes (see `plugins.kernels.gemv`)."""
+def dual_plane_linear(x, base, refine, scale, view, offset=None, out=None, act="int8", acts=None):
+    """y float32 [M, N] = x [M, K] @ W_view^T from the packed planes (see `plugins.kernels.gemv`); `acts`: x's
+    decode-layout INT8 activations from `quantize_decode`, shared by linears that read the same x."""
     from plugins.kernels.gemv import dual_plane_linear as launch
-    return launch(x, base, refine, scale, view, offset, out, act)
+    return launch(x, base, refine, scale, view, offset, out, act, acts)
+
+
+def quantize_decode(x, g):
+    """x [M <= 8, K]'s per-token INT8 activations in the decode GEMV's layout for group size g."""
+    from plugins.kernels.gemv import quantize_decode as launch
+    return launch(x, g)
+
+
+def rms_norm(x, weight, eps):
+    """float32 [M, H]: plugins.decoder_math.rms_norm in one launch (see `plugins.kernels.decoder_ops`)."""
+    from plugins.kernels.decoder_ops import rms_norm as launch
+    return launch(x, weight, eps)
+
+
+def rope(q, k, cos, sin):
+    """(q, k) rotated by position in one launch, bit for bit the decoder's apply_rope (`plugins.kernels.decoder_ops`)."""
+    from plugins.kernels.decoder_ops import rope as launch
+    return launch(q, k, cos, sin)
 
 
 def dual_plane_linear_coded(x, base, refine, scale, view_code, offset=None, out=None, act="int8"):

@@ -35,7 +35,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from plugins.kernels import attention, gemv, gemv_decode
+from plugins.kernels import attention, decoder_ops, gemv, gemv_decode
 
 JETPACK6_PTX = 85     # PTX ISA 8.5: the newest the CUDA 12.6 driver (JetPack 6.1/6.2) loads
 BUDGETS = {"registers": 128, "spill_bytes": 0, "instructions_per_weight_byte": 4.0}   # decode GEMVs, sm_87
@@ -163,6 +163,13 @@ def kernel_specs() -> list[KernelSpec]:
         KernelSpec("flash_decode_reduce_d128", attention.chunk_reduce_kernel,
                    {"m_ws": "*fp32", "l_ws": "*fp32", "acc_ws": "*fp32", "out_ptr": "*fp32", "T": "i32",
                     "n_chunks": "i32", "R": "constexpr", "D": "constexpr"}, {"R": 4, "D": 128}),
+        KernelSpec("rms_norm", decoder_ops.rms_norm_kernel,
+                   {"x_ptr": "*fp32", "w_ptr": "*fp16", "out_ptr": "*fp32", "H": "i32", "stride_x": "i32", "eps": "fp32",
+                    "BLOCK": "constexpr"}, {"BLOCK": 1024}),
+        KernelSpec("rope_d128", decoder_ops.rope_kernel,
+                   {"q_ptr": "*fp32", "k_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "qo_ptr": "*fp32",
+                    "ko_ptr": "*fp32", "T": "i32", "HQ": "i32", "sq_h": "i32", "sq_t": "i32", "sk_h": "i32",
+                    "sk_t": "i32", "D": "constexpr"}, {"D": 128}),
         KernelSpec("write_kv_d128", attention.write_kv_kernel,
                    {"x_ptr": "*fp32", "base_ptr": "*u8", "refine_ptr": "*u8", "scale_ptr": "*fp16", "end_ptr": "*i32",
                     "T": "i32", "cap": "i32", "HKV": "constexpr", "D": "constexpr"}, {"HKV": 8, "D": 128}),

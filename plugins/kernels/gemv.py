@@ -222,11 +222,12 @@ def _reduce(dest, sx, y, m, n, split, scale_x):
                                                           BLOCK=block, enable_fp_fusion=False)
 
 
-def _launch_decode(x, base, refine, scale, offset, y, target, view_code, split, per):
-    """One decode launch (M <= DECODE_MAX_M, INT8 activations): plugins.kernels.gemv_decode."""
+def _launch_decode(x, base, refine, scale, offset, y, target, view_code, split, per, acts=None):
+    """One decode launch (M <= DECODE_MAX_M, INT8 activations): plugins.kernels.gemv_decode; `acts`, x already
+    quantized by `quantize_decode` at this group size (shared by the linears that read x), else quantized here."""
     m, k = x.shape
     n, g = base.shape[0], k // scale.shape[1]
-    xq, xsum, sx = quantize_decode(x.contiguous(), g)
+    xq, xsum, sx = acts if acts is not None else quantize_decode(x.contiguous(), g)
     rows = decode_rows(m)
     dest = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     words = base.view(torch.int32)
@@ -252,14 +253,15 @@ def quantize_decode(x: torch.Tensor, g: int) -> tuple[torch.Tensor, torch.Tensor
     return xq, xsum, sx
 
 
-def _launch(x, base, refine, scale, offset, y, act, target, view_code):
+def _launch(x, base, refine, scale, offset, y, act, target, view_code, acts=None):
     """One launch (M <= BLOCK_M) of the view `target` (bool) or of the view in device scalar `view_code`: the
-    decode kernel for M <= DECODE_MAX_M with INT8 activations, the tensor-core kernel otherwise."""
+    decode kernel for M <= DECODE_MAX_M with INT8 activations (on `acts` where given), the tensor-core kernel
+    otherwise."""
     m, k, n, g = _check(x, base, scale, act)
     split, per = plan_split(n, k, g, _sm_count(x.device))
     float_act = act == "float16"
     if not float_act and m <= DECODE_MAX_M:
-        return _launch_decode(x, base, refine, scale, offset, y, target, view_code, split, per)
+        return _launch_decode(x, base, refine, scale, offset, y, target, view_code, split, per, acts)
     if float_act:
         xk, sx = x.to(torch.float16).contiguous(), y     # sx unused
     else:
@@ -277,23 +279,28 @@ def _launch(x, base, refine, scale, offset, y, act, target, view_code):
     return y
 
 
-def _tiles(x, base, refine, scale, offset, out, act, target, view_code):
+def _tiles(x, base, refine, scale, offset, out, act, target, view_code, acts=None):
     """y [M, N] in tiles of BLOCK_M tokens (prefill chunks), each the same computation as a decode pass."""
-    m, _, n, _ = _check(x, base, scale, act)
+    m, k, n, g = _check(x, base, scale, act)
+    if acts is not None and (m > DECODE_MAX_M or act != "int8" or acts[1].shape[0] != k // g or acts[2].shape != (m,)):
+        raise ValueError(f"shared activations fit a decode pass of x [{m}, {k}] at group size {g} with INT8 "
+                         "activations only: quantize x for this group size (quantize_decode)")
     y = out if out is not None else torch.empty(m, n, dtype=torch.float32, device=x.device)
     for i in range(0, m, BLOCK_M):
-        _launch(x[i:i + BLOCK_M], base, refine, scale, offset, y[i:i + BLOCK_M], act, target, view_code)
+        _launch(x[i:i + BLOCK_M], base, refine, scale, offset, y[i:i + BLOCK_M], act, target, view_code, acts)
     return y
 
 
 def dual_plane_linear(x: torch.Tensor, base: torch.Tensor, refine, scale: torch.Tensor, view: str,
-                      offset=None, out=None, act: str = "int8") -> torch.Tensor:
-    """y float32 [M, N] = x [M, K] @ W_view^T, reading only the planes of `view` (see the module docstring)."""
+                      offset=None, out=None, act: str = "int8", acts=None) -> torch.Tensor:
+    """y float32 [M, N] = x [M, K] @ W_view^T, reading only the planes of `view` (see the module docstring).
+    `acts`: x's activations from `quantize_decode` at this layer's group size, for a decode pass (M <= DECODE_MAX_M)
+    whose x several linears read (q/k/v, gate/up): one quantization launch for all of them, the same bits."""
     if view not in ("draft", "target"):
         raise ValueError(f"unknown weight view {view!r}: use draft or target")
     if view == "target" and refine is None:
         raise ValueError("the target view needs the refinement plane")
-    return _tiles(x, base, refine, scale, offset, out, act, view == "target", None)
+    return _tiles(x, base, refine, scale, offset, out, act, view == "target", None, acts)
 
 
 def dual_plane_linear_coded(x: torch.Tensor, base: torch.Tensor, refine: torch.Tensor, scale: torch.Tensor,

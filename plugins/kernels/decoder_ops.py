@@ -1,0 +1,83 @@
+"""The decoder's elementwise steps in one Triton launch each, for the `triton` backend (docs/kernels.md, the whole
+step: a decode pass is bound by its launches on a large GPU once the GEMV streams):
+- `rms_norm`: `plugins.decoder_math.rms_norm`'s semantics in float32, y = x * rsqrt(mean(x^2) + eps) * w, where
+  torch's form takes six launches (pow, mean, add, rsqrt, mul, mul) and the float16 weight's cast a seventh. Each
+  row is its own program, reduced in a fixed order: a row's result does not depend on the other rows.
+- `rope`: `edge.model.decoder.apply_rope` of q and k together (rotate-half, HF Llama's convention), where torch's
+  form takes ten (neg, cat, mul, mul, add, for each); the same float32 operations in the same order, unfused, so
+  the same bits.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def rms_norm_kernel(x_ptr, w_ptr, out_ptr, H, stride_x, eps, BLOCK: tl.constexpr):
+    """One program per row of x [M, H] (float32): out[m] = x[m] / sqrt(mean(x[m]^2) + eps) * w (w float16 [H]).
+    Bytes: the row twice (the second read from L1/L2), the weight once, the row out."""
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for h0 in range(0, H, BLOCK):
+        v = tl.load(x_ptr + row * stride_x + h0 + offs, mask=h0 + offs < H, other=0.0).to(tl.float32)
+        acc += v * v
+    inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(tl.sum(acc, axis=0), H.to(tl.float32)) + eps))
+    for h0 in range(0, H, BLOCK):
+        live = h0 + offs < H
+        v = tl.load(x_ptr + row * stride_x + h0 + offs, mask=live, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + h0 + offs, mask=live, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row * H + h0 + offs, v * inv * w, mask=live)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x float32 [M, H], weight [H] (float16 or float32) -> float32 [M, H] on the device of x."""
+    m, h = x.shape
+    if weight.shape != (h,) or x.dtype != torch.float32 or x.stride(1) != 1:
+        raise ValueError(f"rms_norm: x {tuple(x.shape)} {x.dtype} and weight {tuple(weight.shape)} do not fit "
+                         "(x float32 [M, H] with unit column stride, weight [H])")
+    out = torch.empty(m, h, dtype=torch.float32, device=x.device)
+    rms_norm_kernel[(m,)](x, weight, out, h, x.stride(0), float(eps), BLOCK=min(1024, triton.next_power_of_2(h)),
+                          enable_fp_fusion=False)
+    return out
+
+
+@triton.jit
+def rope_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, T, HQ, sq_h, sq_t, sk_h, sk_t, D: tl.constexpr):
+    """One program per (head, token) row of q [HQ, T, D] then of k [HKV, T, D] (strided; unit stride along D):
+    out = x * cos + rotate_half(x) * sin with cos, sin [T, D], into contiguous [H, T, D]. Bytes: each row in and
+    out once, its position's cos and sin."""
+    pid = tl.program_id(0)
+    HALF: tl.constexpr = D // 2
+    j = tl.arange(0, HALF)
+    if pid < HQ * T:
+        t = pid % T
+        src = q_ptr + (pid // T) * sq_h + t * sq_t
+        dst = qo_ptr + pid * D
+    else:
+        r = pid - HQ * T
+        t = r % T
+        src = k_ptr + (r // T) * sk_h + t * sk_t
+        dst = ko_ptr + r * D
+    x1 = tl.load(src + j)
+    x2 = tl.load(src + HALF + j)
+    c1, c2 = tl.load(cos_ptr + t * D + j), tl.load(cos_ptr + t * D + HALF + j)
+    s1, s2 = tl.load(sin_ptr + t * D + j), tl.load(sin_ptr + t * D + HALF + j)
+    tl.store(dst + j, x1 * c1 + (-x2) * s1)                     # rotate_half(x) = cat(-x2, x1)
+    tl.store(dst + HALF + j, x2 * c2 + x1 * s2)
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [Hq, T, D], k [Hkv, T, D] float32 (any strides but a unit one along D), cos/sin [T, D] -> rotated
+    contiguous copies of q and k, bit for bit `apply_rope`'s."""
+    hq, t, d = q.shape
+    hk = k.shape[0]
+    if k.shape[1:] != (t, d) or q.stride(2) != 1 or k.stride(2) != 1 or cos.shape != (t, d) or sin.shape != (t, d) \
+            or d % 2 or q.dtype != torch.float32 or k.dtype != torch.float32:
+        raise ValueError(f"rope: q {tuple(q.shape)}, k {tuple(k.shape)}, cos {tuple(cos.shape)} do not fit")
+    qo = torch.empty(hq, t, d, dtype=torch.float32, device=q.device)
+    ko = torch.empty(hk, t, d, dtype=torch.float32, device=q.device)
+    rope_kernel[((hq + hk) * t,)](q, k, cos.contiguous(), sin.contiguous(), qo, ko, t, hq, q.stride(0), q.stride(1),
+                                  k.stride(0), k.stride(1), D=d, enable_fp_fusion=False)
+    return qo, ko
