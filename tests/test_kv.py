@@ -84,7 +84,8 @@ def test_write_kv_matches_quantize_kv_bit_for_bit(gen, hkv, t, d):
     refine = torch.randint(0, 256, base.shape, generator=gen, dtype=torch.uint8)
     scale = torch.randn(2, hkv, cap, generator=gen).half()
     bd, rd, sd = (p.to(DEV, copy=True) for p in (base, refine, scale))    # a copy: on CPU .to() would alias
-    write_kv(k.to(DEV), v.to(DEV), bd, rd, sd, pos)
+    kd = k.transpose(0, 1).contiguous().to(DEV).transpose(0, 1)        # [Hkv, T, D] strided, as the decoder's views
+    write_kv(kd, v.to(DEV), bd, rd, sd, pos)
     wb, wr, ws = quantize_kv(torch.stack((k, v)))                      # [2, Hkv, T, D/2], [2, Hkv, T]
     inside = slice(pos, pos + t)
     assert torch.equal(bd[:, :, inside].cpu(), wb) and torch.equal(rd[:, :, inside].cpu(), wr)

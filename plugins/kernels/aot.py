@@ -171,8 +171,9 @@ def kernel_specs() -> list[KernelSpec]:
                     "ko_ptr": "*fp32", "T": "i32", "HQ": "i32", "sq_h": "i32", "sq_t": "i32", "sk_h": "i32",
                     "sk_t": "i32", "D": "constexpr"}, {"D": 128}),
         KernelSpec("write_kv_d128", attention.write_kv_kernel,
-                   {"x_ptr": "*fp32", "base_ptr": "*u8", "refine_ptr": "*u8", "scale_ptr": "*fp16", "end_ptr": "*i32",
-                    "T": "i32", "cap": "i32", "HKV": "constexpr", "D": "constexpr"}, {"HKV": 8, "D": 128}),
+                   {"k_ptr": "*fp32", "v_ptr": "*fp32", "base_ptr": "*u8", "refine_ptr": "*u8", "scale_ptr": "*fp16",
+                    "end_ptr": "*i32", "T": "i32", "cap": "i32", "sk_h": "i32", "sk_t": "i32", "sv_h": "i32",
+                    "sv_t": "i32", "HKV": "constexpr", "D": "constexpr"}, {"HKV": 8, "D": 128}),
     ]
 
 

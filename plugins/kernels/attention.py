@@ -270,8 +270,10 @@ def chunk_reduce_kernel(m_ws, l_ws, acc_ws, out_ptr, T, n_chunks, R: tl.constexp
 
 
 @triton.jit
-def write_kv_kernel(x_ptr, base_ptr, refine_ptr, scale_ptr, end_ptr, T, cap, HKV: tl.constexpr, D: tl.constexpr):
-    """One program per (K-or-V, head, token) of x [2, Hkv, T, D]: s = fp16(max|x|/7), q4 = clip(rne(x/s)),
+def write_kv_kernel(k_ptr, v_ptr, base_ptr, refine_ptr, scale_ptr, end_ptr, T, cap, sk_h, sk_t, sv_h, sv_t,
+                    HKV: tl.constexpr, D: tl.constexpr):
+    """One program per (K-or-V, head, token) of k and v [Hkv, T, D] (strided, unit stride along D: the views the
+    decoder splits out of the projections, read in place): s = fp16(max|x|/7), q4 = clip(rne(x/s)),
     qr = clip(rne((x - q4 s)/(s/16))) written at position end - T + t (the semantics of `plugins.kv.quantize_kv`),
     `end` read from a device scalar and clamped to [T, cap] (the launcher checks T <= cap).
     Bytes: the D floats of the vector in, D/2 bytes per plane and one float16 scale out; nothing is read back."""
@@ -283,9 +285,12 @@ def write_kv_kernel(x_ptr, base_ptr, refine_ptr, scale_ptr, end_ptr, T, cap, HKV
     t = pid % T
     HALF: tl.constexpr = D // 2
     j = tl.arange(0, HALF)
-    src = ((kv * HKV + h) * T + t) * D + 2 * j
-    x_e = tl.load(x_ptr + src).to(tl.float32)                           # [HALF] dims 2j
-    x_o = tl.load(x_ptr + src + 1).to(tl.float32)                       # [HALF] dims 2j+1
+    if kv == 0:
+        src = k_ptr + h * sk_h + t * sk_t + 2 * j
+    else:
+        src = v_ptr + h * sv_h + t * sv_t + 2 * j
+    x_e = tl.load(src).to(tl.float32)                                   # [HALF] dims 2j
+    x_o = tl.load(src + 1).to(tl.float32)                               # [HALF] dims 2j+1
     amax = tl.maximum(tl.max(tl.abs(x_e), axis=0), tl.max(tl.abs(x_o), axis=0))
     s = tl.maximum(tl.math.div_rn(amax, 7.0), 2.0 ** -24).to(tl.float16).to(tl.float32)
     q_e = tl.minimum(tl.maximum(round_half_even(tl.math.div_rn(x_e, s)), -8.0), 7.0)
@@ -376,8 +381,10 @@ def write_kv_at(k: torch.Tensor, v: torch.Tensor, base: torch.Tensor, refine: to
     _check_planes(base, refine, scale, d)
     if v.shape != k.shape or base.shape[1] != hkv or not 0 < t <= base.shape[2]:
         raise ValueError(f"K/V {tuple(k.shape)} do not fit planes {tuple(base.shape)}")
-    x = torch.stack((k, v)).contiguous()                                # [2, Hkv, T, D]
-    write_kv_kernel[(2 * hkv * t,)](x, base, refine, scale, end, t, base.shape[2], HKV=hkv, D=d,
+    if k.stride(2) != 1 or v.stride(2) != 1:
+        k, v = k.contiguous(), v.contiguous()
+    write_kv_kernel[(2 * hkv * t,)](k, v, base, refine, scale, end, t, base.shape[2], k.stride(0), k.stride(1),
+                                    v.stride(0), v.stride(1), HKV=hkv, D=d,
                                     enable_fp_fusion=False)   # x - q4*s rounded as torch rounds it
 
 
