@@ -53,7 +53,7 @@ class TritonBackend:
         self._acts = (None, -1, 0, None)               # (x, its version, group size, its decode activations)
 
     def rms_norm(self, x: torch.Tensor, name: str, eps: float) -> torch.Tensor:
-        """The decoder's RMSNorm [T, H] in one kernel launch (plugins.kernels.norm), on the float16 weight."""
+        """The decoder's RMSNorm [T, H] in one kernel launch (plugins.kernels.decoder_ops), on the float16 weight."""
         return self.k.rms_norm(x.contiguous(), self.ckpt.tensors[name + ".weight"], eps)
 
     def rope(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
