@@ -233,8 +233,8 @@ def test_nested_kv_attention_is_batch_invariant(gen, hq, hkv, d, seq, n_queries,
 
 @pytest.mark.parametrize("m,h", [(1, 576), (5, 1536), (3, 4096)])
 def test_rms_norm_kernel_matches_the_decoders_norm_and_is_row_invariant(gen, m, h):
-    """One launch of plugins.kernels.decoder_ops.rms_norm against plugins.decoder_math.rms_norm in float64 (float32 accuracy), on the
-    float16 weight as stored; a row alone gives the bits it gives among others."""
+    """One launch of plugins.kernels.decoder_ops.rms_norm against plugins.decoder_math.rms_norm in float64 (float32
+    accuracy), on the float16 weight as stored; a row alone gives the bits it gives among others."""
     from plugins.decoder_math import rms_norm as ref_norm
     from plugins.kernels import rms_norm
     x = torch.randn(m, h, generator=gen) * 3

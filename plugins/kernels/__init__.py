@@ -28,7 +28,8 @@ def rms_norm(x, weight, eps):
 
 
 def rope(q, k, cos, sin):
-    """(q, k) rotated by position in one launch, bit for bit the decoder's apply_rope (`plugins.kernels.decoder_ops`)."""
+    """(q, k) rotated by position in one launch, bit for bit the decoder's apply_rope
+    (`plugins.kernels.decoder_ops`)."""
     from plugins.kernels.decoder_ops import rope as launch
     return launch(q, k, cos, sin)
 

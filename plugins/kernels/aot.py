@@ -115,7 +115,8 @@ def _attention(name, d, r):
     """The flash-decoding kernel for head dim d and GQA ratio r, as `attention._attend` launches it."""
     ptrs = ["q_ptr", "base_ptr", "refine_ptr", "scale_ptr", "sbase_ptr", "srefine_ptr", "sscale_ptr",
             "m_ws", "l_ws", "acc_ws", "main_ptr", "seq_ptr", "kv8_ptr"]
-    types = ["*fp32", "*i32", "*i32", "*fp16", "*i32", "*i32", "*fp16", "*fp32", "*fp32", "*fp32", "*i32", "*i32", "*i32"]
+    types = ["*fp32", "*i32", "*i32", "*fp16", "*i32", "*i32", "*fp16", "*fp32", "*fp32", "*fp32", "*i32", "*i32",
+             "*i32"]
     sig = dict(zip(ptrs, types)) | {k: "i32" for k in ("T", "cap", "scap", "n_chunks")} | {"sm_scale": "fp32"}
     block_s = attention.block_s_for(d)
     const = {"HKV": 8, "R": r, "D": d, "CHUNK": attention.CHUNK, "BLOCK_S": block_s,
@@ -164,8 +165,8 @@ def kernel_specs() -> list[KernelSpec]:
                    {"m_ws": "*fp32", "l_ws": "*fp32", "acc_ws": "*fp32", "out_ptr": "*fp32", "T": "i32",
                     "n_chunks": "i32", "R": "constexpr", "D": "constexpr"}, {"R": 4, "D": 128}),
         KernelSpec("rms_norm", decoder_ops.rms_norm_kernel,
-                   {"x_ptr": "*fp32", "w_ptr": "*fp16", "out_ptr": "*fp32", "H": "i32", "stride_x": "i32", "eps": "fp32",
-                    "BLOCK": "constexpr"}, {"BLOCK": 1024}),
+                   {"x_ptr": "*fp32", "w_ptr": "*fp16", "out_ptr": "*fp32", "H": "i32", "stride_x": "i32",
+                    "eps": "fp32", "BLOCK": "constexpr"}, {"BLOCK": 1024}),
         KernelSpec("rope_d128", decoder_ops.rope_kernel,
                    {"q_ptr": "*fp32", "k_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "qo_ptr": "*fp32",
                     "ko_ptr": "*fp32", "T": "i32", "HQ": "i32", "sq_h": "i32", "sq_t": "i32", "sk_h": "i32",

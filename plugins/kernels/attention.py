@@ -340,7 +340,8 @@ def _attend(q, base, refine, scale, scratch, main_ptr, seq_ptr, kv8_ptr, n_chunk
     acc_ws = torch.empty(hkv * r * t * n_chunks, d, dtype=torch.float32, device=dev)
     words = [p.view(torch.int32) for p in (base, refine, sb, sr)]        # [2, Hkv, C, D/8] words of 8 nibbles
     flash_decode_kernel[(hkv, n_chunks, tiles)](
-        q.contiguous(), words[0], words[1], scale, words[2], words[3], ss, m_ws, l_ws, acc_ws, main_ptr, seq_ptr, kv8_ptr,
+        q.contiguous(), words[0], words[1], scale, words[2], words[3], ss, m_ws, l_ws, acc_ws, main_ptr, seq_ptr,
+        kv8_ptr,
         t, base.shape[2], scap, n_chunks, 1.0 / math.sqrt(d),
         HKV=hkv, R=r, D=d, CHUNK=CHUNK, BLOCK_S=block_s_for(d), BLOCK_M=block_m, INTERP=INTERPRET,
         num_warps=warps_for(d, r), num_stages=STAGES, maxnreg=MAXNREG, enable_fp_fusion=False,
