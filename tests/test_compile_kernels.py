@@ -115,6 +115,17 @@ def test_compile_kernels_exits_1_naming_a_kernel_over_budget():
                                            over[0]), runs[16].stderr[-1000:]
 
 
+def test_ptx_that_ptxas_refuses_is_one_line_naming_it(tmp_path):
+    """ptxas's refusal of a kernel's PTX (here a file that is no PTX) is a ValueError naming the file and ptxas's own
+    line, which the command prints as its one-line error, not a traceback."""
+    import pytest
+    from plugins.kernels.aot import ptxas_usage
+    bad = tmp_path / "broken.ptx"
+    bad.write_text(".version 8.5\n.target sm_87\n.address_size 64\nthis is not ptx\n")
+    with pytest.raises(ValueError, match=r"ptxas refused broken\.ptx for sm_87: .*(error|fatal)"):
+        ptxas_usage(bad, 87)
+
+
 def test_compile_kernels_rejects_a_bad_arch(tmp_path):
     out = compile_kernels("--arch", "ampere", "--out", str(tmp_path))
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "sm_87" in out.stderr

@@ -183,9 +183,16 @@ def _tool(name: str) -> str:
 
 
 def ptxas_usage(ptx_file: Path, arch: int) -> dict:
-    """Registers and spill bytes as the bundled ptxas reports them for `ptx_file`."""
-    out = subprocess.run([_tool("ptxas"), "-v", f"--gpu-name=sm_{arch}", str(ptx_file), "-o", "/dev/null"],
-                         capture_output=True, text=True, check=True).stderr
+    """Registers and spill bytes as the bundled ptxas reports them for `ptx_file`, compiled for the target its PTX
+    names (sm_90a where Triton targets Hopper's arch-specific features; else sm_`arch`); ValueError with ptxas's own
+    line where it refuses."""
+    target = re.search(r"^\.target (sm_\w+)", ptx_file.read_text(), re.M)
+    run = subprocess.run([_tool("ptxas"), "-v", f"--gpu-name={target.group(1) if target else f'sm_{arch}'}",
+                          str(ptx_file), "-o", "/dev/null"], capture_output=True, text=True)
+    out = run.stderr
+    if run.returncode:
+        fatal = [ln for ln in out.splitlines() if "fatal" in ln or "error" in ln] or ["no message"]
+        raise ValueError(f"ptxas refused {ptx_file.name} for sm_{arch}: {fatal[0].strip()[:200]}")
     regs = re.search(r"Used (\d+) registers", out)
     spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out)
     return {"registers": int(regs.group(1)) if regs else None,
