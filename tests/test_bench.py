@@ -417,7 +417,7 @@ def test_a_runner_killed_by_the_system_is_named_with_its_signal_not_a_broken_pip
             os.kill(workers["hf_fp32"].pid, signal.SIGKILL)
             workers["hf_fp32"].proc.wait()
             workers["hf_fp32"].request("load", kind="probe", buffer_bytes=1 << 20)
-    assert f"bench runner hf_fp32 (pid" in str(err.value) and "killed by SIGKILL" in str(err.value), err.value
+    assert "bench runner hf_fp32 (pid" in str(err.value) and "killed by SIGKILL" in str(err.value), err.value
     assert "out-of-memory killer" in str(err.value)
     assert not _my_children()
 
