@@ -6,6 +6,8 @@ import argparse
 import math
 import sys
 
+from edge.engine import MAX_PROPOSALS
+
 
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line, `PROG: error: MESSAGE (PROG --help lists the options)`, exit 2."""
@@ -69,7 +71,7 @@ def seed() -> Number:
 
 def gamma() -> Number:
     """Draft tokens per speculative round (GenerateConfig's bound)."""
-    return Number(int, 1, 16)
+    return Number(int, 1, MAX_PROPOSALS)
 
 
 def at_least(lo: float = 0.0, none: str | None = None) -> Number:

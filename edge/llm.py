@@ -1,49 +1,43 @@
-"""The Python API (`from edge import LLM`) and the one object every front end drives (`bitnest chat`, `bitnest
-serve`): a checkpoint loaded once with its engine, tokenizer, the auto policy's pass costs and a power meter; answers
-to chat messages or raw text, blocking or streamed, one generation at a time on the engine, with stop strings held
-back from a stream and a generation cancelled at its next round."""
+"""The front door: the Python API (`from edge import LLM`) and the one object every front end drives (`bitnest
+chat`, `bitnest serve`, the bench and the other tools): a checkpoint loaded once with its engine, tokenizer, the auto
+policy's pass costs and a power meter; answers to chat messages or raw text, blocking or streamed, one generation at
+a time on the engine, with stop strings held back from a stream and a generation cancelled at its next round.
 
+Loading (Runtime, internal to this module): the checkpoint (edge.model.checkpoint), its tokenizer, the memory plan
+where a device profile is given (edge.memory.plan) and one engine of a backend (edge.backends), sized for rounds of
+up to γ proposals, γ passed down as γ (edge.engine.draft_slots turns it into KV slots)."""
+
+import gc
 import queue
 import threading
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Optional
 
+from edge.backends import make_engine, resolve_backend
 from edge.decode.config import GenerateConfig
-from edge.decode.generate import CONTEXT_FULL
-from edge.decode.registry import most_proposals
+from edge.decode.generate import CONTEXT_FULL, generate
+from edge.decode.registry import most_proposals, policy_class
 from edge.decode.sampling import SamplingConfig
-from edge.decode.stats import DecodeStats
 from edge.decode.thresholds import resolve_gate
 from edge.energy.session import EnergySession
+from edge.engine import MAX_PROPOSALS, draft_slots
+from edge.engine.cost_table import CostTable
+from edge.engine.costs import SAMPLE_TEXT, engine_costs
+from edge.engine.stats import DecodeStats, draft_head_summary, fp16_weight_bytes_per_pass
 from edge.errors import BitNestError
-from edge.model.checkpoint import WEIGHTS_BASE, WEIGHTS_NESTED, check_weights
-from edge.runtime import Runtime, check_policy
+from edge.memory.devices import release_freed_heap
+from edge.memory.plan import DEFAULT_KV_WINDOW, check_request, elastic_kv, fit_context, plan_for_runtime
+from edge.model.checkpoint import WEIGHTS_BASE, WEIGHTS_NESTED, check_weights, load_checkpoint, set_draft_head
+from edge.model.tokenizer import encode, end_of_generation_ids, load_tokenizer
+from edge.text_stream import HeldText, TextStream
 
 STOP, LENGTH, CANCELLED = "stop", "length", "cancelled"     # finish reasons (OpenAI's names, and ours)
-# Texts of special tokens that end a generation besides the model's EOS (llama.cpp's end-of-generation set, its
-# issue 9606): end of text, turn or message, and the fill-in-the-middle pad, repository and file separators a code
-# model writes once its file is done. Qwen2.5's EOS is <|im_end|> alone: without this a raw completion that writes
-# <|endoftext|> runs on to the end of the context.
-END_OF_GENERATION = frozenset({
-    "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<|end|>", "<end_of_turn>",
-    "<EOT>", "_<EOT>", "<end_of_utterance>", "</s>",
-    "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<reponame>",
-    "<|file_sep|>",
-})
+GAMMA_ROOM = 7      # the fewest proposals an LLM's cache holds a round of, so a call's config may raise γ that far
 
 
 def default_policy(weights: str = WEIGHTS_NESTED) -> str:
     """The policy a front end runs unless told: `auto`, or `draft` (the only one) on base-plane weights."""
     return "draft" if weights == WEIGHTS_BASE else "auto"
-
-
-def end_of_generation_ids(tokenizer) -> set[int]:
-    """The ids that end a generation by the tokenizer's own metadata: its EOS, and every token it marks special
-    whose text is one of END_OF_GENERATION."""
-    ids = {i for i, t in tokenizer.added_tokens_decoder.items() if t.special and t.content in END_OF_GENERATION}
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return ids
 
 
 class ContextTooLong(BitNestError):
@@ -67,40 +61,117 @@ class Answer:
         return self.stats.summary()
 
 
-class HeldText:
-    """The text deltas a stream may send: a tail that could begin a stop string, or an unfinished character at the
-    end (U+FFFD from a partial byte sequence), waits for the next tokens; a U+FFFD with text after it is the model's
-    own and goes out; a stop string and what follows never go out. `finish(text)` sends what the final text holds
-    beyond what was sent."""
+class Runtime:
+    """Internal to this module: what LLM loads and drives (front ends, the server and the tools use LLM). A
+    checkpoint loaded once with its tokenizer and one engine of a backend, sized from the memory plan when a device
+    profile is given (elastic KV past what it holds at KV8); `generate` runs one prompt at a time, unmetered."""
 
-    def __init__(self, stops: tuple[str, ...], emit: Callable[[str], None]):
-        self.stops, self.emit = tuple(s for s in stops if s), emit
-        self.text, self.sent, self.stopped = "", 0, False
+    def __init__(self, checkpoint, backend: str = "auto", max_context: int | None = 2048, prefill_chunk: int = 256,
+                 gamma: int = MAX_PROPOSALS, device: Optional[str] = None, draft_head: Optional[str] = None,
+                 shortlist_k: Optional[int] = None, kv_window: Optional[int] = None, weights: str = WEIGHTS_NESTED,
+                 draft_vocab: Optional[int] = None):
+        """`gamma`: the most proposals a round may draft (the cache's scratch slots: edge.engine.draft_slots).
+        `draft_head` / `shortlist_k` / `draft_vocab` override what the draft reads of a nested head
+        (edge.model.draft_head; None: the checkpoint's setting). `kv_window` (elastic KV, docs/memory.md): N >= 1
+        runs elastically, each query reading KV8 for its last N positions; None: elastically (window
+        DEFAULT_KV_WINDOW) only where `max_context` passes what the device's plan holds at KV8; 0: never. `weights`
+        `base` loads the base planes only (edge.model.checkpoint): the 4-bit model, run by the `draft` policy alone
+        (no elastic KV)."""
+        if kv_window and check_weights(weights) == WEIGHTS_BASE:
+            raise BitNestError("--kv-window applies to the 8-bit target's KV reads: drop it with --weights base "
+                               "(the draft reads KV4 at long context already)")
+        backend = resolve_backend(backend)
+        self.ckpt = set_draft_head(load_checkpoint(checkpoint, weights=check_weights(weights)), draft_head, shortlist_k,
+                                   draft_vocab)
+        self.tokenizer = load_tokenizer(self.ckpt.path)
+        gamma = gamma if self.ckpt.has_target else 0        # base planes: the draft policy drafts nothing ahead
+        self.plan = None
+        window = kv_window or None
+        if device is not None:  # allocate from the memory plan (docs/memory.md): max_context None = the largest that fits
+            self.plan = plan_for_runtime(self.ckpt, device, backend, prefill_chunk, gamma)   # bitnest or bitnest-base
+            if self.ckpt.has_target and kv_window is None and max_context is not None \
+                    and 0 < self.plan.max_context < max_context:
+                window = DEFAULT_KV_WINDOW     # past the KV8 plan: elastic KV instead of a refusal
+            if window is not None:
+                self.plan = plan_for_runtime(self.ckpt, device, backend, prefill_chunk, gamma, window)
+            base = plan_for_runtime(self.ckpt, device, backend, prefill_chunk, gamma, weights=WEIGHTS_BASE) \
+                if self.plan.max_context < 1 and self.ckpt.has_target else None
+            max_context = fit_context(self.plan, max_context, base)
+        elastic = None if window is None else elastic_kv(window, max_context, backend, prefill_chunk, gamma)
+        self.backend = backend
+        self.engine = make_engine(backend, self.ckpt, max_context, scratch=draft_slots(gamma), prefill_chunk=prefill_chunk,
+                                  elastic=elastic)
+        eos = set(self.ckpt.config.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.eos = eos
+        self.fp16_bytes_per_token = fp16_weight_bytes_per_pass(self.ckpt)
+        # Everything loaded so far (the tokenizer, transformers' modules, the checkpoint) lives as long as the
+        # runtime: out of the cyclic collector's generations, so a collection scans only what decoding makes
+        # (full collections over the loaded objects took ~5% of a native pass's time, measured with perf). Loading's
+        # garbage is collected first (frozen, it would never be) and the heap it freed given back.
+        release_freed_heap()
+        gc.freeze()
 
-    def feed(self, delta: str) -> None:
-        if self.stopped:
-            return
-        self.text += delta
-        cut = len(self.text)
-        hits = [i for i in (self.text.find(s) for s in self.stops) if i >= 0]
-        if hits:
-            cut, self.stopped = min(hits), True
-        else:
-            for s in self.stops:     # the longest tail that is a proper prefix of a stop string
-                k = next((k for k in range(min(len(s) - 1, cut), 0, -1) if self.text.endswith(s[:k])), 0)
-                cut = min(cut, len(self.text) - k)
-            cut = min(cut, len(self.text.rstrip("\ufffd")))     # an unfinished character at the very end
-        self._send(cut)
+    def encode(self, prompt: str | list[dict], chat: bool = True) -> list[int]:
+        """Token ids of a prompt: with `chat`, through the model's chat template (a str is one user turn)."""
+        return encode(self.tokenizer, prompt, chat)
 
-    def finish(self, final: str) -> None:
-        if final.startswith(self.text[:self.sent]):
-            self.text, self.stopped = final, True
-            self._send(len(final))
+    def generate(self, prompt_ids: list[int], cfg: GenerateConfig, stop_strings: tuple[str, ...] = (),
+                 on_text: Optional[Callable[[str], None]] = None,
+                 on_tokens: Optional[Callable[[list[int]], None]] = None,
+                 cancelled: Optional[Callable[[], bool]] = None) -> dict:
+        """Generate after `prompt_ids`; stream decoded text deltas to `on_text` (edge.text_stream: each token
+        decoded a bounded number of times; concatenated, the text of every token written, stop strings included)
+        and new token ids to `on_tokens` (first called with the prefill's token); `cancelled()` true ends the
+        generation at its next round. Returns {"text", "tokens", "stats"} with the stop token (EOS) left out of the
+        text."""
+        check_policy(cfg.policy, self.ckpt.weights)
+        if self.plan is not None:
+            check_request(self.plan, self.engine.capacity, len(prompt_ids), cfg.max_new_tokens)
+        tok = self.tokenizer
+        text_stream = TextStream(lambda ids: tok.decode(ids, skip_special_tokens=True))
 
-    def _send(self, cut: int) -> None:
-        if cut > self.sent:
-            self.emit(self.text[self.sent:cut])
-            self.sent = cut
+        def stop(out: list[int]) -> bool:
+            return (cancelled is not None and cancelled()) or any(s in tok.decode(out[-16:]) for s in stop_strings)
+
+        def stream(new: list[int]) -> None:
+            if on_tokens is not None:
+                on_tokens(new)
+            if on_text is not None:
+                delta = text_stream.push([t for t in new if t not in self.eos])
+                if delta:
+                    on_text(delta)
+
+        stopping = stop if stop_strings or cancelled is not None else None
+        tokens, stats = generate(self.engine, prompt_ids, cfg, self.eos, stopping, stream, decode=tok.decode)
+        rest = text_stream.finish() if on_text is not None else ""
+        if rest:
+            on_text(rest)
+        text = tok.decode([t for t in tokens if t not in self.eos], skip_special_tokens=True)
+        for s in stop_strings:
+            if s in text:
+                text = text[: text.index(s)]
+        stats.extra.update(self.describe())
+        return {"text": text, "tokens": tokens, "stats": stats}
+
+    def cost_table(self, remeasure: bool = False) -> CostTable:
+        """The engine's pass costs for the auto policy (edge.engine.costs): kept on the engine, else read from the
+        cache, else measured at a context of plain English text (seconds) and saved; `remeasure` measures anew.
+        `auto` gets them at its first generation anyway: calling this first moves the measuring out of an answer."""
+        return engine_costs(self.engine, self.encode(SAMPLE_TEXT, chat=False), remeasure)
+
+    def describe(self) -> dict:
+        return {"activations": self.engine.activations, "weights": self.ckpt.weights,
+                "fp16_weight_bytes_per_token": self.fp16_bytes_per_token,
+                "method": self.ckpt.method, **draft_head_summary(self.ckpt), **self.engine.numerics()}
+
+
+def check_policy(policy: str, weights: str) -> None:
+    """Refuse, in one line, a policy that runs target-view passes on weights loaded without the refinement planes."""
+    if weights == WEIGHTS_BASE and policy_class(policy).needs_target:
+        raise BitNestError(f"--weights base loads no refinement planes, and the {policy} policy runs the 8-bit target: "
+                           "use --policy draft (the 4-bit model by itself), or --weights nested")
 
 
 class LLM:
@@ -114,20 +185,21 @@ class LLM:
     override `max_tokens`, `temperature`, `top_p`, `seed` and `stop`. `max_context` None: 2048 positions, or with a
     `device` profile the largest context its memory plan fits. `meter`: a meter name (edge.energy.METERS), a
     started meter, or a function that starts one (called once the model is loaded). `on_note` receives one line
-    where the auto policy's cached cost table was refused. `kv_window`: elastic KV (edge.runtime.Runtime): N >= 1
+    where the auto policy's cached cost table was refused. `kv_window`: elastic KV (Runtime): N >= 1
     reads KV8 for each query's last N positions only; None: only where `max_context` passes the device's KV8 plan;
-    0: never."""
+    0: never. `gamma`: the most proposals a round on this object may draft (None: what its config's policy may,
+    at least GAMMA_ROOM; up to MAX_PROPOSALS)."""
 
     def __init__(self, checkpoint, *, policy: Optional[str] = None, config: Optional[GenerateConfig] = None,
                  backend: str = "auto", max_context: Optional[int] = None, device: Optional[str] = None,
                  draft_head: Optional[str] = None, shortlist_k: Optional[int] = None, meter="auto",
                  energy_log=None, idle_seconds: float = 0.0, remeasure_costs: bool = False,
                  on_note: Optional[Callable[[str], None]] = None, kv_window: Optional[int] = None,
-                 weights: str = WEIGHTS_NESTED, draft_vocab: Optional[int] = None):
+                 weights: str = WEIGHTS_NESTED, draft_vocab: Optional[int] = None, gamma: Optional[int] = None):
         cfg = config if config is not None else GenerateConfig(policy=policy or default_policy(weights))
         check_policy(cfg.policy, check_weights(weights))         # before minutes of loading
         rt = Runtime(checkpoint, backend=backend, max_context=max_context or (None if device else 2048),
-                     scratch=max(8, most_proposals(cfg) + 1), device=device, draft_head=draft_head,
+                     gamma=gamma or max(GAMMA_ROOM, most_proposals(cfg)), device=device, draft_head=draft_head,
                      shortlist_k=shortlist_k, kv_window=kv_window, weights=weights,
                      draft_vocab=draft_vocab)
         rt.eos |= end_of_generation_ids(rt.tokenizer)     # the config's EOS and the tokenizer's end-of-generation set
@@ -152,6 +224,29 @@ class LLM:
         self._lock = threading.Lock()       # one generation at a time on the engine
 
     # -- what the model is --------------------------------------------------------------------------------
+    @property
+    def ckpt(self):
+        """The loaded checkpoint (edge.model.checkpoint.Checkpoint)."""
+        return self.runtime.ckpt
+
+    @property
+    def engine(self):
+        """The engine the generations run on (edge.engine.interface.Engine): for tools that drive passes directly."""
+        return self.runtime.engine
+
+    @property
+    def backend(self) -> str:
+        return self.runtime.backend
+
+    @property
+    def tokenizer(self):
+        return self.runtime.tokenizer
+
+    @property
+    def eos(self) -> set[int]:
+        """Token ids that end a generation: the config's EOS and the tokenizer's end-of-generation set."""
+        return self.runtime.eos
+
     @property
     def capacity(self) -> int:
         """KV cache positions: the most a prompt plus its new tokens may take."""

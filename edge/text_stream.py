@@ -38,3 +38,39 @@ class TextStream:
             return ""
         self.prefix, self.read = self.read, len(self.tokens)
         return text[len(shown):]
+
+
+class HeldText:
+    """The text deltas a stream may send: a tail that could begin a stop string, or an unfinished character at the
+    end (U+FFFD from a partial byte sequence), waits for the next tokens; a U+FFFD with text after it is the model's
+    own and goes out; a stop string and what follows never go out. `finish(text)` sends what the final text holds
+    beyond what was sent."""
+
+    def __init__(self, stops: tuple[str, ...], emit: Callable[[str], None]):
+        self.stops, self.emit = tuple(s for s in stops if s), emit
+        self.text, self.sent, self.stopped = "", 0, False
+
+    def feed(self, delta: str) -> None:
+        if self.stopped:
+            return
+        self.text += delta
+        cut = len(self.text)
+        hits = [i for i in (self.text.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            cut, self.stopped = min(hits), True
+        else:
+            for s in self.stops:     # the longest tail that is a proper prefix of a stop string
+                k = next((k for k in range(min(len(s) - 1, cut), 0, -1) if self.text.endswith(s[:k])), 0)
+                cut = min(cut, len(self.text) - k)
+            cut = min(cut, len(self.text.rstrip("\ufffd")))     # an unfinished character at the very end
+        self._send(cut)
+
+    def finish(self, final: str) -> None:
+        if final.startswith(self.text[:self.sent]):
+            self.text, self.stopped = final, True
+            self._send(len(final))
+
+    def _send(self, cut: int) -> None:
+        if cut > self.sent:
+            self.emit(self.text[self.sent:cut])
+            self.sent = cut

@@ -68,7 +68,7 @@ SHORTLIST_REFUSAL = ("the step graph does not serve the shortlist draft head (th
                      "graph would read the whole 8-bit head in draft passes too): export the graph with "
                      "`--draft-head 8bit`")
 # The graph scores every id in draft passes too (a checkpoint's draft vocabulary is refused where it runs:
-# edge.decode.step_engine), so an export that writes it records none.
+# edge.engine.step_engine), so an export that writes it records none.
 DRAFT_VOCAB_REFUSAL = ("the step graph scores the whole vocabulary in draft passes (the view is a run-time input), "
                        "so it cannot serve a draft vocabulary of {n} ids: drop --draft-vocab with --onnx/--engine")
 # Above this many initializer bytes the weights go to an external data file (protobuf caps a message at 2 GiB).

@@ -47,7 +47,7 @@ def main(argv=None) -> int:
 
     def body() -> dict:
         from export.pipeline import ensure_default_checkpoint
-        from edge.runtime import load_tokenizer
+        from edge.model.tokenizer import load_tokenizer
         ckpt = Path(a.checkpoint) if a.checkpoint else ensure_default_checkpoint()
         t0, load0 = time.time(), os.getloadavg()
         log = lambda r: print(json.dumps(r), file=sys.stderr, flush=True)

@@ -9,7 +9,7 @@ import torch
 
 from edge.backends.native import NativeEngine
 from edge.backends.torch_ref import TorchBackend
-from edge.decode.engine import PassEngine
+from edge.engine.interface import PassEngine
 from edge.model.checkpoint import load_checkpoint
 from plugins.contracts import ACT_QMAX
 

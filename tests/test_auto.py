@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from edge.backends import make_backend
-from edge.decode import costs
+from edge.engine import costs
 from edge.decode.auto import (
     PROBE_MAX,
     PROBE_MIN,
@@ -22,15 +22,15 @@ from edge.decode.auto import (
     probe_interval,
 )
 from edge.decode.config import GenerateConfig
-from edge.decode.cost_table import CostTable
-from edge.decode.costs import MAX_GAMMA, engine_costs, fingerprint, read_table, table_path
-from edge.decode.engine import PassEngine
+from edge.engine.cost_table import CostTable
+from edge.engine.costs import MAX_GAMMA, engine_costs, fingerprint, read_table, table_path
+from edge.engine.interface import PassEngine
 from edge.decode.generate import generate
 from edge.decode.registry import most_proposals
 from edge.decode.sampling import SamplingConfig
-from edge.decode.stats import DecodeStats
+from edge.engine.stats import DecodeStats
 from edge.model.checkpoint import load_checkpoint, manifest_seal, read_manifest
-from edge.runtime import Runtime
+from edge.llm import Runtime
 
 PROMPTS = ["Write a short poem about the sea.", "List three uses of a paperclip."]
 TOKENS = 24                  # per generation: enough for target steps, a probe and rounds after it

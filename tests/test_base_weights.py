@@ -19,7 +19,7 @@ from edge.memory.devices import MiB, PRESETS, get_profile
 from edge.memory.model_shapes import MODEL_PRESETS
 from edge.memory.plan import CONFIGS, Workload, plan
 from edge.model.checkpoint import INDEX, MANIFEST, load_checkpoint
-from edge.runtime import Runtime
+from edge.llm import Runtime
 from tests.conftest import ROOT
 
 # What the two processes may differ by beside the refinement planes: glibc keeps 1 to 3 MB of the heap loading freed

@@ -137,14 +137,15 @@ def test_stop_at_eos_ends_a_policys_generations_at_the_runtimes_end_of_text(rtn_
     of the runner's own output (nothing assumed about what the model writes)."""
     from edge.analysis.bench_runners import PolicyRunner
     from edge.decode.generate import generate
-    from edge.runtime import Runtime
+    from edge.llm import Runtime
     prompt = Runtime(rtn_checkpoint, backend="cpu", max_context=64).encode("List three uses of a paperclip.")
-    r = PolicyRunner(str(rtn_checkpoint), "auto", "speculative", 4, 12, [prompt], 128, 17, {}, {})
+    r = PolicyRunner(str(rtn_checkpoint), "auto", "speculative", 4, 12, [prompt], 128, 16, {}, {})
     assert r.run()["tokens"] == 11                       # decode-phase tokens: the prefill wrote the first
     tokens = generate(r.rt.engine, prompt, r.cfg, eos=set())[0]
     k = next((i for i in range(1, 11) if tokens[i] not in tokens[:i]), None)
     assert k is not None, f"the model wrote one token over and over: {tokens}"
-    r.rt.eos = {tokens[k]}
+    r.rt.eos.clear()
+    r.rt.eos.add(tokens[k])                              # the LLM's own set, in place
     assert r.run()["tokens"] == 11                       # not asked: still ignored
     r.stop_at_eos = True
     assert r.run()["tokens"] == k

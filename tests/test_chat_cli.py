@@ -49,7 +49,7 @@ def test_auto_costs_a_ceiling_a_spoiled_table_and_a_remeasure(rtn_checkpoint, tm
     of its own, the next through the same entry point in this one."""
     from edge.backends.native import native_unavailable
     from edge.cache import cache_root
-    from edge.decode import costs
+    from edge.engine import costs
     (tmp_path / "native").symlink_to(cache_root() / "native", target_is_directory=True)
     env = {**os.environ, "BITNEST_CACHE": str(tmp_path)}
     backend = "cpu" if native_unavailable() else "native"

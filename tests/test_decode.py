@@ -6,10 +6,10 @@ import torch
 
 from edge.backends import make_backend
 from edge.decode.config import DraftKVPolicy, GenerateConfig
-from edge.decode.engine import PassEngine
+from edge.engine.interface import PassEngine
 from edge.decode.sampling import SamplingConfig
 from edge.model.checkpoint import load_checkpoint
-from edge.runtime import Runtime
+from edge.llm import Runtime
 
 PROMPTS = ["Write a short poem about the sea.", "What is the capital of France? Explain briefly.",
            "List three uses of a paperclip."]

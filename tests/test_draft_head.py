@@ -12,12 +12,12 @@ from edge.backends.torch_ref import TorchBackend
 from edge.decode.config import GenerateConfig
 from edge.decode.sampling import SamplingConfig, probs
 from edge.decode.signals import entropy_and_margin
-from edge.decode.stats import embedding_row_bytes, weight_bytes_per_pass
+from edge.engine.stats import embedding_row_bytes, weight_bytes_per_pass
 from edge.errors import BitNestError, CheckpointError
 from edge.model.checkpoint import HEAD, load_checkpoint, set_draft_head
 from edge.model.decoder import Decoder
 from edge.model.draft_head import order_keys, shortlist_ids
-from edge.runtime import Runtime
+from edge.llm import Runtime
 from tests.conftest import manifest_copy
 
 

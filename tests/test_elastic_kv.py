@@ -11,7 +11,7 @@ from edge.backends.native import native_unavailable
 from edge.corpora import shakespeare_prompts
 from edge.decode.config import GenerateConfig
 from edge.decode.generate import generate
-from edge.decode.kv_cache import KV8, CachedAttention, ElasticKV, KVRead, NestedKVCache
+from edge.engine.kv_cache import KV8, CachedAttention, ElasticKV, KVRead, NestedKVCache
 from edge.errors import BitNestError
 from edge.model.checkpoint import load_checkpoint
 from plugins import reference
@@ -101,7 +101,7 @@ PROMPT_TOKENS, NEW_TOKENS, WINDOW = 40, 56, 16          # a context of 96 positi
 
 @pytest.fixture(scope="module")
 def prompt(rtn_checkpoint):
-    from edge.runtime import load_tokenizer
+    from edge.model.tokenizer import load_tokenizer
     tok = load_tokenizer(rtn_checkpoint)
     return tok(shakespeare_prompts(1)[0])["input_ids"][:PROMPT_TOKENS]
 

@@ -8,7 +8,7 @@ from edge.backends import make_engine
 from edge.backends.native import native_unavailable
 from edge.corpora import shakespeare_text
 from edge.decode.config import GenerateConfig
-from edge.decode.kv_cache import ElasticKV
+from edge.engine.kv_cache import ElasticKV
 from edge.errors import BitNestError
 from edge.memory.alloc_trace import storage_bytes
 from edge.memory.devices import MiB, get_profile, release_freed_heap
@@ -28,10 +28,10 @@ def small_device(total_mib: float):
 
 @pytest.mark.skipif(NATIVE is not None, reason=f"native backend: {NATIVE}")
 def test_a_context_past_the_kv8_plan_runs_elastically_from_the_plan(rtn_checkpoint):
-    from edge.runtime import Runtime
+    from edge.llm import Runtime
     dev = small_device(156)                     # the default model's KV8 plan holds ~800 positions here
-    kv8 = plan_for_runtime(load_checkpoint(rtn_checkpoint), dev, "native", 64, 8).max_context
-    rt = Runtime(rtn_checkpoint, backend="native", max_context=kv8 + 200, device=dev, prefill_chunk=64, scratch=8)
+    kv8 = plan_for_runtime(load_checkpoint(rtn_checkpoint), dev, "native", 64, 7).max_context
+    rt = Runtime(rtn_checkpoint, backend="native", max_context=kv8 + 200, device=dev, prefill_chunk=64, gamma=7)
     eng = rt.engine
     assert rt.plan.config.name == "bitnest-elastic" and eng.capacity == kv8 + 200 <= rt.plan.max_context
     ring = eng.cache.main.refine.shape[3]
@@ -60,14 +60,14 @@ def test_a_context_past_the_kv8_plan_runs_elastically_from_the_plan(rtn_checkpoi
 def test_planner_counts_what_the_elastic_engine_allocates(rtn_checkpoint):
     """The plan's KV, ring and scratch bytes equal the elastic cache's tensors (cpu backend)."""
     ckpt = load_checkpoint(rtn_checkpoint)
-    p = plan_for_runtime(ckpt, small_device(400), "cpu", 32, 8, kv_window=48)
+    p = plan_for_runtime(ckpt, small_device(400), "cpu", 32, 7, kv_window=48)
     eng = make_engine("cpu", ckpt, 500, scratch=8, prefill_chunk=32, elastic=ElasticKV(48, p.ring_slots))
     assert p.ring_slots == 48 + 32
     assert storage_bytes(eng.cache) == 500 * p.kv_per_position + p.ring_bytes + p.scratch_bytes
 
 
 def test_refusals_are_one_line(rtn_checkpoint):
-    from edge.runtime import Runtime
+    from edge.llm import Runtime
     cases = [
         (dict(max_context=300, kv_window=300), "not smaller than the context of 300"),           # window >= context
         (dict(max_context=None, kv_window=64, device=small_device(133)), "even with KV4 past a window"),  # no base planes
@@ -75,7 +75,7 @@ def test_refusals_are_one_line(rtn_checkpoint):
     ]
     for kw, words in cases:
         with pytest.raises(BitNestError, match=words) as e:
-            Runtime(rtn_checkpoint, backend="cpu", prefill_chunk=64, scratch=8, **kw)
+            Runtime(rtn_checkpoint, backend="cpu", prefill_chunk=64, gamma=7, **kw)
         assert "\n" not in str(e.value)
     with pytest.raises(BitNestError, match="runs on the native, cpu, torch backends, not triton"):
         make_engine("triton", load_checkpoint(rtn_checkpoint), 64, elastic=ElasticKV(16, 48))

@@ -10,10 +10,10 @@ import torch
 
 from edge.backends import make_backend
 from edge.decode.config import GenerateConfig
-from edge.decode.stats import embedding_row_bytes
+from edge.engine.stats import embedding_row_bytes
 from edge.errors import CheckpointError
 from edge.model.checkpoint import EMBED, HEAD, INDEX, MANIFEST, SEAL, load_checkpoint, manifest_seal, sha256_file
-from edge.runtime import Runtime
+from edge.llm import Runtime
 from plugins.packing import unpack_nibbles
 from plugins.reference import dequantized_weight
 
@@ -112,7 +112,7 @@ def test_native_step_rows_from_the_head(head_checkpoint):
     (whose rows are the target view, tested above) up to float32 summation order, and speculation stays lossless."""
     from edge.backends.native import NativeEngine, native_unavailable
     from edge.backends.torch_ref import TorchBackend
-    from edge.decode.engine import PassEngine
+    from edge.engine.interface import PassEngine
     from tests.test_native_engine import IDS, _layers
     if native_unavailable() is not None:
         pytest.skip(f"native backend: {native_unavailable()}")

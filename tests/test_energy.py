@@ -91,7 +91,7 @@ def test_joules_per_token_on_a_known_power_step():
     idle from the idle-tagged samples only (0.05 ... 1.45 s, 4.05 ... 6.05 s: 4.673 W), so above idle
     (19.221 - 4.673 x 2.0) / 20 = 0.493750 J/token. An idle mean that took in a decode sample, a window opened at the
     prefill or closed a sample late, or a phase split off by one sample changes one of the three figures."""
-    from edge.decode.stats import DecodeStats
+    from edge.engine.stats import DecodeStats
     from edge.energy.session import EnergySession
     meter = _StepLog(high=lambda t: 2.0 < t < 4.0, marks=[2.0, 4.0])
     session = EnergySession(meter)
@@ -132,7 +132,7 @@ def test_tegrastats_meter_on_replayed_lines():
 
 def test_meter_dying_mid_run_marks_the_figure_unavailable(rtn_checkpoint):
     from edge.decode.config import GenerateConfig
-    from edge.runtime import Runtime
+    from edge.llm import Runtime
     rt = Runtime(rtn_checkpoint, backend="torch", max_context=256)     # torch: no re-layout at load
     ids = rt.encode("Write a short poem about the sea.")
     meter = make_meter("tegrastats", 50, REPLAY + ["--interval-ms", "50", "--exit-after", "4", "--exit-code", "3"])
@@ -219,7 +219,7 @@ def test_phase_clock_tags_each_instant():
 
 def test_engine_reports_each_pass_phase(rtn_checkpoint):
     from edge.decode.config import GenerateConfig
-    from edge.runtime import Runtime
+    from edge.llm import Runtime
     rt = Runtime(rtn_checkpoint, backend="cpu", max_context=256)
     seen = []
     rt.engine.on_phase = seen.append

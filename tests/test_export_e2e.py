@@ -13,7 +13,7 @@ from export.sources import float_reference
 from edge.backends.torch_ref import TorchBackend
 from edge.model.checkpoint import load_checkpoint
 from edge.model.decoder import Decoder
-from edge.runtime import load_tokenizer
+from edge.model.tokenizer import load_tokenizer
 from export.pipeline import ExportOptions, run_export
 from export.quantize import QuantOptions
 from tests.conftest import ROOT

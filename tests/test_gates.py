@@ -29,7 +29,7 @@ from edge.decode.thresholds import (
     save_thresholds,
 )
 from edge.errors import BitNestError
-from edge.runtime import Runtime
+from edge.llm import LLM
 from tests.conftest import draft_steps_after_target_prefill, tag_from_output
 
 PROMPTS = ["Write a short poem about the sea.", "What is the capital of France? Explain briefly.",
@@ -40,11 +40,11 @@ PHASE_PROMPT = "<think>one</think> <think>two</think> <think>three</think> <thin
 
 @pytest.fixture(scope="module")
 def rt(rtn_checkpoint):
-    return Runtime(rtn_checkpoint, backend="cpu", max_context=512)
+    return LLM(rtn_checkpoint, policy="target", meter="none", backend="cpu", max_context=512)
 
 
 def _run(rt, prompt, chat=True, **kw):
-    return rt.generate(rt.encode(prompt, chat), GenerateConfig(**kw))
+    return rt.generate(rt.encode(prompt, chat), config=GenerateConfig(**kw))
 
 
 def _bytes(rt, draft_passes, target_passes):
@@ -61,8 +61,8 @@ def median_entropy(rt):
 
 def test_entropy_gate_counts_escalations_and_their_bytes(rt, median_entropy):
     r = _run(rt, PROMPTS[0], policy="gate-entropy", max_new_tokens=24, gate=GateConfig(threshold=median_entropy))
-    s = r["stats"]
-    steps = len(r["tokens"]) - 1
+    s = r.stats
+    steps = len(r.tokens) - 1
     assert s.steps == steps == s.draft_passes, "every step pays for a low pass"
     assert 0 < s.escalated < steps and s.target_passes == s.escalated
     assert s.summary()["escalation_rate"] == round(s.escalated / steps, 4)
@@ -73,23 +73,23 @@ def test_gate_that_always_escalates_is_the_target_and_never_is_the_draft(rt):
     target = _run(rt, PROMPTS[1], policy="target", max_new_tokens=16)
     always = _run(rt, PROMPTS[1], policy="gate-margin", max_new_tokens=16, gate=GateConfig(threshold=1e9))
     never = _run(rt, PROMPTS[1], policy="gate-margin", max_new_tokens=16, gate=GateConfig(threshold=-1.0))
-    assert always["tokens"] == target["tokens"], "the escalated pass must overwrite the low pass's KV entry"
-    assert never["tokens"] == draft_steps_after_target_prefill(rt, rt.encode(PROMPTS[1]), 16)
-    a, t = always["stats"], target["stats"]
+    assert always.tokens == target.tokens, "the escalated pass must overwrite the low pass's KV entry"
+    assert never.tokens == draft_steps_after_target_prefill(rt, rt.encode(PROMPTS[1]), 16)
+    a, t = always.stats, target.stats
     assert a.escalated == a.steps == a.draft_passes == a.target_passes == t.target_passes
     # both passes read the same KV8 history at every step: twice the target's KV bytes
     assert a.kv_bytes == 2 * t.kv_bytes and a.weight_bytes == _bytes(rt, a.draft_passes, a.target_passes)
-    n = never["stats"]
+    n = never.stats
     assert n.escalated == 0 and n.target_passes == 0 and n.weight_bytes == _bytes(rt, n.draft_passes, 0)
 
 
 def test_lagged_gate_runs_one_pass_per_step(rt, median_entropy):
-    s = _run(rt, PROMPTS[0], policy="gate-lagged", max_new_tokens=24, gate=GateConfig(threshold=median_entropy))["stats"]
+    s = _run(rt, PROMPTS[0], policy="gate-lagged", max_new_tokens=24, gate=GateConfig(threshold=median_entropy)).stats
     assert s.draft_passes + s.target_passes == s.steps, "no wasted low pass"
     assert s.target_passes == s.escalated and 0 < s.escalated < s.steps
     assert s.weight_bytes == _bytes(rt, s.draft_passes, s.target_passes)
     # always uncertain: the first step has no previous signal (low), every later step is high
-    s = _run(rt, PROMPTS[0], policy="gate-lagged", max_new_tokens=8, gate=GateConfig(threshold=-1.0))["stats"]
+    s = _run(rt, PROMPTS[0], policy="gate-lagged", max_new_tokens=8, gate=GateConfig(threshold=-1.0)).stats
     assert s.draft_passes == 1 and s.target_passes == s.steps - 1
 
 
@@ -98,10 +98,10 @@ def test_phase_gate_switches_after_the_closing_tag(rt, order):
     """The tag is taken from the output of the view the gate starts with (the draft's for low-high), which the gate
     reproduces until the tag: the switch point is known exactly whatever the model writes on this machine."""
     first = "draft" if order == "low-high" else "target"
-    ref = _run(rt, PHASE_PROMPT, chat=False, policy=first, max_new_tokens=16)["tokens"]
+    ref = _run(rt, PHASE_PROMPT, chat=False, policy=first, max_new_tokens=16).tokens
     tag, at = tag_from_output(rt.tokenizer, ref)
     r = _run(rt, PHASE_PROMPT, chat=False, policy="gate-phase", max_new_tokens=16, gate=GateConfig(tag=tag, order=order))
-    s, tokens = r["stats"], r["tokens"]
+    s, tokens = r.stats, r.tokens
     assert tokens[:at] == ref[:at] and s.extra["phase_switch_at"] == at
     before, after = at - 1, s.steps - (at - 1)       # steps deciding tokens 1..at-1, then the rest
     assert after > 0
@@ -113,7 +113,7 @@ def test_random_gate_is_seeded_at_its_rate(rt):
     def run(seed):
         runs = [_run(rt, p, policy="gate-random", max_new_tokens=32, gate=GateConfig(rate=0.3, seed=seed))
                 for p in PROMPTS[:2]]
-        return [r["tokens"] for r in runs], [r["stats"] for r in runs]
+        return [r.tokens for r in runs], [r.stats for r in runs]
     toks_a, stats_a = run(11)
     toks_b, stats_b = run(11)
     assert toks_a == toks_b and [s.escalated for s in stats_a] == [s.escalated for s in stats_b]
@@ -171,7 +171,7 @@ def test_calibration_hits_its_target_rates_and_is_saved_beside_the_checkpoint(rt
 
 @pytest.fixture(scope="module")
 def target_tokens(rt):
-    return [_run(rt, p, policy="target", max_new_tokens=24)["tokens"] for p in PROMPTS[:2]]
+    return [_run(rt, p, policy="target", max_new_tokens=24).tokens for p in PROMPTS[:2]]
 
 
 @pytest.mark.parametrize("adaptive", [AdaptiveConfig(), AdaptiveConfig("entropy", stop=2.0, extend=0.5, gamma_max=7)])
@@ -179,8 +179,8 @@ def test_adaptive_speculation_is_lossless(rt, target_tokens, adaptive):
     rounds = drafted = 0
     for prompt, target in zip(PROMPTS, target_tokens):
         r = _run(rt, prompt, policy="adaptive", gamma=4, max_new_tokens=24, adaptive=adaptive)
-        assert r["tokens"] == target, f"divergence on {prompt!r}"
-        s = r["stats"]
+        assert r.tokens == target, f"divergence on {prompt!r}"
+        s = r.stats
         assert s.draft_passes == s.drafted and s.target_passes == s.rounds
         rounds, drafted = rounds + s.rounds, drafted + s.drafted
     assert drafted != 4 * rounds, "the rule should change some round's length"
@@ -188,9 +188,9 @@ def test_adaptive_speculation_is_lossless(rt, target_tokens, adaptive):
 
 def test_sampled_adaptive_is_seeded(rt):
     cfg = dict(policy="adaptive", max_new_tokens=8, sampling=SamplingConfig(0.8, top_k=40, seed=3))
-    a = _run(rt, PROMPTS[2], **cfg)["tokens"]
-    assert a == _run(rt, PROMPTS[2], **cfg)["tokens"]
-    others = [_run(rt, PROMPTS[2], **{**cfg, "sampling": SamplingConfig(0.8, top_k=40, seed=s)})["tokens"]
+    a = _run(rt, PROMPTS[2], **cfg).tokens
+    assert a == _run(rt, PROMPTS[2], **cfg).tokens
+    others = [_run(rt, PROMPTS[2], **{**cfg, "sampling": SamplingConfig(0.8, top_k=40, seed=s)}).tokens
               for s in (4, 5, 6)]
     assert any(o != a for o in others), "three other seeds gave the same tokens: the seed is not what draws them"
 
@@ -204,9 +204,9 @@ def test_departures_on_a_gates_own_history(rt):
     """The target reproduces its own run on its own history; a gate that always escalates never departs;
     one that never escalates departs exactly where the draft's own run leaves the target's choices."""
     prompts = [rt.encode(p) for p in PROMPTS[:2]]
-    run = lambda policy, **kw: [rt.generate(p, GenerateConfig(policy=policy, max_new_tokens=16, **kw)) for p in prompts]
+    run = lambda policy, **kw: [rt.generate(p, config=GenerateConfig(policy=policy, max_new_tokens=16, **kw)) for p in prompts]
     target = run("target")
-    assert all(target_choices(rt, p, r["tokens"]) == r["tokens"] for p, r in zip(prompts, target))
+    assert all(target_choices(rt, p, r.tokens) == r.tokens for p, r in zip(prompts, target))
     always = departures(rt, prompts, run("gate-random", gate=GateConfig(rate=1.0)))
     assert always["low_steps"] == 0 and always["escalated_steps"] > 0 and always["escalated_departures"] == 0
     never = departures(rt, prompts, run("gate-random", gate=GateConfig(rate=0.0)))

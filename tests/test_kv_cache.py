@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge.decode.kv_cache import KVRead, NestedKVCache
+from edge.engine.kv_cache import KVRead, NestedKVCache
 from plugins.kv import dequantize_kv, quantize_kv
 
 L, H, D = 2, 3, 16

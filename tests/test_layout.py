@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("plugins", "edge", "export")
 # The device runtime: everything a chat or an engine needs. Research (edge.analysis) and commands (edge.cli) sit above.
-RUNTIME = ("edge.model", "edge.decode", "edge.backends", "edge.memory", "edge.energy", "edge.checks", "edge.runtime",
+RUNTIME = ("edge.model", "edge.decode", "edge.backends", "edge.memory", "edge.energy", "edge.checks", "edge.engine",
            "edge.errors", "edge.atomic", "edge.cache", "edge.llm")
 MAX_LINES = 500
 
@@ -118,7 +118,7 @@ def test_no_import_cycles():
 
 
 def test_a_chat_loads_no_research_code():
-    probe = ("import sys, edge.cli.chat, edge.runtime, edge.backends.cpu; "
+    probe = ("import sys, edge.cli.chat, edge.llm, edge.backends.cpu; "
              "bad = sorted(m for m in sys.modules if m.startswith('edge.analysis') or m.split('.')[0] in "
              "('matplotlib', 'scipy', 'export')); print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -17,7 +17,7 @@ import torch
 from edge.decode.config import GenerateConfig
 from edge.decode.sampling import SamplingConfig
 from edge.memory.devices import process_rss_bytes
-from edge.runtime import Runtime
+from edge.llm import Runtime
 from tests.conftest import ROOT, read_until
 
 PROMPTS = ["Write a short poem about the sea.", "Name three rivers.", "What is two plus two?"]

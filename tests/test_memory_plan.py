@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from edge.backends import make_backend
-from edge.decode.kv_cache import NestedKVCache
+from edge.engine.kv_cache import NestedKVCache
 from edge.errors import BitNestError
 from edge.memory.alloc_trace import storage_bytes
 from edge.memory.devices import PRESETS, get_profile, meminfo
@@ -98,11 +98,11 @@ def _small_local():
 
 def test_runtime_allocates_from_the_plan_and_refuses_over_it(rotated_checkpoint):
     from edge.decode.config import GenerateConfig
-    from edge.runtime import Runtime
+    from edge.llm import Runtime
     from plugins.hadamard import _factor_matrix
     _factor_matrix.cache_clear()     # as in a fresh process: the plan's dry run is the first Hadamard user
     dev = _small_local()
-    rt = Runtime(rotated_checkpoint, backend="torch", max_context=None, device=dev, prefill_chunk=64, scratch=5)
+    rt = Runtime(rotated_checkpoint, backend="torch", max_context=None, device=dev, prefill_chunk=64, gamma=4)
     cap = rt.engine.capacity
     assert cap == rt.plan.max_context > 1000
     with pytest.raises(BitNestError, match=f"largest context that fits {dev.name} is {cap:,}"):
@@ -112,7 +112,7 @@ def test_runtime_allocates_from_the_plan_and_refuses_over_it(rotated_checkpoint)
     out = rt.generate(rt.encode("Name a colour."), GenerateConfig(policy="speculative", max_new_tokens=3))
     assert len(out["tokens"]) == 3
     with pytest.raises(BitNestError, match=f"the largest that fits is {cap:,}"):
-        Runtime(rotated_checkpoint, backend="torch", max_context=cap + 1, device=dev, prefill_chunk=64, scratch=5,
+        Runtime(rotated_checkpoint, backend="torch", max_context=cap + 1, device=dev, prefill_chunk=64, gamma=4,
                 kv_window=0)       # elastic KV off: refused as before (tests/test_elastic_runtime.py runs past it)
 
 

@@ -12,8 +12,8 @@ from edge.corpora import shakespeare_prompts, sharegpt_prompts
 from edge.analysis.lossless import against_reference
 from edge.backends.native import native_unavailable
 from edge.decode.config import GenerateConfig
-from edge.decode.kv_cache import KV8, KVRead
-from edge.runtime import Runtime
+from edge.engine.kv_cache import KV8, KVRead
+from edge.llm import Runtime
 from tests.reference_pairs import ROUNDING, bound_after, engines, explain, row_errors, run_traced
 
 pytestmark = pytest.mark.skipif(native_unavailable() is not None, reason=f"native backend: {native_unavailable()}")

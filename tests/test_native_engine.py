@@ -13,11 +13,11 @@ from edge.backends import make_engine, resolve_backend
 from edge.backends.native import NativeEngine, native_unavailable
 from edge.backends.torch_ref import TorchBackend
 from edge.decode.config import DraftKVPolicy, GenerateConfig
-from edge.decode.engine import PassEngine
-from edge.decode.stats import embedding_row_bytes
+from edge.engine.interface import PassEngine
+from edge.engine.stats import embedding_row_bytes
 from edge.errors import BitNestError
 from edge.model.checkpoint import load_checkpoint, set_draft_head
-from edge.runtime import Runtime
+from edge.llm import Runtime
 from tests.reference_pairs import bound_after, engines, explain, first_layers, row_errors, run_traced
 
 pytestmark = pytest.mark.skipif(native_unavailable() is not None, reason=f"native backend: {native_unavailable()}")

@@ -109,7 +109,7 @@ ROUND_TRIP_REL_ERR = 2e-2
 def test_graph_round_trips_both_views_against_the_torch_backend(rotated_checkpoint, rotated_onnx):
     from edge.backends.onnxruntime_step import onnxruntime_engine
     from edge.backends.torch_ref import TorchBackend
-    from edge.decode.engine import PassEngine
+    from edge.engine.interface import PassEngine
     from edge.model.checkpoint import load_checkpoint
     ckpt = load_checkpoint(rotated_checkpoint)
     assert ckpt.draft_head == "8bit"
@@ -150,9 +150,9 @@ def test_a_checkpoint_recording_the_shortlist_runs_its_graph_at_8_bits(rotated_c
     backend runs the checkpoint with no option at what the graph serves (the 8-bit head over every id, in the stats
     and the byte accounting), lossless; the native backend still runs the recorded shortlist."""
     from edge.decode.config import GenerateConfig
-    from edge.decode.stats import weight_bytes_per_pass
+    from edge.engine.stats import weight_bytes_per_pass
     from edge.model.checkpoint import load_checkpoint, set_draft_head
-    from edge.runtime import Runtime
+    from edge.llm import Runtime
     from export.onnx_export import export_onnx
     from tests.conftest import manifest_copy
     ck = manifest_copy(rotated_checkpoint, tmp_path / "shortlist",

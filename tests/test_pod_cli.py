@@ -14,7 +14,7 @@ from edge.backends import resolve_backend
 from edge.analysis.phase_prompts import phase_candidates
 from edge.decode import thresholds
 from edge.decode.config import GateConfig, GenerateConfig
-from edge.runtime import Runtime
+from edge.llm import LLM
 from tests.conftest import ROOT
 
 
@@ -102,7 +102,7 @@ def test_repair_gates_escalated_steps_equal_the_target_on_their_own_history(cali
     whatever the pass's width); gate-repair with a margin threshold no margin reaches escalates every step."""
     from edge.decode.config import GateConfig
     from edge.decode.gates import random_schedule
-    rt = Runtime(calibrated, backend="auto", max_context=1024)
+    rt = LLM(calibrated, policy="target", meter="none", backend="auto", max_context=1024)
     prompts = [rt.encode(p) for p in ("Name three rivers.", "Say hi.", "What is two plus two?")]
     steps, seeds = 7, []
     for seed in range(100):                        # schedules with a low step before an escalated one
@@ -110,17 +110,17 @@ def test_repair_gates_escalated_steps_equal_the_target_on_their_own_history(cali
         if plan and min(plan) > 0:
             seeds.append(seed)
     seeds = seeds[:len(prompts)]
-    runs = [rt.generate(p, GenerateConfig(policy="gate-random-repair", max_new_tokens=steps + 1,
+    runs = [rt.generate(p, config=GenerateConfig(policy="gate-random-repair", max_new_tokens=steps + 1,
                                           gate=GateConfig(rate=0.5, seed=s))) for p, s in zip(prompts, seeds)]
-    assert all(len(r["tokens"]) == steps + 1 for r in runs), "a prompt's answer ended early: pick another prompt"
+    assert all(len(r.tokens) == steps + 1 for r in runs), "a prompt's answer ended early: pick another prompt"
     own = compare.departures(rt, prompts, runs)
     assert own["escalated_steps"] == sum(len(random_schedule(0.5, steps, s)) for s in seeds)
     assert own["escalated_departures"] == 0.0 and own["low_steps"] > 0
-    assert all(r["stats"].extra.get("repaired_positions", 0) > 0 for r in runs)
-    always = [rt.generate(p, GenerateConfig(policy="gate-repair", max_new_tokens=steps + 1,
+    assert all(r.stats.extra.get("repaired_positions", 0) > 0 for r in runs)
+    always = [rt.generate(p, config=GenerateConfig(policy="gate-repair", max_new_tokens=steps + 1,
                                             gate=GateConfig(threshold=1e9, signal="margin"))) for p in prompts]
     own = compare.departures(rt, prompts, always)
-    assert own["escalated_steps"] == sum(len(r["tokens"]) - 1 for r in always) and own["escalated_departures"] == 0.0
+    assert own["escalated_steps"] == sum(len(r.tokens) - 1 for r in always) and own["escalated_departures"] == 0.0
 
 
 def test_speculation_sweep_is_lossless_and_counts_its_drafting(calibrated, capsys):
@@ -158,13 +158,13 @@ def test_phase_comparison_on_its_tagged_prompt_set(calibrated):
     the candidate is kept; the reversed gate (target view until the tag) writes the target's tokens, so it switches
     exactly where the target wrote the tag, and the forward gate (draft view until the tag) writes the draft's, so
     it switches exactly where the draft wrote it, on any machine."""
-    rt = Runtime(calibrated, backend="auto", max_context=4096)       # the backend the fixture calibrated
+    rt = LLM(calibrated, policy="target", meter="none", backend="auto", max_context=4096)       # the backend the fixture calibrated
     first = next(phase_candidates(rt))
-    tokens = rt.generate(first, GenerateConfig(policy="target", max_new_tokens=40))["tokens"]
+    tokens = rt.generate(first, config=GenerateConfig(policy="target", max_new_tokens=40)).tokens
     # what the forward gate writes until its tag: draft steps after the target's prefill (a gate that never escalates;
     # the draft policy prefills with the draft view)
-    drafted = rt.generate(first, GenerateConfig(policy="gate-margin", gate=GateConfig(threshold=-1.0),
-                                                max_new_tokens=40))["tokens"]
+    drafted = rt.generate(first, config=GenerateConfig(policy="gate-margin", gate=GateConfig(threshold=-1.0),
+                                                max_new_tokens=40)).tokens
     tag, at, at_draft = shared_tag(rt.tokenizer, tokens, drafted)
     o = compare.CompareOptions(str(calibrated), prompts=1, max_new_tokens=2, match_tokens=1, phase_prompts=1,
                                phase_tokens=40, resamples=50, phase_tag=tag)

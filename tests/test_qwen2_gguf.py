@@ -12,7 +12,7 @@ from export.pipeline import ExportOptions, run_export
 from export.quantize import QuantOptions
 from export.sources import default_gguf, open_source
 from edge.backends.torch_ref import TorchBackend
-from edge.decode.engine import PassEngine
+from edge.engine.interface import PassEngine
 from edge.model.gguf_file import GGUFReader  # gguf-py's reader, parsed faster (tests/test_gguf_file.py)
 from tests.reference_pairs import ROUNDING, bound_after, engines, explain, first_layers, row_errors, run_traced
 from tests.test_native_draft_paths import VIEWS, draft_round
@@ -217,7 +217,7 @@ def test_speculation_on_the_standin_export_is_the_targets_output(standin_export,
     (speculation ran, not target steps alone)."""
     from edge.corpora import sharegpt_prompts
     from edge.decode.config import GenerateConfig
-    from edge.runtime import Runtime
+    from edge.llm import Runtime
     if backend == "native" and native_unavailable() is not None:
         pytest.skip(f"native backend: {native_unavailable()}")
     rt = Runtime(standin_export, backend=backend, max_context=128)

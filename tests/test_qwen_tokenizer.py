@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from edge.llm import end_of_generation_ids
-from edge.runtime import encode, load_tokenizer
+from edge.model.tokenizer import end_of_generation_ids
+from edge.model.tokenizer import encode, load_tokenizer
 from export.stream_source import gguf_meta_folder
 from tests.conftest import ROOT
 

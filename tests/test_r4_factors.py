@@ -14,7 +14,7 @@ import torch
 import export.rotation_ops as rotation_ops
 from edge.backends.native import NativeEngine, native_unavailable
 from edge.backends.torch_ref import TorchBackend
-from edge.decode.engine import PassEngine
+from edge.engine.interface import PassEngine
 from edge.model.arch import ModelConfig
 from edge.model.checkpoint import MANIFEST, SEAL, load_checkpoint, manifest_seal
 from edge.model.decoder import Decoder, OnlineRotations

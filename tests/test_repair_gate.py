@@ -8,7 +8,7 @@ import torch
 from edge.analysis.compare import departures
 from edge.analysis.trace import trace_prompt
 from edge.decode.config import GateConfig, GenerateConfig
-from edge.runtime import Runtime
+from edge.llm import Runtime
 from tests.conftest import draft_steps_after_target_prefill
 
 PROMPTS = ["Write a short poem about the sea.", "What is the capital of France? Explain briefly.",

@@ -68,7 +68,7 @@ def test_an_engine_lossless_against_itself_but_wrong_fails_against_the_independe
     from edge.backends.torch_ref import TorchBackend
     from edge.checks.reference_agreement import SMALL_MODEL_MAX_REL_ERR
     from edge.checks.selfcheck import SelfCheckOptions, _Check
-    from edge.decode.engine import PassEngine
+    from edge.engine.interface import PassEngine
     from edge.model.checkpoint import load_checkpoint
     c = _Check(SelfCheckOptions(checkpoint=str(small_llama_checkpoint), tokens=3))
     good = lambda: PassEngine(c.ckpt, TorchBackend(c.ckpt), c.capacity)

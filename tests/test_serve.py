@@ -206,7 +206,7 @@ def test_text_completions_models_health_and_metrics(server, rtn_checkpoint):
 def test_a_stop_string_of_many_tokens_ends_the_generation(server, rtn_checkpoint):
     """A stop string spanning 30 tokens (the runtime's own check reads the last 16) ends the generation within a
     round of where it completes, whole and streamed, and is cut from the text."""
-    from edge.runtime import load_tokenizer
+    from edge.model.tokenizer import load_tokenizer
     decode = load_tokenizer(rtn_checkpoint).decode
     ask = {"prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 60, "temperature": 0}
     full = server.post("/v1/completions", json={**ask, "return_token_ids": True}).json()["choices"][0]
@@ -338,7 +338,7 @@ def test_a_bounded_load_is_answered_or_refused_with_429_and_rss_stays_flat(serve
 
 
 def test_held_text_never_streams_a_stop_string_or_a_broken_character():
-    from edge.llm import HeldText
+    from edge.text_stream import HeldText
     sent = []
     h = HeldText(("STOP", "\n\n"), sent.append)
     for d in ("Hello S", "T", "ill here.", "\n", "More", " ST", "OP and after"):

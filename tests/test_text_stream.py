@@ -8,7 +8,8 @@ import pytest
 
 from edge.decode.config import GenerateConfig
 from edge.decode.sampling import SamplingConfig
-from edge.runtime import Runtime, load_tokenizer
+from edge.llm import Runtime
+from edge.model.tokenizer import load_tokenizer
 from edge.text_stream import TextStream
 
 # Real text with characters of 2, 3 and 4 UTF-8 bytes, which SmolLM2's byte-level tokens split across tokens.

@@ -9,9 +9,9 @@ import torch
 
 from edge.backends import make_backend
 from edge.decode.config import GenerateConfig
-from edge.decode.engine import PassEngine
+from edge.engine.interface import PassEngine
 from edge.decode.generate import generate
-from edge.decode.kv_cache import KVRead
+from edge.engine.kv_cache import KVRead
 from edge.errors import BitNestError
 from edge.model.checkpoint import load_checkpoint
 
@@ -115,7 +115,7 @@ def test_cuda_graph_replays_equal_eager_passes_gpu(small_llama_checkpoint):
 def test_triton_lossless_on_the_default_model_gpu(rtn_checkpoint):
     """On a CUDA GPU: greedy speculative output equals greedy target output on the real model, four prompts."""
     from edge.corpora import sharegpt_prompts
-    from edge.runtime import Runtime
+    from edge.llm import Runtime
     rt = Runtime(rtn_checkpoint, backend="triton", max_context=1024)
     for prompt in sharegpt_prompts(4):
         ids = rt.encode(prompt)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from edge.analysis.bench_process import Workers
 from edge.corpora import sharegpt_prompts
+from edge.engine import MAX_PROPOSALS
 from edge.cli.options import adaptive_config, draft_head_options, gate_config
 
 MINE = ("speculative", "adaptive", "auto", "target", "draft")
@@ -34,7 +35,7 @@ def default_threads() -> int:
 
 def prompt_set(checkpoint: str, n: int) -> tuple[list[str], list[list[int]]]:
     """The first `n` held-out ShareGPT requests and their token ids through the checkpoint's chat template."""
-    from edge.runtime import encode, load_tokenizer
+    from edge.model.tokenizer import encode, load_tokenizer
     texts = sharegpt_prompts(n)
     tok = load_tokenizer(Path(checkpoint))
     return texts, [encode(tok, t) for t in texts]
@@ -43,7 +44,7 @@ def prompt_set(checkpoint: str, n: int) -> tuple[list[str], list[list[int]]]:
 def policy_spec(a, checkpoint: str, policy: str, prompts: list, threads: int, record_rounds: bool = False) -> dict:
     return {"kind": "policy", "threads": threads, "checkpoint": checkpoint, "backend": a.backend, "policy": policy,
             "gamma": a.gamma, "max_new_tokens": a.max_new_tokens, "prompts": prompts,
-            "max_context": max(map(len, prompts)) + a.max_new_tokens + 64, "scratch": max(17, a.gamma_max + 1),
+            "max_context": max(map(len, prompts)) + a.max_new_tokens + 64, "gamma_room": max(MAX_PROPOSALS, a.gamma_max),
             "gate": asdict(gate_config(a)), "adaptive": asdict(adaptive_config(a)), "record_rounds": record_rounds,
             "stop_at_eos": getattr(a, "stop_at_eos", False), **draft_head_options(a)}
 

@@ -9,10 +9,10 @@ import time
 
 from edge.decode.auto import expected_tokens  # the auto policy's rule, shared
 from edge.decode.config import DraftKVPolicy
-from edge.decode.engine import Engine
-from edge.decode.kv_cache import KV8
+from edge.engine.interface import Engine
+from edge.engine.kv_cache import KV8
 from edge.decode.sampling import Sampler, SamplingConfig
-from edge.decode.stats import DecodeStats
+from edge.engine.stats import DecodeStats
 from plugins.contracts import DRAFT, TARGET
 
 GAMMAS = tuple(range(0, 8))          # γ = 0: a plain target step; up to 7: pass times reach width 8

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from edge.decode.stats import draft_head_summary
+from edge.engine.stats import draft_head_summary
 
 PASS_WIDTHS = tuple(range(1, 9))
 WARMUP_TOKENS = 8
@@ -79,7 +79,7 @@ STANDARD = {"policy", "backend", "tokens", "acceptance", "tokens_per_round", "es
 
 def _policy_result(summaries: list, rounds: list | None) -> dict:
     """One repeat's merged statistics, the policy's own figures apart (`policy_stats`), recorded rounds if any."""
-    from edge.runtime import merged_summary
+    from edge.engine.stats import merged_summary
     s = merged_summary(summaries)
     out = {k: s[k] for k in STANDARD if k in s}
     out["policy_stats"] = {k: v for k, v in s.items() if k not in STANDARD and k != "escalated_at"}
@@ -94,15 +94,15 @@ class PolicyRunner:
     OPS = ("run", "pass_times")
 
     def __init__(self, checkpoint: str, backend: str, policy: str, gamma: int, max_new_tokens: int, prompts: list,
-                 max_context: int, scratch: int, gate: dict, adaptive: dict, record_rounds: bool = False,
+                 max_context: int, gamma_room: int, gate: dict, adaptive: dict, record_rounds: bool = False,
                  draft_head: str | None = None, shortlist_k: int | None = None, draft_vocab: int | None = None,
                  stop_at_eos: bool = False):
         from edge.analysis.calibrate import calibrated_gate
         from edge.decode.adaptive import AdaptiveConfig
         from edge.decode.config import GateConfig, GenerateConfig
-        from edge.runtime import Runtime
-        self.rt = Runtime(checkpoint, backend=backend, max_context=max_context, scratch=scratch, draft_head=draft_head,
-                          shortlist_k=shortlist_k, draft_vocab=draft_vocab)
+        from edge.llm import LLM
+        self.rt = LLM(checkpoint, policy="target", backend=backend, max_context=max_context, gamma=gamma_room,
+                      draft_head=draft_head, shortlist_k=shortlist_k, draft_vocab=draft_vocab, meter="none")
         self.prompts, self.rounds = prompts, [] if record_rounds else None
         self.stop_at_eos = stop_at_eos           # the runtime's EOS set ends a generation (else every one runs n)
         gate_cfg = calibrated_gate(self.rt, policy, GateConfig(**gate))
@@ -150,6 +150,7 @@ class SyntheticRunner:
                  shortlist_k: int | None = None, draft_vocab: int | None = None, r4: str = "online",
                  min_capacity: int = 0):
         from edge.backends import make_engine, resolve_backend
+        from edge.engine import draft_slots
         from edge.memory.synthetic import synthetic_checkpoint, with_online_rotations
         from edge.model.arch import ModelConfig
         from edge.model.checkpoint import set_draft_head
@@ -167,7 +168,7 @@ class SyntheticRunner:
                               draft_head, shortlist_k, draft_vocab)
         ckpt = with_online_rotations(ckpt, r4, seed)
         capacity = max(max(len(p) for p in prompts) + max(max_new_tokens, WARMUP_TOKENS) + gamma + 2, min_capacity)
-        self.eng = make_engine(self.backend, ckpt, capacity, scratch=gamma + 1)
+        self.eng = make_engine(self.backend, ckpt, capacity, scratch=draft_slots(gamma))
         self.mode, self.prompts, self.rounds, self.n = mode, prompts, rounds, max_new_tokens
         self._one(0, WARMUP_TOKENS)
         rot = ckpt.rotations

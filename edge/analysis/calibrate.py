@@ -21,7 +21,6 @@ from edge.decode.thresholds import (
     thresholds_entry,
 )
 from edge.errors import BitNestError
-from edge.runtime import Runtime
 
 
 def order_by_uncertainty(values: list[float], signal: str) -> list[float]:
@@ -59,7 +58,7 @@ def thresholds_from_traces(traces: list[StepTrace], rates=RATES) -> dict:
 
 
 def calibrate(rt, prompts: int = 12, max_new_tokens: int = 64, rates=RATES) -> dict:
-    """Thresholds for `rates` on `rt` (a Runtime): its checkpoint and backend, greedy target trajectories."""
+    """Thresholds for `rates` on `rt` (an LLM): its checkpoint and backend, greedy target trajectories."""
     t0 = time.time()
     traces = calibration_traces(rt, prompts, max_new_tokens)
     return {"backend": rt.backend, "draft_head": rt.ckpt.draft_head, "prompts": len(traces),
@@ -80,7 +79,7 @@ def ensure_thresholds(rt, **calib) -> dict:
 
 
 def calibrated_gate(rt, policy: str, gate: GateConfig) -> GateConfig:
-    """`gate` with its threshold resolved for `rt` (a Runtime), calibrating first where no thresholds exist: for
+    """`gate` with its threshold resolved for `rt` (an LLM), calibrating first where no thresholds exist: for
     the measurement tools; the runtime itself only reads the file (edge.decode.thresholds.resolve_gate)."""
     from edge.decode.registry import policy_class
     if policy_class(policy).needs_threshold and gate.threshold is None:
@@ -102,7 +101,9 @@ def main(argv=None, default_checkpoint=None) -> int:
 
     def body():
         ckpt = checkpoint_arg(a, default_checkpoint)
-        rt = Runtime(ckpt, backend=a.backend, max_context=a.max_new_tokens + 2048, **draft_head_options(a))
+        from edge.llm import LLM
+        rt = LLM(ckpt, policy="target", backend=a.backend, max_context=a.max_new_tokens + 2048, meter="none",
+                 **draft_head_options(a))
         entry = calibrate(rt, a.prompts, a.max_new_tokens)
         return dict(entry, file=str(save_thresholds(rt.ckpt, entry)))
     return run_cli(body, a.json, "calibrate_gates.py")

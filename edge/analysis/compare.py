@@ -20,9 +20,11 @@ from edge.analysis.significance import mcnemar_exact, paired_bootstrap_diff
 from edge.argtypes import count, gamma, seed
 from edge.decode.adaptive import AdaptiveConfig
 from edge.decode.config import GateConfig, GenerateConfig
-from edge.decode.kv_cache import KV8
+from edge.engine import MAX_PROPOSALS
+from edge.engine.kv_cache import KV8
 from edge.errors import BitNestError
-from edge.runtime import Runtime, merged_summary
+from edge.llm import LLM, Answer
+from edge.engine.stats import merged_summary
 
 # The repaired gate (margin signal) and its two controls at its realised rate: random steps escalated with one
 # target pass, and random steps escalated with the same repair pass.
@@ -68,22 +70,22 @@ def first_departure(ref: list[int], out: list[int]) -> int:
     return n
 
 
-def _outcomes(ref: list[list[int]], runs: list[dict], k: int) -> tuple[list[bool], list[float]]:
-    match = [first_departure(r, x["tokens"]) >= min(k, len(r)) for r, x in zip(ref, runs)]
-    share = [first_departure(r, x["tokens"]) / len(r) for r, x in zip(ref, runs)]
+def _outcomes(ref: list[list[int]], runs: list[Answer], k: int) -> tuple[list[bool], list[float]]:
+    match = [first_departure(r, x.tokens) >= min(k, len(r)) for r, x in zip(ref, runs)]
+    share = [first_departure(r, x.tokens) / len(r) for r, x in zip(ref, runs)]
     return match, share
 
 
-def _run_all(rt: Runtime, prompts: list[list[int]], configs: dict[str, GenerateConfig]) -> dict[str, list[dict]]:
-    return {name: [rt.generate(p, cfg) for p in prompts] for name, cfg in configs.items()}
+def _run_all(rt: LLM, prompts: list[list[int]], configs: dict[str, GenerateConfig]) -> dict[str, list[Answer]]:
+    return {name: [rt.generate(p, config=cfg) for p in prompts] for name, cfg in configs.items()}
 
 
-def _escalation(runs: list[dict]) -> float:
-    return merged_summary([r["stats"] for r in runs])["escalation_rate"]
+def _escalation(runs: list[Answer]) -> float:
+    return merged_summary([r.stats for r in runs])["escalation_rate"]
 
 
 @torch.no_grad()
-def target_choices(rt: Runtime, prompt: list[int], tokens: list[int]) -> list[int]:
+def target_choices(rt: LLM, prompt: list[int], tokens: list[int]) -> list[int]:
     """The target's greedy choice at every position of a generation, on that generation's own token history
     with target-view KV throughout: element i is what the target would have chosen for token i."""
     eng = rt.engine
@@ -93,17 +95,17 @@ def target_choices(rt: Runtime, prompt: list[int], tokens: list[int]) -> list[in
     return [first] + rest
 
 
-def departures(rt: Runtime, prompts: list[list[int]], runs: list[dict]) -> dict:
+def departures(rt: LLM, prompts: list[list[int]], runs: list[Answer]) -> dict:
     """Where a gate's tokens leave the target's choice on the gate's own history, split by whether the step
     was escalated. A low step that departs is a flip the gate missed; an escalated step that departs can
     only come from the history's KV: earlier low steps left draft-view entries that the high pass reads,
     which the replay's first-order model (an escalated step equals the target's step) leaves out."""
     low = high = low_dep = high_dep = 0
     for p, r in zip(prompts, runs):
-        want = target_choices(rt, p, r["tokens"])
-        escalated = set(r["stats"].escalated_at)
-        for step in range(r["stats"].steps):          # step i chose token i + 1
-            dep = r["tokens"][step + 1] != want[step + 1]
+        want = target_choices(rt, p, r.tokens)
+        escalated = set(r.stats.escalated_at)
+        for step in range(r.stats.steps):          # step i chose token i + 1
+            dep = r.tokens[step + 1] != want[step + 1]
             if step in escalated:
                 high, high_dep = high + 1, high_dep + dep
             else:
@@ -113,15 +115,15 @@ def departures(rt: Runtime, prompts: list[list[int]], runs: list[dict]) -> dict:
             "escalated_steps": high, "escalated_departures": share(high_dep, high)}
 
 
-def _table(runs: dict[str, list[dict]], k: int, resamples: int, seed: int,
+def _table(runs: dict[str, list[Answer]], k: int, resamples: int, seed: int,
            controls: Optional[dict[str, tuple[str, ...]]] = None) -> dict:
     """Per policy: outcomes against the target's tokens, decode statistics, and paired tests vs target/draft
     (and vs the runs `controls` names for it)."""
-    ref = [r["tokens"] for r in runs["target"]]
+    ref = [r.tokens for r in runs["target"]]
     outcomes = {name: _outcomes(ref, rs, k) for name, rs in runs.items()}
     table = {}
     for name, rs in runs.items():
-        s = merged_summary([r["stats"] for r in rs])
+        s = merged_summary([r.stats for r in rs])
         match, share = outcomes[name]
         row = {"policy": s["policy"], "match": sum(match) / len(match), "prefix_share": sum(share) / len(share),
                **{key: s.get(key) for key in STAT_KEYS}}
@@ -135,16 +137,16 @@ def _table(runs: dict[str, list[dict]], k: int, resamples: int, seed: int,
     return table
 
 
-def _add_departures(rt: Runtime, prompts: list[list[int]], runs: dict[str, list[dict]], table: dict) -> None:
+def _add_departures(rt: LLM, prompts: list[list[int]], runs: dict[str, list[Answer]], table: dict) -> None:
     for name, rs in runs.items():
         if name.startswith("gate-"):
             table[name]["own_history"] = departures(rt, prompts, rs)
-            repaired = sum(r["stats"].extra.get("repaired_positions", 0) for r in rs)
+            repaired = sum(r.stats.extra.get("repaired_positions", 0) for r in rs)
             if repaired:
                 table[name]["repaired_positions"] = repaired
 
 
-def main_configs(rt: Runtime, o: CompareOptions) -> dict[str, GenerateConfig]:
+def main_configs(rt: LLM, o: CompareOptions) -> dict[str, GenerateConfig]:
     base = GenerateConfig(max_new_tokens=o.max_new_tokens, gamma=o.gamma, adaptive=o.adaptive)
     gate = GateConfig(rate=o.rate)
     entropy = calibrated_gate(rt, "gate-entropy", gate)
@@ -157,16 +159,16 @@ def main_configs(rt: Runtime, o: CompareOptions) -> dict[str, GenerateConfig]:
                             gate=calibrated_gate(rt, "gate-repair", replace(gate, signal="margin")))}
 
 
-def matched_random(rt: Runtime, prompts: list[list[int]], rate: float, base: GenerateConfig,
-                   seed: int, policy: str = "gate-random", name: str = "gate-random") -> dict[str, list[dict]]:
+def matched_random(rt: LLM, prompts: list[list[int]], rate: float, base: GenerateConfig,
+                   seed: int, policy: str = "gate-random", name: str = "gate-random") -> dict[str, list[Answer]]:
     """`policy` (gate-random or gate-random-repair) at the escalation rate another gate realised in this run:
     prompt i escalates a random subset of its steps drawn with seed + i (one seed for all would escalate the
     same steps of every prompt)."""
-    return {name: [rt.generate(p, replace(base, policy=policy, gate=GateConfig(rate=rate, seed=seed + i)))
+    return {name: [rt.generate(p, config=replace(base, policy=policy, gate=GateConfig(rate=rate, seed=seed + i)))
                    for i, p in enumerate(prompts)]}
 
 
-def speculation_sweep(rt: Runtime, prompts: list[list[int]], o: CompareOptions) -> dict:
+def speculation_sweep(rt: LLM, prompts: list[list[int]], o: CompareOptions) -> dict:
     """Fixed γ = 2, 4, 6, 8 against adaptive (early stop only, and early stop plus extension): every
     output checked against the target's, token for token."""
     base = GenerateConfig(max_new_tokens=o.max_new_tokens)
@@ -179,20 +181,20 @@ def speculation_sweep(rt: Runtime, prompts: list[list[int]], o: CompareOptions) 
     out = {}
     ref = None
     for name, cfg in configs.items():
-        rs = [rt.generate(p, cfg) for p in prompts]
-        ref = ref or [r["tokens"] for r in rs]
-        s = merged_summary([r["stats"] for r in rs])
-        out[name] = {**{k: s.get(k) for k in STAT_KEYS}, "drafted": sum(r["stats"].drafted for r in rs),
-                     "rounds": sum(r["stats"].rounds for r in rs),
-                     "identical_to_target": sum(r["tokens"] == t for r, t in zip(rs, ref))}
+        rs = [rt.generate(p, config=cfg) for p in prompts]
+        ref = ref or [r.tokens for r in rs]
+        s = merged_summary([r.stats for r in rs])
+        out[name] = {**{k: s.get(k) for k in STAT_KEYS}, "drafted": sum(r.stats.drafted for r in rs),
+                     "rounds": sum(r.stats.rounds for r in rs),
+                     "identical_to_target": sum(r.tokens == t for r, t in zip(rs, ref))}
     return out
 
 
 def compare(o: CompareOptions) -> dict:
     t0 = time.time()
-    rt = Runtime(o.checkpoint, backend=o.backend, max_context=4096, scratch=max(17, o.adaptive.gamma_max + 1),
-                 draft_head=o.draft_head, shortlist_k=o.shortlist_k,
-                 draft_vocab=o.draft_vocab)
+    rt = LLM(o.checkpoint, policy="target", backend=o.backend, max_context=4096,
+             gamma=max(MAX_PROPOSALS, o.adaptive.gamma_max), draft_head=o.draft_head, shortlist_k=o.shortlist_k,
+             draft_vocab=o.draft_vocab, meter="none")
     prompts = [rt.encode(p) for p in sharegpt_prompts(o.prompts)]
     out = {"checkpoint": str(rt.ckpt.path), "method": rt.ckpt.method, "backend": rt.backend, "prompts": len(prompts),
            "max_new_tokens": o.max_new_tokens, "match_tokens": o.match_tokens, "gate_rate": o.rate,
@@ -223,7 +225,7 @@ def compare(o: CompareOptions) -> dict:
     return out
 
 
-def phase_comparison(rt: Runtime, o: CompareOptions) -> dict:
+def phase_comparison(rt: LLM, o: CompareOptions) -> dict:
     """gate-phase both ways, against target, draft, the entropy gate and a random gate at its matched rate,
     on few-shot prompts whose target continuation closes the thinking span."""
     base = GenerateConfig(max_new_tokens=o.phase_tokens)
@@ -242,7 +244,7 @@ def phase_comparison(rt: Runtime, o: CompareOptions) -> dict:
     table = _table(runs, o.match_tokens, o.resamples, o.seed)
     table["gate-random"].update(matched_to="gate-phase", matched_rate=rate)
     _add_departures(rt, prompts, runs, table)
-    table["gate-phase"]["switched"] = sum("phase_switch_at" in r["stats"].extra for r in runs["gate-phase"])
+    table["gate-phase"]["switched"] = sum("phase_switch_at" in r.stats.extra for r in runs["gate-phase"])
     return {**info, "prompts": len(prompts), "max_new_tokens": o.phase_tokens, "policies": table}
 
 

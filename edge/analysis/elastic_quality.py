@@ -10,13 +10,14 @@ import torch
 from edge.backends import make_engine, resolve_backend
 from edge.decode.config import GenerateConfig
 from edge.decode.generate import generate
-from edge.decode.kv_cache import KV8
+from edge.engine import draft_slots
+from edge.engine.kv_cache import KV8
 from edge.memory.plan import elastic_kv
 from edge.model.checkpoint import load_checkpoint
 from plugins.contracts import TARGET
 
 CHUNK = 64          # tokens per scored pass (the native step's prefill rows)
-SCRATCH = 8
+GAMMA = 7                # rounds of up to 7 proposals: 8 scratch slots (edge.engine.draft_slots)
 
 
 def kv4_shares(n: int, window: int | None) -> tuple[float, float]:
@@ -31,8 +32,9 @@ def kv4_shares(n: int, window: int | None) -> tuple[float, float]:
 def perplexity(ckpt_path, ids: list[int], window: int | None, backend: str) -> dict:
     """Target perplexity of ids[1:] given the prefix, scored in passes of CHUNK tokens, under an elastic window."""
     n = len(ids)
-    elastic = None if window is None or window >= n else elastic_kv(window, n, backend, CHUNK, SCRATCH)
-    eng = make_engine(backend, load_checkpoint(ckpt_path), n, scratch=SCRATCH, prefill_chunk=CHUNK, elastic=elastic)
+    elastic = None if window is None or window >= n else elastic_kv(window, n, backend, CHUNK, GAMMA)
+    eng = make_engine(backend, load_checkpoint(ckpt_path), n, scratch=draft_slots(GAMMA), prefill_chunk=CHUNK,
+                      elastic=elastic)
     nll, t0 = 0.0, time.perf_counter()
     for s in range(0, n, CHUNK):
         chunk = ids[s:s + CHUNK]
@@ -52,10 +54,10 @@ def acceptance(ckpt_path, prompt: list[int], window: int | None, new_tokens: int
     """Greedy speculative acceptance (γ = gamma) after a long prompt under an elastic window; lossless checked against
     the elastic target's own greedy tokens."""
     n = len(prompt) + new_tokens
-    elastic = None if window is None or window >= n else elastic_kv(window, n, backend, CHUNK, SCRATCH)
+    elastic = None if window is None or window >= n else elastic_kv(window, n, backend, CHUNK, GAMMA)
     out = {}
     for policy in ("speculative", "target"):
-        eng = make_engine(backend, load_checkpoint(ckpt_path), n, scratch=SCRATCH, prefill_chunk=CHUNK,
+        eng = make_engine(backend, load_checkpoint(ckpt_path), n, scratch=draft_slots(GAMMA), prefill_chunk=CHUNK,
                           elastic=elastic)
         out[policy] = generate(eng, prompt, GenerateConfig(policy=policy, gamma=gamma, max_new_tokens=new_tokens),
                                set())

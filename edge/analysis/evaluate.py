@@ -19,7 +19,7 @@ from edge.backends.torch_ref import TorchBackend
 from edge.cli.common import run_cli
 from edge.cli.options import add_draft_head_arguments
 from edge.corpora import CORPORA, eval_text
-from edge.decode.stats import draft_head_summary
+from edge.engine.stats import draft_head_summary
 from edge.errors import BitNestError
 from edge.model.checkpoint import Checkpoint, load_checkpoint, set_draft_head
 from edge.model.arch import ModelConfig
@@ -27,7 +27,7 @@ from edge.model.decoder import Decoder
 from edge.model.draft_head import DRAFT_HEAD_8BIT, DRAFT_HEAD_SHORTLIST, head_view
 from edge.model.float_store import FloatWeights
 from edge.model.hf_folder import load_hf_folder
-from edge.runtime import load_tokenizer
+from edge.model.tokenizer import load_tokenizer
 
 
 ReferenceLoader = Callable[[str], tuple[ModelConfig, dict[str, torch.Tensor]]]

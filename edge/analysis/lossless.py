@@ -22,11 +22,12 @@ from edge.cli.common import run_cli
 from edge.cli.options import add_draft_head_arguments, add_model_argument, checkpoint_arg, draft_head_options
 from edge.corpora import code_prompts, shakespeare_prompts, sharegpt_prompts
 from edge.decode.config import GenerateConfig
-from edge.decode.stats import draft_head_summary, weight_bytes_per_pass
-from edge.runtime import Runtime, merged_summary
+from edge.engine.stats import draft_head_summary, weight_bytes_per_pass
+from edge.llm import LLM
+from edge.engine.stats import merged_summary
 
 
-def top2_gap(rt: Runtime, ids: list[int]) -> float:
+def top2_gap(rt: LLM, ids: list[int]) -> float:
     """Target logit gap between the best and second-best token after `ids`."""
     rt.engine.reset()
     top = torch.topk(rt.engine.prefill(ids), 2).values
@@ -34,7 +35,7 @@ def top2_gap(rt: Runtime, ids: list[int]) -> float:
 
 
 @torch.no_grad()
-def against_reference(rt: Runtime, ref: Runtime, runs: list[tuple[list[int], list[int]]]) -> dict:
+def against_reference(rt: LLM, ref: LLM, runs: list[tuple[list[int], list[int]]]) -> dict:
     """Teacher-forced comparison of `rt`'s target view with `ref`'s (the torch backend: the reference semantics) on
     each prompt plus `rt`'s own greedy output: the share of positions whose argmax agrees and the largest logit
     difference. The backends sum floats in different orders, and a last-bit difference before a per-token INT8
@@ -58,7 +59,8 @@ def against_reference(rt: Runtime, ref: Runtime, runs: list[tuple[list[int], lis
 
 def lossless(a, ckpt: str) -> dict:
     """Speculative against target greedy output on every prompt, divergences with their logit gaps, and stats."""
-    rt = Runtime(ckpt, backend=a.backend, max_context=a.max_new_tokens + 1024, **draft_head_options(a))
+    rt = LLM(ckpt, policy="target", backend=a.backend, max_context=a.max_new_tokens + 1024, meter="none",
+             **draft_head_options(a))
     half = a.prompts // 2
     prompts = [("sharegpt", p, True) for p in sharegpt_prompts(a.prompts - half)] + \
               [("shakespeare", p, False) for p in shakespeare_prompts(half)] + \
@@ -68,20 +70,20 @@ def lossless(a, ckpt: str) -> dict:
     stats = {c: {p: [] for p in ("target",) + policies} for c in ("sharegpt", "shakespeare", "code")}
     for n, (corpus, text, chat) in enumerate(prompts):
         ids = rt.encode(text, chat)
-        t_run = rt.generate(ids, GenerateConfig(policy="target", max_new_tokens=a.max_new_tokens))
-        target = t_run["tokens"]
+        t_run = rt.generate(ids, config=GenerateConfig(policy="target", max_new_tokens=a.max_new_tokens))
+        target = t_run.tokens
         outputs.append((ids, target))
-        stats[corpus]["target"].append(t_run["stats"])
+        stats[corpus]["target"].append(t_run.stats)
         for policy in policies:
-            run = rt.generate(ids, GenerateConfig(policy=policy, gamma=a.gamma, max_new_tokens=a.max_new_tokens))
-            stats[corpus][policy].append(run["stats"])
-            if run["tokens"] == target:
+            run = rt.generate(ids, config=GenerateConfig(policy=policy, gamma=a.gamma, max_new_tokens=a.max_new_tokens))
+            stats[corpus][policy].append(run.stats)
+            if run.tokens == target:
                 same[policy] += 1
                 print(f"prompt {n + 1}/{len(prompts)} {policy}: identical ({len(target)} tokens)", file=sys.stderr,
                       flush=True)
                 continue
-            i = next((j for j, (x, y) in enumerate(zip(run["tokens"], target)) if x != y),
-                     min(len(target), len(run["tokens"])))
+            i = next((j for j, (x, y) in enumerate(zip(run.tokens, target)) if x != y),
+                     min(len(target), len(run.tokens)))
             gap = top2_gap(rt, ids + target[:i])
             divergences.append({"policy": policy, "prompt": text[:60], "position": i, "target_top2_gap": gap,
                                 "near_tie": gap < 1e-4})
@@ -93,7 +95,8 @@ def lossless(a, ckpt: str) -> dict:
            "identical": same["speculative"], "identical_by_policy": same, "divergences": divergences,
            "lossless": all(d["near_tie"] for d in divergences), "stats": summaries}
     if a.reference != "none" and a.reference != rt.backend:
-        ref = Runtime(ckpt, backend=a.reference, max_context=a.max_new_tokens + 1024, **draft_head_options(a))
+        ref = LLM(ckpt, policy="target", backend=a.reference, max_context=a.max_new_tokens + 1024, meter="none",
+                  **draft_head_options(a))
         out["reference"] = against_reference(rt, ref, outputs)
     return out
 

@@ -50,8 +50,8 @@ def phase_prompts(rt, n: int, max_new_tokens: int, tag: str = TAG) -> tuple[list
     kept, runs, tried = [], [], 0
     for ids in phase_candidates(rt):
         tried += 1
-        r = rt.generate(ids, cfg)
-        if tag in rt.tokenizer.decode(r["tokens"]):
+        r = rt.generate(ids, config=cfg)
+        if tag in rt.tokenizer.decode(r.tokens):
             kept.append(ids)
             runs.append(r)
         if len(kept) == n or tried >= 3 * n:

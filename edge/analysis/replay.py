@@ -17,7 +17,7 @@ from edge.corpora import sharegpt_prompts
 from edge.analysis.significance import bootstrap_ci, roc_auc
 from edge.analysis.trace import StepTrace, trace_prompt
 from edge.argtypes import count, seed
-from edge.decode.stats import head_bytes_per_pass, head_row_bytes_per_token, weight_bytes_per_pass
+from edge.engine.stats import head_bytes_per_pass, head_row_bytes_per_token, weight_bytes_per_pass
 from edge.decode.thresholds import RATES, rate_key, thresholds_entry
 from edge.errors import BitNestError
 from edge.model.checkpoint import Checkpoint
@@ -229,13 +229,12 @@ class ReplayOptions:
 def replay(opts: ReplayOptions) -> dict:
     """Trace the target's greedy trajectories on the prompts, analyse them, optionally draw the figures."""
     from edge.cli.prompts import read_prompts
-    from edge.runtime import Runtime
+    from edge.llm import LLM
     t0 = time.time()
     prompts = read_prompts(opts.prompts_file) if opts.prompts_file else \
         [(p, True) for p in sharegpt_prompts(opts.prompts)]
-    rt = Runtime(opts.checkpoint, backend=opts.backend, max_context=opts.max_new_tokens + 2048,
-                 draft_head=opts.draft_head, shortlist_k=opts.shortlist_k,
-                 draft_vocab=opts.draft_vocab)
+    rt = LLM(opts.checkpoint, policy="target", backend=opts.backend, max_context=opts.max_new_tokens + 2048,
+             draft_head=opts.draft_head, shortlist_k=opts.shortlist_k, draft_vocab=opts.draft_vocab, meter="none")
     traces = [trace_prompt(rt.engine, rt.encode(p, chat), opts.max_new_tokens, rt.eos) for p, chat in prompts]
     if not any(len(t) for t in traces):
         raise BitNestError("the trajectories hold no decode steps: raise --max-new-tokens")

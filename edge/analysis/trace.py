@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 import torch
 
 from edge.decode.config import DraftKVPolicy
-from edge.decode.engine import Engine
-from edge.decode.kv_cache import KV8
+from edge.engine.interface import Engine
+from edge.engine.kv_cache import KV8
 from edge.decode.signals import entropy_and_margin
 
 

@@ -62,12 +62,14 @@ def child(checkpoint: str, backend: str, weights: str, prompts: list[str], max_n
     import transformers  # noqa: F401  (imported before the count: its modules' files are not the checkpoint)
 
     from edge.decode.config import GenerateConfig
-    from edge.runtime import Runtime
+    from edge.energy import make_meter
+    from edge.llm import LLM
+    meter = make_meter("none")      # made before the count: the meter's modules are not the checkpoint either
     before, (r0, own) = _status(), read_chars()
-    rt = Runtime(checkpoint, backend=backend, max_context=1024, weights=weights)
+    rt = LLM(checkpoint, policy="draft", backend=backend, max_context=1024, weights=weights, meter=meter)
     read = read_chars()[0] - r0 - own   # before _status: /proc/self/status's length varies with its figures' digits
     loaded = _status()
-    tokens = [rt.generate(rt.encode(p), GenerateConfig(policy="draft", max_new_tokens=max_new_tokens))["tokens"]
+    tokens = [rt.generate(rt.encode(p), config=GenerateConfig(policy="draft", max_new_tokens=max_new_tokens)).tokens
               for p in prompts]
     return {"weights": weights, "backend": rt.backend, "before": before, "loaded": loaded, "answered": _status(),
             "read_while_loading_bytes": read, "tokens": tokens}

@@ -1,10 +1,10 @@
 """Backends, chosen by name. Per-op backends (`torch`, `cpu`, `triton`) give the PyTorch-pass engine its linear
 and attention ops; whole-step backends (`native`: the C++ step; `onnxruntime`, `tensorrt`: the exported step graph)
 run a decoder pass in one call. `make_engine` is the one factory: every engine implements
-edge.decode.engine.Engine. `auto` is `native` where it builds and runs here, else `cpu`."""
+edge.engine.interface.Engine. `auto` is `native` where it builds and runs here, else `cpu`."""
 
-from edge.decode.engine import Engine, PassBackend, PassEngine
-from edge.decode.kv_cache import ElasticKV
+from edge.engine.interface import Engine, PassBackend, PassEngine
+from edge.engine.kv_cache import ElasticKV
 from edge.errors import BitNestError
 from edge.model.checkpoint import Checkpoint
 
@@ -54,7 +54,7 @@ BASE_WEIGHT_BACKENDS = ("native", "cpu", "torch")
 def make_engine(name: str, ckpt: Checkpoint, capacity: int, scratch: int = 8, prefill_chunk: int = 256,
                 elastic: ElasticKV | None = None) -> Engine:
     """An engine of backend `name` for one sequence of up to `capacity` positions, with `scratch` draft slots;
-    `elastic`: elastic KV (edge.decode.kv_cache.ElasticKV), on the ELASTIC_BACKENDS only."""
+    `elastic`: elastic KV (edge.engine.kv_cache.ElasticKV), on the ELASTIC_BACKENDS only."""
     name = resolve_backend(name)
     if elastic is not None and name not in ELASTIC_BACKENDS:
         raise BitNestError(f"elastic KV (--kv-window) runs on the {', '.join(ELASTIC_BACKENDS)} backends, not {name}")

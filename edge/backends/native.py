@@ -9,8 +9,8 @@ import platform
 
 import torch
 
-from edge.decode.engine import Engine
-from edge.decode.kv_cache import ElasticKV, NestedKVCache
+from edge.engine.interface import Engine
+from edge.engine.kv_cache import ElasticKV, NestedKVCache
 from edge.errors import BitNestError
 from edge.model.checkpoint import R1_TENSOR, Checkpoint
 from edge.model.decoder import rope_tables

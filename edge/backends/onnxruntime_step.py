@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.decode.step_engine import StepEngine, check_graph_draft_head
+from edge.engine.step_engine import StepEngine, check_graph_draft_head
 from edge.errors import BitNestError
 from edge.model.checkpoint import Checkpoint, weights_sha256
 from plugins.contracts import view_code

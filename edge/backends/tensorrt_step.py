@@ -4,7 +4,7 @@ input and its aliased plane output, so the attention plugin's in-place writes ar
 plugins.step_contract; or, for an engine built for ping-pong KV binding, two sets swapped each pass:
 edge.backends.tensorrt_kv, the binding read from the engine's build record), binds every address once, and runs
 passes on one stream;
-edge.decode.step_engine.StepEngine turns it into speculative rounds. Imports tensorrt lazily: it runs on a Jetson
+edge.engine.step_engine.StepEngine turns it into speculative rounds. Imports tensorrt lazily: it runs on a Jetson
 (JetPack 6.1/6.2, TensorRT 10.3) or a CUDA machine with TensorRT, nowhere else.
 
 Device memory and the stream come from torch.cuda (the plugins launch their kernels through torch in the same
@@ -22,7 +22,7 @@ import numpy as np
 
 from edge.backends.tensorrt_kv import ALIASED, PINGPONG, PingPong
 from edge.backends.tensorrt_record import REBUILD, check_version, read_record
-from edge.decode.step_engine import StepEngine, check_graph_draft_head
+from edge.engine.step_engine import StepEngine, check_graph_draft_head
 from edge.errors import BitNestError
 from edge.model.checkpoint import Checkpoint
 from plugins.contracts import view_code

@@ -10,11 +10,12 @@ from dataclasses import replace
 
 import torch
 
-from edge.decode.engine import PassEngine
+from edge.engine import MAX_PROPOSALS
+from edge.engine.interface import PassEngine
 from edge.model.checkpoint import R1_TENSOR, Checkpoint
 from edge.model.decoder import Decoder, rope_tables
 
-GRAPH_MAX_TOKENS = 16   # decode passes (one draft token, γ+1 <= 16 verified) are captured; wider ones run eagerly
+GRAPH_MAX_TOKENS = MAX_PROPOSALS   # passes this wide are captured (a draft token, γ + 1 <= 16 verified); wider run eagerly
 MAIN_LEN, SEQ_LEN, KV8_FROM, WRITE_END, IDS = range(5)   # the device buffer: four lengths, then the token ids
 
 

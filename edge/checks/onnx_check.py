@@ -19,7 +19,7 @@ import numpy as np
 
 from edge.backends.onnxruntime_step import OnnxStepRunner, open_session
 from edge.checks.step_reference import StepReference, unpack
-from edge.decode.kv_cache import KVRead
+from edge.engine.kv_cache import KVRead
 from edge.errors import BitNestError
 from edge.model.checkpoint import Checkpoint, set_draft_head
 from edge.model.draft_head import DRAFT_HEADS

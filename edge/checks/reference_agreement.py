@@ -10,7 +10,7 @@ import numpy as np
 
 from edge.checks.step_reference import StepReference
 from edge.decode.config import GenerateConfig
-from edge.decode.engine import Engine
+from edge.engine.interface import Engine
 from edge.decode.generate import generate
 
 # Prefill logits of an engine with the reference's INT8 activations against the float64 reference, free-running (each
@@ -60,7 +60,7 @@ def reference_and_bound(ckpt, prompt: list[int], new_tokens: int, capacity: int)
     """The reference's run of `prompt` and the prefill bound an engine is held to on it (prefill_bound of the torch
     backend's own error there): what the self-check and the device check's TensorRT section compare with."""
     from edge.backends.torch_ref import TorchBackend
-    from edge.decode.engine import PassEngine
+    from edge.engine.interface import PassEngine
     ref = reference_run(ckpt.path, prompt, new_tokens, capacity)
     return ref, prefill_bound(prefill_rel_err(PassEngine(ckpt, TorchBackend(ckpt), capacity), ref, prompt))
 

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from edge.decode.config import GenerateConfig
-from edge.decode.engine import PassEngine
+from edge.engine.interface import PassEngine
 from edge.decode.generate import generate
 from edge.model.checkpoint import load_checkpoint
 
@@ -76,7 +76,7 @@ class SelfCheckOptions:
 
 def check_prompt(ckpt) -> list[int]:
     """The checks' real chat prompt in the model's chat template (token ids)."""
-    from edge.runtime import load_tokenizer
+    from edge.model.tokenizer import load_tokenizer
     tok = load_tokenizer(ckpt.path)
     return list(tok.apply_chat_template([{"role": "user", "content": "Name three primary colors."}],
                                         add_generation_prompt=True, tokenize=True, return_dict=False))

@@ -16,7 +16,7 @@ from edge.decode.config import GenerateConfig
 from edge.decode.generate import CONTEXT_FULL
 from edge.decode.sampling import SamplingConfig
 from edge.llm import LLM, Answer
-from edge.runtime import merged_summary
+from edge.engine.stats import merged_summary
 
 
 def parser(prog: str = "chat.py") -> argparse.ArgumentParser:

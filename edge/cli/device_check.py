@@ -213,10 +213,10 @@ def bandwidth(opts: DeviceCheckOptions) -> dict:
 
 
 def step_bandwidth(result: dict, opts: DeviceCheckOptions) -> dict:
-    """Each model's weight bytes a pass reads (edge.decode.stats.weight_bytes_per_pass, counted on a shapes-only
+    """Each model's weight bytes a pass reads (edge.engine.stats.weight_bytes_per_pass, counted on a shapes-only
     checkpoint) over its measured pass time, as a share of the bandwidth section's copy bandwidth:
     {model: {"bytes": {draft, target, verify}, form: {draft, target, verify}}}."""
-    from edge.decode.stats import weight_bytes_per_pass
+    from edge.engine.stats import weight_bytes_per_pass
     from edge.memory.synthetic import synthetic_checkpoint
     copy = result.get("bandwidth", {}).get("copy_GBps")
     if not copy:
@@ -277,8 +277,8 @@ def pass_times(opts: DeviceCheckOptions, dev: str) -> dict:
 
     from edge.backends import make_backend
     from edge.backends.triton_graphs import GraphedEngine
-    from edge.decode.engine import PassEngine
-    from edge.decode.kv_cache import KV8
+    from edge.engine.interface import PassEngine
+    from edge.engine.kv_cache import KV8
     out = {}
     for name, (cfg, capacity, prompt_len) in _models(opts).items():
         ckpt = _checkpoint(cfg, dev)

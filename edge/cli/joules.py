@@ -26,7 +26,8 @@ from edge.decode.generate import GenerateConfig
 from edge.decode.registry import POLICIES
 from edge.energy.decode_energy import energy_summary, idle_power, metered_generate
 from edge.errors import BitNestError
-from edge.runtime import Runtime, merged_summary
+from edge.llm import LLM
+from edge.engine.stats import merged_summary
 
 
 MAX_PROMPTS = 1000          # a measurement, not a corpus run
@@ -62,7 +63,8 @@ def joules(a, default_checkpoint=None) -> dict:
     if bad:
         raise BitNestError(f"unknown policy {bad[0]!r}: use a comma list of {', '.join(POLICIES)}")
     a.checkpoint = checkpoint_arg(a, default_checkpoint)
-    rt = Runtime(a.checkpoint, backend=a.backend, max_context=a.max_new_tokens + 1024, **draft_head_options(a))
+    rt = LLM(a.checkpoint, policy="target", backend=a.backend, max_context=a.max_new_tokens + 1024, meter="none",
+             **draft_head_options(a))   # the command's own meter reads each policy's decode phase
     prompts = [rt.encode(p) for p in sharegpt_prompts(a.prompts)]
     meter = make_meter_from(a)
     out = {"checkpoint": a.checkpoint, "checkpoint_name": Path(a.checkpoint).name, "backend": a.backend,

@@ -20,7 +20,7 @@ from edge.cli.options import (
 )
 from edge.decode.auto import AutoConfig
 from edge.decode.config import DraftKVPolicy, GenerateConfig
-from edge.decode.costs import MAX_GAMMA
+from edge.engine.costs import MAX_GAMMA
 from edge.decode.registry import POLICIES
 from edge.decode.sampling import SamplingConfig
 from edge.llm import LLM, default_policy

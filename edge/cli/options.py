@@ -42,7 +42,7 @@ def add_draft_head_arguments(p: argparse.ArgumentParser, vocab: bool = True) -> 
 
 
 def draft_head_options(a) -> dict:
-    """The Runtime keyword arguments of the draft-head options."""
+    """The LLM keyword arguments of the draft-head options."""
     return {"draft_head": a.draft_head, "shortlist_k": a.shortlist_k, "draft_vocab": a.draft_vocab}
 
 

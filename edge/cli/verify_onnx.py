@@ -13,7 +13,7 @@ from edge.model.checkpoint import Checkpoint
 def chat_prompts(ckpt: Checkpoint, n: int, max_tokens: int) -> list[list[int]]:
     """Token ids of `n` held-out ShareGPT requests in the model's chat template, cut to `max_tokens`."""
     from edge.corpora import sharegpt_prompts
-    from edge.runtime import load_tokenizer
+    from edge.model.tokenizer import load_tokenizer
 
     tok = load_tokenizer(ckpt.path)
     out = []

@@ -10,6 +10,7 @@ from typing import Optional
 import torch
 
 from edge.decode.signals import SIGNALS, entropy_and_margin, is_uncertain
+from edge.engine import MAX_PROPOSALS
 
 
 @dataclass(frozen=True)
@@ -26,8 +27,8 @@ class AdaptiveConfig:
     def __post_init__(self):
         if self.signal not in SIGNALS:
             raise ValueError(f"unknown adaptive signal {self.signal!r}: use one of {', '.join(SIGNALS)}")
-        if not 1 <= self.gamma_max <= 16:
-            raise ValueError(f"adaptive gamma max must be in [1, 16], got {self.gamma_max}")
+        if not 1 <= self.gamma_max <= MAX_PROPOSALS:
+            raise ValueError(f"adaptive gamma max must be in [1, {MAX_PROPOSALS}], got {self.gamma_max}")
 
     def rule(self, gamma: int):
         """keep_drafting(n, logits [V] of proposal n) for the adaptive policy, with γ the usual length."""

@@ -1,4 +1,4 @@
-"""The `auto` policy's rules: γ chosen before each round from the measured pass costs (edge.decode.costs) and a
+"""The `auto` policy's rules: γ chosen before each round from the measured pass costs (edge.engine.costs) and a
 running estimate α of the per-proposal acceptance, to maximize expected tokens per second; γ = 0 is a plain target
 step. Where γ = 0 wins, a cheap probe round now and then keeps α alive, but only where some α ≤ 1 would let
 speculation win at all. Pure functions and a small estimator; the policy that runs them is in edge.decode.policies."""
@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from edge.decode.costs import MAX_GAMMA
+from edge.engine.costs import MAX_GAMMA
 
 PROBE_GAMMA = 1                # a probe round drafts one proposal: the cheapest round, one trial of evidence
 PROBE_MIN, PROBE_MAX = 4, 256  # bounds on the γ = 0 steps between probe rounds

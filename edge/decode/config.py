@@ -7,9 +7,10 @@ from typing import Optional
 
 from edge.decode.adaptive import AdaptiveConfig
 from edge.decode.auto import AutoConfig
-from edge.decode.kv_cache import KV8, KVRead
 from edge.decode.sampling import SamplingConfig
 from edge.decode.signals import SIGNALS
+from edge.engine import MAX_PROPOSALS
+from edge.engine.kv_cache import KV8, KVRead
 
 PHASE_ORDERS = ("low-high", "high-low")
 
@@ -73,7 +74,7 @@ class GenerateConfig:
     auto: AutoConfig = field(default_factory=AutoConfig)
 
     def __post_init__(self):
-        if not 1 <= self.gamma <= 16:
-            raise ValueError(f"gamma must be in [1, 16], got {self.gamma}")
+        if not 1 <= self.gamma <= MAX_PROPOSALS:
+            raise ValueError(f"gamma must be in [1, {MAX_PROPOSALS}], got {self.gamma}")
         if self.max_new_tokens < 1:
             raise ValueError("max new tokens must be at least 1")

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, ClassVar, Optional
 
 import torch
 
-from edge.decode.engine import Engine
-from edge.decode.kv_cache import KV8
+from edge.engine.interface import Engine
+from edge.engine.kv_cache import KV8
 from edge.decode.policies import Policy, Step
 from edge.decode.signals import entropy_and_margin, is_uncertain
 from plugins.contracts import DRAFT, TARGET

@@ -5,10 +5,10 @@ import time
 from typing import Callable, Optional
 
 from edge.decode.config import GenerateConfig
-from edge.decode.engine import Engine
+from edge.engine.interface import Engine
 from edge.decode.registry import make_policy
 from edge.decode.sampling import Sampler
-from edge.decode.stats import DecodeStats
+from edge.engine.stats import DecodeStats
 
 CONTEXT_FULL = "context full"
 

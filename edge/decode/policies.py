@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Callable, ClassVar, Optional
 import torch
 
 from edge.decode.auto import PROBE_GAMMA, AcceptanceEstimate, best_gamma, probe_interval
-from edge.decode.costs import engine_costs
-from edge.decode.engine import Engine
-from edge.decode.kv_cache import KV8
+from edge.engine.costs import engine_costs
+from edge.engine.interface import Engine
+from edge.engine.kv_cache import KV8
 from edge.decode.sampling import Sampler
 from plugins.contracts import DRAFT, TARGET
 
@@ -149,7 +149,7 @@ class Adaptive(Speculative):
 
 class Auto(Speculative):
     """γ chosen before each round from this engine's measured pass costs and a running acceptance estimate
-    (edge.decode.auto; the cost table from edge.decode.costs, measured or read from the cache at the first
+    (edge.decode.auto; the cost table from edge.engine.costs, measured or read from the cache at the first
     generation and kept on the engine). γ = 0 is a plain target step; where γ = 0 wins but some α ≤ 1 would let
     speculation win, a one-proposal probe round runs every few steps so that α can recover."""
 

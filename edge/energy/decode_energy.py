@@ -4,9 +4,9 @@ decode window (from the first token, which the prefill yields, to the last) mete
 import time
 
 from edge.decode.config import GenerateConfig
-from edge.decode.engine import Engine
+from edge.engine.interface import Engine
 from edge.decode.generate import generate
-from edge.decode.stats import DecodeStats
+from edge.engine.stats import DecodeStats
 from edge.energy.power_log import EnergyReading
 
 

@@ -4,7 +4,8 @@ that fits, and the arithmetic behind it."""
 
 from dataclasses import dataclass, field
 
-from edge.decode.kv_cache import ElasticKV, KVRead
+from edge.engine import MAX_PROPOSALS, draft_slots
+from edge.engine.kv_cache import ElasticKV, KVRead
 from edge.errors import BitNestError
 from edge.memory.devices import DeviceProfile, MiB
 from edge.memory.synthetic import exported_shapes
@@ -57,8 +58,9 @@ class Workload:
     kv_window: int = DEFAULT_KV_WINDOW      # elastic KV's window (configs with `elastic` only)
 
     def __post_init__(self):
-        if not 1 <= self.gamma <= 16 or self.prefill_chunk < 1 or self.kv_window < 1:
-            raise BitNestError("gamma must be in [1, 16], the prefill chunk and the KV window at least 1 token")
+        if not 1 <= self.gamma <= MAX_PROPOSALS or self.prefill_chunk < 1 or self.kv_window < 1:
+            raise BitNestError(f"gamma must be in [1, {MAX_PROPOSALS}], the prefill chunk and the KV window at least 1 "
+                               "token")
 
 
 def widest_pass(backend: str, prefill_chunk: int, scratch: int) -> int:
@@ -360,27 +362,28 @@ def fit_context(p: MemoryPlan, requested: int | None, base: MemoryPlan | None = 
 
 
 def plan_for_runtime(ckpt: Checkpoint, device: str | DeviceProfile, backend: str, prefill_chunk: int,
-                     scratch: int, kv_window: int | None = None, weights: str | None = None) -> MemoryPlan:
-    """The plan a Runtime allocates from: the loaded checkpoint run by `backend` with `scratch` draft slots
-    (γ up to scratch - 1, whose verification pass is the largest); `bitnest-base` where it was loaded with its base
-    planes only (or `weights` says so); else with `kv_window`, elastic KV's (bitnest-elastic)."""
+                     gamma: int, kv_window: int | None = None, weights: str | None = None) -> MemoryPlan:
+    """The plan a loaded model (edge.llm) allocates from: the checkpoint run by `backend` with rounds of up to
+    `gamma` proposals (draft_slots(gamma) scratch slots; the verification pass of γ + 1 tokens is the widest; 0: no
+    drafting ahead, one-token passes); `bitnest-base` where it was loaded with its base planes only (or `weights`
+    says so); else with `kv_window`, elastic KV's (bitnest-elastic)."""
     from edge.memory.devices import get_profile
     profile = get_profile(device) if isinstance(device, str) else device
-    gamma = max(1, min(16, scratch - 1))
     base = (weights or ckpt.weights) == "base"
     config = CONFIGS["bitnest-base" if base else "bitnest" if kv_window is None else "bitnest-elastic"]
     return plan(ckpt.path.name, ckpt.config, config, profile,
-                Workload(gamma, prefill_chunk, kv_window or DEFAULT_KV_WINDOW), ckpt=ckpt, backend=backend,
-                scratch=scratch)
+                Workload(max(1, gamma), prefill_chunk, kv_window or DEFAULT_KV_WINDOW), ckpt=ckpt, backend=backend,
+                scratch=draft_slots(gamma))
 
 
-def elastic_kv(window: int, capacity: int, backend: str, prefill_chunk: int, scratch: int) -> ElasticKV:
-    """Elastic KV for an engine of `capacity` positions: the window, and a ring of window + the widest pass's slots
-    (as the plan counts them); a window that is not smaller than the context is a one-line error."""
+def elastic_kv(window: int, capacity: int, backend: str, prefill_chunk: int, gamma: int) -> ElasticKV:
+    """Elastic KV for an engine of `capacity` positions and rounds of up to `gamma` proposals: the window, and a ring
+    of window + the widest pass's slots (as the plan counts them); a window that is not smaller than the context is
+    a one-line error."""
     if window >= capacity:
         raise BitNestError(f"a KV window of {window:,} positions is not smaller than the context of {capacity:,}: "
                            f"lower --kv-window below {capacity:,} (or raise --max-context)")
-    return ElasticKV(window, window + widest_pass(backend, prefill_chunk, scratch))
+    return ElasticKV(window, window + widest_pass(backend, prefill_chunk, draft_slots(gamma)))
 
 
 def check_request(p: MemoryPlan, capacity: int, prompt: int, max_new_tokens: int) -> None:

@@ -30,8 +30,8 @@ import time
 from typing import Callable
 
 from edge.backends import make_backend
-from edge.decode.engine import PassEngine
-from edge.decode.kv_cache import ElasticKV
+from edge.engine.interface import PassEngine
+from edge.engine.kv_cache import ElasticKV
 from edge.memory.alloc_trace import AllocationTracer, storage_bytes
 from edge.memory.devices import process_rss_bytes, release_freed_heap
 from edge.memory.plan import MemoryPlan, plan_steps

@@ -5,8 +5,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from edge.decode.engine import Engine, PassEngine
-from edge.decode.kv_cache import ElasticKV, KVRead
+from edge.engine.interface import Engine, PassEngine
+from edge.engine.kv_cache import ElasticKV, KVRead
 from edge.memory.alloc_trace import AllocationTracer
 from edge.memory.synthetic import exported_shapes
 from edge.model.arch import ModelConfig

@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Match, Route
 
 from edge.llm import CANCELLED, LENGTH, LLM, Answer
-from edge.runtime import load_tokenizer
+from edge.model.tokenizer import load_tokenizer
 from edge.serve import protocol
 from edge.serve.config import ServeConfig
 from edge.serve.guard import HostGuard, RequestGuard

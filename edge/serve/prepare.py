@@ -14,7 +14,7 @@ from jinja2 import TemplateError
 from edge.decode.config import GenerateConfig
 from edge.errors import BitNestError
 from edge.llm import LLM
-from edge.runtime import encode
+from edge.model.tokenizer import encode
 from edge.serve import protocol
 from edge.serve.protocol import CHAT, APIError, Request
 

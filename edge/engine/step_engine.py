@@ -1,13 +1,13 @@
 """The engine for backends that run whole decoder steps (the exported step graph through onnxruntime or a
 TensorRT engine): the runner owns the nested KV planes and computes a pass in one call; the engine interface
-(edge.decode.engine) keeps the committed length, prefill and the byte accounting."""
+(edge.engine.interface) keeps the committed length, prefill and the byte accounting."""
 
 from typing import Protocol
 
 import numpy as np
 import torch
 
-from edge.decode.engine import Engine
+from edge.engine.interface import Engine
 from edge.errors import BitNestError
 from edge.model.checkpoint import Checkpoint, runs_as_recorded
 from edge.model.draft_head import graph_draft_head

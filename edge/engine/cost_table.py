@@ -1,5 +1,5 @@
 """The pass-cost table the `auto` policy reads: seconds per target pass of each width and per draft pass on one
-engine (measured and cached by edge.decode.costs; held by the engine that it was measured on)."""
+engine (measured and cached by edge.engine.costs; held by the engine that it was measured on)."""
 
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,7 +11,7 @@ class CostTable:
     """Seconds per pass on one engine: `target[w - 1]` for a target pass of w tokens (w = 1..len(target)),
     `draft` for a one-token draft pass; where it came from ("cache" or "measured"), its file (None where it
     was not saved), `note`, one line where a cached table was refused or could not be saved, and `check`, a cached
-    table's spot check on this engine (edge.decode.costs.check_table: its ratios cached and timed now)."""
+    table's spot check on this engine (edge.engine.costs.check_table: its ratios cached and timed now)."""
 
     target: tuple[float, ...]
     draft: float

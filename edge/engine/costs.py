@@ -20,10 +20,10 @@ import torch
 
 from edge.atomic import write_atomic
 from edge.cache import cache_root
-from edge.decode.cost_table import CostTable
-from edge.decode.engine import Engine
-from edge.decode.kv_cache import KV8
-from edge.decode.stats import draft_head_summary
+from edge.engine.cost_table import CostTable
+from edge.engine.interface import Engine
+from edge.engine.kv_cache import KV8
+from edge.engine.stats import draft_head_summary
 from edge.model.checkpoint import manifest_seal
 from plugins.contracts import DRAFT, TARGET
 

@@ -1,7 +1,7 @@
 """Nested KV cache (docs/contracts.md, KV cache): preallocated KV4 base and KV4 refinement planes plus float16 scales for a
 fixed capacity and a scratch area for draft-time entries; the KV read views; elastic KV (a refinement ring and a
 per-query KV8 window, docs/memory.md); bytes per cached position.
-The committed length (commit / rollback) belongs to the engine that drives the cache (edge.decode.engine)."""
+The committed length (commit / rollback) belongs to the engine that drives the cache (edge.engine.interface)."""
 
 from dataclasses import dataclass
 from typing import Protocol

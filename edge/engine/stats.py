@@ -3,7 +3,7 @@ weight and KV bytes per token counted from the passes actually run, and tok/s ov
 Counters change only through the `record_*` methods: passes and prefill from the engine, rounds and gated
 steps from the generation loop."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from edge.model.checkpoint import HEAD, Checkpoint, LinearSpec
 from edge.model.draft_head import DRAFT_HEAD_SHORTLIST, head_view
@@ -183,3 +183,11 @@ class DecodeStats:
             return {}
         return {"gamma_histogram": {str(g): n for g, n in sorted(self.gammas.items())}, "probe_rounds": self.probes,
                 "alpha_estimate": round(self.alpha, 4) if self.alpha is not None else None}
+
+
+def merged_summary(stats: list[DecodeStats]) -> dict:
+    """One summary over several runs (sums of counters, ratios recomputed)."""
+    total = replace(stats[0], extra=dict(stats[0].extra))
+    for s in stats[1:]:
+        total.add(s)
+    return total.summary()

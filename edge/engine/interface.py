@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 import torch
 
-from edge.decode.kv_cache import (
+from edge.engine.kv_cache import (
     KV8,
     AttentionOps,
     CachedAttention,
@@ -17,14 +17,14 @@ from edge.decode.kv_cache import (
     NestedKVCache,
     kv_bytes_per_position,
 )
-from edge.decode.stats import DecodeStats, embedding_row_bytes, head_row_bytes_per_token, weight_bytes_per_pass
+from edge.engine.stats import DecodeStats, embedding_row_bytes, head_row_bytes_per_token, weight_bytes_per_pass
 from edge.errors import BitNestError
 from edge.model.checkpoint import Checkpoint
 from edge.model.decoder import Decoder, WeightStore
 from plugins.contracts import DRAFT, TARGET, check_view
 
 if TYPE_CHECKING:
-    from edge.decode.cost_table import CostTable
+    from edge.engine.cost_table import CostTable
 
 
 class Engine(ABC):
@@ -58,7 +58,7 @@ class Engine(ABC):
         self.on_phase: Optional[Callable[[str], None]] = None
         # the nested KV cache, where the engine holds it (a step runner holds its own planes and has no scratch area)
         self.cache: Optional[NestedKVCache] = None
-        # the auto policy's pass costs on this engine, read or measured once (edge.decode.costs.engine_costs)
+        # the auto policy's pass costs on this engine, read or measured once (edge.engine.costs.engine_costs)
         self.costs: Optional["CostTable"] = None
 
     # -- the committed length -------------------------------------------------------------------------------
