@@ -23,7 +23,7 @@ COMMANDS = {
     "serve": Command("edge.cli.serve", "an OpenAI-compatible HTTP server over a nested checkpoint (docs/serve.md)"),
     "export": Command("export.cli", "export a nested W4/W8 checkpoint (and its ONNX graph / TensorRT engine)", False),
     "evaluate": Command("edge.analysis.evaluate", "perplexity and draft/target agreement on held-out text", False),
-    "bench": Command("edge.analysis.bench", "decode speed of each policy against transformers, medians as JSON"),
+    "bench": Command("edge.analysis.bench.run", "decode speed of each policy against transformers, medians as JSON"),
     "lossless": Command("edge.analysis.lossless", "speculative output against target output on real prompts"),
     "max-context": Command("edge.cli.max_context", "the largest context per configuration on a device profile"),
     "weights-memory": Command("edge.analysis.weights_memory", "resident memory of --weights base against the 8-bit "
@@ -31,7 +31,7 @@ COMMANDS = {
     "joules": Command("edge.cli.joules", "decode-phase J/token of each policy from a power meter"),
     "selfcheck": Command("edge.cli.selfcheck", "every decode path this machine runs, against the reference"),
     "calibrate": Command("edge.analysis.calibrate", "calibrate the gate thresholds beside a checkpoint"),
-    "replay": Command("edge.analysis.replay", "Precision on Demand replay: AUCs, budgets, cost model, figures"),
+    "replay": Command("edge.analysis.replay.analyse", "Precision on Demand replay: AUCs, budgets, cost model, figures"),
     "compare": Command("edge.analysis.compare", "live comparison of every policy, paired tests"),
     "export-memory": Command("export.export_memory", "the streamed export's peak memory and time per block at a model's "
                              "real shapes (synthetic weights), against its plan", False),
@@ -39,7 +39,7 @@ COMMANDS = {
     "verify-onnx": Command("edge.cli.verify_onnx", "the exported step graph through onnxruntime against torch", False),
     "compile-kernels": Command("edge.cli.compile_kernels", "compile every Triton kernel for sm_87 without a GPU", False),
     "bench-kernels": Command("edge.cli.bench_kernels", "GB/s of every Triton kernel on a CUDA GPU", False),
-    "tables": Command("edge.analysis.report", "rewrite the docs' result tables from scripts/results/*.json (--check)",
+    "tables": Command("edge.analysis.report.tables", "rewrite the docs' result tables from scripts/results/*.json (--check)",
                       False),
     "device-check": Command("edge.cli.device_check", "every GPU check in one run (scripts/device_check.sh): JSON "
                             "and its docs table", False),

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from edge.analysis.machine import machine
+from edge.analysis.bench.machine import machine
 from edge.errors import BitNestError
 from edge.model.arch import ModelConfig
 from edge.model.checkpoint import INDEX

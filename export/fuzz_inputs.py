@@ -1,4 +1,4 @@
-"""`bitnest fuzz-inputs` (scripts/fuzz_inputs.py): every reader fuzzed (edge.analysis.fuzz_readers), command-line
+"""`bitnest fuzz-inputs` (scripts/fuzz_inputs.py): every reader fuzzed (edge.analysis.fuzz.readers), command-line
 values fuzzed through the command table, and exports killed mid-write or run out of disk (a small tmpfs, as root)
 with an earlier checkpoint at the same path, which must stay loadable. Prints the counts as one JSON object.
 
@@ -20,8 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from edge.analysis import fuzz_readers as R
-from edge.analysis.fuzz import OUTCOMES, Hang, Tally, time_limit
+from edge.analysis.fuzz import readers as R
+from edge.analysis.fuzz.mutations import OUTCOMES, Hang, Tally, time_limit
 from edge.argtypes import Parser, count, positive, seed
 from edge.model.checkpoint import load_checkpoint
 

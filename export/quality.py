@@ -7,7 +7,7 @@ quality table.
 Exports land in --work (reused when an export of the same model with the same options is already there), raw results
 in --results (default scripts/results/quality.json, in the order of CONFIGS, written atomically). Where the results
 are the repository's own, the table between the docs' `table:quality` markers is rendered again from them (by
-edge.analysis.report, as `bitnest tables` does); other results files leave the docs alone.
+edge.analysis.report.tables, as `bitnest tables` does); other results files leave the docs alone.
 """
 
 import argparse
@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 from edge.analysis.evaluate import EvalOptions, evaluate
-from edge.analysis.report import DEFAULT_ROW, update_tables
+from edge.analysis.report.tables import DEFAULT_ROW, update_tables
 from edge.argtypes import Parser, count
 from edge.atomic import write_atomic
 from edge.cli.common import run_cli

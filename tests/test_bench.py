@@ -1,7 +1,7 @@
 """`bitnest bench` is fair and its memory-bound path runs: runners in processes of their own
-(edge.analysis.bench_process), a read probe past the last-level cache (edge.analysis.machine), speculation replayed
-from recorded rounds with real passes (edge.analysis.bench_replay), a GGUF of a model's shapes that llama.cpp loads
-(edge.analysis.synthetic_gguf), `--shape` at a tiny made-up shape through every runner, and bad input as one line.
+(edge.analysis.bench.process), a read probe past the last-level cache (edge.analysis.bench.machine), speculation replayed
+from recorded rounds with real passes (edge.analysis.bench.replay), a GGUF of a model's shapes that llama.cpp loads
+(edge.analysis.bench.synthetic_gguf), `--shape` at a tiny made-up shape through every runner, and bad input as one line.
 No timing is asserted: speed is the benchmark's to report (scripts/bench.py), never a test's."""
 
 import argparse
@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from edge.analysis import bench_shape as shape_mod
-from edge.analysis.bench import DEFAULT_POLICIES
-from edge.analysis.bench_common import paired_ratios, ratios
-from edge.analysis.bench_replay import (alpha_from_tokens_per_round, expected_tokens, judged_acceptance, projected,
+from edge.analysis.bench import shape as shape_mod
+from edge.analysis.bench.run import DEFAULT_POLICIES
+from edge.analysis.bench.common import paired_ratios, ratios
+from edge.analysis.bench.replay import (alpha_from_tokens_per_round, expected_tokens, judged_acceptance, projected,
                                         replay_generation)
-from edge.analysis.machine import PROBE_LLC_MULTIPLE, llc_bytes, machine, probe_bytes
-from edge.analysis.peers import shipped_gguf
-from edge.analysis.synthetic_gguf import (BYTES, FILLER, SCALE, SPECIAL, donor_tokenizer, q8_0_bytes_per_token,
+from edge.analysis.bench.machine import PROBE_LLC_MULTIPLE, llc_bytes, machine, probe_bytes
+from edge.analysis.bench.peers import shipped_gguf
+from edge.analysis.bench.synthetic_gguf import (BYTES, FILLER, SCALE, SPECIAL, donor_tokenizer, q8_0_bytes_per_token,
                                           synthetic_gguf, synthetic_gguf_problem, tensor_shapes)
 from edge.memory.model_shapes import BENCH_SHAPES, MODEL_PRESETS
 from edge.model.arch import ModelConfig
@@ -124,7 +124,7 @@ def test_the_shape_table_sets_each_round_against_llamacpps_same_round():
     """Round 1 (a slow host): 50 ms a pass (20 tok/s) beside llama.cpp's 10 tok/s; round 2 (a fast one): 25 ms (40
     tok/s) beside 40. Round by round 2.00× and 1.00×; any other pairing (round 1 against round 2's peer) gives 0.50×
     or 4.00×, and a file without rounds says so rather than inventing them."""
-    from edge.analysis.report_shapes import paired_q8_ratios
+    from edge.analysis.report.shapes import paired_q8_ratios
     d = {"layouts": {"online": {"ms_rounds": [{"target": {"1": 50.0}}, {"target": {"1": 25.0}}]}},
          "llamacpp_native": {"q8_0": {"tg_tok_s_rounds": [10.0, 40.0]}}}
     assert paired_q8_ratios(d) == [2.0, 1.0]
@@ -135,7 +135,7 @@ def test_stop_at_eos_ends_a_policys_generations_at_the_runtimes_end_of_text(rtn_
     """By default a policy runner writes exactly max_new_tokens (EOS ignored, as the peers); with --stop-at-eos a
     generation ends at the first token of the runtime's EOS set, that token included. The EOS set here is a token
     of the runner's own output (nothing assumed about what the model writes)."""
-    from edge.analysis.bench_runners import PolicyRunner
+    from edge.analysis.bench.runners import PolicyRunner
     from edge.decode.generate import generate
     from edge.llm import Runtime
     prompt = Runtime(rtn_checkpoint, backend="cpu", max_context=64).encode("List three uses of a paperclip.")
@@ -291,7 +291,7 @@ def test_a_vocabulary_smaller_than_the_donors_is_synthetic(gguf_cache):
                          ids=["qwen2-padded-vocabulary", "llama-synthetic-vocabulary"])
 def test_llamacpp_loads_and_decodes_the_synthetic_gguf(gguf_cache, cfg, name):
     pytest.importorskip("xllamacpp", reason="llama.cpp's wheel (the bench extra) is not installed")
-    from edge.analysis.peers import LlamaCpp
+    from edge.analysis.bench.peers import LlamaCpp
     llm = LlamaCpp(synthetic_gguf(cfg, name, shipped_gguf(), gguf_cache), threads=1, n_ctx=256)
     tokens, seconds = llm.decode([{"role": "user", "content": "Name three rivers."}], 8)
     assert tokens == 8 and seconds > 0
@@ -350,7 +350,7 @@ def test_a_shape_bench_measures_replays_and_projects_in_separate_processes(small
 def test_passes_only_times_each_r4_layout_in_a_process_of_its_own():
     """--passes-only at a shape whose legacy and online R4 differ (448: (224, 2) and (28, 16)): one fresh process per
     layout, pass times for every width and view, the ratios speculation depends on."""
-    from edge.analysis.bench_passes import bench_passes
+    from edge.analysis.bench.passes import bench_passes
     d = bench_passes(replace(TINY, intermediate_size=448), "tiny", ["online", "legacy", "none"], 1, 1, 1, "auto", 4)
     lay = d["layouts"]
     assert [lay[k]["r4_factors"] for k in ("online", "legacy", "none")] == [[28, 16], [224, 2], None]
@@ -411,7 +411,7 @@ def test_a_runner_killed_by_the_system_is_named_with_its_signal_not_a_broken_pip
     unflushed request once surfaced as `bench.py: error: Broken pipe`)."""
     import os
     import signal
-    from edge.analysis.bench_process import Workers
+    from edge.analysis.bench.process import Workers
     from edge.errors import BitNestError
     with pytest.raises(BitNestError) as err:
         with Workers(["target", "hf_fp32"]) as workers:
@@ -427,7 +427,7 @@ def test_the_memory_plan_groups_runners_that_do_not_fit_together_and_skips_one_t
     """Each runner's resident bytes come from the files it loads (the checkpoint's weight files, a GGUF, the float32
     model, the probe's buffer); within a budget they are grouped first-fit in order, and one over it alone is skipped
     with its reason; a budget no policy fits is one error."""
-    from edge.analysis.bench_memory import MARGIN, WORKER_BYTES, memory_plan, resident_bytes
+    from edge.analysis.bench.memory import MARGIN, WORKER_BYTES, memory_plan, resident_bytes
     from edge.errors import BitNestError
     from edge.model.checkpoint import read_manifest, weight_files
     policy = {"kind": "policy", "checkpoint": str(small)}
@@ -454,8 +454,8 @@ def test_the_memory_plan_groups_runners_that_do_not_fit_together_and_skips_one_t
 def test_a_bench_whose_runners_do_not_fit_together_runs_them_in_groups(small, capsys):
     """--memory-mib below the probe and the target together: each loads and runs in a group of its own, one after
     the other, and the run completes with every figure, the plan in its JSON and one line saying so."""
-    from edge.analysis.bench_common import default_threads, probe_spec
-    from edge.analysis.bench_memory import MiB, resident_bytes
+    from edge.analysis.bench.common import default_threads, probe_spec
+    from edge.analysis.bench.memory import MiB, resident_bytes
     probe = resident_bytes(probe_spec(machine(default_threads())), str(small))
     target = resident_bytes({"kind": "policy", "checkpoint": str(small)}, str(small))
     budget = max(probe, target) // MiB + 1

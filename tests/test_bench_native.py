@@ -1,4 +1,4 @@
-"""The bench beside llama.cpp built for this CPU (edge.analysis.llamacpp_native) and the prefill it is set against:
+"""The bench beside llama.cpp built for this CPU (edge.analysis.bench.llamacpp) and the prefill it is set against:
 the build's refusal where a tool is missing, llama-bench's command line and its JSON read back (a stand-in tool that
 replays a recorded llama-bench run on the default model's Q8_0), and --passes-only timing a prefill in the runner's
 process. The build itself (~10 min on 2 cores) and the peer's figures are the benchmark's (docs/runtime.md)."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from edge.analysis import llamacpp_native as native
+from edge.analysis.bench import llamacpp as native
 from edge.errors import BitNestError
 
 RECORDED = Path(__file__).parent / "data" / "llama-bench-smollm2-135m-q8_0.json"
@@ -48,7 +48,7 @@ def test_a_finished_build_is_found_and_a_half_built_one_is_not(tmp_path):
 
 def test_the_build_is_keyed_by_this_cpu(monkeypatch):
     """A GGML_NATIVE build runs only on CPUs with the flags it was compiled for: another CPU gets another folder."""
-    from edge.analysis import machine
+    from edge.analysis.bench import machine
     here = native.machine_key()
     monkeypatch.setattr(machine, "_cpuinfo", lambda: {"model name": "other", "flags": "avx2"})
     assert native.machine_key() != here
@@ -106,7 +106,7 @@ def test_passes_only_times_a_prefill_in_the_runners_process():
     """--prefill N: the synthetic runner's cache holds N + 1 positions and its prefill of N tokens is timed there,
     beside the pass times; no peer ran, so no ratio against one. The draft-head options reach the runner's
     checkpoint (a shortlist head over a draft vocabulary), and the layout's entry says what the draft read."""
-    from edge.analysis.bench_passes import bench_passes
+    from edge.analysis.bench.passes import bench_passes
     from tests.test_bench import TINY
     draft = {"draft_head": "shortlist", "shortlist_k": 16, "draft_vocab": 8192}
     d = bench_passes(replace(TINY, intermediate_size=448), "tiny", ["online"], 1, 1, 1, "auto", 4, prefill=300,
@@ -128,8 +128,8 @@ def test_the_bench_runner_reads_one_llama_bench_process_a_repeat(tmp_path, monke
     runner's prefill tok/s and tok/s."""
     import torch
 
-    from edge.analysis.bench_common import native_spec
-    from edge.analysis.bench_runners import NativeLlamaRunner, make_runner
+    from edge.analysis.bench.common import native_spec
+    from edge.analysis.bench.runners import NativeLlamaRunner, make_runner
     tool, args = _stand_in(tmp_path, RECORDED)
     (native.build_folder(tmp_path) / "bin").mkdir(parents=True)
     tool.rename(native.build_folder(tmp_path) / "bin" / "llama-bench")

@@ -3,7 +3,7 @@ as unset (it would put exports, the native library and cost tables in whatever f
 
 from pathlib import Path
 
-from edge.analysis.bench_common import cache_folder
+from edge.analysis.bench.common import cache_folder
 from edge.cache import cache_root
 from plugins.native import build_folder
 

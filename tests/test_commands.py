@@ -189,7 +189,7 @@ def test_the_fuzzer_mutates_a_sealed_copy(small, tmp_path):
     """A checkpoint exported before manifests carried a seal loads unsealed; the fuzzer seals its private copy, so
     a mutated manifest that keeps the exported seal must be refused (run on an unsealed subject, it counted a
     dropped `offset` field as a wrong load), and it leaves the subject's ONNX graph out of the copy."""
-    from edge.analysis.fuzz_readers import fuzz_copy
+    from edge.analysis.fuzz.readers import fuzz_copy
     from edge.model.checkpoint import SEAL, manifest_seal
     old = tmp_path / "old"
     shutil.copytree(small, old)
@@ -205,7 +205,7 @@ def test_the_fuzzer_mutates_a_sealed_copy(small, tmp_path):
 def test_fuzz_inputs_finds_no_crash_hang_wrong_load_or_refused_valid_input(small, capsys):
     """A short run of the fuzzer over the readers that take seconds (its full run, 500 cases a reader with the ONNX
     graph, command-line values and killed and disk-full exports, is in README), counted per reader: no crash, hang,
-    wrong load (a load other than the oracle's expectation: edge.analysis.fuzz_oracle parses the weights itself),
+    wrong load (a load other than the oracle's expectation: edge.analysis.fuzz.oracle parses the weights itself),
     or refusal of an input the oracle calls valid; every reader saw valid inputs, loaded them and refused others.
     A prompts reader that coerces {"prompt": 0.5} or {"chat": "false"} fails it (wrong loads), as does a checkpoint
     reader that returns stale tensors after a re-sealed change or refuses a re-formatted manifest."""

@@ -53,7 +53,7 @@ def test_the_evaluation_is_the_committed_one():
     """The section evaluates as the committed figures were evaluated (README: quality_table.py --tokens 4096; its
     window, backend, activations and draft head from the row), and an evaluation that counted other tokens than the
     committed row fails even where the figures agree."""
-    from edge.analysis.report import DEFAULT_ROW
+    from edge.analysis.report.tables import DEFAULT_ROW
     from edge.cli.device_gptq import CPU_TOKENS, committed, evaluate_command, export_command, judge
     cpu = committed()
     assert cpu["row"] == DEFAULT_ROW                          # the row README's headline renders

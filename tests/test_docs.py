@@ -1,4 +1,4 @@
-"""The docs stay true: every result table equals what its scripts/results/*.json gives (edge.analysis.report), the
+"""The docs stay true: every result table equals what its scripts/results/*.json gives (edge.analysis.report.tables), the
 README's layout map names paths that exist and every room of edge/, and the paths and doc sections that the docs and
 the code cite exist."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from edge.analysis import report
-from edge.analysis.report import RESULTS, update_tables
+from edge.analysis.report import tables as report
+from edge.analysis.report.tables import RESULTS, update_tables
 from edge.errors import BitNestError
 from export.commands import COMMANDS
 

@@ -14,7 +14,7 @@ from edge.analysis.calibrate import (
     thresholds_from_traces,
 )
 from edge.analysis.compare import departures, target_choices
-from edge.analysis.trace import trace_prompt
+from edge.analysis.replay.trace import trace_prompt
 from edge.decode.adaptive import AdaptiveConfig
 from edge.decode.config import GateConfig, GenerateConfig
 from edge.decode.gates import random_schedule

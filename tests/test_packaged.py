@@ -129,7 +129,7 @@ def test_a_preset_names_its_own_export_and_bench_finds_its_gguf(parts, tmp_path,
     """The preset's default export has its own cache folder (keyed like the default model's); the bench's llama.cpp
     peer reads the GGUF a checkpoint's manifest names (a preset's assembled file, a .gguf path), and refuses an HF
     folder's in one line."""
-    from edge.analysis.peers import shipped_gguf, source_gguf
+    from edge.analysis.bench.peers import shipped_gguf, source_gguf
     from export.pipeline import ExportOptions, default_checkpoint_path, ensure_default_checkpoint
     monkeypatch.setenv("BITNEST_CACHE", str(tmp_path / "cache"))
     mine = default_checkpoint_path(ExportOptions(out="", model=PRESET))

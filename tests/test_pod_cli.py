@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from edge.analysis import calibrate, compare, replay
+from edge.analysis import calibrate, compare
+from edge.analysis.replay import analyse as replay
 from edge.backends import resolve_backend
 from edge.analysis.phase_prompts import phase_candidates
 from edge.decode import thresholds

@@ -50,7 +50,7 @@ def write_qwen2_gguf(path, tied: bool = False, seed: int = 0) -> dict[str, np.nd
     back}, the ground truth of the mapping."""
     import gguf
 
-    from edge.analysis.peers import _copy_field
+    from edge.analysis.bench.peers import _copy_field
     rng = np.random.default_rng(seed)
     src = GGUFReader(str(default_gguf()))
     vocab = len(src.fields["tokenizer.ggml.tokens"].data)
@@ -169,7 +169,7 @@ def test_the_q8_0_peer_requantizes_every_block_type_of_the_shipped_file(qwen2_gg
     metadata (architecture, shapes, tokenizer) is the source's."""
     import gguf
 
-    from edge.analysis.peers import q8_0_gguf, quant_label
+    from edge.analysis.bench.peers import q8_0_gguf, quant_label
     src = qwen2_gguf[0]
     out = q8_0_gguf(src, tmp_path / "cache")
     assert out.name.startswith("standin-qwen2.") and quant_label(src) == "q4_k_m" and quant_label(out) == "q8_0"

@@ -55,7 +55,7 @@ def record(out: Path) -> None:
     """Write the packaged Qwen2.5-Coder-0.5B GGUF's metadata, without tensors, to `out` (xz-compressed)."""
     import gguf
 
-    from edge.analysis.peers import _copy_field
+    from edge.analysis.bench.peers import _copy_field
     from edge.model.packaged import packaged_gguf
     src = gguf.GGUFReader(str(packaged_gguf("qwen2.5-coder-0.5b")))
     plain = out.with_suffix("")

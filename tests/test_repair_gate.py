@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from edge.analysis.compare import departures
-from edge.analysis.trace import trace_prompt
+from edge.analysis.replay.trace import trace_prompt
 from edge.decode.config import GateConfig, GenerateConfig
-from edge.llm import Runtime
+from edge.llm import LLM
 from tests.conftest import draft_steps_after_target_prefill
 
 PROMPTS = ["Write a short poem about the sea.", "What is the capital of France? Explain briefly.",
@@ -17,7 +17,7 @@ PROMPTS = ["Write a short poem about the sea.", "What is the capital of France? 
 
 @pytest.fixture(scope="module")
 def rt(rtn_checkpoint):
-    return Runtime(rtn_checkpoint, backend="cpu", max_context=512)
+    return LLM(rtn_checkpoint, policy="target", meter="none", backend="cpu", max_context=512)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def margin_gate(rt, prompts):
 
 
 def _runs(rt, prompts, policy, gate, n=24):
-    return [rt.generate(p, GenerateConfig(policy=policy, max_new_tokens=n, gate=gate)) for p in prompts]
+    return [rt.generate(p, config=GenerateConfig(policy=policy, max_new_tokens=n, gate=gate)) for p in prompts]
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def test_escalated_steps_choose_the_targets_token_on_their_own_history(rt, promp
     d = departures(rt, prompts, runs)
     assert d["escalated_steps"] > 0 and d["low_steps"] > 0
     assert d["escalated_departures"] == 0, "an escalated step must read target-view K/V for its whole history"
-    assert sum(r["stats"].extra.get("repaired_positions", 0) for r in runs) > 0
+    assert sum(r.stats.extra.get("repaired_positions", 0) for r in runs) > 0
 
 
 def test_repair_pass_width_and_bytes(rt, repair_runs):
@@ -55,7 +55,7 @@ def test_repair_pass_width_and_bytes(rt, repair_runs):
     escalation and its own token, each counted with its embedding rows and its KV reads."""
     w, row = rt.engine.pass_weight_bytes, rt.engine.embed_row_bytes
     for r in repair_runs:
-        s = r["stats"]
+        s = r.stats
         repaired = s.extra.get("repaired_positions", 0)
         assert s.draft_passes == s.steps and s.target_passes == s.escalated
         low_run = widths = 0                      # the repair widths the escalation pattern implies
@@ -77,12 +77,12 @@ def test_always_escalating_is_the_target_and_never_is_the_draft(rt, prompts, pol
     target = _runs(rt, prompts[1:2], "target", GateConfig(), 16)[0]
     a = _runs(rt, prompts[1:2], policy, always, 16)[0]
     z = _runs(rt, prompts[1:2], policy, never, 16)[0]
-    assert a["tokens"] == target["tokens"] and z["tokens"] == draft_steps_after_target_prefill(rt, prompts[1], 16)
-    assert "repaired_positions" not in a["stats"].extra and z["stats"].escalated == 0
+    assert a.tokens == target.tokens and z.tokens == draft_steps_after_target_prefill(rt, prompts[1], 16)
+    assert "repaired_positions" not in a.stats.extra and z.stats.escalated == 0
 
 
 def test_random_repair_control_repairs_its_seeded_steps(rt, prompts):
     runs = _runs(rt, prompts, "gate-random-repair", GateConfig(rate=0.3, seed=5))
     d = departures(rt, prompts, runs)
     assert d["escalated_steps"] > 0 and d["escalated_departures"] == 0
-    assert all(r["stats"].draft_passes + r["stats"].target_passes == r["stats"].steps for r in runs)
+    assert all(r.stats.draft_passes + r.stats.target_passes == r.stats.steps for r in runs)

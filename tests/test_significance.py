@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from edge.analysis.replay import (
+from edge.analysis.replay.analyse import (
     _escalate_top,
     _gate_effect,
     gate_bytes,
@@ -20,7 +20,7 @@ from edge.analysis.significance import (
     paired_bootstrap_diff,
     roc_auc,
 )
-from edge.analysis.trace import StepTrace
+from edge.analysis.replay.trace import StepTrace
 
 
 def test_roc_auc_known_values():

@@ -7,7 +7,7 @@ import sys
 import time
 
 from edge.corpora import sharegpt_prompts
-from edge.analysis.trace import StepTrace, trace_prompt
+from edge.analysis.replay.trace import StepTrace, trace_prompt
 from edge.argtypes import count
 from edge.cli.common import run_cli
 from edge.cli.options import checkpoint_arg, draft_head_options, tool_parser

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from edge.analysis.bench_process import ROOT, worker_env
+from edge.analysis.bench.process import ROOT, worker_env
 from edge.argtypes import Parser, count
 from edge.errors import BitNestError
 

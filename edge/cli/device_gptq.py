@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 QUALITY = ROOT / "scripts" / "results" / "quality.json"
-# The committed row of the default export and the command README's headline row names for it (edge.analysis.report,
+# The committed row of the default export and the command README's headline row names for it (edge.analysis.report.tables,
 # which edge.cli may not import: tests/test_device_gptq.py holds the name equal to its DEFAULT_ROW)
 DEFAULT_ROW = "bitnest closed, trust 0.1 + rot + nested head, draft head 8bit (default)"
 CPU_COMMAND = "python scripts/quality_table.py --tokens 4096"

@@ -37,7 +37,7 @@ def missing_tools(which=None) -> list[str]:
 def machine_key() -> str:
     """What a GGML_NATIVE build depends on: the CPU model and its flags (a build for one CPU may not run on another)
     and the sources' version."""
-    from edge.analysis.machine import _cpuinfo
+    from edge.analysis.bench.machine import _cpuinfo
     info = _cpuinfo()
     key = json.dumps([SDIST, LLAMA_COMMIT, CMAKE_FLAGS, info.get("model name", ""), info.get("flags", "")])
     return hashlib.sha256(key.encode()).hexdigest()[:12]

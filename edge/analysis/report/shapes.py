@@ -1,5 +1,5 @@
 """The table of `bitnest bench --shape NAME --passes-only --peer llamacpp-native` over the shapes users run
-(scripts/results/shape-native-NAME.json), rendered for edge.analysis.report: per shape the 1- and 5-token target
+(scripts/results/shape-native-NAME.json), rendered for edge.analysis.report.tables: per shape the 1- and 5-token target
 passes and the draft pass, this runtime's target pass rate and prefill beside llama.cpp built for the same CPU
 (llama-bench tg and pp, Q8_0 and Q4_K_M of the same shapes), and speculation projected from the pass times with the
 judged acceptance of a real model (the second model's lossless run: random weights have none of their own), labelled
@@ -8,9 +8,9 @@ beside the 8-bit head, with the speculation its pass times project, and the same
 of a model from its own files records (scripts/results/shape-source-head-NAME.json); and the same passes on the AVX2
 kernel set (scripts/results/shape-avx2-NAME.json, BITNEST_NATIVE_ISA=avx2) beside this CPU's best set's."""
 
-from edge.analysis.bench_replay import alpha_from_tokens_per_round, projected
-from edge.analysis.report_cells import pct, table
-from edge.analysis.synthetic_gguf import q8_0_bytes_per_token
+from edge.analysis.bench.replay import alpha_from_tokens_per_round, projected
+from edge.analysis.report.cells import pct, table
+from edge.analysis.bench.synthetic_gguf import q8_0_bytes_per_token
 from edge.model.arch import ModelConfig
 
 SHAPES = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "llama-3.2-1b", "llama-3.2-3b", "llama-3-8b")
@@ -75,7 +75,7 @@ def shapes_native_table(*files: dict) -> str:
     first = shapes[0]
     m, info = first["machine"], first["llamacpp_native"]["q8_0"]["system_info"]
     notes = [f"Projected speculation: {label}; random weights have no acceptance of their own, so it is the real "
-             "model's, replayed through this shape's pass times (edge.analysis.bench_replay.projected).",
+             "model's, replayed through this shape's pass times (edge.analysis.bench.replay.projected).",
              f"Machine: {m['cpu']}, {first['threads']} threads for every runner; the native step's ISA path "
              f"{first['layouts']['online']['isa']}; llama.cpp {info['build']['llama_cpp_commit']} built for this CPU "
              f"({' '.join(info['build']['cmake'][:2])}), its backend {info['backends']}, repacking "
@@ -148,7 +148,7 @@ def shapes_avx2_table(*files: dict) -> str:
     return table(head, rows) + "\n\n" + note
 
 
-# {table name: (its files under scripts/results/, its renderer)}: edge.analysis.report's registry entries
+# {table name: (its files under scripts/results/, its renderer)}: edge.analysis.report.tables's registry entries
 SHAPE_TABLES = {
     "shapes-native": ((*SOURCES, ACCEPTANCE), shapes_native_table),
     "shapes-shortlist": ((*SHORTLIST_SOURCES, *SOURCES, ACCEPTANCE), shapes_shortlist_table),

@@ -15,7 +15,7 @@ import numpy as np
 
 from edge.corpora import sharegpt_prompts
 from edge.analysis.significance import bootstrap_ci, roc_auc
-from edge.analysis.trace import StepTrace, trace_prompt
+from edge.analysis.replay.trace import StepTrace, trace_prompt
 from edge.argtypes import count, seed
 from edge.engine.stats import head_bytes_per_pass, head_row_bytes_per_token, weight_bytes_per_pass
 from edge.decode.thresholds import RATES, rate_key, thresholds_entry
@@ -245,7 +245,7 @@ def replay(opts: ReplayOptions) -> dict:
            **analyse(traces, rt.ckpt, thresholds_entry(rt.ckpt, rt.backend), opts.resamples, opts.seed),
            "trace_seconds": round(traced, 1)}
     if opts.plots:
-        from edge.analysis.replay_plots import save_plots
+        from edge.analysis.replay.plots import save_plots
         out["plots"] = save_plots(out, traces, Path(opts.plots), prefix=f"replay-{rt.ckpt.method}")
     out["seconds"] = round(time.time() - t0, 1)
     return out

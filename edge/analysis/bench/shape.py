@@ -2,16 +2,16 @@
 cannot hold (edge.memory.model_shapes.BENCH_SHAPES). A synthetic nested checkpoint of those shapes (random planes and a
 default export's online rotations, built in each runner's process) gives pass times per view and width and target and
 draft AR tok/s; llama.cpp decodes a GGUF of the same shapes (random Q8_0 blocks, the model's architecture, biases and
-head, the default model's tokenizer padded to the shape's vocabulary: edge.analysis.synthetic_gguf); the read probe
+head, the default model's tokenizer padded to the shape's vocabulary: edge.analysis.bench.synthetic_gguf); the read probe
 gives the DRAM roofline. Random weights have no meaningful acceptance, so speculation is **replayed** (real passes, the
 accept/reject decisions of rounds recorded on the default model at the same γ on the same prompts: in this run, or
 from --acceptance-from FILE) and **projected** from the pass times and the real model's acceptance
-(edge.analysis.bench_replay). Every runner in its own process, same threads, repeats interleaved."""
+(edge.analysis.bench.replay). Every runner in its own process, same threads, repeats interleaved."""
 
 import json
 from pathlib import Path
 
-from edge.analysis.bench_common import (
+from edge.analysis.bench.common import (
     ISOLATION,
     cache_folder,
     default_threads,
@@ -26,10 +26,10 @@ from edge.analysis.bench_common import (
     run_all,
     run_entry,
 )
-from edge.analysis.bench_process import Workers
-from edge.analysis.bench_replay import judged_acceptance, projected
-from edge.analysis.machine import load_average, machine
-from edge.analysis.peers import shipped_gguf
+from edge.analysis.bench.process import Workers
+from edge.analysis.bench.replay import judged_acceptance, projected
+from edge.analysis.bench.machine import load_average, machine
+from edge.analysis.bench.peers import shipped_gguf
 from edge.cli.options import draft_head_options
 from edge.errors import BitNestError
 from edge.model.arch import ModelConfig
@@ -84,7 +84,7 @@ def bench_shape(a, cfg: ModelConfig, name: str, checkpoint: str, command: str = 
     if "hf" in peers:
         raise BitNestError("--shape has no transformers peer (no float model of those shapes): use --peer llamacpp")
     if "llamacpp" in peers:            # refused before any work (the acceptance recording takes minutes)
-        from edge.analysis.synthetic_gguf import synthetic_gguf_problem
+        from edge.analysis.bench.synthetic_gguf import synthetic_gguf_problem
         problem = synthetic_gguf_problem(cfg, shipped_gguf())
         if problem:
             raise BitNestError(f"--shape {name}: no llama.cpp peer ({problem}): use --peer none, or --passes-only")
@@ -100,7 +100,7 @@ def bench_shape(a, cfg: ModelConfig, name: str, checkpoint: str, command: str = 
              if mode != "replay" or method == "replayed"}
     gguf = None
     if "llamacpp" in peers:
-        from edge.analysis.synthetic_gguf import synthetic_gguf
+        from edge.analysis.bench.synthetic_gguf import synthetic_gguf
         gguf = synthetic_gguf(cfg, name, shipped_gguf(), cache_folder() / "gguf")
         specs["llamacpp_q8_0"] = llama_spec(gguf, texts, a.max_new_tokens, threads)
     specs["probe"] = probe_spec(mach)

@@ -3,17 +3,17 @@ for each R4 layout asked (edge.memory.synthetic.R4_LAYOUTS: the online rule's fa
 synthetic checkpoint with a default export's online rotations, and what a prefill of `prefill` tokens costs. No
 prompts or acceptance: the question is how a pass grows with its width (a verification of γ + 1 tokens against a
 1-token step), what a layout adds to it, and how the bare passes compare with llama.cpp built for this CPU
-(edge.analysis.llamacpp_native: `llama-bench` pp and tg on a GGUF of the same shapes, Q8_0 and Q4_K_M, each in its own
+(edge.analysis.bench.llamacpp: `llama-bench` pp and tg on a GGUF of the same shapes, Q8_0 and Q4_K_M, each in its own
 process; llama-bench's tg times bare decode passes as a 1-token target pass is timed here, no sampler on either side).
 Each layout runs in a fresh process of its own, one at a time (two 7B-shaped checkpoints do not fit side by side),
 `rounds` times in turn with the peer's runs between, so drift in the machine's speed falls on every runner; each
-figure is the median over the rounds of the runner's medians (edge.analysis.bench_runners.pass_times)."""
+figure is the median over the rounds of the runner's medians (edge.analysis.bench.runners.pass_times)."""
 
 import statistics
 
-from edge.analysis.bench_common import probe_spec
-from edge.analysis.bench_process import Workers
-from edge.analysis.machine import load_average, machine
+from edge.analysis.bench.common import probe_spec
+from edge.analysis.bench.process import Workers
+from edge.analysis.bench.machine import load_average, machine
 from edge.model.arch import ModelConfig
 
 PROMPT = list(range(100, 164))     # 64 token ids below every preset's vocabulary: the context the passes follow
@@ -25,7 +25,7 @@ DECODE_TOKENS = 64                 # llama-bench's tg test: tokens generated aft
 
 def synthetic_pass_spec(cfg: ModelConfig, layout: str, backend: str, threads: int, gamma: int,
                         min_capacity: int = 0, draft: dict | None = None) -> dict:
-    """A target-mode synthetic runner of `cfg` with R4 `layout` (edge.analysis.bench_runners.SyntheticRunner) and
+    """A target-mode synthetic runner of `cfg` with R4 `layout` (edge.analysis.bench.runners.SyntheticRunner) and
     the draft-head options `draft` (edge.cli.options.draft_head_options; None: the head an export of a model from its
     own files records, edge.model.draft_head.DRAFT_HEAD_SOURCE_DEFAULT)."""
     return {"kind": "synthetic", "threads": threads, "config": cfg.to_dict(), "backend": backend, "mode": "target",
@@ -35,16 +35,16 @@ def synthetic_pass_spec(cfg: ModelConfig, layout: str, backend: str, threads: in
 
 def native_ggufs(cfg: ModelConfig, name: str, cache) -> dict:
     """{quant: GGUF of `cfg`'s shapes}: the synthetic Q8_0 and a Q4_K_M made from it by llama.cpp's own quantizer."""
-    from edge.analysis.llamacpp_native import quantized
-    from edge.analysis.peers import shipped_gguf
-    from edge.analysis.synthetic_gguf import synthetic_gguf
+    from edge.analysis.bench.llamacpp import quantized
+    from edge.analysis.bench.peers import shipped_gguf
+    from edge.analysis.bench.synthetic_gguf import synthetic_gguf
     q8 = synthetic_gguf(cfg, name, shipped_gguf(), cache / "gguf")
     return {"q8_0": q8, "q4_k_m": quantized(cache, q8, "Q4_K_M")}
 
 
 def native_round(tool, ggufs: dict, threads: int, prefill: int) -> dict:
     """One llama-bench process per quantization: pp `prefill` and tg DECODE_TOKENS after PROMPT's context."""
-    from edge.analysis.llamacpp_native import llama_bench, system_info, test_rate
+    from edge.analysis.bench.llamacpp import llama_bench, system_info, test_rate
     out = {}
     for quant, gguf in ggufs.items():
         pp = llama_bench(tool, gguf, threads, prompt=prefill)
@@ -70,7 +70,7 @@ def bench_passes(cfg: ModelConfig, name: str, layouts: list[str], rounds: int, p
     head, a draft vocabulary), which change the draft pass only."""
     tool = ggufs = None
     if native:                         # built and written before any timing (minutes, once per machine)
-        from edge.analysis.llamacpp_native import ensure_built
+        from edge.analysis.bench.llamacpp import ensure_built
         tool = ensure_built(cache)
         ggufs = native_ggufs(cfg, name, cache)
     mach = machine(threads)

@@ -3,7 +3,7 @@ files, gate thresholds, tegrastats lines, the ONNX step graph, command-line valu
 one-line error, accepted correctly, a crash (any other exception: a traceback for the user), a hang (past the time
 limit), a silent wrong load (accepted, but not what the input says or what was exported) or a valid input refused
 (one the oracle says a correct reader loads). `valid` counts the cases the oracle called valid. Each reader's oracle is
-written apart from the reader (edge.analysis.fuzz_readers). The command, with command-line values and killed or
+written apart from the reader (edge.analysis.fuzz.readers). The command, with command-line values and killed or
 disk-full exports, is export.fuzz_inputs (scripts/fuzz_inputs.py)."""
 
 import contextlib

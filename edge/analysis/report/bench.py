@@ -1,10 +1,10 @@
 """The result tables of `bitnest bench` (scripts/results/bench.json) and `bitnest bench --shape NAME`
-(scripts/results/bench-NAME.json), rendered for edge.analysis.report: every runner's decode speed with the machine,
+(scripts/results/bench-NAME.json), rendered for edge.analysis.report.tables: every runner's decode speed with the machine,
 its ISA path and the isolation noted; pass times per view and width; the ratios; one block per shape with what was
 measured, replayed or projected marked; and the README's headline rows for both regimes and for a second real model."""
 
-from edge.analysis.bench_replay import alpha_from_tokens_per_round, projected
-from edge.analysis.report_cells import mb, pct, table
+from edge.analysis.bench.replay import alpha_from_tokens_per_round, projected
+from edge.analysis.report.cells import mb, pct, table
 
 BENCH_RUNS = {"target": "target AR", "draft": "draft AR", "speculative": "speculative (fixed γ = {g})",
               "adaptive": "adaptive speculation", "auto": "auto (γ from measured costs)",

@@ -47,7 +47,7 @@ def _float32_bytes(checkpoint: str) -> int:
 
 
 def resident_bytes(spec: dict, checkpoint: str) -> int:
-    """A runner's resident bytes once loaded, from its spec (edge.analysis.bench_common) and the files it names."""
+    """A runner's resident bytes once loaded, from its spec (edge.analysis.bench.common) and the files it names."""
     kind = spec["kind"]
     if kind == "policy":
         need = WORKER_BYTES + _checkpoint_bytes(spec["checkpoint"])

@@ -1,5 +1,5 @@
-"""One benchmark runner per process: the parent's `Worker` starts `python -m edge.analysis.bench_process`, which loads
-one runner (edge.analysis.bench_runners) and answers requests, one JSON line each way, until told to quit. The parent
+"""One benchmark runner per process: the parent's `Worker` starts `python -m edge.analysis.bench.process`, which loads
+one runner (edge.analysis.bench.runners) and answers requests, one JSON line each way, until told to quit. The parent
 waits for each answer before it sends the next request, so only one runner works at a time; `interleave` takes the
 repeats in turns across the workers, so drift in the machine's speed falls on every runner alike.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from edge.errors import BitNestError
 
-ROOT = Path(__file__).resolve().parents[2]    # the checkout the worker must import (not an installed copy)
+ROOT = Path(__file__).resolve().parents[3]    # the checkout the worker must import (not an installed copy)
 
 
 def worker_env() -> dict:
@@ -39,7 +39,7 @@ class Worker:
     def __init__(self, name: str):
         self.name = name
         self.log = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen([sys.executable, "-m", "edge.analysis.bench_process"], cwd=ROOT,
+        self.proc = subprocess.Popen([sys.executable, "-m", "edge.analysis.bench.process"], cwd=ROOT,
                                      env=worker_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
                                      text=True, bufsize=1)
         self.pid = self.proc.pid
@@ -145,7 +145,7 @@ def serve(lines, reply) -> None:
             return
         try:
             if op == "load":
-                from edge.analysis.bench_runners import make_runner
+                from edge.analysis.bench.runners import make_runner
                 from edge.memory.devices import process_rss_bytes
                 runner = make_runner(msg)         # its peak resident bytes once loaded: the memory plan's check
                 result = {"pid": os.getpid(), "peak_rss_bytes": process_rss_bytes("VmHWM"), **runner.info}
@@ -170,7 +170,7 @@ def main() -> None:
         protocol.write(json.dumps(obj) + "\n")
         protocol.flush()
 
-    import edge.analysis.bench_runners  # noqa: F401  (torch: imported while the other workers start, not in turn)
+    import edge.analysis.bench.runners  # noqa: F401  (torch: imported while the other workers start, not in turn)
     serve(sys.stdin, reply)
 
 

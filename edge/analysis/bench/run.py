@@ -1,11 +1,11 @@
 """Decode speed on this machine, in one run and fair: this runtime's policies on a backend (default `auto`: native where
 it builds) against llama.cpp on the same model's GGUF (--peer llamacpp: the `xllamacpp` wheel, built for AVX2, its
 ggml features recorded, on the file as shipped and on a Q8_0 this project re-quantizes from it; --peer
-llamacpp-native: llama.cpp built for this CPU, edge.analysis.llamacpp_native, on the same two files; --peer
+llamacpp-native: llama.cpp built for this CPU, edge.analysis.bench.llamacpp, on the same two files; --peer
 llamacpp-speculative, only when asked: the wheel's own draft-model speculation, the Q8_0 verifying and the shipped
 4-bit file of the same model drafting) and transformers' float32 `generate`, at the same thread count, on the same
 real prompts, beside a DRAM read probe; with --shape, the same at a real model's shapes that stream from DRAM
-(edge.analysis.bench_shape). The headline is fixed before the run: `auto` (the default policy) against each llama.cpp
+(edge.analysis.bench.shape). The headline is fixed before the run: `auto` (the default policy) against each llama.cpp
 peer's two files, paired by repeat.
 
     bitnest bench [--checkpoint DIR] [--backend B] [--prompts N] [--max-new-tokens N] [--repeats R] [--threads T]
@@ -15,25 +15,25 @@ peer's two files, paired by repeat.
     bitnest bench --shape NAME --passes-only [--r4 online|legacy|none (repeatable)] [--rounds N] [--pass-repeats N]
                   [--prefill N] [--peer llamacpp-native] [--draft-head H] [--draft-vocab N]
 
-Every runner (each policy, each peer, the probe) runs in its own fresh process (edge.analysis.bench_process) with the
+Every runner (each policy, each peer, the probe) runs in its own fresh process (edge.analysis.bench.process) with the
 same threads; each loads its model once and warms up; the repeats interleave the runners, one working at a time, so
 drift in the machine's speed falls on all of them. Every figure is a median over repeats of decode-phase tok/s
 (prefill excluded; every generation runs exactly --max-new-tokens tokens, EOS ignored, as llama.cpp's `ignore_eos`;
 with --stop-at-eos this runtime's policies stop at the model's end of text, as a user's answer does: past it a model
 writes what it would never be asked for, which can flatter speculation's acceptance; the peers still ignore it).
 Ratios are taken within this run; `*_roofline_fraction` is a policy's weight bytes per second over the probe's read
-bandwidth, the probe's buffer at least 4x the last-level cache (edge.analysis.machine). Pass times per view and width
+bandwidth, the probe's buffer at least 4x the last-level cache (edge.analysis.bench.machine). Pass times per view and width
 are measured in the target runner's process after the repeats. Each policy's prefill tok/s (its prompts' prefill,
 timed apart from decode) is in its run's entry, llama-bench's pp beside it. With --passes-only, the pass times and a
 prefill of --prefill tokens alone at a shape, per R4 layout, beside native llama.cpp's pp and tg on GGUFs of the same
-shapes (edge.analysis.bench_passes).
+shapes (edge.analysis.bench.passes).
 """
 
 import argparse
 import sys
 from pathlib import Path
 
-from edge.analysis.bench_common import (
+from edge.analysis.bench.common import (
     ISOLATION,
     RATIO_PEERS,
     cache_folder,
@@ -51,9 +51,9 @@ from edge.analysis.bench_common import (
     run_all,
     run_entry,
 )
-from edge.analysis.bench_memory import MiB, memory_plan
-from edge.analysis.machine import load_average, machine
-from edge.analysis.peers import q8_0_gguf, quant_label, source_gguf
+from edge.analysis.bench.memory import MiB, memory_plan
+from edge.analysis.bench.machine import load_average, machine
+from edge.analysis.bench.peers import q8_0_gguf, quant_label, source_gguf
 from edge.argtypes import Parser, count, gamma
 from edge.backends import BACKENDS
 from edge.cli.common import run_cli
@@ -96,7 +96,7 @@ def bench(a, ckpt: str, command: str = "") -> dict:
         specs[SPECULATIVE_PEER] = llama_spec(q8_0_gguf(shipped, cache_folder() / "gguf"), texts, a.max_new_tokens,
                                              threads, draft=shipped, draft_max=a.gamma)
     if "llamacpp-native" in peers:     # built once per machine before any timing (minutes)
-        from edge.analysis.llamacpp_native import ensure_built
+        from edge.analysis.bench.llamacpp import ensure_built
         ensure_built(cache_folder())
         shipped = source_gguf(manifest)
         for name, path in ((f"llamacpp_native_{quant_label(shipped)}", shipped),
@@ -188,7 +188,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--pass-repeats", type=count(), default=15, help="timed passes per view and width (median)")
     p.add_argument("--memory-mib", type=count(), help="memory the runners may hold together (default: 90%% of this "
                    "host's MemAvailable): runners that do not fit together run in groups one after another, one that "
-                   "does not fit alone is skipped (edge.analysis.bench_memory)")
+                   "does not fit alone is skipped (edge.analysis.bench.memory)")
     p.add_argument("--policy", action="append", choices=POLICIES,
                    help=f"policy to time (repeatable; default: {', '.join(DEFAULT_POLICIES)})")
     p.add_argument("--peer", action="append", choices=PEERS, help="peer to time beside them (repeatable; default: "
@@ -227,7 +227,7 @@ def main(argv=None, default_checkpoint=None) -> int:
         if a.shape not in SHAPES:
             raise BitNestError(f"unknown shape {a.shape!r}: use one of {', '.join(SHAPES)}")
         if a.passes_only:
-            from edge.analysis.bench_passes import bench_passes
+            from edge.analysis.bench.passes import bench_passes
             peers = set(a.peer or ()) - {"none"}
             if peers - {"llamacpp-native"}:
                 raise BitNestError("--passes-only takes --peer llamacpp-native (llama-bench built for this CPU) or none")
@@ -236,6 +236,6 @@ def main(argv=None, default_checkpoint=None) -> int:
                                 "llamacpp-native" in peers, cache_folder(), draft_head_options(a))
         if a.r4:
             raise BitNestError("--r4 goes with --passes-only")
-        from edge.analysis.bench_shape import bench_shape
+        from edge.analysis.bench.shape import bench_shape
         return bench_shape(a, MODEL_PRESETS[a.shape], a.shape, checkpoint_arg(a, default_checkpoint), command.strip())
     return run_cli(body, a.json, "bench.py")

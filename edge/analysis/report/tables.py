@@ -8,7 +8,7 @@ NAME is a fixed table (`headline`, `quality`, `bench`, `bench-ratios`, `bench-pa
 `device-bandwidth`, `verify-local`, `replay-exports`) or KIND-STEM for one results file: `replay-STEM`
 (replay-STEM.json), `compare-STEM`, `compare-phase-STEM`, `history-STEM`, `history-phase-STEM` (compare-STEM.json),
 `sweep-STEM` (sweep-STEM.json), `max-context-STEM` (max_context_STEM.json), `lossless-STEM`, `bench-STEM`
-(bench-STEM.json: `bench --shape STEM`). The bench tables are edge.analysis.report_bench's.
+(bench-STEM.json: `bench --shape STEM`). The bench tables are edge.analysis.report.bench's.
 """
 
 import argparse
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from edge.analysis.report_bench import (
+from edge.analysis.report.bench import (
     bench_passes,
     bench_ratios,
     bench_table,
@@ -29,18 +29,18 @@ from edge.analysis.report_bench import (
     isa_paths_table,
     shape_block,
 )
-from edge.analysis.report_cells import mb as _mb
-from edge.analysis.report_cells import mib as _mib
-from edge.analysis.report_cells import pct as _pct
-from edge.analysis.report_cells import table as _table
-from edge.analysis.report_shapes import SHAPE_TABLES
+from edge.analysis.report.cells import mb as _mb
+from edge.analysis.report.cells import mib as _mib
+from edge.analysis.report.cells import pct as _pct
+from edge.analysis.report.cells import table as _table
+from edge.analysis.report.shapes import SHAPE_TABLES
 from edge.cli.device_check import table as device_check_table
 from edge.cli.device_table import bandwidth_table
 from edge.argtypes import Parser
 from edge.atomic import write_atomic
 from edge.errors import BitNestError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RESULTS = Path("scripts") / "results"
 DOC_FILES = ("README.md", "docs/*.md")
 # Markers stand alone on their lines (a marker quoted inside prose is not one).

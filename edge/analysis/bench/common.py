@@ -1,4 +1,4 @@
-"""What both modes of `bitnest bench` share (edge.analysis.bench at the default model, edge.analysis.bench_shape at a
+"""What both modes of `bitnest bench` share (edge.analysis.bench.run at the default model, edge.analysis.bench.shape at a
 real model's shapes): the runners' specs, running them each in its own process with interleaved repeats, and the
 JSON entries and ratios made from their samples."""
 
@@ -6,7 +6,7 @@ import statistics
 from dataclasses import asdict
 from pathlib import Path
 
-from edge.analysis.bench_process import Workers
+from edge.analysis.bench.process import Workers
 from edge.corpora import sharegpt_prompts
 from edge.engine import MAX_PROPOSALS
 from edge.cli.options import adaptive_config, draft_head_options, gate_config

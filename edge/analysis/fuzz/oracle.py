@@ -1,4 +1,4 @@
-"""The fuzzer's oracle for checkpoints (edge.analysis.fuzz_readers), written apart from the reader: a safetensors
+"""The fuzzer's oracle for checkpoints (edge.analysis.fuzz.readers), written apart from the reader: a safetensors
 file parsed from its bytes with struct and json by the format's rules (8-byte little-endian header length, a JSON
 header, tensors laid end to end), what a correct load of a checkpoint must hold, and the comparison of a load with it.
 Nothing here calls the safetensors package or edge.model.checkpoint's validation."""

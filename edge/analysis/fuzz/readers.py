@@ -1,4 +1,4 @@
-"""The readers under fuzz (edge.analysis.fuzz), each with its mutations and its own oracle: what a correct reader
+"""The readers under fuzz (edge.analysis.fuzz.mutations), each with its mutations and its own oracle: what a correct reader
 must return for the mutated input, computed here without the reader's code."""
 
 import json
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.analysis.fuzz import JUNK, Tally, attempt, case_dir, json_text, mutate_bytes, quiet, write_text
-from edge.analysis.fuzz_oracle import checkpoint_differs, expected_tensors, parse_safetensors
+from edge.analysis.fuzz.mutations import JUNK, Tally, attempt, case_dir, json_text, mutate_bytes, quiet, write_text
+from edge.analysis.fuzz.oracle import checkpoint_differs, expected_tensors, parse_safetensors
 from edge.model.checkpoint import MANIFEST, SEAL, load_checkpoint, manifest_seal, sha256_file, weight_files, weights_sha256
 from plugins.step_contract import ONNX_FILE
 
@@ -79,7 +79,7 @@ def fuzz_manifest(base: Path, work: Path, n: int, rng: random.Random, seconds: f
 def fuzz_weights(base: Path, work: Path, n: int, rng: random.Random, seconds: float) -> Tally:
     """A mutated weight file (model.safetensors, or the first shard): one bit of a tensor flipped, the header rewritten (entries in another order,
     another layout), or a mutation of its JSON header most of the time, else anywhere. Half keep the exported sha256:
-    only the unchanged file loads. Half are re-hashed and re-sealed: the oracle (edge.analysis.fuzz_oracle) parses
+    only the unchanged file loads. Half are re-hashed and re-sealed: the oracle (edge.analysis.fuzz.oracle) parses
     the bytes itself and says whether they must load (safetensors, every exported tensor with its dtype and shape)
     and what a load must return, byte for byte; a refusal of what it calls valid counts against the reader."""
     t = Tally()

@@ -1,6 +1,6 @@
 """The peers a benchmark measures this runtime against, in the same run: llama.cpp (the `xllamacpp` wheel, the `bench`
 extra) on the checkpoint's own source GGUF (as shipped, a Q8_0 made from it once and cached, and llama.cpp's own
-draft-model speculation over the two; a GGUF of another shape is edge.analysis.synthetic_gguf's), and a read bandwidth
+draft-model speculation over the two; a GGUF of another shape is edge.analysis.bench.synthetic_gguf's), and a read bandwidth
 probe of this machine (the roofline a bandwidth-bound pass can reach)."""
 
 import json
@@ -160,7 +160,7 @@ class LlamaCpp:
 
 class ReadProbe:
     """The read roofline: a float32 buffer of `nbytes` (allocated and touched once) summed by torch on this process's
-    threads. Sized past the last-level cache (edge.analysis.machine.probe_bytes), it reads DRAM."""
+    threads. Sized past the last-level cache (edge.analysis.bench.machine.probe_bytes), it reads DRAM."""
 
     def __init__(self, nbytes: int):
         import torch

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.analysis.trace import StepTrace
+from edge.analysis.replay.trace import StepTrace
 from edge.cli.common import pyplot
 
 ORDERS = {"entropy": "entropy", "margin": "margin (small first)", "oracle": "oracle (true KL)"}

@@ -1,4 +1,4 @@
-"""The runners of `bitnest bench`, each living alone in its worker process (edge.analysis.bench_process): a decoding
+"""The runners of `bitnest bench`, each living alone in its worker process (edge.analysis.bench.process): a decoding
 policy on a checkpoint, a synthetic checkpoint of a real model's shapes (target or draft AR, or speculation replayed
 from recorded rounds), llama.cpp on a GGUF, transformers float32, and the read probe. A runner sets the run's thread
 count before anything loads, loads its model once and warms up before the first timed repeat; `run` is one repeat
@@ -178,7 +178,7 @@ class SyntheticRunner:
                      "target_bytes": self.eng.pass_weight_bytes["target"] + self.eng.token_weight_bytes["target"]}
 
     def _one(self, i: int, n: int):
-        from edge.analysis.bench_replay import replay_generation
+        from edge.analysis.bench.replay import replay_generation
         from edge.decode.config import GenerateConfig
         from edge.decode.generate import generate
         if self.mode == "replay":
@@ -204,7 +204,7 @@ class LlamaRunner:
 
     def __init__(self, gguf: str, threads: int, texts: list[str], max_new_tokens: int, n_ctx: int = 2048,
                  draft: str | None = None, draft_max: int = 4):
-        from edge.analysis.peers import LlamaCpp
+        from edge.analysis.bench.peers import LlamaCpp
         self.llama = LlamaCpp(Path(gguf), threads, n_ctx, mmap=False, draft=draft and Path(draft), draft_max=draft_max)
         self.n = max_new_tokens
         self.messages = [[{"role": "user", "content": t}] for t in texts]
@@ -224,7 +224,7 @@ class LlamaRunner:
 
 
 class NativeLlamaRunner:
-    """llama.cpp built for this CPU (edge.analysis.llamacpp_native) on one GGUF: each repeat two `llama-bench`
+    """llama.cpp built for this CPU (edge.analysis.bench.llamacpp) on one GGUF: each repeat two `llama-bench`
     processes, a pp test of the prompts' median length from an empty cache, and a tg test of `max_new_tokens` after
     that many cached positions (random token ids, no sampler: bare passes, as this runtime's decode after its prompt;
     a tg from an empty cache would attend over fewer positions than ours)."""
@@ -232,15 +232,15 @@ class NativeLlamaRunner:
     OPS = ("run",)
 
     def __init__(self, gguf: str, threads: int, prompt_tokens: int, max_new_tokens: int, cache: str):
-        from edge.analysis.llamacpp_native import binary
+        from edge.analysis.bench.llamacpp import binary
         self.tool = binary(Path(cache))
         if self.tool is None:
-            raise RuntimeError("no native llama.cpp build: edge.analysis.llamacpp_native.ensure_built runs first")
+            raise RuntimeError("no native llama.cpp build: edge.analysis.bench.llamacpp.ensure_built runs first")
         self.gguf, self.threads, self.p, self.n = Path(gguf), threads, prompt_tokens, max_new_tokens
         self.info = {"gguf": self.gguf.name, "native": True}
 
     def run(self) -> dict:
-        from edge.analysis.llamacpp_native import llama_bench, system_info, test_rate
+        from edge.analysis.bench.llamacpp import llama_bench, system_info, test_rate
         pp = test_rate(llama_bench(self.tool, self.gguf, self.threads, prompt=self.p), "pp")
         records = llama_bench(self.tool, self.gguf, self.threads, gen=self.n, depth=self.p)
         tg = test_rate(records, "tg")
@@ -277,12 +277,12 @@ class HfRunner:
 
 
 class ProbeRunner:
-    """The read probe (edge.analysis.peers.ReadProbe) of `nbytes`."""
+    """The read probe (edge.analysis.bench.peers.ReadProbe) of `nbytes`."""
 
     OPS = ("run",)
 
     def __init__(self, nbytes: int, repeats: int = 5):
-        from edge.analysis.peers import ReadProbe
+        from edge.analysis.bench.peers import ReadProbe
         self.probe, self.repeats = ReadProbe(nbytes), repeats
         self.probe.gbps(1)
         self.info = {"bytes": self.probe.nbytes}
