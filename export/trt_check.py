@@ -1,7 +1,7 @@
 """The device check's TensorRT section: a checkpoint's step graph built into a TensorRT engine (KV binding chosen as
 export.trt_build does) and run against the independent step reference (edge.checks.reference_agreement, as the
 self-check's tensorrt path): greedy target-only tokens equal to the reference's, prefill logits within the
-self-check's bound. Run by edge.cli.device_check in a process of its own (TensorRT's memory and any crash stay there;
+self-check's bound. Run by export.tools.device_check in a process of its own (TensorRT's memory and any crash stay there;
 edge imports no export code) and printing one JSON object:
 
     python -m export.trt_check --checkpoint DIR [--onnx FILE] [--engine tensorrt|onnxruntime] [--kv-binding pingpong|aliased|auto]
@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from edge.argtypes import Parser, count
-from edge.cli.common import run_cli
+from edge.options.run import run_cli
 from edge.errors import BitNestError
 from edge.phase_clock import PhaseClock
 

@@ -1,16 +1,11 @@
-"""`bitnest bench-kernels` (export.commands): run `python scripts/bench_kernels.py --help` for its options."""
+"""`bitnest bench-kernels` from a checkout (export/commands/bench_kernels.py): `python scripts/bench_kernels.py --help` for its options."""
 
 import sys
 from pathlib import Path
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repo root, not scripts/
 
-from export.commands import run_command  # noqa: E402
-
-
-def main(argv=None) -> int:
-    return run_command("bench-kernels", argv)
-
+from export.commands.bench_kernels import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,16 +1,11 @@
-"""`bitnest calibrate` (export.commands): run `python scripts/calibrate_gates.py --help` for its options."""
+"""`bitnest calibrate` from a checkout (export/commands/calibrate.py): `python scripts/calibrate_gates.py --help` for its options."""
 
 import sys
 from pathlib import Path
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repo root, not scripts/
 
-from export.commands import run_command  # noqa: E402
-
-
-def main(argv=None) -> int:
-    return run_command("calibrate", argv)
-
+from export.commands.calibrate import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -37,19 +37,19 @@ else
   WHOLE=540                                 # the tensorrt section's limit (300 s) on top
 fi
 for arg in "$@"; do
-  if [ "$arg" = "--with-gptq" ]; then           # the opt-in gptq section's limit on top (edge/cli/device_check.py)
-    WHOLE=$((WHOLE + $("$PY" -c 'from edge.cli.device_check import LIMITS; print(int(LIMITS["gptq"]))')))
+  if [ "$arg" = "--with-gptq" ]; then           # the opt-in gptq section's limit on top (export/tools/device_check.py)
+    WHOLE=$((WHOLE + $("$PY" -c 'from export.tools.device_check import LIMITS; print(int(LIMITS["gptq"]))')))
   fi
 done
 DEVICE_CHECK_TIMEOUT=${DEVICE_CHECK_TIMEOUT:-$WHOLE}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >&2 || true
 status=0
-timeout "$DEVICE_CHECK_TIMEOUT" "$PY" -m edge.cli.device_check --out "$OUT/device_check.json" "${ARGS[@]}" "$@" \
+timeout "$DEVICE_CHECK_TIMEOUT" "$PY" -m export.commands device-check --out "$OUT/device_check.json" "${ARGS[@]}" "$@" \
   || status=$?
 if [ "$status" = 124 ]; then
   echo "device_check: stopped after $DEVICE_CHECK_TIMEOUT s; $OUT/device_check.json holds the sections done" >&2
 fi
 if [ -f "$OUT/device_check.json" ]; then
-  "$PY" -m edge.cli.device_check --table "$OUT/device_check.json" | tee "$OUT/device_check.md"
+  "$PY" -m export.commands device-check --table "$OUT/device_check.json" | tee "$OUT/device_check.md"
 fi
 exit $status

@@ -18,7 +18,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repo root, not scr
 
 from edge.analysis.elastic_quality import plot, run  # noqa: E402
 from edge.argtypes import Parser, count  # noqa: E402
-from edge.cli.common import pyplot, run_cli  # noqa: E402
+from edge.options.run import pyplot, run_cli  # noqa: E402
 from edge.corpora import SHAKESPEARE_EVAL_WORKS, shakespeare_text  # noqa: E402
 
 

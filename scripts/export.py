@@ -1,16 +1,11 @@
-"""`bitnest export` (export.commands): run `python scripts/export.py --help` for its options."""
+"""`bitnest export` from a checkout (export/commands/export.py): `python scripts/export.py --help` for its options."""
 
 import sys
 from pathlib import Path
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repo root, not scripts/
 
-from export.commands import run_command  # noqa: E402
-
-
-def main(argv=None) -> int:
-    return run_command("export", argv)
-
+from export.commands.export import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

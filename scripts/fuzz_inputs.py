@@ -1,16 +1,11 @@
-"""`bitnest fuzz-inputs` (export.commands): run `python scripts/fuzz_inputs.py --help` for its options."""
+"""`bitnest fuzz-inputs` from a checkout (export/commands/fuzz_inputs.py): `python scripts/fuzz_inputs.py --help` for its options."""
 
 import sys
 from pathlib import Path
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repo root, not scripts/
 
-from export.commands import run_command  # noqa: E402
-
-
-def main(argv=None) -> int:
-    return run_command("fuzz-inputs", argv)
-
+from export.commands.fuzz_inputs import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

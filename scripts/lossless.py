@@ -1,16 +1,11 @@
-"""`bitnest lossless` (export.commands): run `python scripts/lossless.py --help` for its options."""
+"""`bitnest lossless` from a checkout (export/commands/lossless.py): `python scripts/lossless.py --help` for its options."""
 
 import sys
 from pathlib import Path
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repo root, not scripts/
 
-from export.commands import run_command  # noqa: E402
-
-
-def main(argv=None) -> int:
-    return run_command("lossless", argv)
-
+from export.commands.lossless import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

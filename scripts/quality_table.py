@@ -1,16 +1,11 @@
-"""`bitnest quality-table` (export.commands): run `python scripts/quality_table.py --help` for its options."""
+"""`bitnest quality-table` from a checkout (export/commands/quality_table.py): `python scripts/quality_table.py --help` for its options."""
 
 import sys
 from pathlib import Path
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repo root, not scripts/
 
-from export.commands import run_command  # noqa: E402
-
-
-def main(argv=None) -> int:
-    return run_command("quality-table", argv)
-
+from export.commands.quality_table import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

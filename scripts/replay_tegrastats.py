@@ -1,16 +1,11 @@
-"""`bitnest replay-tegrastats` (export.commands): run `python scripts/replay_tegrastats.py --help` for its options."""
+"""`bitnest replay-tegrastats` from a checkout (export/commands/replay_tegrastats.py): `python scripts/replay_tegrastats.py --help` for its options."""
 
 import sys
 from pathlib import Path
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repo root, not scripts/
 
-from export.commands import run_command  # noqa: E402
-
-
-def main(argv=None) -> int:
-    return run_command("replay-tegrastats", argv)
-
+from export.commands.replay_tegrastats import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

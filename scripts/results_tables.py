@@ -1,16 +1,11 @@
-"""`bitnest tables` (export.commands): run `python scripts/results_tables.py --help` for its options."""
+"""`bitnest tables` from a checkout (export/commands/tables.py): `python scripts/results_tables.py --help` for its options."""
 
 import sys
 from pathlib import Path
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repo root, not scripts/
 
-from export.commands import run_command  # noqa: E402
-
-
-def main(argv=None) -> int:
-    return run_command("tables", argv)
-
+from export.commands.tables import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,16 +1,11 @@
-"""`bitnest serve` (export.commands): run `python scripts/serve.py --help` for its options."""
+"""`bitnest serve` from a checkout (export/commands/serve.py): `python scripts/serve.py --help` for its options."""
 
 import sys
 from pathlib import Path
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repo root, not scripts/
 
-from export.commands import run_command  # noqa: E402
-
-
-def main(argv=None) -> int:
-    return run_command("serve", argv)
-
+from export.commands.serve import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,16 +1,11 @@
-"""`bitnest verify-onnx` (export.commands): run `python scripts/verify_onnx.py --help` for its options."""
+"""`bitnest verify-onnx` from a checkout (export/commands/verify_onnx.py): `python scripts/verify_onnx.py --help` for its options."""
 
 import sys
 from pathlib import Path
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repo root, not scripts/
 
-from export.commands import run_command  # noqa: E402
-
-
-def main(argv=None) -> int:
-    return run_command("verify-onnx", argv)
-
+from export.commands.verify_onnx import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

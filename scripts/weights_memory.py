@@ -1,16 +1,11 @@
-"""`bitnest weights-memory` (export.commands): run `python scripts/weights_memory.py --help` for its options."""
+"""`bitnest weights-memory` from a checkout (export/commands/weights_memory.py): `python scripts/weights_memory.py --help` for its options."""
 
 import sys
 from pathlib import Path
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repo root, not scripts/
 
-from export.commands import run_command  # noqa: E402
-
-
-def main(argv=None) -> int:
-    return run_command("weights-memory", argv)
-
+from export.commands.weights_memory import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -81,7 +81,7 @@ def test_auto_costs_a_ceiling_a_spoiled_table_and_a_remeasure(rtn_checkpoint, tm
 
 
 def test_the_answer_line_shows_the_gamma_mix():
-    from edge.cli.chat import answer_line
+    from export.commands.chat import answer_line
     s = {"tokens": 30, "tok_s": 99.0, "acceptance": 0.75, "tokens_per_round": 2.5, "escalation_rate": None,
          "gamma_histogram": {"0": 6, "4": 6}}
     assert answer_line(s).endswith("acceptance 75%, 2.5 tok/round, γ 0×6 4×6]")

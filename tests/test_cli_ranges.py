@@ -13,7 +13,7 @@ import pytest
 from edge.argtypes import Number
 from export import commands
 
-PARSERS = {name: importlib.import_module(cmd.module).parser for name, cmd in commands.COMMANDS.items()}
+PARSERS = {name: importlib.import_module(commands.command_module(name)).parser for name in commands.COMMANDS}
 
 # command -> option -> "KIND [lo, hi]" ("(" / ")": that end excluded; inf: unbounded; "none": the word none is taken)
 BOUNDS = {

@@ -55,7 +55,7 @@ def test_device_check_script_runs_dry(tmp_path):
 def test_the_plugins_section_runs_the_suites_and_reports_a_failure(tmp_path):
     """The plugins section runs its suites in a pytest process of its own and passes only where none failed: one
     real suite passes; a suite with a failing test beside it fails the section and names the test."""
-    from edge.cli.device_plugins import plugins_section
+    from export.tools.device_plugins import plugins_section
     ok = plugins_section(120, ("tests/test_trt_inspect.py",))
     assert ok["passed"] and ok["counts"]["passed"] >= 10 and not ok["failures"] and ok["device"] == "cpu"
     bad = tmp_path / "test_broken_plugin.py"
@@ -70,7 +70,7 @@ def test_the_plugins_section_runs_the_suites_and_reports_a_failure(tmp_path):
 def test_a_failing_kernel_unit_test_fails_the_kernels_section(tmp_path, monkeypatch):
     """The kernels section passes only where the oracle checks and the kernels' unit tests on the device both pass:
     a failing unit test (here a suite beside the dry run's one test) fails it and is named."""
-    from edge.cli import device_check as dc
+    from export.tools import device_check as dc
     bad = tmp_path / "test_broken_kernel.py"
     bad.write_text("def test_group_of_32_compiles():\n    assert 16 >= 32\n")
     monkeypatch.setattr(dc, "KERNEL_TESTS_DRY", (*dc.KERNEL_TESTS_DRY, str(bad)))
@@ -85,12 +85,12 @@ def test_the_plugins_section_fails_without_pytest_or_onnx_on_a_real_run(tmp_path
     """In an interpreter that really lacks the module (python -S: no site-packages; where only onnx is to be absent,
     pytest's package linked onto the path), a real run's plugins section fails in one line naming the install and
     fails the device check's verdict; a dry run skips with the same line."""
-    from edge.cli.device_check import section_status
+    from export.tools.device_check import section_status
     site = tmp_path / "site"
     site.mkdir()
     if absent == "onnx":
         (site / "pytest").symlink_to(Path(pytest.__file__).parent)
-    code = ("import json; from edge.cli.device_plugins import plugins_section; "
+    code = ("import json; from export.tools.device_plugins import plugins_section; "
             "print(json.dumps([plugins_section(60, dry=dry) for dry in (False, True)]))")
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{site}")
     out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, env=env, timeout=60,
@@ -107,8 +107,8 @@ def test_the_plugins_section_stops_its_child_before_its_limit_and_names_the_runn
     """A suite whose second test outlasts the section: run as the device check runs a section (under its SIGALRM
     limit), the pytest child is stopped PLUGINS_STOP_MARGIN s before the limit, so the section returns instead of
     timing out, fails, and keeps what the child had printed: the test it was in and the one that passed."""
-    from edge.cli.device_check import _within
-    from edge.cli.device_plugins import PLUGINS_STOP_MARGIN, plugins_section
+    from export.tools.device_check import _within
+    from export.tools.device_plugins import PLUGINS_STOP_MARGIN, plugins_section
     suite = tmp_path / "test_slow_plugin.py"
     suite.write_text("import time\n\n\ndef test_quick():\n    pass\n\n\n"
                      "def test_waits_for_the_device():\n    time.sleep(600)\n")
@@ -125,7 +125,7 @@ def test_device_check_without_a_gpu_says_so():
     if torch.cuda.is_available():
         pytest.skip("a CUDA GPU is present: the check runs instead of refusing")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-m", "edge.cli.device_check"], capture_output=True, text=True, env=env,
+    out = subprocess.run([sys.executable, "-m", "export.commands", "device-check"], capture_output=True, text=True, env=env,
                          timeout=120, cwd=ROOT)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "needs a CUDA GPU" in out.stderr
 
@@ -193,7 +193,7 @@ def test_a_run_killed_in_a_middle_section_leaves_the_sections_done(tmp_path):
 
 
 def test_the_7b_shape_is_skipped_below_12_gib():
-    from edge.cli.device_check import DeviceCheckOptions, _models, seven_b_skip_reason
+    from export.tools.device_check import DeviceCheckOptions, _models, seven_b_skip_reason
     orin_8gb, orin_16gb, h200 = 7.4 * 2 ** 30, 15.3 * 2 ** 30, 139 * 2 ** 30
     assert "7.4 GiB" in seven_b_skip_reason(orin_8gb)
     assert seven_b_skip_reason(orin_16gb) is None and seven_b_skip_reason(h200) is None
@@ -207,6 +207,6 @@ def test_the_7b_shape_is_skipped_below_12_gib():
                                         (["--dry", "--limits", "kernels=0"], "> 0 seconds")])
 def test_bad_section_options_are_one_line_errors(args, says):
     env = dict(os.environ, TRITON_INTERPRET="1")
-    out = subprocess.run([sys.executable, "-m", "edge.cli.device_check", *args], capture_output=True, text=True,
-                         env=env, timeout=120, cwd=ROOT)
+    out = subprocess.run([sys.executable, "-m", "export.commands", "device-check", *args], capture_output=True,
+                         text=True, env=env, timeout=120, cwd=ROOT)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and says in out.stderr, out.stderr

@@ -1,4 +1,4 @@
-"""The device check's opt-in `gptq` section (edge.cli.device_gptq) on the CPU: its comparison with the committed
+"""The device check's opt-in `gptq` section (export.tools.device_gptq) on the CPU: its comparison with the committed
 CPU figures, the opt-in, a child stopped before the section's limit, and the whole section in its dry form (the same
 export and evaluation scripts on the CPU, RTN at a tiny calibration). The real comparison needs CUDA (marked `gpu`)."""
 
@@ -31,7 +31,7 @@ def _shifted(cpu: dict, points: dict) -> dict:
 def test_agreement_within_half_a_point_of_the_committed_figure_passes_and_past_it_fails():
     """Against the committed row of scripts/results/quality.json: 0.5 points either way on every corpus passes;
     0.6 points up, or down, on one corpus fails naming it; every corpus records both figures and the difference."""
-    from edge.cli.device_gptq import committed, judge
+    from export.tools.device_gptq import committed, judge
     cpu = committed()
     assert set(cpu["agreement"]) == {"sharegpt", "shakespeare", "code"}
     ok = judge(_shifted(cpu, {"sharegpt": 0.5, "shakespeare": -0.5}), cpu)
@@ -54,16 +54,16 @@ def test_the_evaluation_is_the_committed_one():
     window, backend, activations and draft head from the row), and an evaluation that counted other tokens than the
     committed row fails even where the figures agree."""
     from edge.analysis.report.tables import DEFAULT_ROW
-    from edge.cli.device_gptq import CPU_TOKENS, committed, evaluate_command, export_command, judge
+    from export.tools.device_gptq import CPU_TOKENS, committed, evaluate_command, export_command, judge
     cpu = committed()
     assert cpu["row"] == DEFAULT_ROW                          # the row README's headline renders
     windows = range(0, CPU_TOKENS - 1, cpu["window"])        # edge.analysis.evaluate's windows over --tokens ids
     assert all(n == sum(min(cpu["window"], CPU_TOKENS - s) - 1 for s in windows) for n in cpu["tokens"].values())
     cmd = evaluate_command(Path("CK"), cpu, CPU_TOKENS)
-    assert cmd[1:] == ["scripts/evaluate.py", "--checkpoint", "CK", "--tokens", "4096", "--window", "1024",
+    assert cmd[1:] == ["-m", "export.commands", "evaluate", "--checkpoint", "CK", "--tokens", "4096", "--window", "1024",
                        "--backend", "torch", "--act", "float", "--draft-head", "8bit", "--json"]
-    assert export_command(Path("OUT"), dry=False)[1:] == ["scripts/export.py", "--out", "OUT", "--device", "cuda",
-                                                         "--json"]
+    assert export_command(Path("OUT"), dry=False)[1:] == ["-m", "export.commands", "export", "--out", "OUT",
+                                                         "--device", "cuda", "--json"]
     other = _shifted(cpu, {})
     other["tokens"]["code"] -= 4
     r = judge(other, cpu)
@@ -76,7 +76,9 @@ def test_the_evaluation_is_the_committed_one():
 def test_the_gptq_section_is_opt_in(tmp_path, monkeypatch):
     """The default sections leave it out and the JSON says why; --with-gptq asks for it; a section that is not
     asked for fails nothing, and its table line says it was not run."""
-    from edge.cli.device_check import DeviceCheckOptions, main, parser, run_device_check, section_status, table
+    from edge.analysis.report.device import table
+    from export.commands.device_check import main, parser
+    from export.tools.device_check import DeviceCheckOptions, run_device_check, section_status
     assert "gptq" not in DeviceCheckOptions().chosen
     assert DeviceCheckOptions(with_gptq=True).chosen[-1] == "gptq"
     assert "gptq" not in DeviceCheckOptions(sections=("kernels",), with_gptq=True).chosen
@@ -108,8 +110,8 @@ def test_a_child_past_the_limit_is_stopped_and_its_last_lines_kept(tmp_path):
     check runs a section (under its SIGALRM limit): stopped GPTQ_STOP_MARGIN s before the limit, so the section
     returns, fails naming the step and its last line, keeps its last lines, and leaves no child running. It was
     given the default export's options with --device cuda."""
-    from edge.cli.device_check import _within
-    from edge.cli.device_gptq import GPTQ_STOP_MARGIN, gptq_section
+    from export.tools.device_check import _within
+    from export.tools.device_gptq import GPTQ_STOP_MARGIN, gptq_section
     argv = tmp_path / "argv.json"
     stand_in = tmp_path / "slow_export.py"
     stand_in.write_text(STAND_IN.format(argv=str(argv)))
@@ -158,7 +160,7 @@ def test_the_gptq_section_runs_dry_on_the_cpu(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_the_gptq_export_on_cuda_gives_the_cpu_exports_agreement():
     """The section itself on a GPU: GPTQ on CUDA, the committed evaluation, every corpus within 0.5 points."""
-    from edge.cli.device_check import LIMITS
-    from edge.cli.device_gptq import gptq_section
+    from export.tools.device_check import LIMITS
+    from export.tools.device_gptq import gptq_section
     r = gptq_section(LIMITS["gptq"])
     assert r["status"] == "passed", r

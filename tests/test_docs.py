@@ -64,12 +64,13 @@ def test_the_check_names_a_table_edited_by_hand(tmp_path, monkeypatch, capsys):
     assert row in text
     doc.write_text(text.replace(row, "| fixed γ = 4 | 82.3% |", 1))
     assert update_tables(root, check=True)["stale"] == ["docs/precision-on-demand.md:sweep-bitnest"]
-    monkeypatch.setattr(report, "ROOT", root)
-    assert report.main(["--check"]) == 1
+    from export.commands import tables as command
+    monkeypatch.setattr(command, "ROOT", root)
+    assert command.main(["--check"]) == 1
     err = capsys.readouterr().err
     assert "docs/precision-on-demand.md:sweep-bitnest" in err and len(err.strip().splitlines()) == 1
-    assert report.main([]) == 0                            # rewriting restores the JSON's figure
-    assert row in doc.read_text() and report.main(["--check"]) == 0
+    assert command.main([]) == 0                           # rewriting restores the JSON's figure
+    assert row in doc.read_text() and command.main(["--check"]) == 0
 
 
 def test_the_check_names_every_table_of_a_changed_result(tmp_path):
@@ -140,7 +141,7 @@ def test_the_readme_names_every_command_and_its_script():
         assert len(names) == len(files), f"commands and scripts do not pair up: {commands} | {scripts}"
         for name, file in zip(names, files):
             path = ROOT / "scripts" / file
-            if not path.is_file() or f'run_command("{name}"' not in path.read_text():
+            if not path.is_file() or f"from export.commands.{name.replace('-', '_')} import main" not in path.read_text():
                 wrong.append(f"{name} -> scripts/{file}")
     assert not wrong, f"the README pairs commands with scripts that do not run them: {wrong}"
 

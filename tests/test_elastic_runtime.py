@@ -51,7 +51,7 @@ def test_a_context_past_the_kv8_plan_runs_elastically_from_the_plan(rtn_checkpoi
     assert eng.cache.main.refine.shape[3] == ring and storage_bytes(eng.cache) == held
     s = spec["stats"].summary()
     assert eng.length > kv8 and s["kv4_positions"] == eng.length - 256 > 0 and s["kv_window"] == 256
-    from edge.cli.chat import answer_line            # what the interactive chat prints after the answer
+    from export.commands.chat import answer_line            # what the interactive chat prints after the answer
     assert f"{s['kv4_positions']:,} positions at KV4 (window 256)" in answer_line(s)
     target = rt.generate(prompt, GenerateConfig(policy="target", max_new_tokens=48))
     assert spec["tokens"] == target["tokens"]
@@ -82,7 +82,7 @@ def test_refusals_are_one_line(rtn_checkpoint):
 
 
 def test_kv_window_option_is_range_checked(capsys):
-    from edge.cli.chat import main
+    from export.commands.chat import main
     with pytest.raises(SystemExit) as e:
         main(["--kv-window", "-1", "--prompt", "x"])
     assert e.value.code == 2

@@ -100,7 +100,7 @@ def test_the_export_command_refuses_a_missing_part_in_one_line(parts, tmp_path, 
     """`bitnest export --model qwen2.5-coder-0.5b` with the preset's parts missing (the stand-in's, one removed)."""
     import shutil
 
-    from export.cli import main
+    from export.commands.export import main
     model, files, _ = parts
     monkeypatch.setitem(PACKAGED_MODELS, PRESET, model)
     shutil.rmtree(files[0].parents[1])
@@ -146,7 +146,7 @@ def test_a_preset_names_its_own_export_and_bench_finds_its_gguf(parts, tmp_path,
 def test_model_and_checkpoint_together_are_one_line(tmp_path):
     from argparse import Namespace
 
-    from edge.cli.options import checkpoint_arg
+    from edge.options.groups import checkpoint_arg
     with pytest.raises(BitNestError, match="not both"):
         checkpoint_arg(Namespace(checkpoint=str(tmp_path), model=PRESET), lambda model="default": tmp_path)
     assert checkpoint_arg(Namespace(checkpoint=None, model=PRESET), lambda model="default": tmp_path / model) == \

@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from edge.analysis import calibrate, compare
-from edge.analysis.replay import analyse as replay
+from edge.analysis import compare
+from export.commands import calibrate, replay
+from export.commands import compare as compare_cmd
 from edge.backends import resolve_backend
 from edge.analysis.phase_prompts import phase_candidates
 from edge.decode import thresholds
@@ -64,7 +65,7 @@ def test_replay_json_and_figures(calibrated, tmp_path, capsys):
 
 
 def test_compare_runs_every_policy(calibrated, capsys):
-    rc = compare.main(["--checkpoint", str(calibrated), "--prompts", "3", "--max-new-tokens", "6",
+    rc = compare_cmd.main(["--checkpoint", str(calibrated), "--prompts", "3", "--max-new-tokens", "6",
                        "--match-tokens", "4", "--phase-prompts", "0", "--resamples", "100", "--json"])
     assert rc == 0
     out = _last_json(capsys)
@@ -125,7 +126,7 @@ def test_repair_gates_escalated_steps_equal_the_target_on_their_own_history(cali
 
 
 def test_speculation_sweep_is_lossless_and_counts_its_drafting(calibrated, capsys):
-    rc = compare.main(["--checkpoint", str(calibrated), "--prompts", "2", "--max-new-tokens", "10",
+    rc = compare_cmd.main(["--checkpoint", str(calibrated), "--prompts", "2", "--max-new-tokens", "10",
                        "--speculation-sweep", "--json"])
     assert rc == 0
     sweep = _last_json(capsys)["speculation_sweep"]
@@ -183,7 +184,7 @@ def test_phase_comparison_on_its_tagged_prompt_set(calibrated):
 
 
 def test_phase_tag_must_not_be_empty(calibrated, capsys):
-    assert compare.main(["--checkpoint", str(calibrated), "--phase-tag", ""]) == 2
+    assert compare_cmd.main(["--checkpoint", str(calibrated), "--phase-tag", ""]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--phase-tag" in err[0]
 
@@ -201,7 +202,7 @@ def test_bad_input_is_one_line(calibrated, tmp_path, capsys):
     assert replay.main(["--checkpoint", str(calibrated), "--prompts-file", str(tmp_path / "none.jsonl")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "does not exist" in err[0]
-    assert compare.main(["--checkpoint", str(calibrated), "--gate-threshold", "1"]) == 2
+    assert compare_cmd.main(["--checkpoint", str(calibrated), "--gate-threshold", "1"]) == 2
     assert "--gate-rate" in capsys.readouterr().err
     r = subprocess.run([sys.executable, "scripts/chat.py", "--checkpoint", str(calibrated), "--prompt", "x",
                         "--policy", "gate-entropy", "--gate-rate", "0.5"], capture_output=True, text=True, cwd=ROOT,

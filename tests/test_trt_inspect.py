@@ -130,7 +130,8 @@ def test_auto_falls_back_to_pingpong_when_the_aliased_engine_fails(results, trie
 def test_pingpong_is_the_default_everywhere_an_engine_is_built():
     import inspect
 
-    from export import cli, trt_check
+    from export import trt_check
+    from export.commands import export as cli
     from export.trt_build import build_engine
     assert inspect.signature(build_engine).parameters["kv_binding"].default == "pingpong"
     assert inspect.signature(trt_check.engine_agreement).parameters["kv_binding"].default == "pingpong"

@@ -2,15 +2,11 @@
 prompts (ShareGPT conversations before the evaluation range), the entropy and margin thresholds at which the
 low-pass signal crosses on 3, 7, 15 and 30% of steps, saved beside the checkpoint (edge.decode.thresholds)."""
 
-import argparse
 import sys
 import time
 
 from edge.corpora import sharegpt_prompts
 from edge.analysis.replay.trace import StepTrace, trace_prompt
-from edge.argtypes import count
-from edge.cli.common import run_cli
-from edge.cli.options import checkpoint_arg, draft_head_options, tool_parser
 from edge.decode.config import GateConfig
 from edge.decode.signals import SIGNALS
 from edge.decode.thresholds import (
@@ -85,25 +81,3 @@ def calibrated_gate(rt, policy: str, gate: GateConfig) -> GateConfig:
     if policy_class(policy).needs_threshold and gate.threshold is None:
         ensure_thresholds(rt)
     return resolve_gate(rt.ckpt, rt.backend, policy, gate)
-
-
-def parser() -> argparse.ArgumentParser:
-    """The command's options (main parses them)."""
-    p = tool_parser("calibrate_gates.py", __doc__)
-    p.add_argument("--prompts", type=count(), default=12, help="calibration prompts (ShareGPT calibration range)")
-    p.add_argument("--max-new-tokens", type=count(), default=64, help="length of each target trajectory")
-    return p
-
-
-def main(argv=None, default_checkpoint=None) -> int:
-    """`bitnest calibrate` (scripts/calibrate_gates.py): calibrate (again) and save the thresholds of one backend."""
-    a = parser().parse_args(argv)
-
-    def body():
-        ckpt = checkpoint_arg(a, default_checkpoint)
-        from edge.llm import LLM
-        rt = LLM(ckpt, policy="target", backend=a.backend, max_context=a.max_new_tokens + 2048, meter="none",
-                 **draft_head_options(a))
-        entry = calibrate(rt, a.prompts, a.max_new_tokens)
-        return dict(entry, file=str(save_thresholds(rt.ckpt, entry)))
-    return run_cli(body, a.json, "calibrate_gates.py")

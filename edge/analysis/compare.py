@@ -6,7 +6,6 @@ escalated steps leave the target's choice on the gate's own history. The phase g
 set whose continuations contain a closing tag (edge/analysis/phase_prompts.py); `--speculation-sweep` compares
 adaptive speculation with fixed γ."""
 
-import argparse
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Optional
@@ -17,12 +16,10 @@ from edge.analysis.calibrate import calibrated_gate
 from edge.corpora import sharegpt_prompts
 from edge.analysis.phase_prompts import TAG, phase_prompts
 from edge.analysis.significance import mcnemar_exact, paired_bootstrap_diff
-from edge.argtypes import count, gamma, seed
 from edge.decode.adaptive import AdaptiveConfig
 from edge.decode.config import GateConfig, GenerateConfig
 from edge.engine import MAX_PROPOSALS
 from edge.engine.kv_cache import KV8
-from edge.errors import BitNestError
 from edge.llm import LLM, Answer
 from edge.engine.stats import merged_summary
 
@@ -246,39 +243,3 @@ def phase_comparison(rt: LLM, o: CompareOptions) -> dict:
     _add_departures(rt, prompts, runs, table)
     table["gate-phase"]["switched"] = sum("phase_switch_at" in r.stats.extra for r in runs["gate-phase"])
     return {**info, "prompts": len(prompts), "max_new_tokens": o.phase_tokens, "policies": table}
-
-
-def parser() -> argparse.ArgumentParser:
-    """The command's options (main parses them)."""
-    from edge.cli.options import add_policy_arguments, tool_parser
-    p = tool_parser("compare_policies.py", __doc__)
-    p.add_argument("--prompts", type=count(), default=24, help="held-out ShareGPT requests")
-    p.add_argument("--max-new-tokens", type=count(), default=24)
-    p.add_argument("--match-tokens", type=count(), default=8, help="K of the exact-match outcome")
-    p.add_argument("--phase-prompts", type=count(0), default=12, help="prompts of the phase set (0: skip it)")
-    p.add_argument("--phase-tokens", type=count(), default=48, help="new tokens per phase prompt")
-    p.add_argument("--gamma", type=gamma(), default=4)
-    p.add_argument("--resamples", type=count(), default=2000, help="bootstrap resamples")
-    p.add_argument("--seed", type=seed(), default=0, help="bootstrap and gate-random seed")
-    p.add_argument("--speculation-sweep", action="store_true", help="only compare adaptive with fixed gamma")
-    add_policy_arguments(p)
-    return p
-
-
-def main(argv=None, default_checkpoint=None) -> int:
-    from edge.cli.common import run_cli
-    from edge.cli.options import (
-        adaptive_config,
-        checkpoint_arg,
-    )
-    a = parser().parse_args(argv)
-
-    def body():
-        ckpt = checkpoint_arg(a, default_checkpoint)
-        if a.gate_threshold is not None:
-            raise BitNestError("compare_policies.py uses the calibrated thresholds: pass --gate-rate, not --gate-threshold")
-        return compare(CompareOptions(ckpt, a.backend, a.prompts, a.max_new_tokens, a.match_tokens, a.phase_prompts,
-                                      a.phase_tokens, a.gate_rate, a.gamma, adaptive_config(a), a.resamples, a.seed,
-                                      a.speculation_sweep, a.phase_tag, a.draft_head, a.shortlist_k,
-                                      a.draft_vocab))
-    return run_cli(body, a.json, "compare_policies.py")

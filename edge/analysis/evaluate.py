@@ -3,7 +3,6 @@ held-out text, and teacher-forced draft/target argmax agreement. A draft reading
 through the 8-bit head it re-scores with (`draft_ppl_head`; its own logits are -inf past its K rows), its
 agreement through the shortlist itself."""
 
-import argparse
 import math
 import time
 from dataclasses import dataclass, field
@@ -13,11 +12,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from edge.argtypes import Parser, count
-from edge.backends import BACKENDS, make_backend
+from edge.backends import make_backend
 from edge.backends.torch_ref import TorchBackend
-from edge.cli.common import run_cli
-from edge.cli.options import add_draft_head_arguments
 from edge.corpora import CORPORA, eval_text
 from edge.engine.stats import draft_head_summary
 from edge.errors import BitNestError
@@ -136,27 +132,3 @@ def evaluate(opts: EvalOptions) -> dict:
             "activations": getattr(weights, "activations", "float32"),
             "ppl": ppl, "agreement": agreement, "target_reference_agreement": target_vs_ref,
             "tokens": counted, "window": opts.window, "seconds": round(time.time() - t0, 1)}
-
-
-def parser() -> argparse.ArgumentParser:
-    """The command's options (main parses them)."""
-    p = Parser(prog="bitnest-evaluate", description=__doc__)
-    p.add_argument("--checkpoint", required=True, help="nested checkpoint folder")
-    p.add_argument("--corpus", action="append", help=f"{'|'.join(CORPORA)}|FILE (repeatable; default: all three)")
-    p.add_argument("--tokens", type=count(2), default=8192, help="evaluation tokens per corpus")
-    p.add_argument("--window", type=count(2), default=1024, help="tokens per non-overlapping window")
-    p.add_argument("--act", choices=("float", "int8"), default="float", help="activations of the torch backend's views")
-    p.add_argument("--backend", choices=BACKENDS, default="torch", help="backend that runs the nested views")
-    p.add_argument("--reference", help="the float reference: default, a preset, a .gguf file or an HF folder "
-                   "(default: the model the checkpoint was exported from)")
-    add_draft_head_arguments(p, vocab=False)
-    p.add_argument("--json", action="store_true", help="print one JSON object last")
-    return p
-
-
-def main(argv=None, reference_loader: ReferenceLoader | None = None) -> int:
-    a = parser().parse_args(argv)
-    opts = lambda: EvalOptions(a.checkpoint, tuple(a.corpus or CORPORA), a.tokens, a.window, a.act == "int8",
-                               a.reference, backend=a.backend, draft_head=a.draft_head, shortlist_k=a.shortlist_k,
-                               reference_loader=reference_loader)
-    return run_cli(lambda: evaluate(opts()), a.json, "bitnest-evaluate")

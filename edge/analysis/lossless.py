@@ -11,15 +11,11 @@ Also reports, per corpus, the speculative, adaptive and target decode statistics
 weight and KV bytes per token, their ratio to the FP16 AR baseline, tok/s).
 """
 
-import argparse
 import sys
 
 import torch
 
-from edge.argtypes import Parser, count, gamma
-from edge.backends import BACKENDS
-from edge.cli.common import run_cli
-from edge.cli.options import add_draft_head_arguments, add_model_argument, checkpoint_arg, draft_head_options
+from edge.options.groups import draft_head_options
 from edge.corpora import code_prompts, shakespeare_prompts, sharegpt_prompts
 from edge.decode.config import GenerateConfig
 from edge.engine.stats import draft_head_summary, weight_bytes_per_pass
@@ -106,28 +102,3 @@ def _with_fp16_ratio(summary: dict) -> dict:
     fp16 = summary.get("fp16_weight_bytes_per_token")
     w = summary.get("weight_bytes_per_token")
     return dict(summary, weight_bytes_vs_fp16=round(w / fp16, 4) if w and fp16 else None)
-
-
-def parser() -> argparse.ArgumentParser:
-    """The command's options (main parses them)."""
-    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint")
-    add_model_argument(p)
-    p.add_argument("--backend", default="auto", choices=BACKENDS)
-    p.add_argument("--prompts", type=count(), default=20, help="ShareGPT requests and Shakespeare passages, half each")
-    p.add_argument("--code-prompts", type=count(0), default=0, help="coding requests (held-out ShareGPT) besides them")
-    p.add_argument("--max-new-tokens", type=count(), default=128)
-    p.add_argument("--gamma", type=gamma(), default=4)
-    p.add_argument("--no-adaptive", dest="adaptive", action="store_false",
-                   help="check fixed-γ speculation only (default: adaptive speculation too)")
-    p.add_argument("--reference", default="none", choices=("none",) + BACKENDS,
-                   help="also compare the target view with this backend's, teacher-forced on the outputs (torch: the "
-                        "reference semantics)")
-    add_draft_head_arguments(p)
-    p.add_argument("--json", action="store_true")
-    return p
-
-
-def main(argv=None, default_checkpoint=None) -> int:
-    a = parser().parse_args(argv)
-    return run_cli(lambda: lossless(a, checkpoint_arg(a, default_checkpoint)), a.json, "lossless.py")

@@ -6,14 +6,12 @@ file's header).
     python scripts/weights_memory.py [--checkpoint DIR] [--backend native|cpu|torch] [--prompts N] [--max-new-tokens N]
 """
 
-import argparse
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 from edge.analysis.bench.process import ROOT, worker_env
-from edge.argtypes import Parser, count
 from edge.errors import BitNestError
 
 WEIGHTS = ("nested", "base")
@@ -110,31 +108,7 @@ def compare(checkpoint, backend: str, prompts: list[str], max_new_tokens: int) -
             "same_tokens": runs["nested"]["tokens"] == runs["base"]["tokens"], "runs": runs}
 
 
-def parser() -> argparse.ArgumentParser:
-    """The command's options (main parses them)."""
-    p = Parser(prog="weights_memory.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--child", help=argparse.SUPPRESS)
-    p.add_argument("--checkpoint", help="nested checkpoint folder (default: the embedded SmolLM2 export)")
-    p.add_argument("--backend", default="native", choices=("native", "cpu", "torch"))
-    p.add_argument("--prompts", type=count(), default=4, help="ShareGPT prompts answered by each run")
-    p.add_argument("--max-new-tokens", type=count(), default=64)
-    return p
-
-
-def main(argv=None, default_checkpoint=None) -> int:
-    a = parser().parse_args(argv)
-    if a.child:
-        s = json.loads(a.child)
-        print(json.dumps(child(s["checkpoint"], s["backend"], s["weights"], s["prompts"], s["max_new_tokens"])))
-        return 0
-    from edge.cli.common import run_cli
-    from edge.corpora import sharegpt_prompts
-
-    def go() -> dict:
-        ckpt = a.checkpoint or str(default_checkpoint())
-        return compare(ckpt, a.backend, sharegpt_prompts(a.prompts), a.max_new_tokens)
-    return run_cli(go, True, "weights_memory.py", echo=True)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":      # run_child's fresh process: one run, its figures as one JSON line
+    spec = json.loads(sys.argv[sys.argv.index("--child") + 1])
+    print(json.dumps(child(spec["checkpoint"], spec["backend"], spec["weights"], spec["prompts"],
+                           spec["max_new_tokens"])))

@@ -65,7 +65,7 @@ class EnergySession:
         return sum(self.idle_mw) / len(self.idle_mw) / 1000.0 if len(self.idle_mw) >= 2 else None
 
     def answer(self, run: Callable[[Callable[[list[int]], None]], dict]) -> tuple[dict, dict]:
-        """Run one answer (`run(on_tokens)` -> a Runtime.generate result) and meter its decode phase:
+        """Run one answer (`run(on_tokens)` -> the loader's generate result, edge.llm) and meter its decode phase:
         (the result, its energy figures for the stats)."""
         opened: list[float] = []
         result = run(lambda new: opened or opened.append(self.meter.mark()))

@@ -21,7 +21,7 @@ loading (+27 MiB): the engine's tensors 193.7 MB, 23.1 MB that loading left beyo
 sampled rise 52.5 MB against its traced 47.6 MB (4.9 MB of kernel scratch the tracer cannot see), 4.6 MB kept by
 the first pass (thread pools) under the draft and verification passes, whose sampled rises equal their traced peaks.
 What loading leaves beyond the tensors is mostly heap glibc keeps after frees: on the RTN export of the tests, 3 to
-133 MB run to run untrimmed, 1 to 3 MB after `release_freed_heap` (which a Runtime calls, and so does this check),
+133 MB run to run untrimmed, 1 to 3 MB after `release_freed_heap` (which loading an LLM calls, and so does this check),
 for a peak of plan + 12 to 22 MiB.
 """
 
@@ -130,7 +130,7 @@ def verify_plan(p: MemoryPlan, load: Callable[[], Checkpoint]) -> dict:
                      prefill_chunk=p.workload.prefill_chunk, elastic=elastic)
     held = storage_bytes(eng.backend, eng.ckpt.tensors, eng.cache, eng.decoder)
     built_s = time.perf_counter() - t0
-    release_freed_heap()             # as a Runtime does after loading
+    release_freed_heap()             # as loading an LLM does
     hwm_reset = _reset_peak_rss()    # after loading: the loader's own transients are not the run's
     anon_built = _status("RssAnon")
     peaks, times, anon_steps = {}, {}, {}

@@ -9,7 +9,7 @@ from pathlib import Path
 from edge.analysis.bench.process import Workers
 from edge.corpora import sharegpt_prompts
 from edge.engine import MAX_PROPOSALS
-from edge.cli.options import adaptive_config, draft_head_options, gate_config
+from edge.options.groups import adaptive_config, draft_head_options, gate_config
 
 MINE = ("speculative", "adaptive", "auto", "target", "draft")
 # peer run -> its label in ratio names

@@ -26,7 +26,7 @@ DECODE_TOKENS = 64                 # llama-bench's tg test: tokens generated aft
 def synthetic_pass_spec(cfg: ModelConfig, layout: str, backend: str, threads: int, gamma: int,
                         min_capacity: int = 0, draft: dict | None = None) -> dict:
     """A target-mode synthetic runner of `cfg` with R4 `layout` (edge.analysis.bench.runners.SyntheticRunner) and
-    the draft-head options `draft` (edge.cli.options.draft_head_options; None: the head an export of a model from its
+    the draft-head options `draft` (edge.options.groups.draft_head_options; None: the head an export of a model from its
     own files records, edge.model.draft_head.DRAFT_HEAD_SOURCE_DEFAULT)."""
     return {"kind": "synthetic", "threads": threads, "config": cfg.to_dict(), "backend": backend, "mode": "target",
             "max_new_tokens": 8, "prompts": [PROMPT], "gamma": gamma, "r4": layout, "min_capacity": min_capacity,

@@ -30,7 +30,7 @@ from edge.analysis.bench.process import Workers
 from edge.analysis.bench.replay import judged_acceptance, projected
 from edge.analysis.bench.machine import load_average, machine
 from edge.analysis.bench.peers import shipped_gguf
-from edge.cli.options import draft_head_options
+from edge.options.groups import draft_head_options
 from edge.errors import BitNestError
 from edge.model.arch import ModelConfig
 

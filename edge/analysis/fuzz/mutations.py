@@ -4,7 +4,7 @@ one-line error, accepted correctly, a crash (any other exception: a traceback fo
 limit), a silent wrong load (accepted, but not what the input says or what was exported) or a valid input refused
 (one the oracle says a correct reader loads). `valid` counts the cases the oracle called valid. Each reader's oracle is
 written apart from the reader (edge.analysis.fuzz.readers). The command, with command-line values and killed or
-disk-full exports, is export.fuzz_inputs (scripts/fuzz_inputs.py)."""
+disk-full exports, is export.tools.fuzz_inputs (scripts/fuzz_inputs.py)."""
 
 import contextlib
 import io

@@ -173,7 +173,7 @@ def _expected_prompts(text: bytes):
 
 
 def fuzz_prompts(work: Path, n: int, rng: random.Random, seconds: float) -> Tally:
-    from edge.cli.prompts import read_prompts
+    from edge.options.prompts import read_prompts
     t = Tally()
     f = work / "prompts.jsonl"
     for i in range(n):

@@ -4,7 +4,6 @@ intervals over prompts), what each ordering catches at fixed escalation budgets 
 expectation and the KL oracle, calibrated gates, verified speculation replayed for several k, and the
 byte cost model with the head counted in every pass."""
 
-import argparse
 import math
 import time
 from dataclasses import dataclass
@@ -16,7 +15,6 @@ import numpy as np
 from edge.corpora import sharegpt_prompts
 from edge.analysis.significance import bootstrap_ci, roc_auc
 from edge.analysis.replay.trace import StepTrace, trace_prompt
-from edge.argtypes import count, seed
 from edge.engine.stats import head_bytes_per_pass, head_row_bytes_per_token, weight_bytes_per_pass
 from edge.decode.thresholds import RATES, rate_key, thresholds_entry
 from edge.errors import BitNestError
@@ -228,7 +226,7 @@ class ReplayOptions:
 
 def replay(opts: ReplayOptions) -> dict:
     """Trace the target's greedy trajectories on the prompts, analyse them, optionally draw the figures."""
-    from edge.cli.prompts import read_prompts
+    from edge.options.prompts import read_prompts
     from edge.llm import LLM
     t0 = time.time()
     prompts = read_prompts(opts.prompts_file) if opts.prompts_file else \
@@ -249,29 +247,3 @@ def replay(opts: ReplayOptions) -> dict:
         out["plots"] = save_plots(out, traces, Path(opts.plots), prefix=f"replay-{rt.ckpt.method}")
     out["seconds"] = round(time.time() - t0, 1)
     return out
-
-
-def parser() -> argparse.ArgumentParser:
-    """The command's options (main parses them)."""
-    from edge.cli.options import tool_parser
-    p = tool_parser("replay.py", __doc__)
-    p.add_argument("--prompts-file", help='JSONL, one {"prompt": str, "chat": bool} per line (as chat.py)')
-    p.add_argument("--prompts", type=count(), default=12, help="held-out ShareGPT requests without a prompts file")
-    p.add_argument("--max-new-tokens", type=count(), default=96, help="length of each target trajectory")
-    p.add_argument("--resamples", type=count(), default=1000, help="bootstrap resamples of prompts")
-    p.add_argument("--seed", type=seed(), default=0, help="bootstrap seed")
-    p.add_argument("--plots", help="write PNG figures (paper figures 10-13) into this folder")
-    return p
-
-
-def main(argv=None, default_checkpoint=None) -> int:
-    from edge.cli.common import run_cli
-    from edge.cli.options import checkpoint_arg
-    a = parser().parse_args(argv)
-
-    def body():
-        ckpt = checkpoint_arg(a, default_checkpoint)
-        return replay(ReplayOptions(ckpt, a.backend, a.prompts_file, a.prompts, a.max_new_tokens, a.resamples,
-                                    a.seed, a.plots, a.draft_head, a.shortlist_k,
-                                    a.draft_vocab))
-    return run_cli(body, a.json, "replay.py")

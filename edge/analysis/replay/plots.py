@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from edge.analysis.replay.trace import StepTrace
-from edge.cli.common import pyplot
+from edge.options.run import pyplot
 
 ORDERS = {"entropy": "entropy", "margin": "margin (small first)", "oracle": "oracle (true KL)"}
 

@@ -1,4 +1,4 @@
-"""Markdown cells and tables shared by the result-table renderers (edge.analysis.report.tables, report_bench): a row, a
+"""Markdown cells and tables shared by the result-table renderers (edge.analysis.report.tables, .bench): a row, a
 table, percentages, MB and MiB."""
 
 

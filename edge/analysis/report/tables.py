@@ -11,10 +11,8 @@ NAME is a fixed table (`headline`, `quality`, `bench`, `bench-ratios`, `bench-pa
 (bench-STEM.json: `bench --shape STEM`). The bench tables are edge.analysis.report.bench's.
 """
 
-import argparse
 import json
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -34,9 +32,8 @@ from edge.analysis.report.cells import mib as _mib
 from edge.analysis.report.cells import pct as _pct
 from edge.analysis.report.cells import table as _table
 from edge.analysis.report.shapes import SHAPE_TABLES
-from edge.cli.device_check import table as device_check_table
-from edge.cli.device_table import bandwidth_table
-from edge.argtypes import Parser
+from edge.analysis.report.device import table as device_check_table
+from edge.analysis.report.device import bandwidth_table
 from edge.atomic import write_atomic
 from edge.errors import BitNestError
 
@@ -62,7 +59,7 @@ def _ci(d: dict, sep: str = " to ") -> str:
     return f"{d['value']:.3f} ({d['low']:.3f}{sep}{d['high']:.3f})"
 
 
-# -- quality (export.quality writes quality.json) -----------------------------------------------------------------
+# -- quality (export.tools.quality writes quality.json) -----------------------------------------------------------------
 CORPORA = ("sharegpt", "shakespeare", "code")
 DEFAULT_ROW = "bitnest closed, trust 0.1 + rot + nested head, draft head 8bit (default)"  # the default export
 
@@ -467,34 +464,3 @@ def update_tables(root: Path = ROOT, check: bool = False, only: tuple[str, ...] 
             write_atomic(new.encode(), path)
             written.append(rel)
     return {"tables": tables, "stale": stale, "written": written, "check": check}
-
-
-def parser() -> argparse.ArgumentParser:
-    """The command's options (main parses them)."""
-    p = Parser(prog="results_tables.py", description=__doc__,
-               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--check", action="store_true", help="write nothing; exit 1 naming every table that differs "
-                                                         "from its JSON")
-    p.add_argument("--json", action="store_true", help="print one JSON object last")
-    return p
-
-
-def main(argv=None) -> int:
-    a = parser().parse_args(argv)
-    try:
-        result = update_tables(ROOT, check=a.check)
-    except BitNestError as e:
-        print(f"results_tables.py: error: {e}", file=sys.stderr)
-        return 2
-    if a.check and result["stale"]:
-        print(f"results_tables.py: tables differ from scripts/results: {', '.join(result['stale'])} "
-              "(run `bitnest tables` to rewrite them)", file=sys.stderr)
-    if a.json:
-        print(json.dumps(result))
-    elif not a.check:
-        print(f"{len(result['tables'])} tables, rewritten: {', '.join(result['written']) or 'none'}")
-    return 1 if a.check and result["stale"] else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

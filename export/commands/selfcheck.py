@@ -11,19 +11,21 @@ from pathlib import Path
 
 from edge.argtypes import Parser, count
 from edge.checks.selfcheck import EXPECT, PATHS, SelfCheckOptions, run_selfcheck
-from edge.cli.common import run_cli
-from edge.cli.options import checkpoint_arg
+from edge.options.run import run_cli
+from edge.options.groups import checkpoint_arg
+from export.commands import default_checkpoint
 
 
-def onnx_for(checkpoint: Path, workdir: str, onnx_exporter=None) -> str | None:
-    """CHECKPOINT/decoder_step.onnx when it was exported from these weights, else one exported into `workdir` by
-    `onnx_exporter(checkpoint, path)` (the host's exporter, handed in by `bitnest selfcheck`), else None."""
+def onnx_for(checkpoint: Path, workdir: str) -> str:
+    """CHECKPOINT/decoder_step.onnx when it was exported from these weights, else one the host's exporter
+    (export.onnx_export) writes into `workdir`."""
     from edge.checks.onnx_check import matching_onnx
     from plugins.step_contract import ONNX_FILE
     beside = matching_onnx(checkpoint)
-    if beside is not None or onnx_exporter is None:
+    if beside is not None:
         return beside
-    return onnx_exporter(checkpoint, Path(workdir) / ONNX_FILE)
+    from export.onnx_export import export_onnx
+    return export_onnx(checkpoint, Path(workdir) / ONNX_FILE)["onnx"]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -40,7 +42,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv=None, default_checkpoint=None, onnx_exporter=None) -> int:
+def main(argv=None) -> int:
     a = parser().parse_args(argv)
     failed = []
 
@@ -49,7 +51,7 @@ def main(argv=None, default_checkpoint=None, onnx_exporter=None) -> int:
                                 a.triton_timeout, a.expect)            # bad options fail before any work
         ckpt = Path(checkpoint_arg(a, default_checkpoint))
         with tempfile.TemporaryDirectory(prefix="bitnest-selfcheck-") as work:
-            onnx_path = onnx_for(ckpt, work, onnx_exporter) if "onnxruntime" in opts.paths else None
+            onnx_path = onnx_for(ckpt, work) if "onnxruntime" in opts.paths else None
             result = run_selfcheck(replace(opts, checkpoint=str(ckpt), onnx=onnx_path))
         for r in result["paths"]:
             print(f"{r['path']:>16}: {r['status']}" + (f" ({r['reason']})" if r["reason"] else ""), file=sys.stderr)

@@ -8,15 +8,16 @@ import time
 
 from edge.argtypes import Parser, at_least, count, seed, unit
 from edge.backends import check_backend
-from edge.cli.common import run_cli
-from edge.cli.llm_options import add_llm_arguments, llm_config, make_llm
-from edge.cli.options import checkpoint_arg
-from edge.cli.prompts import read_prompts
+from edge.options.run import run_cli
+from edge.options.llm_args import add_llm_arguments, llm_config, make_llm
+from edge.options.groups import checkpoint_arg
+from edge.options.prompts import read_prompts
 from edge.decode.config import GenerateConfig
 from edge.decode.generate import CONTEXT_FULL
 from edge.decode.sampling import SamplingConfig
 from edge.llm import LLM, Answer
 from edge.engine.stats import merged_summary
+from export.commands import default_checkpoint
 
 
 def parser(prog: str = "chat.py") -> argparse.ArgumentParser:
@@ -35,7 +36,7 @@ def parser(prog: str = "chat.py") -> argparse.ArgumentParser:
 
 
 def generate_config(a) -> GenerateConfig:
-    """The options as typed settings (edge.cli.llm_options) with the chat's sampling and token limit."""
+    """The options as typed settings (edge.options.llm_args) with the chat's sampling and token limit."""
     return llm_config(a, SamplingConfig(a.temperature, a.top_k, a.top_p, a.seed), a.max_new_tokens)
 
 
@@ -147,7 +148,7 @@ def converse(a, cfg: GenerateConfig) -> dict:
         llm.close()
 
 
-def main(argv=None, default_checkpoint=None) -> int:
+def main(argv=None) -> int:
     """Parse, resolve the checkpoint (default: `default_checkpoint()`, which may export it), and run."""
     a = parser().parse_args(argv)
 

@@ -14,12 +14,13 @@ import argparse
 from pathlib import Path
 
 from edge.argtypes import Parser, at_least, count, gamma, positive
-from edge.cli.common import pyplot, run_cli
+from edge.options.run import pyplot, run_cli
 from edge.errors import BitNestError
 from edge.memory.devices import DEVICES, MiB, get_profile
 from edge.memory.model_shapes import MODEL_PRESETS
 from edge.memory.plan import CONFIGS, DEFAULT_KV_WINDOW, Workload, plan
 from edge.model.checkpoint import load_checkpoint
+from export.commands import default_checkpoint
 
 
 def resolve_model(name: str, default_checkpoint=None):
@@ -126,6 +127,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv=None, default_checkpoint=None) -> int:
+def main(argv=None) -> int:
     a = parser().parse_args(argv)
     return run_cli(lambda: max_context(a, default_checkpoint), a.json, "max_context.py", echo=False)

@@ -6,7 +6,6 @@ with an earlier checkpoint at the same path, which must stay loadable. Prints th
                                   [--kills K] [--readers manifest,weights,...] [--work DIR] [--json]
 """
 
-import argparse
 import contextlib
 import io
 import json
@@ -22,10 +21,9 @@ from pathlib import Path
 
 from edge.analysis.fuzz import readers as R
 from edge.analysis.fuzz.mutations import OUTCOMES, Hang, Tally, time_limit
-from edge.argtypes import Parser, count, positive, seed
 from edge.model.checkpoint import load_checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 READERS = ("manifest", "weights", "prompts", "thresholds", "tegrastats", "onnx", "cli")
 NUMBERS = ["-1", "0", "1", "3", "17", "2.5", "1e9", "nan", "inf", "-inf", "", "abc", "99999999999999999999", "0x10",
            " 5", "1_0", "-0", "1e-30"]
@@ -111,8 +109,8 @@ def fuzz_cli(ck: Path, work: Path, n: int, rng: random.Random, seconds: float) -
 
 # -- exports killed or out of disk --------------------------------------------------------------------------------
 def _export_cmd(model: str, out: Path) -> list[str]:
-    return [sys.executable, str(ROOT / "scripts" / "export.py"), "--model", model, "--out", str(out), "--method",
-            "rtn", "--rotation", "none", "--json"]
+    return [sys.executable, "-m", "export.commands", "export", "--model", model, "--out", str(out), "--method", "rtn",
+            "--rotation", "none", "--json"]
 
 
 def _same_as(path: Path, manifest: dict) -> bool:
@@ -223,30 +221,3 @@ def run(a) -> dict:
     if not a.work:
         shutil.rmtree(work, ignore_errors=True)
     return out
-
-
-def parser() -> argparse.ArgumentParser:
-    """The command's options (main parses them)."""
-    p = Parser(prog="fuzz_inputs.py", description=__doc__,
-               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", help="checkpoint to mutate copies of (default: the embedded SmolLM2 export)")
-    p.add_argument("--cases", type=count(), default=500, help="mutated inputs per reader")
-    p.add_argument("--seed", type=seed(), default=0)
-    p.add_argument("--seconds", type=positive(), default=120.0, help="time limit of one case (past it: a hang)")
-    p.add_argument("--readers", default=",".join(READERS), help=f"comma list of {', '.join(READERS)}")
-    p.add_argument("--export-model", default="default", help="source model of the killed and disk-full exports")
-    p.add_argument("--kills", type=count(0), default=10, help="exports killed mid-write (0: skip the export checks)")
-    p.add_argument("--work", help="working folder (kept; default: a temporary one, removed)")
-    p.add_argument("--json", action="store_true")
-    return p
-
-
-def main(argv=None, default_checkpoint=None) -> int:
-    from edge.cli.common import run_cli
-    from edge.cli.options import checkpoint_arg
-    a = parser().parse_args(argv)
-
-    def body():
-        a.checkpoint = checkpoint_arg(a, default_checkpoint)
-        return run(a)
-    return run_cli(body, a.json, "fuzz_inputs.py")

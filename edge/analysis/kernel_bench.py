@@ -15,7 +15,6 @@ result out); each time is the median over repeats of a CUDA-graph replay of 20 l
 and the copy bandwidth is a device-to-device copy of 512 MiB counted as read + write.
 """
 
-import argparse
 import json
 import statistics
 import time
@@ -24,8 +23,6 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from edge.argtypes import Parser, count
-from edge.cli.common import run_cli
 from edge.errors import BitNestError
 
 GEMV_SHAPES = [(4096, 4096), (4096, 11008), (11008, 4096)]   # (K, N): Llama-2-7B
@@ -215,19 +212,3 @@ def run(a) -> dict:
             print(f"attention {r['layout']:13} S={r['context']:5} T={r['T']} {r['view']} {r['us']:8.1f} us "
                   f"{r['GBps']:7.1f} GB/s {100 * r['fraction_of_copy']:5.1f}%")
     return result
-
-
-def parser() -> argparse.ArgumentParser:
-    """The command's options (main parses them)."""
-    p = Parser(prog="bench_kernels.py", description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=count(), default=7, help="timed graph replays per case (median taken)")
-    p.add_argument("--contexts", default="4096,8192,16384,32768", help="attention context lengths")
-    p.add_argument("--out", help="also write the JSON result to this file")
-    p.add_argument("--json", action="store_true", help="print one JSON object last")
-    return p
-
-
-def main(argv=None) -> int:
-    p = parser()
-    a = p.parse_args(argv)
-    return run_cli(lambda: run(a), a.json, p.prog, echo=False)

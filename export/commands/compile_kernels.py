@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from edge.argtypes import Parser, count
-from edge.cli.common import run_cli
+from edge.options.run import run_cli
 
 
 def run(a) -> dict:

@@ -6,7 +6,7 @@ import argparse
 
 from edge.argtypes import Parser, count
 from edge.checks.onnx_check import MODES, CheckOptions, check_session, compare, onnx_node_counts
-from edge.cli.common import run_cli
+from edge.options.run import run_cli
 from edge.model.checkpoint import Checkpoint
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from edge.argtypes import Parser, at_least, count, gamma
 from edge.backends import BACKENDS
-from edge.cli.common import pyplot, run_cli
-from edge.cli.options import (
+from edge.options.run import pyplot, run_cli
+from edge.options.groups import (
     add_draft_head_arguments,
     add_meter_arguments,
     checkpoint_arg,
@@ -28,6 +28,7 @@ from edge.energy.decode_energy import energy_summary, idle_power, metered_genera
 from edge.errors import BitNestError
 from edge.llm import LLM
 from edge.engine.stats import merged_summary
+from export.commands import default_checkpoint
 
 
 MAX_PROMPTS = 1000          # a measurement, not a corpus run
@@ -105,6 +106,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv=None, default_checkpoint=None) -> int:
+def main(argv=None) -> int:
     a = parser().parse_args(argv)
     return run_cli(lambda: joules(a, default_checkpoint), a.json, "joules_per_token.py")

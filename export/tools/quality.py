@@ -10,19 +10,16 @@ are the repository's own, the table between the docs' `table:quality` markers is
 edge.analysis.report.tables, as `bitnest tables` does); other results files leave the docs alone.
 """
 
-import argparse
 import json
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 from edge.analysis.evaluate import EvalOptions, evaluate
 from edge.analysis.report.tables import DEFAULT_ROW, update_tables
-from edge.argtypes import Parser, count
 from edge.atomic import write_atomic
-from edge.cli.common import run_cli
 from edge.model.checkpoint import is_checkpoint_dir, read_manifest
 from export.pipeline import ExportOptions, run_export
 from export.quantize import QuantOptions
@@ -131,22 +128,3 @@ def run(a) -> dict:
     tables = update_tables(ROOT, only=("quality",))["written"] if own else []
     return {"results": str(results_file), "configs": [k for k in _ordered(results) if k in CONFIGS],
             "tokens": a.tokens, "tables_written": tables}
-
-
-def parser() -> argparse.ArgumentParser:
-    """The command's options (main parses them)."""
-    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="default", help="`default` (embedded SmolLM2-135M-Instruct), an HF folder or "
-                   "a .gguf file, as export")
-    p.add_argument("--work", default=str(ROOT / "checkpoints" / "table"), help="folder for the exports")
-    p.add_argument("--tokens", type=count(2), default=4096, help="evaluation tokens per corpus")
-    p.add_argument("--only", nargs="*", help="config names to (re)run")
-    p.add_argument("--table-only", action="store_true", help="only rewrite the quality table from the saved results")
-    p.add_argument("--results", default=str(RESULTS), help="raw results JSON (read, then rewritten)")
-    p.add_argument("--json", action="store_true")
-    return p
-
-
-def main(argv=None) -> int:
-    a = parser().parse_args(argv)
-    return run_cli(lambda: run(a), a.json, "quality_table")

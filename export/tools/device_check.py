@@ -3,23 +3,23 @@ checkpoint cannot travel, so random-plane checkpoints of the default model's sha
 --with-7b) are built on the GPU (edge.memory.synthetic); the export's GPTQ on CUDA is opt-in too (--with-gptq). It
 writes one JSON object, from which `--table` prints the docs table.
 
-    python -m edge.cli.device_check --out FILE.json [--dry] [--repeats N] [--with-7b] [--with-gptq] [--sections a,b]
+    python -m export.tools.device_check --out FILE.json [--dry] [--repeats N] [--with-7b] [--with-gptq] [--sections a,b]
                                     [--limits kernels=120,...] [--hang SECTION (dry only)] [--checkpoint DIR]
                                     [--onnx FILE]
-    python -m edge.cli.device_check --table FILE.json
+    python -m export.tools.device_check --table FILE.json
 
 Sections: every kernel against the oracle on the GPU, and the kernels' unit tests compiled for it; kernel GB/s against
 the same run's copy bandwidth; the `triton` backend lossless (speculative = target) on the 135M shape; draft-, target-
 and verification-pass times of the eager launchers, the static passes and their CUDA-graph replays; the speculative
 speed-up those times project at the acceptance measured on the real model (tokens per round x target pass / (γ draft
 passes + 1 verification)); the TensorRT plugins' own code on the device through the stand-in of TensorRT 10.3's API
-(edge.cli.device_plugins: the conformance and KV-binding suites, CUDA-graph replay of the plugin enqueues); TensorRT,
+(export.tools.device_plugins: the conformance and KV-binding suites, CUDA-graph replay of the plugin enqueues); TensorRT,
 where importable: the SmolLM2 engine (a --checkpoint export, or an RTN export of the default model made on the spot)
 built with the ping-pong KV binding and run against the independent step reference (export.trt_check, in a process of
 its own: greedy tokens equal, prefill logits within the self-check's bound; the binding, the plane copies its engine
 inspector lists and the runtime plugins' kv_window recorded), skipped with the reason where TensorRT is absent; with
 --with-gptq, the default model exported with GPTQ on CUDA and evaluated as the committed CPU figures were
-(edge.cli.device_gptq: draft/target agreement within 0.5 points of them on every corpus; in a dry run the same path on
+(export.tools.device_gptq: draft/target agreement within 0.5 points of them on every corpus; in a dry run the same path on
 the CPU at a tiny calibration, plumbing only). In the dry run with --checkpoint the same section runs with the graph
 on the CPU (onnxruntime) standing in for the engine. `--dry` runs the same code in the Triton interpreter on the CPU
 at tiny shapes (a test runs it, so a typo costs no device time); its figures mean nothing.
@@ -34,7 +34,6 @@ signal handler runs. The Llama-2-7B shape, where asked, is skipped by
 itself on a device with under SEVEN_B_MIN_GIB of memory (an 8 GB Orin), and the JSON says why.
 """
 
-import argparse
 import json
 import os
 import platform
@@ -45,22 +44,18 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from edge.argtypes import Parser, count
 from edge.atomic import write_atomic
-from edge.cli.common import run_cli
-from edge.cli.device_gptq import PLUMBING, gptq_section
-from edge.cli.device_plugins import plugins_section
-from edge.cli.device_table import render_table
+from export.tools.device_gptq import PLUMBING, gptq_section
+from export.tools.device_plugins import plugins_section
 from edge.errors import BitNestError
 from edge.phase_clock import hang as _hang
+from edge.analysis.report.device import GAMMA, SECTIONS
 from edge.phase_clock import read_phases
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP = ROOT / "scripts" / "results" / "sweep-bitnest.json"    # the real model's speculation sweep (README)
-GAMMA = 4
 KERNEL_TESTS = ("tests/test_kernels.py",)     # the kernels' unit tests, on the GPU in a real run (16 s on an H200)
 KERNEL_TESTS_DRY = ("tests/test_kernels.py::test_dual_plane_linear_rejects_bad_shapes",)
-SECTIONS = ("kernels", "bandwidth", "lossless", "pass_times", "plugins", "tensorrt", "gptq")
 OPT_IN = {"gptq": "--with-gptq"}   # sections that run only when asked, past the default run's 240 s
 # Seconds per section: the first five's sum (230) stays under scripts/device_check.sh's timeout of the whole run
 # (240: one device call with time left for a second); where TensorRT is importable the script adds the tensorrt
@@ -199,8 +194,8 @@ def kernels(opts: DeviceCheckOptions) -> dict:
 def bandwidth(opts: DeviceCheckOptions) -> dict:
     """Kernel GB/s as a share of the copy bandwidth measured in the same run: the decode GEMV (INT8 activations,
     M = 1, 5, 8) at the shapes beyond L2 and the real shapes of Qwen2.5-1.5B and Llama-3-8B, each launch on its own
-    copy of the planes (edge.cli.bench_kernels.ring), and attention at 4K and 16K positions."""
-    from edge.cli import bench_kernels as b
+    copy of the planes (edge.analysis.kernel_bench.ring), and attention at 4K and 16K positions."""
+    from edge.analysis import kernel_bench as b
     if opts.dry:
         dev, timer, shapes, contexts, layouts, nbytes = "cpu", b.time_host, [(128, 64)], [256], [("tiny", 4, 2, 32)], 1 << 20
     else:
@@ -419,57 +414,3 @@ def section_status(name: str, r: dict | None, chosen: bool) -> dict:
     if name in VERDICTS:
         return {"status": "passed" if VERDICTS[name](r) else "failed", "reason": r.get("reason")}
     return {"status": "measured", "reason": None}
-
-
-def table(result: dict) -> str:
-    """The docs table (markdown) of a device_check JSON object (edge.cli.device_table)."""
-    return render_table(result, GAMMA, SECTIONS)
-
-
-def parser() -> argparse.ArgumentParser:
-    """The command's options (main parses them)."""
-    p = Parser(prog="device_check", description=__doc__.splitlines()[0])
-    p.add_argument("--out", help="write the JSON object here (atomically)")
-    p.add_argument("--table", help="print the docs table of this device_check JSON file and exit")
-    p.add_argument("--dry", action="store_true", help="Triton interpreter on the CPU, tiny shapes (TRITON_INTERPRET=1)")
-    p.add_argument("--repeats", type=count(), default=3)
-    p.add_argument("--new-tokens", type=count(), default=32)
-    p.add_argument("--with-7b", action="store_true", help="also the Llama-2-7B shape (past the default run's 240 s)")
-    p.add_argument("--with-gptq", action="store_true", help="also the gptq section: the default model exported with "
-                   "GPTQ on CUDA against the committed CPU figures (past the default run's 240 s: "
-                   f"{LIMITS['gptq']} s more)")
-    p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {', '.join(SECTIONS)}")
-    p.add_argument("--limits", default="", help="per-section seconds, e.g. kernels=200,lossless=60 (default: "
-                   + ",".join(f"{k}={v}" for k, v in LIMITS.items()) + ")")
-    p.add_argument("--hang", help="dry runs only: make this section hang (a simulated timeout)")
-    p.add_argument("--checkpoint", help="tensorrt section: an exported checkpoint (default: an RTN export of the "
-                   "default model; in a dry run the section runs only with one)")
-    p.add_argument("--onnx", help="tensorrt section: the step graph to build (default: exported from the checkpoint)")
-    p.add_argument("--json", action="store_true", help="print the JSON object last")
-    return p
-
-
-def main(argv=None) -> int:
-    a = parser().parse_args(argv)
-
-    def body():
-        if a.table:
-            path = Path(a.table)
-            if not path.is_file():
-                raise BitNestError(f"{path} does not exist")
-            print(table(json.loads(path.read_text())), end="")
-            return {}
-        try:
-            limits = tuple((k, float(v)) for k, v in (kv.split("=") for kv in a.limits.split(",") if kv))
-        except ValueError:
-            raise ValueError(f"--limits {a.limits!r}: use SECTION=SECONDS[,SECTION=SECONDS...]") from None
-        opts = DeviceCheckOptions(a.dry, a.repeats, a.new_tokens, not a.with_7b,
-                                  tuple(s for s in a.sections.split(",") if s), limits, a.hang, a.checkpoint, a.onnx,
-                                  a.with_gptq)
-        return run_device_check(opts, Path(a.out) if a.out else None)
-
-    return run_cli(body, a.json and not a.table, "device_check", echo=False)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

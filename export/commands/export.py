@@ -3,7 +3,7 @@
 import argparse
 
 from edge.argtypes import Parser, at_least, count, positive, seed
-from edge.cli.common import run_cli
+from edge.options.run import run_cli
 from edge.errors import BitNestError
 from export.export_plan import HEAD_BLOCK_ROWS
 from export.pipeline import DEFAULT_ROTATION, ExportOptions, default_draft_head, default_draft_vocab, run_export

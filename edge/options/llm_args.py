@@ -8,7 +8,7 @@ from typing import Optional
 
 from edge.argtypes import at_least, count, gamma
 from edge.backends import BACKENDS
-from edge.cli.options import (
+from edge.options.groups import (
     adaptive_config,
     add_draft_head_arguments,
     add_model_argument,

@@ -20,7 +20,7 @@ from edge.model.checkpoint import INDEX
 from export.export_plan import plan_export
 from export.shard_writer import ShardWriter
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def hf_config(cfg: ModelConfig) -> dict:
@@ -90,7 +90,7 @@ def measure(cfg: ModelConfig, layers: list[int], work: Path, calib_samples: int,
         small = replace(cfg, num_layers=n)
         folder = write_synthetic_folder(small, work / f"source-{n}", tokenizer)
         out = work / f"export-{n}"
-        cmd = [sys.executable, "scripts/export.py", "--model", str(folder), "--out", str(out), "--method", method,
+        cmd = [sys.executable, "-m", "export.commands", "export", "--model", str(folder), "--out", str(out), "--method", method,
                "--calib-samples", str(calib_samples), "--calib-seq-len", str(calib_seq_len), "--json"]
         r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
         if r.returncode != 0:
@@ -113,42 +113,3 @@ def measure(cfg: ModelConfig, layers: list[int], work: Path, calib_samples: int,
             "method": method, "calibration": {"samples": calib_samples, "seq_len": calib_seq_len},
             "threads": torch.get_num_threads(), "machine": host, "runs": runs,
             "peak_spread": (max(peaks) - min(peaks)) / min(peaks), "plan_whole_model": whole}
-
-
-def parser():
-    """The command's options (main parses them)."""
-    from edge.argtypes import Parser, count
-    from edge.memory.model_shapes import MODEL_PRESETS
-    p = Parser(prog="bitnest export-memory", description=main.__doc__)
-    p.add_argument("--shape", choices=sorted(MODEL_PRESETS), default="llama-3-8b", help="the model's shapes")
-    p.add_argument("--layers", type=count(), nargs="+", default=[2, 4], help="block counts, one export each")
-    p.add_argument("--calib-samples", type=count(), default=8, help="calibration windows of each export")
-    p.add_argument("--calib-seq-len", type=count(16), default=128, help="tokens per window")
-    p.add_argument("--method", choices=("bitnest", "rtn"), default="bitnest")
-    p.add_argument("--work", help="folder for the synthetic sources and exports (default: a temporary one)")
-    p.add_argument("--keep", action="store_true", help="keep the exports in --work (export-N: a checkpoint of N blocks)")
-    p.add_argument("--out", help="also write the JSON here")
-    p.add_argument("--json", action="store_true", help="print one JSON object last")
-    return p
-
-
-def main(argv=None) -> int:
-    """`bitnest export-memory`: the streamed export's peak memory at a preset's shapes, as JSON."""
-    import tempfile
-
-    from edge.atomic import write_atomic
-    from edge.cli.common import run_cli
-    from edge.memory.model_shapes import MODEL_PRESETS
-    a = parser().parse_args(argv)
-
-    def body():
-        work = Path(a.work or tempfile.mkdtemp(prefix="bitnest-export-memory-"))
-        result = {"preset": a.shape, **measure(MODEL_PRESETS[a.shape], a.layers, work, a.calib_samples,
-                                               a.calib_seq_len, a.method, a.keep and bool(a.work))}
-        if a.out:
-            write_atomic((json.dumps(result, indent=1) + "\n").encode(), Path(a.out))
-        if not a.work:
-            shutil.rmtree(work, ignore_errors=True)
-        return result
-
-    return run_cli(body, a.json, "bitnest export-memory")

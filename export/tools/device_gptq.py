@@ -5,7 +5,8 @@ folder, evaluates it with the command and token count behind the committed CPU f
 `python scripts/quality_table.py --tokens 4096`, whose evaluation scripts/evaluate.py repeats), and passes where every
 corpus's draft/target agreement is within TOLERANCE_POINTS of the committed figure.
 
-Both steps are the repo's own scripts in processes of their own (edge never imports export), bounded together by
+Both steps are the repo's own commands (`python -m export.commands export | evaluate`) in processes of their own
+(a crash or a hang of either is the section's, never the check's), bounded together by
 the section's limit: the child under way is stopped GPTQ_STOP_MARGIN seconds before it, and the section fails naming
 the step and keeping the child's last output lines. A dry run (--dry) runs the same path on the CPU with a tiny
 calibration, RTN in place of GPTQ, and few tokens: its figures are not the CPU export's, so its verdict is PLUMBING,
@@ -25,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 QUALITY = ROOT / "scripts" / "results" / "quality.json"
 # The committed row of the default export and the command README's headline row names for it (edge.analysis.report.tables,
-# which edge.cli may not import: tests/test_device_gptq.py holds the name equal to its DEFAULT_ROW)
+# names it too: tests/test_device_gptq.py holds the two equal)
 DEFAULT_ROW = "bitnest closed, trust 0.1 + rot + nested head, draft head 8bit (default)"
 CPU_COMMAND = "python scripts/quality_table.py --tokens 4096"
 CPU_TOKENS = 4096             # that command's --tokens: the committed row counts 4 windows of 1024, 4 x 1023 = 4092
@@ -39,8 +40,8 @@ TAIL_LINES = 12               # a child's last output lines kept in the JSON
 DRY_EXPORT = ("--method", "rtn", "--calib-samples", "2", "--calib-seq-len", "32")
 DRY_TOKENS = 64               # the dry run's evaluation tokens per corpus
 PLUMBING = "dry: plumbing only"
-EXPORT = (sys.executable, "scripts/export.py")
-EVALUATE = (sys.executable, "scripts/evaluate.py")
+EXPORT = (sys.executable, "-m", "export.commands", "export")          # `bitnest export` in a child process
+EVALUATE = (sys.executable, "-m", "export.commands", "evaluate")
 
 
 def committed(path: Path = QUALITY) -> dict:
@@ -173,23 +174,3 @@ def judge(ev: dict, cpu: dict, dry: bool = False) -> dict:
     else:
         reason = None
     return {"corpora": corpora, "status": "failed" if reason else "passed", "passed": not reason, "reason": reason}
-
-
-def gptq_line(r: dict) -> str:
-    """The docs table's line of the section."""
-    if "error" in r:
-        return f"GPTQ export on CUDA: {r['error']}."
-    if r.get("status") == "not run":
-        return f"GPTQ export on CUDA: not run ({r.get('reason')})."
-    head = f"GPTQ export on {r.get('gpu') or r.get('device')}: {r.get('status')}"
-    corpora = r.get("corpora")
-    if not corpora:
-        return f"{head}: {r.get('reason')}."
-    figures = ", ".join(f"{c} {100 * v['measured']:.2f}% against the CPU export's {100 * v['committed']:.2f}% "
-                        f"({v['difference_points']:+.2f})" if v["measured"] is not None else f"{c} missing"
-                        for c, v in corpora.items())
-    ex = r.get("export", {})
-    peak = ex.get("peak_rss_bytes")
-    return (f"{head} (draft/target agreement, bound {r['tolerance_points']:g} points: {figures}; export "
-            f"{ex.get('seconds')} s" + (f", peak {peak / 2 ** 30:.2f} GiB resident" if peak else "") + ")"
-            + (f": {r['reason']}" if r.get("reason") else "") + ".")

@@ -1,8 +1,9 @@
-"""The docs table of a device-check JSON object (`python -m edge.cli.device_check --table FILE.json`): the pass
+"""The docs table of a device-check JSON object (`bitnest device-check --table FILE.json`): the pass
 times and their projected speed-up per model and engine form, then one line per section (the kernels and their unit
 tests, lossless, bandwidth as shares of the copy bandwidth, the plugins, TensorRT, GPTQ) and what did not finish."""
 
-from edge.cli.device_gptq import gptq_line
+GAMMA = 4           # the device check's γ: its lossless run and the projected speed-up
+SECTIONS = ("kernels", "bandwidth", "lossless", "pass_times", "plugins", "tensorrt", "gptq")   # the device check's sections, in order
 
 
 def render_table(result: dict, gamma: int, sections: tuple) -> str:
@@ -116,3 +117,28 @@ def bandwidth_table(result: dict) -> str:
         lines.append(f"| {r['kernel']} | {r['layout']}, {r['context']} positions | {r['T']} | {r['view']} | float32 | "
                      f"{r['us']:.1f} | {r['GBps']:.0f} | {100 * r['fraction_of_copy']:.0f}% |")
     return "\n".join(lines) + "\n"
+
+
+def gptq_line(r: dict) -> str:
+    """The docs table's line of the section."""
+    if "error" in r:
+        return f"GPTQ export on CUDA: {r['error']}."
+    if r.get("status") == "not run":
+        return f"GPTQ export on CUDA: not run ({r.get('reason')})."
+    head = f"GPTQ export on {r.get('gpu') or r.get('device')}: {r.get('status')}"
+    corpora = r.get("corpora")
+    if not corpora:
+        return f"{head}: {r.get('reason')}."
+    figures = ", ".join(f"{c} {100 * v['measured']:.2f}% against the CPU export's {100 * v['committed']:.2f}% "
+                        f"({v['difference_points']:+.2f})" if v["measured"] is not None else f"{c} missing"
+                        for c, v in corpora.items())
+    ex = r.get("export", {})
+    peak = ex.get("peak_rss_bytes")
+    return (f"{head} (draft/target agreement, bound {r['tolerance_points']:g} points: {figures}; export "
+            f"{ex.get('seconds')} s" + (f", peak {peak / 2 ** 30:.2f} GiB resident" if peak else "") + ")"
+            + (f": {r['reason']}" if r.get("reason") else "") + ".")
+
+
+def table(result: dict) -> str:
+    """The docs table (markdown) of a device_check JSON object ."""
+    return render_table(result, GAMMA, SECTIONS)

@@ -11,10 +11,11 @@ import threading
 
 from edge.argtypes import Parser, count, positive
 from edge.backends import check_backend
-from edge.cli.common import run_cli
-from edge.cli.llm_options import add_llm_arguments, llm_config, make_llm
-from edge.cli.options import checkpoint_arg
+from edge.options.run import run_cli
+from edge.options.llm_args import add_llm_arguments, llm_config, make_llm
+from edge.options.groups import checkpoint_arg
 from edge.errors import BitNestError
+from export.commands import default_checkpoint
 
 
 def parser(prog: str = "serve.py") -> argparse.ArgumentParser:
@@ -158,7 +159,7 @@ def _stop(signum, frame):
     raise _Stopped()
 
 
-def main(argv=None, default_checkpoint=None) -> int:
+def main(argv=None) -> int:
     a = parser().parse_args(argv)
 
     def body():
