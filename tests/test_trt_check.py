@@ -49,7 +49,8 @@ def test_the_section_passes_an_engine_that_agrees(small_llama_checkpoint, graphs
 def test_a_section_stopped_at_its_limit_names_the_phase_it_was_in(small_llama_checkpoint, graphs, tmp_path):
     """The child stopped in a phase that never ends (a cold build, simulated): the section fails naming that phase,
     within its limit, and the checks after it would still run (the section returns, no alarm fires)."""
-    from export.tools.device_check import TRT_HANG_PHASE, DeviceCheckOptions, run_device_check, table
+    from edge.analysis.report.device import table
+    from export.tools.device_check import TRT_HANG_PHASE, DeviceCheckOptions, run_device_check
     opts = DeviceCheckOptions(dry=True, sections=("tensorrt",), checkpoint=str(small_llama_checkpoint),
                               onnx=str(graphs[0]), hang="tensorrt", limits=(("tensorrt", 8),))
     r = run_device_check(opts, tmp_path / "device_check.json")
@@ -79,7 +80,8 @@ def test_phases_are_read_back_from_a_childs_stderr():
 def test_the_dry_device_check_fails_a_misread_scale(small_llama_checkpoint, graphs, tmp_path):
     """The device check's tensorrt section, dry (the graph on the CPU in place of the engine): the planted scale
     fails the section and the whole check, in the JSON and in the table."""
-    from export.tools.device_check import DeviceCheckOptions, run_device_check, table
+    from edge.analysis.report.device import table
+    from export.tools.device_check import DeviceCheckOptions, run_device_check
     opts = DeviceCheckOptions(dry=True, sections=("tensorrt",), checkpoint=str(small_llama_checkpoint),
                               onnx=str(graphs[1]))
     run_device_check(opts, tmp_path / "device_check.json")
