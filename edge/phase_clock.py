@@ -1,6 +1,6 @@
 """Phases of a long child process, timed and announced on stderr as they start and end, and read back by the parent
 that stops the child at its limit: a timeout then names the phase that was running and the seconds of those that
-finished (the device check's TensorRT section: export.trt_check's load, ONNX export, reference, engine build and
+finished (the device check's TensorRT section: export.trt.check's load, ONNX export, reference, engine build and
 engine run; a cold TensorRT build can take minutes on a Jetson).
 
 The lines are `PREFIX NAME` at a phase's start and `PREFIX NAME done in S s` at its end."""

@@ -19,8 +19,8 @@ from edge.model.decoder import OnlineRotations
 from export.calibration import calibration_windows
 from export.export_plan import HEAD_BLOCK_ROWS, available_bytes, check_plan, plan_export
 from export.quantize import LayerNester, QuantOptions
-from export.learned_rotation import LearnOptions
-from export.rotation import RotationPlan, plan_rotations
+from export.rotation.learned import LearnOptions
+from export.rotation.plan import RotationPlan, plan_rotations
 from export.source_spec import resolve_spec
 from export.stages import block_stage, embed_stage, head_stage
 from export.workdir import JOB, PROGRESS, WorkFolder, work_folder

@@ -7,7 +7,7 @@ from edge.model.checkpoint import EMBED, HEAD
 from edge.model.decoder import Decoder, OnlineRotations
 from edge.model.float_store import FloatWeights
 from export.quantize import LayerNester, nest_rows
-from export.rotation import RotationPlan, rotate_block
+from export.rotation.plan import RotationPlan, rotate_block
 from export.shard_writer import ShardWriter
 from export.workdir import WorkFolder
 from plugins.packing import pack_nibbles

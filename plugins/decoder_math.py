@@ -1,5 +1,5 @@
 """The decoder's float math shared bit for bit by the torch backends (edge.model.decoder) and the onnxruntime
-implementations of the step graph's float ops (plugins.ort_ops): batch-invariant row-wise passes,
+implementations of the step graph's float ops (plugins.onnx.ort_ops): batch-invariant row-wise passes,
 RMSNorm, the gated SiLU, and causal GQA attention over dequantized K/V. INT8 activation and KV
 quantizers sit downstream of these, so an implementation that rounds differently by one ulp can flip
 a code and move the logits by the quantization noise (~10%): the CPU ONNX path reuses these functions."""

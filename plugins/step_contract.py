@@ -34,7 +34,7 @@ committed length (docs/contracts.md, KV cache).
 
 from dataclasses import dataclass
 
-# Model-local functions (standard-op bodies; export.onnx_functions) for the float ops that feed a quantizer.
+# Model-local functions (standard-op bodies; export.onnx.functions) for the float ops that feed a quantizer.
 RMS_NORM, SILU_MUL, ROTATE_ROWS, HADAMARD_ROWS = "RmsNorm", "SiluMul", "RotateRows", "HadamardRows"
 # HadamardRows' attribute: the orders of its Kronecker factors, "140,64" (the checkpoint's record; a node without it,
 # from a graph exported before the attribute existed, means plugins.hadamard's legacy rule for the row length).

@@ -204,7 +204,7 @@ def method_exports(small_llama_folder, tmp_path_factory):
     """The small Llama exported `--method top4of8 --head float16` and with the default nested head (GPTQ base, few
     calibration windows; embedding rows read from the nested head, draft head 8bit), each with its decoder_step.onnx
     beside it: {"top4of8": folder, "nested-head": folder} (one for the run)."""
-    from export.onnx_export import export_onnx
+    from export.onnx.graph import export_onnx
     from export.pipeline import ExportOptions, run_export
     from export.quantize import QuantOptions
 

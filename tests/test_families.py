@@ -9,7 +9,7 @@ from edge.model.decoder import Decoder, OnlineRotations
 from edge.model.float_store import FloatWeights
 from export.pipeline import ExportOptions, run_export
 from export.quantize import QuantOptions
-from export.rotation import RotationPlan, rotate
+from export.rotation.plan import RotationPlan, rotate
 from export.sources import load_source
 from tests.conftest import save_small_hf_model
 

@@ -22,7 +22,7 @@ RUNTIME = ("edge.model", "edge.engine", "edge.decode", "edge.backends", "edge.me
            "edge.phase_clock", "edge.corpora")
 # Child-process entries a module runs with `python -m` (a worker, a check in a process of its own), not commands:
 # every other `main` is a command's, in export/commands/.
-CHILD_ENTRIES = ("edge.analysis.bench.process", "edge.checks.kernels", "export.trt_check")
+CHILD_ENTRIES = ("edge.analysis.bench.process", "edge.checks.kernels", "export.trt.check")
 MAX_LINES = 500
 SCRIPT = re.compile(r"(?:.*/)?scripts/(\w+)\.py")
 
@@ -123,13 +123,13 @@ def test_a_child_process_counts_as_an_import():
     """The finder itself: `-m MODULE`, `-m export.commands NAME` and a script path in a command or a path chain are
     imports; a script named in a docstring or an error message is not."""
     tree = ast.parse('''"""Runs scripts/export.py."""
-subprocess.run([sys.executable, "-m", "export.trt_check", "--json"])
+subprocess.run([sys.executable, "-m", "export.trt.check", "--json"])
 subprocess.run([sys.executable, "-u", "-m", "export.commands", "device-check", "--dry"])
 EXPORT = (sys.executable, "scripts/export.py")
 cmd = [sys.executable, str(ROOT / "scripts" / "evaluate.py")]
 raise BitNestError("export one with `python scripts/export.py --out DIR`")
 ''')
-    assert child_imports(tree) == {"export.trt_check", "export.commands.device_check", "scripts.export",
+    assert child_imports(tree) == {"export.trt.check", "export.commands.device_check", "scripts.export",
                                    "scripts.evaluate"}
 
 

@@ -1,4 +1,4 @@
-"""Learned rotations (export.learned_rotation): the differentiable nest equals the stored one bit for bit and passes
+"""Learned rotations (export.rotation.learned): the differentiable nest equals the stored one bit for bit and passes
 the straight-through and scale gradients, Cayley SGD stays on the orthogonal group and descends, and a learned
 R1/R2 export keeps the model's function and records its training."""
 
@@ -11,8 +11,8 @@ import torch
 from edge.model.checkpoint import load_checkpoint
 from edge.model.decoder import Decoder, OnlineRotations
 from edge.model.float_store import FloatWeights
-from export.learned_rotation import LearnOptions, cayley_step, nest_views
-from export.rotation import RotationPlan, rotate
+from export.rotation.learned import LearnOptions, cayley_step, nest_views
+from export.rotation.plan import RotationPlan, rotate
 from plugins.nesting import dequantize, nest_rtn
 from plugins.hadamard import random_orthogonal
 from tests.conftest import ROOT, save_small_hf_model

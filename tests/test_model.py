@@ -5,7 +5,7 @@ import torch
 
 from edge.model.decoder import Decoder, OnlineRotations
 from edge.model.float_store import FloatWeights
-from export.rotation import RotationPlan, rotate
+from export.rotation.plan import RotationPlan, rotate
 
 
 def _ids(gen, cfg, t=24):

@@ -34,7 +34,7 @@ def assert_checked(m: dict, name=""):
 
 @pytest.fixture(scope="module")
 def rotated_onnx(rotated_checkpoint, tmp_path_factory):
-    from export.onnx_export import export_onnx
+    from export.onnx.graph import export_onnx
     return export_onnx(rotated_checkpoint, tmp_path_factory.mktemp("onnx") / "step.onnx")
 
 
@@ -86,7 +86,7 @@ def test_graph_embedding_is_the_head_target_view(rotated_checkpoint, rotated_onn
     from edge.backends.torch_ref import TorchBackend
     from edge.model.checkpoint import load_checkpoint
     from edge.model.decoder import Decoder
-    from plugins.ort_ops import ort_session
+    from plugins.onnx.ort_ops import ort_session
     from plugins.step_contract import EMBEDDED, StepShapes
     ckpt = load_checkpoint(rotated_checkpoint)
     assert ckpt.embedding_from_head
@@ -153,7 +153,7 @@ def test_a_checkpoint_recording_the_shortlist_runs_its_graph_at_8_bits(rotated_c
     from edge.engine.stats import weight_bytes_per_pass
     from edge.model.checkpoint import load_checkpoint, set_draft_head
     from edge.llm import Runtime
-    from export.onnx_export import export_onnx
+    from export.onnx.graph import export_onnx
     from tests.conftest import manifest_copy
     ck = manifest_copy(rotated_checkpoint, tmp_path / "shortlist",
                        lambda m: m.update(draft_head="shortlist", draft_vocab=16384))
@@ -177,7 +177,7 @@ def test_a_checkpoint_recording_the_shortlist_runs_its_graph_at_8_bits(rotated_c
 
 
 def small_onnx(checkpoint, tmp_path):
-    from export.onnx_export import export_onnx
+    from export.onnx.graph import export_onnx
     return export_onnx(checkpoint, tmp_path / "step.onnx")["onnx"]
 
 
@@ -194,7 +194,7 @@ def test_the_check_runs_the_inlined_function_bodies(small_llama_checkpoint, tmp_
     wrong body (RmsNorm with ReduceMax for ReduceMean) fails the check: with the functions deleted and run as the
     torch backend's Python math, as the check used to, it went unseen."""
     from plugins.contracts import DOMAIN
-    from plugins.ort_ops import ort_model
+    from plugins.onnx.ort_ops import ort_model
     path = small_onnx(small_llama_checkpoint, tmp_path)
     model = onnx.load(path)
     inlined = ort_model(model, inline_functions=True)
@@ -226,7 +226,7 @@ def _single_node_model(op_inputs, shapes, offset: bool):
     from onnx import helper as h
 
     from plugins.contracts import DOMAIN, DOMAIN_VERSION
-    from plugins.onnx_schemas import register_schemas
+    from plugins.onnx.schemas import register_schemas
     from plugins.step_contract import IR_VERSION, OPSET
     register_schemas()
     types = [T.FLOAT, T.INT32, T.INT32, T.FLOAT16, T.INT64, T.FLOAT16]
@@ -244,7 +244,7 @@ def test_gemv_with_offset_matches_reference(view, gen, tmp_path):
     """The top4of8 form (offset input) through onnxruntime against the float64 reference, fresh inputs."""
     from plugins.contracts import view_code
     from plugins.nesting import nest_top4of8
-    from plugins.ort_ops import ort_session
+    from plugins.onnx.ort_ops import ort_session
     from plugins.packing import pack_nibbles
     from plugins.reference import dual_plane_linear
     from plugins.step_contract import as_words
@@ -273,7 +273,7 @@ def test_verify_onnx_missing_file_is_one_line(rtn_checkpoint, tmp_path):
 
 
 def test_export_engine_refuses_here_with_reason(tmp_path):
-    from export.trt_build import engine_build_unavailable
+    from export.trt.build import engine_build_unavailable
     if engine_build_unavailable() is None:
         pytest.skip("TensorRT and a GPU are present: the engine build runs instead (tests/test_tensorrt.py)")
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "export.py"), "--out", str(tmp_path / "ck"),

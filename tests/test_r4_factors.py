@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-import export.rotation_ops as rotation_ops
+import export.rotation.ops as rotation_ops
 from edge.backends.native import NativeEngine, native_unavailable
 from edge.backends.torch_ref import TorchBackend
 from edge.engine.interface import PassEngine
@@ -19,7 +19,7 @@ from edge.model.arch import ModelConfig
 from edge.model.checkpoint import MANIFEST, SEAL, load_checkpoint, manifest_seal
 from edge.model.decoder import Decoder, OnlineRotations
 from edge.model.float_store import FloatWeights
-from export.rotation_ops import apply_r4
+from export.rotation.ops import apply_r4
 from plugins.hadamard import hadamard_factors, hadamard_matrix, online_hadamard_factors
 from tests.conftest import save_small_hf_model
 from tests.reference_pairs import FLIPPED
@@ -168,7 +168,7 @@ def _hadamard_graph(size: int, factors, attribute: bool):
     """A one-node step-graph piece: y = HadamardRows(x), the model-local function of `factors` beside it."""
     from onnx import TensorProto, helper
 
-    from export.onnx_functions import hadamard_rows_function
+    from export.onnx.functions import hadamard_rows_function
     from plugins.contracts import DOMAIN
     from plugins.step_contract import HADAMARD_FACTORS, HADAMARD_ROWS, IR_VERSION, OPSET, factors_attribute
     attrs = {HADAMARD_FACTORS: factors_attribute(factors)} if attribute else {}
@@ -185,7 +185,7 @@ def test_the_step_graph_applies_the_factors_it_carries(gen, inline):
     pytest.importorskip("onnxruntime_extensions")
     import onnxruntime as ort
 
-    from plugins.ort_ops import ort_model, register_ort_ops
+    from plugins.onnx.ort_ops import ort_model, register_ort_ops
     so = ort.SessionOptions()
     so.register_custom_ops_library(register_ort_ops())
     x = torch.randn(3, OLD, generator=gen)
@@ -202,7 +202,7 @@ def test_a_step_graph_without_the_attribute_means_the_legacy_rule(gen):
     pytest.importorskip("onnxruntime_extensions")
     import onnxruntime as ort
 
-    from plugins.ort_ops import ort_model, register_ort_ops
+    from plugins.onnx.ort_ops import ort_model, register_ort_ops
     so = ort.SessionOptions()
     so.register_custom_ops_library(register_ort_ops())
     x = torch.randn(2, OLD, generator=gen)
@@ -221,7 +221,7 @@ def test_a_legacy_checkpoints_step_graph_carries_its_recorded_factors(legacy_exp
 
     from edge.backends.onnxruntime_step import onnxruntime_engine
     from edge.checks.onnx_check import CheckOptions, check_session, compare
-    from export.onnx_export import export_onnx
+    from export.onnx.graph import export_onnx
     from plugins.step_contract import HADAMARD_FACTORS, HADAMARD_ROWS
     path = legacy_export[0]
     onnx_path = export_onnx(path, tmp_path / "step.onnx")["onnx"]

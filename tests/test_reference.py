@@ -77,7 +77,7 @@ def test_every_op_is_found_from_its_one_name():
 
     from plugins import kernels, reference
     from plugins.contracts import DOMAIN, DOMAIN_VERSION, OPS
-    from plugins.onnx_schemas import register_schemas
+    from plugins.onnx.schemas import register_schemas
 
     register_schemas()
     for op in OPS:

@@ -27,8 +27,8 @@ def test_step_shapes_read_from_an_exported_graph(rtn_checkpoint, tmp_path):
     import onnx.inliner
 
     from edge.model.checkpoint import load_checkpoint
-    from export.onnx_export import build_step_model
-    from export.trt_build import step_shapes_of
+    from export.onnx.graph import build_step_model
+    from export.trt.build import step_shapes_of
     ckpt = load_checkpoint(rtn_checkpoint)
     model = build_step_model(ckpt)
     assert step_shapes_of(model) == StepShapes.of(ckpt.config)
@@ -38,7 +38,7 @@ def test_step_shapes_read_from_an_exported_graph(rtn_checkpoint, tmp_path):
 
 def test_refusals_name_the_missing_piece():
     from edge.backends.tensorrt_step import tensorrt_backend_unavailable
-    from export.trt_build import engine_build_unavailable
+    from export.trt.build import engine_build_unavailable
     reason = engine_build_unavailable()
     if reason is None:
         pytest.skip("TensorRT and a CUDA GPU are present here")
@@ -47,7 +47,7 @@ def test_refusals_name_the_missing_piece():
 
 
 def _trt_or_skip():
-    from export.trt_build import engine_build_unavailable
+    from export.trt.build import engine_build_unavailable
     reason = engine_build_unavailable()
     if reason:
         pytest.skip(reason)
@@ -62,8 +62,8 @@ def built_engine(small_llama_checkpoint, tmp_path_factory):
     rounding of the independent reference: tests/test_methods.py), on a TensorRT machine (skipped elsewhere)."""
     _trt_or_skip()
     from edge.model.checkpoint import load_checkpoint
-    from export.onnx_export import export_onnx
-    from export.trt_build import build_engine
+    from export.onnx.graph import export_onnx
+    from export.trt.build import build_engine
     onnx_path = export_onnx(small_llama_checkpoint, tmp_path_factory.mktemp("trt") / "decoder_step.onnx")["onnx"]
     return load_checkpoint(small_llama_checkpoint), \
         build_engine(onnx_path, ProfileSpec(max_tokens=5, max_context=64), kv_binding="aliased")["engine"]
@@ -139,8 +139,8 @@ def test_the_parser_gets_an_inlined_copy_that_reads_the_original_weights(small_l
     weights the original file's (never a second copy, never a 2 GiB protobuf message), removed afterwards."""
     import onnx
 
-    from export.onnx_export import export_onnx
-    from export.trt_build import inlined_copy
+    from export.onnx.graph import export_onnx
+    from export.trt.build import inlined_copy
     path = export_onnx(small_llama_checkpoint, tmp_path / "decoder_step.onnx", external=True)["onnx"]
     with inlined_copy(path) as copy:
         assert copy.parent == tmp_path and copy.stat().st_size < 1 << 20
@@ -164,7 +164,7 @@ def test_pingpong_engine_equals_the_aliased_engine(built_engine, tmp_path):
 
     from edge.backends.tensorrt_record import record_path
     from edge.backends.tensorrt_step import tensorrt_engine
-    from export.trt_build import build_engine
+    from export.trt.build import build_engine
     ckpt, engine = built_engine
     print("aliased build record", json.loads(record_path(engine).read_text()))
     pp = build_engine(Path(engine).with_name("decoder_step.onnx"), ProfileSpec(max_tokens=5, max_context=64),

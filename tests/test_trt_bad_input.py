@@ -1,9 +1,9 @@
 """Bad input on the TensorRT path, each refused in one line naming the fix (no traceback, exit != 0 from a
 command where one reaches it): a graph whose plugin nodes sit in a domain other than the graph's own (a project
-rule, export.trt_readiness's `namespace`: the parser would take them for plugins by op_type alone), an engine built
+rule, export.trt.readiness's `namespace`: the parser would take them for plugins by op_type alone), an engine built
 by another TensorRT version (its build record), a missing plugin kernel library. Checked here without TensorRT: the
 graph rules and the record run before any TensorRT call, the plugin library check before the creators are
-registered (plugins.trt_standin's registry)."""
+registered (plugins.trt.standin's registry)."""
 
 import json
 import sys
@@ -18,7 +18,7 @@ from edge.errors import BitNestError
 @pytest.fixture(scope="module")
 def foreign_namespace_graph(small_llama_checkpoint, tmp_path_factory):
     """The small model's step graph with its attention nodes moved to the domain another exporter would use."""
-    from export.onnx_export import export_onnx
+    from export.onnx.graph import export_onnx
     path = export_onnx(small_llama_checkpoint, tmp_path_factory.mktemp("ns") / "decoder_step.onnx")["onnx"]
     model = onnx.load(str(path))
     for n in model.graph.node:
@@ -31,8 +31,8 @@ def foreign_namespace_graph(small_llama_checkpoint, tmp_path_factory):
 
 
 def test_a_graph_in_an_unknown_plugin_namespace_is_named(foreign_namespace_graph):
-    from export.trt_build import build_engine
-    from export.trt_readiness import check_file
+    from export.trt.build import build_engine
+    from export.trt.readiness import check_file
     rules = {v.rule for v in check_file(foreign_namespace_graph)}
     assert "namespace" in rules, rules
     with pytest.raises(BitNestError, match=r"\[namespace\].*trt\.plugins::NestedKvAttention.*re-export it with "
@@ -66,8 +66,8 @@ def test_an_engine_built_by_another_tensorrt_version_is_refused_naming_the_rebui
 def test_a_missing_plugin_kernel_library_is_named_before_registration(monkeypatch):
     """The plugins launch plugins.kernels' Triton modules from enqueue, inside TensorRT: without them registration
     stops in one line naming the install, instead of an engine whose every enqueue returns -1."""
-    from plugins import trt_standin
-    from plugins.trt_plugins import plugin_library_unavailable, register_creators
+    from plugins.trt import standin as trt_standin
+    from plugins.trt.plugins import plugin_library_unavailable, register_creators
     assert plugin_library_unavailable() is None
     monkeypatch.setitem(sys.modules, "plugins.kernels.attention", None)      # as if the module were not installed
     reason = plugin_library_unavailable()

@@ -1,4 +1,4 @@
-"""The device check's TensorRT section (export.trt_check) without TensorRT: the same code with the step graph on
+"""The device check's TensorRT section (export.trt.check) without TensorRT: the same code with the step graph on
 the CPU (onnxruntime) in place of the engine agrees with the independent step reference on the 2-layer test model,
 and a graph with one misread scale (1.25x, one layer) fails the section, and the dry device check with it."""
 
@@ -19,7 +19,7 @@ PLANTED = "model.layers.1.self_attn.v_proj.scale"       # the scale tests/test_s
 @pytest.fixture(scope="module")
 def graphs(small_llama_checkpoint, tmp_path_factory):
     """(the exported step graph, a copy whose PLANTED scale initializer reads 1.25x)."""
-    from export.onnx_export import export_onnx
+    from export.onnx.graph import export_onnx
     good = export_onnx(small_llama_checkpoint, tmp_path_factory.mktemp("graph") / "decoder_step.onnx")["onnx"]
     model = onnx.load(str(good))
     init = next(i for i in model.graph.initializer if i.name == PLANTED)
@@ -31,7 +31,7 @@ def graphs(small_llama_checkpoint, tmp_path_factory):
 
 
 def _check(checkpoint, onnx_path):
-    out = subprocess.run([sys.executable, "-m", "export.trt_check", "--checkpoint", str(checkpoint), "--onnx",
+    out = subprocess.run([sys.executable, "-m", "export.trt.check", "--checkpoint", str(checkpoint), "--onnx",
                           str(onnx_path), "--engine", "onnxruntime", "--json"], capture_output=True, text=True,
                          cwd=ROOT, timeout=600)
     assert "Traceback" not in out.stderr, out.stderr[-3000:]

@@ -1,5 +1,5 @@
-"""The TensorRT plugins against TensorRT 10.3's Python wrapper without TensorRT: plugins.trt_conformance drives the
-real plugin classes (defined over plugins.trt_standin) through 10.3's build and run-time calls, enqueue included on
+"""The TensorRT plugins against TensorRT 10.3's Python wrapper without TensorRT: plugins.trt.conformance drives the
+real plugin classes (defined over plugins.trt.standin) through 10.3's build and run-time calls, enqueue included on
 real data (host pointers into the Triton interpreter here, device pointers on a GPU), and names every method 10.3
 has no default for when a plugin lacks it."""
 
@@ -8,11 +8,11 @@ import types
 import pytest
 import torch
 
-from plugins import trt_standin
+from plugins.trt import standin as trt_standin
 from plugins.contracts import DOMAIN
 from plugins.step_contract import as_words
-from plugins.trt_conformance import DEFAULTS, REQUIRED, ConformanceError, Engine, build, check_required, drive, execute
-from plugins.trt_plugins import PLUGIN_IO, PLUGIN_VERSION, define_plugins, register_creators
+from plugins.trt.conformance import DEFAULTS, REQUIRED, ConformanceError, Engine, build, check_required, drive, execute
+from plugins.trt.plugins import PLUGIN_IO, PLUGIN_VERSION, define_plugins, register_creators
 from tests.conftest import KERNEL_DEVICE
 from tests.test_trt_rules import _attention_io
 

@@ -1,8 +1,8 @@
 """The engine build's KV-binding decision without TensorRT: plane copies read from the engine inspector's JSON
-(export.trt_inspect; the layout of NVIDIA's own reader, trt-engine-explorer's trex/parser.py and trex/layer.py, with
+(export.trt.inspect; the layout of NVIDIA's own reader, trt-engine-explorer's trex/parser.py and trex/layer.py, with
 the step graph's tensor names), the binding rule (ping-pong by default and refused with a copy, aliased on request,
-`auto` aliased unless it copies), `auto`'s fallback when the aliased engine fails or disagrees (export.trt_check), and
-the catch-up window the runtime attention plugins are created with (plugins.trt_plugins, through the stand-in)."""
+`auto` aliased unless it copies), `auto`'s fallback when the aliased engine fails or disagrees (export.trt.check), and
+the catch-up window the runtime attention plugins are created with (plugins.trt.plugins, through the stand-in)."""
 
 import json
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from edge.errors import BitNestError
-from export.trt_build import choose_binding
-from export.trt_check import with_fallback
-from export.trt_inspect import inspector_plane_copies
+from export.trt.build import choose_binding
+from export.trt.check import with_fallback
+from export.trt.inspect import inspector_plane_copies
 
 ATTENTION = "NestedKvAttention_7"
 
@@ -130,9 +130,9 @@ def test_auto_falls_back_to_pingpong_when_the_aliased_engine_fails(results, trie
 def test_pingpong_is_the_default_everywhere_an_engine_is_built():
     import inspect
 
-    from export import trt_check
+    from export.trt import check as trt_check
     from export.commands import export as cli
-    from export.trt_build import build_engine
+    from export.trt.build import build_engine
     assert inspect.signature(build_engine).parameters["kv_binding"].default == "pingpong"
     assert inspect.signature(trt_check.engine_agreement).parameters["kv_binding"].default == "pingpong"
     for p, argv in ((cli.parser(), ["--out", "x"]), (trt_check.parser(), [])):
@@ -147,9 +147,9 @@ def test_an_explicit_binding_never_falls_back():
 def test_the_runtime_plugins_window_is_recorded_as_created():
     """Deserializing creates each attention plugin from its serialized kv_window (create_plugin at RUNTIME): the
     build reads those windows back into its record; the GEMV plugin and build-phase plugins add none."""
-    from plugins import trt_standin
-    from plugins.trt_conformance import build, load
-    from plugins.trt_plugins import define_plugins, runtime_windows
+    from plugins.trt import standin as trt_standin
+    from plugins.trt.conformance import build, load
+    from plugins.trt.plugins import define_plugins, runtime_windows
     from tests.test_trt_kv_binding import HKV, HQ, WIDEST, D, _inputs, _planes
     from tests.conftest import KERNEL_DEVICE
     (_, attention), creator_cls = define_plugins(trt_standin, KERNEL_DEVICE)

@@ -1,5 +1,5 @@
-"""The attention plugin's two KV bindings through TensorRT 10.3's calls without TensorRT (plugins.trt_conformance
-over plugins.trt_standin): the ping-pong build (no aliasing declared, separate input and output plane buffers
+"""The attention plugin's two KV bindings through TensorRT 10.3's calls without TensorRT (plugins.trt.conformance
+over plugins.trt.standin): the ping-pong build (no aliasing declared, separate input and output plane buffers
 swapped each pass, edge.backends.tensorrt_kv.PingPong) gives the aliased build's outputs and planes pass for pass
 over a decode-like schedule (prefill chunks, draft slots, verification, rollback, a redone step), while copying
 only the catch-up window: positions past the pass stay as they were in the output buffer."""
@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from edge.backends.tensorrt_kv import PingPong
-from plugins import trt_standin
+from plugins.trt import standin as trt_standin
 from plugins.step_contract import as_words
-from plugins.trt_conformance import build, execute, load
-from plugins.trt_plugins import KV_WINDOW_FIELD, define_plugins
+from plugins.trt.conformance import build, execute, load
+from plugins.trt.plugins import KV_WINDOW_FIELD, define_plugins
 from tests.conftest import KERNEL_DEVICE
 
 HQ, HKV, D, CAP, WIDEST = 4, 2, 32, 24, 5

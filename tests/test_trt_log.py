@@ -1,11 +1,11 @@
-"""Copies of the KV planes in TensorRT's verbose build log (export.trt_log): the layer kinds TensorRT names when it
+"""Copies of the KV planes in TensorRT's verbose build log (export.trt.log): the layer kinds TensorRT names when it
 inserts a copy or reformat, matched only where a plane tensor or an attention node's plane input / output is
 involved. Lines quoted verbatim are TensorRT's own, as posted in NVIDIA/TensorRT issue #4397 (10.10, verbose "Engine
 Layer Information") and dusty-nv/jetson-inference issue #1630 (the optimizer's "Generating copy"); the plane lines
 are those formats with the step graph's tensor and node names."""
 
-from export.trt_log import capturing_logger, plane_copies
-from plugins import trt_standin
+from export.trt.log import capturing_logger, plane_copies
+from plugins.trt import standin as trt_standin
 
 RECORDED = [   # TensorRT's own lines: copies, but of no KV plane
     "Layer(Reformat): Reformatting CopyNode for Output Tensor 0 to {ForeignNode[/encoder/Unsqueeze_3 + "

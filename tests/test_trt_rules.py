@@ -1,6 +1,6 @@
 """What a Jetson would find first, found without one: the exported step graph against TensorRT 10.3's rules
-(export.trt_readiness), each defect of the old graph put back and named, and the TensorRT plugins' enqueue logic
-(plugins.trt_plugins.enqueue_op) on garbage inputs, build phase and run time, in the Triton interpreter here."""
+(export.trt.readiness), each defect of the old graph put back and named, and the TensorRT plugins' enqueue logic
+(plugins.trt.plugins.enqueue_op) on garbage inputs, build phase and run time, in the Triton interpreter here."""
 
 import numpy as np
 import onnx
@@ -8,7 +8,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from export.trt_readiness import check_graph
+from export.trt.readiness import check_graph
 from plugins.step_contract import SEQ_LEN, as_words, kv_inputs, kv_outputs
 from tests.conftest import KERNEL_DEVICE
 
@@ -16,7 +16,7 @@ from tests.conftest import KERNEL_DEVICE
 @pytest.fixture(scope="module")
 def step_model(rtn_checkpoint):
     from edge.model.checkpoint import load_checkpoint
-    from export.onnx_export import build_step_model
+    from export.onnx.graph import build_step_model
     return build_step_model(load_checkpoint(rtn_checkpoint))
 
 
@@ -121,7 +121,7 @@ GARBAGE = [-(2 ** 62), -5, 0, 2, 10 ** 6, 2 ** 40 + 3, 2 ** 63 - 1]
 def test_attention_enqueue_on_garbage_lengths_stays_in_its_planes(gen, seq_len, kv8_from):
     """Run time: lengths TensorRT's fake data (or a caller's bug) could hold. The kernels clamp them; nothing is
     written outside the planes, and positions outside the clamped pass keep their bytes."""
-    from plugins.trt_plugins import enqueue_op
+    from plugins.trt.plugins import enqueue_op
     ins, outs = _attention_io(gen)
     ins[6][0], ins[7][0] = seq_len, kv8_from
     before = [p.clone() for p in ins[3:6]]
@@ -141,7 +141,7 @@ def test_attention_enqueue_on_garbage_lengths_stays_in_its_planes(gen, seq_len, 
 def test_attention_enqueue_copies_into_distinct_plane_outputs(gen):
     """Where TensorRT gives an aliased output its own buffer, the output still holds the whole updated plane."""
     from plugins.kv import quantize_kv
-    from plugins.trt_plugins import enqueue_op
+    from plugins.trt.plugins import enqueue_op
     ins, outs = _attention_io(gen)
     ins[6][0], ins[7][0] = 10, 0
     dev = [x.to(KERNEL_DEVICE) for x in ins]
@@ -163,7 +163,7 @@ def test_attention_enqueue_equals_the_float64_oracle(gen, kv8_from):
     wrote: 3 new positions [7, 10) after 7 cached, read at KV4 before `kv8_from` and KV8 from it on."""
     from plugins.reference import nested_kv_attention
     from plugins.step_contract import as_bytes
-    from plugins.trt_plugins import enqueue_op
+    from plugins.trt.plugins import enqueue_op
     ins, outs = _attention_io(gen)
     ins[6][0], ins[7][0] = 10, kv8_from
     dev = [x.to(KERNEL_DEVICE) for x in ins]
@@ -181,7 +181,7 @@ def test_attention_enqueue_equals_the_float64_oracle(gen, kv8_from):
 def test_build_phase_enqueue_launches_nothing(gen):
     """TensorRT may time a plugin on fake data while building: enqueue returns 0 and touches no buffer, even
     with lengths and a view that could not run."""
-    from plugins.trt_plugins import enqueue_op
+    from plugins.trt.plugins import enqueue_op
     ins, outs = _attention_io(gen)
     ins[6][0], ins[7][0] = 2 ** 63 - 1, -(2 ** 63)
     planes = [p.clone() for p in ins[3:6]]
@@ -201,7 +201,7 @@ def test_gemv_enqueue_reads_the_view_on_the_device(gen, code):
     from plugins.nesting import nest_rtn
     from plugins.packing import pack_nibbles
     from plugins.reference import dual_plane_linear
-    from plugins.trt_plugins import enqueue_op
+    from plugins.trt.plugins import enqueue_op
     n, k = 48, 128
     codes = nest_rtn(torch.randn(n, k, generator=gen), 64)
     base, refine = pack_nibbles(codes.q4), pack_nibbles(codes.qr)

@@ -31,14 +31,14 @@ MAX_PASS_TOKENS = 64   # the graph takes any M; passes are bounded to keep prefi
 def open_session(onnx_path, threads: int = 0, inline_functions: bool = False, expose: tuple[str, ...] = ()):
     """onnxruntime session over a step graph; a one-line BitNestError where that cannot be done here. With
     `inline_functions` the graph's local functions run as onnxruntime's standard kernels, and `expose` names
-    intermediate values to return as well (plugins.ort_ops)."""
+    intermediate values to return as well (plugins.onnx.ort_ops)."""
     path = Path(onnx_path)
     if not path.is_file():
         raise BitNestError(f"ONNX file {path} does not exist: write it with `python scripts/export.py --out CKPT "
                            "--existing --onnx`")
     check_digests(path)
     try:
-        from plugins.ort_ops import ort_session
+        from plugins.onnx.ort_ops import ort_session
         return ort_session(path, threads, inline_functions, expose)
     except ImportError as e:
         raise BitNestError(f"onnxruntime path unavailable ({e}): pip install onnxruntime onnxruntime-extensions")

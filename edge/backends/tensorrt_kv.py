@@ -4,7 +4,7 @@ bound to both, the plugin writing its entries in place: the engine built with al
 aliasing, where TensorRT's aliasing build inserted copies of the planes). `PingPong` is the schedule and its rule.
 
 Why ping-pong needs no full-plane copy: the attention plugin writes a pass's entries into its output planes after
-copying the last `kv_window` positions before the pass from its input planes (plugins.trt_plugins.catch_up,
+copying the last `kv_window` positions before the pass from its input planes (plugins.trt.plugins.catch_up,
 kv_window = the profile's largest pass). The output set was the input of the previous pass, so it holds the history
 up to that pass's start; every pass starts at or before the previous pass's end (prefill chunks follow each other,
 draft slots follow the committed length, verification and rollbacks start at it), so the previous pass's start is

@@ -46,7 +46,7 @@ _IDS = 3 * _SLOT
 
 def tensorrt_backend_unavailable() -> str | None:
     """None where this backend can run here, else the one-line reason."""
-    from plugins.trt_plugins import tensorrt_unavailable
+    from plugins.trt.plugins import tensorrt_unavailable
     return tensorrt_unavailable()
 
 
@@ -61,7 +61,7 @@ class TensorRTStepRunner:
         import tensorrt as trt
         import torch
 
-        from plugins.trt_plugins import register_plugins
+        from plugins.trt.plugins import register_plugins
 
         path = Path(engine_path)
         if not path.is_file():

@@ -119,7 +119,7 @@ def onnx_node_counts(onnx_path) -> dict[str, int]:
     """{op type: count} of the `bitnest` nodes in an ONNX file (weights not loaded)."""
     import onnx
 
-    from plugins.onnx_schemas import bitnest_node_counts
+    from plugins.onnx.schemas import bitnest_node_counts
 
     return bitnest_node_counts(onnx.load(str(onnx_path), load_external_data=False))
 

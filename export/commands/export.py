@@ -10,8 +10,8 @@ from export.pipeline import DEFAULT_ROTATION, ExportOptions, default_draft_head,
 from export.quantize import METHODS, REFINES, QuantOptions
 from edge.model.draft_head import (DRAFT_HEAD_EXPORT_DEFAULT, DRAFT_HEAD_SHORTLIST, DRAFT_HEAD_SOURCE_DEFAULT,
                                    DRAFT_HEADS, SHORTLIST_K)
-from export.learned_rotation import LearnOptions
-from export.rotation import ROTATIONS
+from export.rotation.learned import LearnOptions
+from export.rotation.plan import ROTATIONS
 
 
 def parser() -> argparse.ArgumentParser:
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
             raise ValueError("--calib-samples must be >= 1 and --calib-seq-len >= 16")
         profile = None
         if a.engine:  # refuse before minutes of export where no engine can be built
-            from export.trt_build import engine_build_unavailable
+            from export.trt.build import engine_build_unavailable
             from plugins.step_contract import ProfileSpec
 
             reason = engine_build_unavailable()
@@ -92,10 +92,10 @@ def main(argv=None) -> int:
                 raise BitNestError(f"--engine: {reason}")
             profile = ProfileSpec(max_tokens=a.max_tokens, max_context=a.max_context)
         if (a.onnx or a.engine) and a.draft_head == DRAFT_HEAD_SHORTLIST:   # refuse before minutes of export
-            from export.onnx_export import SHORTLIST_REFUSAL
+            from export.onnx.graph import SHORTLIST_REFUSAL
             raise BitNestError(SHORTLIST_REFUSAL)
         if (a.onnx or a.engine) and a.draft_vocab is not None:
-            from export.onnx_export import DRAFT_VOCAB_REFUSAL
+            from export.onnx.graph import DRAFT_VOCAB_REFUSAL
             raise BitNestError(DRAFT_VOCAB_REFUSAL.format(n=a.draft_vocab))
         if a.existing:
             if not (a.onnx or a.engine):
@@ -121,10 +121,10 @@ def main(argv=None) -> int:
                                                   a.model, step_graph=a.onnx or a.engine,
                                                   nested_head=a.head == "nested")))
         if a.onnx or a.engine:
-            from export.onnx_export import export_onnx
+            from export.onnx.graph import export_onnx
             result["onnx"] = export_onnx(a.out, draft_head=a.draft_head)
         if a.engine:
-            from export.trt_build import build_engine
+            from export.trt.build import build_engine
             result["engine"] = build_engine(result["onnx"]["onnx"], profile, kv_binding=a.kv_binding)
         return result
 

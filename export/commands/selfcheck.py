@@ -18,13 +18,13 @@ from export.commands import default_checkpoint
 
 def onnx_for(checkpoint: Path, workdir: str) -> str:
     """CHECKPOINT/decoder_step.onnx when it was exported from these weights, else one the host's exporter
-    (export.onnx_export) writes into `workdir`."""
+    (export.onnx.graph) writes into `workdir`."""
     from edge.checks.onnx_check import matching_onnx
     from plugins.step_contract import ONNX_FILE
     beside = matching_onnx(checkpoint)
     if beside is not None:
         return beside
-    from export.onnx_export import export_onnx
+    from export.onnx.graph import export_onnx
     return export_onnx(checkpoint, Path(workdir) / ONNX_FILE)["onnx"]
 
 

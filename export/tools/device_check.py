@@ -15,7 +15,7 @@ speed-up those times project at the acceptance measured on the real model (token
 passes + 1 verification)); the TensorRT plugins' own code on the device through the stand-in of TensorRT 10.3's API
 (export.tools.device_plugins: the conformance and KV-binding suites, CUDA-graph replay of the plugin enqueues); TensorRT,
 where importable: the SmolLM2 engine (a --checkpoint export, or an RTN export of the default model made on the spot)
-built with the ping-pong KV binding and run against the independent step reference (export.trt_check, in a process of
+built with the ping-pong KV binding and run against the independent step reference (export.trt.check, in a process of
 its own: greedy tokens equal, prefill logits within the self-check's bound; the binding, the plane copies its engine
 inspector lists and the runtime plugins' kv_window recorded), skipped with the reason where TensorRT is absent; with
 --with-gptq, the default model exported with GPTQ on CUDA and evaluated as the committed CPU figures were
@@ -156,7 +156,7 @@ def _models(opts: DeviceCheckOptions) -> dict:
 
 def environment() -> dict:
     import torch
-    from plugins.trt_plugins import tensorrt_unavailable
+    from plugins.trt.plugins import tensorrt_unavailable
     out = {"python": platform.python_version(), "machine": platform.machine(), "torch": torch.__version__,
            "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
            "interpreter": os.environ.get("TRITON_INTERPRET") == "1",
@@ -313,18 +313,18 @@ def projection(times: dict) -> dict:
 
 
 def tensorrt_section(opts: DeviceCheckOptions) -> dict:
-    """The engine against the independent reference (export.trt_check in its own process, bounded by the section's
+    """The engine against the independent reference (export.trt.check in its own process, bounded by the section's
     limit): its JSON object, or {"status": "skipped", "reason"} where TensorRT is absent (outside a dry run with a
     checkpoint, which runs the onnxruntime stand-in), or {"status": "failed", "reason"} where it could not run."""
     import subprocess
 
-    from plugins.trt_plugins import tensorrt_unavailable
+    from plugins.trt.plugins import tensorrt_unavailable
     reason, engine = tensorrt_unavailable(), "tensorrt"
     if reason:
         if not (opts.dry and opts.checkpoint):
             return {"status": "skipped", "reason": reason}
         engine = "onnxruntime"
-    cmd = [sys.executable, "-m", "export.trt_check", "--engine", engine, "--json"]
+    cmd = [sys.executable, "-m", "export.trt.check", "--engine", engine, "--json"]
     for flag, value in (("--checkpoint", opts.checkpoint), ("--onnx", opts.onnx),
                         ("--hang", TRT_HANG_PHASE if opts.hang == "tensorrt" else None)):
         if value:

@@ -191,7 +191,7 @@ def run(a) -> dict:
     t0 = time.time()
     subject = R.fuzz_copy(ck, work)
     if "onnx" in readers:                               # a fresh graph, with the sha256 the export writes beside it
-        from export.onnx_export import export_onnx
+        from export.onnx.graph import export_onnx
         export_onnx(subject)
     out = {"checkpoint": str(ck), "cases_per_reader": a.cases, "seed": a.seed, "readers": {}}
     for r in readers:

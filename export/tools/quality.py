@@ -24,7 +24,7 @@ from edge.model.checkpoint import is_checkpoint_dir, read_manifest
 from export.pipeline import ExportOptions, run_export
 from export.quantize import QuantOptions
 from export.sources import float_reference
-from export.learned_rotation import LearnOptions
+from export.rotation.learned import LearnOptions
 
 @dataclass(frozen=True)
 class Row:

@@ -2,8 +2,8 @@
 over the checkpoint's planes (int32-word initializers, stored once), attention a `bitnest::NestedKvAttention`
 node over the KV planes (graph inputs, its plane outputs the graph's KV outputs), the manifest's online rotations
 (R1, R4) as MatMuls, written atomically. The float ops that feed a quantizer are model-local functions
-(export.onnx_functions). The graph's I/O contract is plugins.step_contract; the math mirrors
-edge.model.decoder.Decoder op for op. Written for TensorRT 10.3's rules (export.trt_readiness checks them)."""
+(export.onnx.functions). The graph's I/O contract is plugins.step_contract; the math mirrors
+edge.model.decoder.Decoder op for op. Written for TensorRT 10.3's rules (export.trt.readiness checks them)."""
 
 import json
 import os
@@ -21,13 +21,13 @@ from edge.errors import BitNestError
 from edge.model.checkpoint import HEAD, Checkpoint, load_checkpoint, set_draft_head, weights_sha256
 from edge.model.decoder import rope_tables
 from edge.model.draft_head import DRAFT_HEAD_8BIT, DRAFT_HEAD_SHORTLIST, graph_draft_head
-from export.onnx_functions import (
+from export.onnx.functions import (
     hadamard_rows_function,
     rms_norm_function,
     rotate_rows_function,
     silu_mul_function,
 )
-from export.onnx_rows import nested_rows
+from export.onnx.rows import nested_rows
 from plugins.contracts import (
     DOMAIN,
     DOMAIN_VERSION,
@@ -36,7 +36,7 @@ from plugins.contracts import (
     TARGET,
     view_code,
 )
-from plugins.onnx_schemas import bitnest_node_counts, register_schemas
+from plugins.onnx.schemas import bitnest_node_counts, register_schemas
 from plugins.step_contract import (
     DRAFT_HEAD_META,
     EMBEDDED,
@@ -284,7 +284,7 @@ def export_onnx(checkpoint, out=None, external=None, draft_head: str | None = No
     if external is None:
         external = init_bytes > EXTERNAL_DATA_BYTES
     out = Path(out) if out else ckpt.path / ONNX_FILE
-    from export.trt_readiness import check_graph
+    from export.trt.readiness import check_graph
     rules = [str(v) for v in check_graph(model)]     # what TensorRT 10.3 would refuse (none expected)
     save_model_atomic(model, out, external)
     digests = onnx_digests(out)

@@ -8,7 +8,7 @@ WeightsContext.cpp, onnxOpImporters.cpp and its operator list, operators.md):
   or output ("TensorRT does not support UINT8 types for intermediate tensors!") and widens uint8 initializers to
   one int32 per byte (convertUINT8), which no plugin declared for bytes would accept.
 - `plugin-type`: every input and output of a plugin node has the element type the plugin declares
-  (plugins.trt_plugins.PLUGIN_IO, what its supports_format_combination accepts), and that type is one TensorRT
+  (plugins.trt.plugins.PLUGIN_IO, what its supports_format_combination accepts), and that type is one TensorRT
   allows for plugins.
 - `shape-tensor`: no run-time scalar (seq_len, kv8_from, view) and no token id may reach a shape computation. The
   parser imports the operands of Range, Reshape, Expand, Tile, Slice, ConstantOfShape, ... as shape tensors (e.g.
@@ -28,7 +28,7 @@ WeightsContext.cpp, onnxOpImporters.cpp and its operator list, operators.md):
   node of another domain is not one of this graph's ops: the parser would take it for a plugin named by its op_type.
 - `op`: every standard op is one the parser imports: onnx-tensorrt operators.md (10.1-GA, the newest in this
   index; 10.3 imports the same set for these ops) marks those in UNSUPPORTED_OPS "N" (BitShift and the Bitwise* ops
-  among them, which is why the embedding gather unpacks nibbles by int32 division: export.onnx_rows).
+  among them, which is why the embedding gather unpacks nibbles by int32 division: export.onnx.rows).
 """
 
 from dataclasses import dataclass
@@ -38,9 +38,9 @@ import onnx.inliner
 from onnx import helper
 
 from plugins.contracts import DOMAIN
-from plugins.onnx_schemas import register_schemas
+from plugins.onnx.schemas import register_schemas
 from plugins.step_contract import INPUT_IDS, RUNTIME_SCALARS
-from plugins.trt_plugins import PLUGIN_IO, TRT_PLUGIN_TYPES
+from plugins.trt.plugins import PLUGIN_IO, TRT_PLUGIN_TYPES
 
 PARSER_OPSETS = (9, 20)
 # Standard ops the parser does not import (onnx-tensorrt operators.md, "Supported: N"), by name.

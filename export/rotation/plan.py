@@ -1,7 +1,7 @@
 """Function-preserving rotations (QuaRot/SpinQuant style): fold RMSNorm weights into the linears that read them,
 fuse R1 on the residual stream and a per-head R2 between v_proj and o_proj, and an online Hadamard R4 before
 down_proj (the runtime applies the online parts). R1 and R2 are randomized Hadamards, or learned from them
-(`learned`: export.learned_rotation)."""
+(`learned`: export.rotation.learned)."""
 
 from dataclasses import dataclass, field
 from typing import Optional
@@ -10,8 +10,8 @@ import torch
 
 from edge.model.arch import ModelConfig
 from edge.model.checkpoint import R1_TENSOR
-from export.learned_rotation import LearnOptions, learn_rotations
-from export.rotation_ops import R1_READERS, apply_r1r2, apply_r4, fold_norms, initial_r1r2, rotation_kind
+from export.rotation.learned import LearnOptions, learn_rotations
+from export.rotation.ops import R1_READERS, apply_r1r2, apply_r4, fold_norms, initial_r1r2, rotation_kind
 
 ROTATIONS = ("none", "r1r2", "r1r2r4", "r4", "learned")
 

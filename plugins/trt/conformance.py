@@ -26,7 +26,7 @@ Python's return values of set_tactic, on_shape_change, configure_plugin and enqu
 the failure: the wrapper returns -1, and "a non-zero return terminates the engine").
 
 Addresses are the tensors' data_ptr(): device pointers where the plugins were defined for CUDA, host pointers where
-they were defined for the CPU (plugins.trt_plugins.define_plugins(..., device="cpu"), kernels in Triton's
+they were defined for the CPU (plugins.trt.plugins.define_plugins(..., device="cpu"), kernels in Triton's
 interpreter).
 
 Each check is marked in a comment: "10.3:" with the source line that makes it a TensorRT 10.3 rule, or "PROJECT
@@ -36,7 +36,7 @@ import gc
 
 import torch
 
-from plugins import trt_standin as trt
+from plugins.trt import standin as trt
 
 # 10.3's wrapper has no default for these (pyPlugin.cpp at v10.3.0, "no implementation provided for ...()"):
 REQUIRED = {

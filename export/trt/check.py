@@ -1,10 +1,10 @@
 """The device check's TensorRT section: a checkpoint's step graph built into a TensorRT engine (KV binding chosen as
-export.trt_build does) and run against the independent step reference (edge.checks.reference_agreement, as the
+export.trt.build does) and run against the independent step reference (edge.checks.reference_agreement, as the
 self-check's tensorrt path): greedy target-only tokens equal to the reference's, prefill logits within the
 self-check's bound. Run by export.tools.device_check in a process of its own (TensorRT's memory and any crash stay there;
 edge imports no export code) and printing one JSON object:
 
-    python -m export.trt_check --checkpoint DIR [--onnx FILE] [--engine tensorrt|onnxruntime] [--kv-binding pingpong|aliased|auto]
+    python -m export.trt.check --checkpoint DIR [--onnx FILE] [--engine tensorrt|onnxruntime] [--kv-binding pingpong|aliased|auto]
 
 Each phase (checkpoint, load, onnx, reference, build, engine) is announced on stderr as it starts and ends
 (edge.phase_clock) and its seconds are in the JSON's `phase_seconds`: a parent that stops the process at its limit
@@ -49,7 +49,7 @@ def engine_agreement(checkpoint, onnx_path=None, engine: str = "tensorrt", kv_bi
     from edge.checks.reference_agreement import reference_and_bound
     from edge.checks.selfcheck import check_prompt
     from edge.model.checkpoint import load_checkpoint
-    from export.onnx_export import export_onnx
+    from export.onnx.graph import export_onnx
 
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}: use {', '.join(ENGINES)}")
@@ -74,7 +74,7 @@ def engine_agreement(checkpoint, onnx_path=None, engine: str = "tensorrt", kv_bi
 
     def attempt(binding: str) -> dict:
         from edge.backends.tensorrt_step import tensorrt_engine
-        from export.trt_build import build_engine
+        from export.trt.build import build_engine
         from plugins.step_contract import ProfileSpec
         with clock.phase("build"):
             built = build_engine(onnx_path, ProfileSpec(max_tokens=MAX_TOKENS, max_context=max(capacity, 64)),
@@ -117,7 +117,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", choices=ENGINES, default="tensorrt", help="onnxruntime: the graph on the CPU in "
                    "place of the engine (where TensorRT is absent)")
     p.add_argument("--kv-binding", choices=("auto", "aliased", "pingpong"), default="pingpong",
-                   help="engine KV planes (export.trt_build): pingpong (default), aliased, or auto (aliased unless its "
+                   help="engine KV planes (export.trt.build): pingpong (default), aliased, or auto (aliased unless its "
                    "engine copies a plane, fails to run or disagrees)")
     p.add_argument("--tokens", type=count(), default=4, help="greedy tokens compared")
     p.add_argument("--hang", choices=PHASES, help="tests only: this phase never ends (the parent's limit stops it)")

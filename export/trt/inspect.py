@@ -13,7 +13,7 @@ import json
 import re
 
 from edge.errors import BitNestError
-from export.trt_log import PLANE_TENSOR
+from export.trt.log import PLANE_TENSOR
 
 COPY_TYPES = re.compile(r"reformat|copy", re.IGNORECASE)    # LayerType / ParameterType of an inserted copy
 

@@ -1,6 +1,6 @@
 """TensorRT plugins for the `bitnest` ops (DualPlaneGemv, NestedKvAttention) as Python IPluginV3 classes,
 the plugin interface TensorRT 10.3 (JetPack 6.1/6.2) runs from Python: their declared I/O (`PLUGIN_IO`, read
-by export.trt_readiness without TensorRT), their enqueue logic on torch tensors (`enqueue_op`, testable without
+by export.trt.readiness without TensorRT), their enqueue logic on torch tensors (`enqueue_op`, testable without
 TensorRT) and the IPluginV3 glue over an imported tensorrt module. `enqueue` wraps TensorRT's device pointers as
 torch tensors (__cuda_array_interface__) and launches the Triton launchers of plugins.kernels on TensorRT's
 stream (torch.cuda.ExternalStream). tensorrt, torch.cuda and the kernels import lazily.
@@ -20,7 +20,7 @@ Facts of TensorRT 10.3 this follows (NVIDIA/TensorRT v10.3.0 headers and python/
 - Python's enqueue return value is not read: an exception becomes -1 (pyPlugin.cpp, enqueue);
 - the Python wrapper has no default for set_tactic, on_shape_change, attach_to_context, get_fields_to_serialize,
   enqueue, configure_plugin, the output types and shapes, supports_format_combination, get_capability_interface and
-  clone (a missing one fails the build or the engine): plugins.trt_conformance lists them with the evidence and plays
+  clone (a missing one fails the build or the engine): plugins.trt.conformance lists them with the evidence and plays
   TensorRT's calls without TensorRT (tests/test_trt_conformance.py); the classes define every one, and
   get_valid_tactics / get_workspace_size as NVIDIA's V3 samples do;
 - the ONNX parser imports a node it has no importer for as a plugin, looked up by (op_type, the node's `plugin_version`
@@ -180,7 +180,7 @@ class _CudaArray:
 
 class _HostArray:
     """A host pointer seen as an array (numpy array interface v3): the plugins defined for the CPU (the Triton
-    interpreter), which plugins.trt_conformance drives without TensorRT."""
+    interpreter), which plugins.trt.conformance drives without TensorRT."""
 
     def __init__(self, ptr: int, shape, typestr: str):
         self.__array_interface__ = {"shape": tuple(int(d) for d in shape), "typestr": typestr,
@@ -192,7 +192,7 @@ _TYPESTR = {"float32": "<f4", "float16": "<f2", "int32": "<i4", "int64": "<i8"}
 
 def define_plugins(trt, device: str = "cuda"):
     """((DualPlaneGemvPlugin, NestedKvAttentionPlugin), creator class) over a tensorrt module (TensorRT's, or
-    plugins.trt_standin); `device` "cuda" takes TensorRT's addresses as device pointers, "cpu" as host pointers."""
+    plugins.trt.standin); `device` "cuda" takes TensorRT's addresses as device pointers, "cpu" as host pointers."""
     import numpy as np
     import torch
 
@@ -286,7 +286,7 @@ def define_plugins(trt, device: str = "cuda"):
             # 48; pybind11's bind_vector pushes copies) that keeps no buffer alive: a buffer lives as long as the
             # PluginField made over it (keep_alive<1, 3>, pyPlugin.cpp v10.3.0 line 2414) or whatever holds it; the
             # wrapper's C collection points into the returned vector (lines 1956-1957, 2465), held only until the
-            # enclosing build call returns (plugins.trt_conformance.build says how).
+            # enclosing build call returns (plugins.trt.conformance.build says how).
             values = self.serialized_values()
             kept = self.__dict__.get("_serialized")
             if kept is None:
@@ -366,7 +366,7 @@ def register_creators(trt, registry, device: str = "cuda") -> list:
     """A creator per plugin and namespace (PLUGIN_NAMESPACES), each checked to define every method TensorRT 10.3's
     Python wrapper has no default for, registered with `registry`; returns them (keep them alive: the registry does
     not own Python creators). RuntimeError, one line, where a class lacks a method or the registry refuses one."""
-    from plugins.trt_conformance import ConformanceError, check_required
+    from plugins.trt.conformance import ConformanceError, check_required
     reason = plugin_library_unavailable()
     if reason:
         raise RuntimeError(reason)

@@ -1,10 +1,10 @@
 """TensorRT engine build from the decoder-step ONNX graph: checked against TensorRT 10.3's rules first
-(export.trt_readiness), local functions inlined to standard ops, parsed from a file, the `bitnest` nodes bound to
-the Python IPluginV3 plugins (plugins.trt_plugins, their plane outputs aliased to their inputs), TF32 off, one
+(export.trt.readiness), local functions inlined to standard ops, parsed from a file, the `bitnest` nodes bound to
+the Python IPluginV3 plugins (plugins.trt.plugins, their plane outputs aliased to their inputs), TF32 off, one
 optimization profile for the pass size M and the KV capacity C, serialized atomically beside the ONNX file.
 The KV planes are bound ping-pong by default (separate input and output buffers, edge.backends.tensorrt_kv) or, on
 request, aliased (in place); the engine is built at ProfilingVerbosity.DETAILED and its inspector's layer list decides
-whether TensorRT inserted copies of the planes (export.trt_inspect; the verbose log's copy lines, export.trt_log, are
+whether TensorRT inserted copies of the planes (export.trt.inspect; the verbose log's copy lines, export.trt.log, are
 kept as evidence). A ping-pong build with a plane copy is refused; `auto` takes the aliased build unless it holds one.
 The choice, the copies and the catch-up window the runtime plugin read go to the engine's build record beside it.
 Runs where TensorRT >= 10.3 and a CUDA GPU exist (a Jetson on JetPack 6.1/6.2); elsewhere it refuses with the
@@ -21,7 +21,7 @@ from edge.atomic import write_atomic
 from edge.backends.tensorrt_kv import ALIASED, KV_BINDINGS, PINGPONG
 from edge.backends.tensorrt_record import record_path
 from edge.errors import BitNestError
-from export.trt_readiness import check_file
+from export.trt.readiness import check_file
 from plugins.step_contract import (
     ENGINE_FILE,
     LOGITS,
@@ -35,7 +35,7 @@ AUTO = "auto"
 
 def engine_build_unavailable() -> str | None:
     """None where an engine can be built here, else the one-line reason."""
-    from plugins.trt_plugins import tensorrt_unavailable
+    from plugins.trt.plugins import tensorrt_unavailable
     return tensorrt_unavailable()
 
 
@@ -80,7 +80,7 @@ def _build_once(trt, onnx_path: Path, shapes: StepShapes, profile: ProfileSpec, 
                 workspace_mib: int):
     """(serialized engine, what it holds) of one build, KV planes aliased or not: the engine inspector's plane copies,
     the verbose build log's copy lines and the catch-up window of the runtime plugins made from it (runtime_facts)."""
-    from export.trt_log import capturing_logger, plane_copies
+    from export.trt.log import capturing_logger, plane_copies
     logger = capturing_logger(trt)
     builder = trt.Builder(logger)
     network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
@@ -104,7 +104,7 @@ def _build_once(trt, onnx_path: Path, shapes: StepShapes, profile: ProfileSpec, 
     config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
     # aliased: the attention plugin writes the KV entries into its plane inputs, legal only as declared aliasing;
     # ping-pong: the feature stays off, so get_aliased_input is never called (NvInferRuntime.h v10.3.0 line 1119)
-    # and the plugin writes only its own outputs (plugins.trt_plugins._attention)
+    # and the plugin writes only its own outputs (plugins.trt.plugins._attention)
     config.set_preview_feature(trt.PreviewFeature.ALIASED_PLUGIN_IO_10_03, aliasing)
     opt = builder.create_optimization_profile()
     for name, (lo, mid, hi) in profile.shapes(shapes).items():
@@ -120,8 +120,8 @@ def runtime_facts(trt, serialized, logger, log_copies: list[str]) -> dict:
     """What the built engine holds: the plane copies its inspector lists, the log's copy lines, and the kv_window each
     runtime attention plugin was created with (deserializing it creates them from their serialized fields, as a run
     does: a window of 0 would copy whole planes every pass)."""
-    from export.trt_inspect import engine_information, inspector_plane_copies
-    from plugins.trt_plugins import runtime_windows
+    from export.trt.inspect import engine_information, inspector_plane_copies
+    from plugins.trt.plugins import runtime_windows
     before = len(runtime_windows())
     copies = inspector_plane_copies(engine_information(trt, serialized, logger))
     return {"plane_copies": copies, "log_plane_copies": log_copies, "kv_window": sorted(set(runtime_windows()[before:]))}
@@ -164,7 +164,7 @@ def build_engine(onnx_path, profile: ProfileSpec = ProfileSpec(), out=None, work
     import onnx
     import tensorrt as trt
 
-    from plugins.trt_plugins import register_plugins
+    from plugins.trt.plugins import register_plugins
 
     t0 = time.time()
     out = Path(out) if out else onnx_path.with_name(ENGINE_FILE)

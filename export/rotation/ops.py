@@ -1,6 +1,6 @@
 """The rotation transforms on float weights, each function-preserving: fold RMSNorm weights into the linears that
 read them, the initial R1 and per-layer R2 (randomized Hadamards where one exists), fusing R1/R2 into the linears,
-and the Hadamard R4 on down_proj. export.rotation plans and applies them; export.learned_rotation trains R1/R2."""
+and the Hadamard R4 on down_proj. export.rotation.plan plans and applies them; export.rotation.learned trains R1/R2."""
 
 from typing import Iterable, Optional
 

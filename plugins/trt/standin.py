@@ -1,8 +1,8 @@
 """TensorRT 10.3's Python plugin API surface as plain Python, for driving the project's IPluginV3 plugins where
-TensorRT cannot be installed: the names `plugins.trt_plugins.define_plugins` reads from a `tensorrt` module (enums,
+TensorRT cannot be installed: the names `plugins.trt.plugins.define_plugins` reads from a `tensorrt` module (enums,
 tensor descriptors, shape expressions, field collections, the V3 interface classes, the creator and a registry), and
-the ILogger base a build's capturing logger subclasses (export.trt_log).
-It computes nothing TensorRT computes; plugins.trt_conformance plays TensorRT's part (which method is called when,
+the ILogger base a build's capturing logger subclasses (export.trt.log).
+It computes nothing TensorRT computes; plugins.trt.conformance plays TensorRT's part (which method is called when,
 and what the 10.3 wrapper does where a method is missing).
 
 Written from NVIDIA/TensorRT v10.3.0, python/src/infer/pyPlugin.cpp (the bindings at its end: class names, property
@@ -414,6 +414,6 @@ def get_plugin_registry() -> IPluginRegistry:
     return _registry
 
 
-# The interface classes: plugins.trt_conformance finds a plugin's overrides below these, as get_override does.
+# The interface classes: plugins.trt.conformance finds a plugin's overrides below these, as get_override does.
 INTERFACES = (IPluginV3, IPluginCapability, IPluginV3OneCore, IPluginV3OneBuild, IPluginV3OneBuildV2,
               IPluginV3OneRuntime, IPluginCreatorV3One, _Settable, object)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from edge.model.arch import ModelConfig
 from edge.model.decoder import Decoder, OnlineRotations, causal_attention
 from edge.model.float_store import FloatWeights
-from export.rotation_ops import apply_r1r2
+from export.rotation.ops import apply_r1r2
 from plugins.contracts import Q4_MAX, Q4_MIN, QR_MIN_AT_BASE_MIN, REFINE_DIVISOR
 
 _MIN_SCALE = 2.0 ** -24
