@@ -99,8 +99,8 @@ class Runtime:
             max_context = fit_context(self.plan, max_context, base)
         elastic = None if window is None else elastic_kv(window, max_context, backend, prefill_chunk, gamma)
         self.backend = backend
-        self.engine = make_engine(backend, self.ckpt, max_context, scratch=draft_slots(gamma), prefill_chunk=prefill_chunk,
-                                  elastic=elastic)
+        self.engine = make_engine(backend, self.ckpt, max_context, scratch=draft_slots(gamma),
+                                  prefill_chunk=prefill_chunk, elastic=elastic)
         eos = set(self.ckpt.config.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)

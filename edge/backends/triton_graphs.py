@@ -15,7 +15,8 @@ from edge.engine.interface import PassEngine
 from edge.model.checkpoint import R1_TENSOR, Checkpoint
 from edge.model.decoder import Decoder, rope_tables
 
-GRAPH_MAX_TOKENS = MAX_PROPOSALS   # passes this wide are captured (a draft token, γ + 1 <= 16 verified); wider run eagerly
+# passes up to this wide are captured (a draft token, γ + 1 <= 16 verified); wider ones run eagerly
+GRAPH_MAX_TOKENS = MAX_PROPOSALS
 MAIN_LEN, SEQ_LEN, KV8_FROM, WRITE_END, IDS = range(5)   # the device buffer: four lengths, then the token ids
 
 

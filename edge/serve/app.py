@@ -73,7 +73,7 @@ class Server:
                 llm.close()
                 return None, None
             try:
-                return llm, Preparer(llm, load_tokenizer(llm.runtime.ckpt.path), self.config.max_tokens)
+                return llm, Preparer(llm, load_tokenizer(llm.ckpt.path), self.config.max_tokens)
             except BaseException:
                 llm.close()
                 raise

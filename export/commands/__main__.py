@@ -1,4 +1,5 @@
-"""`python -m export.commands NAME [options]`: a command as a child process (the device check's sections, the fuzzer)."""
+"""`python -m export.commands NAME [options]`: a command as a child process (the device check's sections, the
+fuzzer)."""
 
 import sys
 

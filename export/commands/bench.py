@@ -1,4 +1,5 @@
-"""`bitnest bench` (scripts/bench.py): decode speed of each policy and its peers, each runner in its own process under a memory plan (edge.analysis.bench), medians as JSON."""
+"""`bitnest bench` (scripts/bench.py): decode speed of each policy and its peers, each runner in its own process under
+a memory plan (edge.analysis.bench), medians as JSON."""
 
 import argparse
 import sys
@@ -8,7 +9,8 @@ from edge.analysis.bench.run import DEFAULT_POLICIES, PEERS, SHAPES, __doc__ as 
 from edge.argtypes import Parser, count, gamma
 from edge.backends import BACKENDS
 from edge.options.run import run_cli
-from edge.options.groups import add_draft_head_arguments, add_model_argument, add_policy_arguments, checkpoint_arg, draft_head_options
+from edge.options.groups import (add_draft_head_arguments, add_model_argument, add_policy_arguments, checkpoint_arg,
+                                 draft_head_options)
 from edge.decode.registry import POLICIES
 from edge.errors import BitNestError
 from edge.memory.model_shapes import MODEL_PRESETS

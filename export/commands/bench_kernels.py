@@ -1,4 +1,5 @@
-"""`bitnest bench-kernels` (scripts/bench_kernels.py): GB/s of every Triton kernel on a CUDA GPU against the device's copy bandwidth (edge.analysis.kernel_bench)."""
+"""`bitnest bench-kernels` (scripts/bench_kernels.py): GB/s of every Triton kernel on a CUDA GPU against the device's
+copy bandwidth (edge.analysis.kernel_bench)."""
 
 import argparse
 

@@ -1,4 +1,5 @@
-"""`bitnest calibrate` (scripts/calibrate_gates.py): calibrate the gate thresholds of one backend and save them beside the checkpoint (edge.analysis.calibrate)."""
+"""`bitnest calibrate` (scripts/calibrate_gates.py): calibrate the gate thresholds of one backend and save them beside
+the checkpoint (edge.analysis.calibrate)."""
 
 import argparse
 

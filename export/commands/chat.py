@@ -81,7 +81,7 @@ def interactive(llm: LLM, cfg: GenerateConfig, stops) -> dict:
     history) and the chat goes on; Ctrl-C or Ctrl-D at the prompt ends it. A history that fills the context ends
     it with a message that says so."""
     history, all_stats, stopped = [], [], None
-    print(f"BitNest Edge chat ({llm.runtime.ckpt.method}, {llm.runtime.backend} backend, {cfg.policy}). Ctrl-C stops an answer; "
+    print(f"BitNest Edge chat ({llm.ckpt.method}, {llm.backend} backend, {cfg.policy}). Ctrl-C stops an answer; "
           "Ctrl-D or Ctrl-C at the prompt quits.", file=sys.stderr)
     while stopped is None:
         try:

@@ -1,4 +1,5 @@
-"""`bitnest compare` (scripts/compare_policies.py): every policy live on the same prompts, paired tests (edge.analysis.compare)."""
+"""`bitnest compare` (scripts/compare_policies.py): every policy live on the same prompts, paired tests
+(edge.analysis.compare)."""
 
 import argparse
 

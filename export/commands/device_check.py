@@ -1,4 +1,5 @@
-"""`bitnest device-check` (scripts/device_check.sh): every GPU check in one run, its JSON and its docs table (export.tools.device_check)."""
+"""`bitnest device-check` (scripts/device_check.sh): every GPU check in one run, its JSON and its docs table
+(export.tools.device_check)."""
 
 import argparse
 import json

@@ -1,4 +1,5 @@
-"""`bitnest evaluate` (scripts/evaluate.py): perplexity and draft / target agreement on held-out text (edge.analysis.evaluate), with the float reference loaded by the host's source readers (export.sources)."""
+"""`bitnest evaluate` (scripts/evaluate.py): perplexity and draft / target agreement on held-out text
+(edge.analysis.evaluate), with the float reference loaded by the host's source readers (export.sources)."""
 
 import argparse
 

@@ -1,4 +1,5 @@
-"""`bitnest export-memory` (scripts/export_memory.py): the streamed export's peak memory and time per block at a model's real shapes, against its plan (export.tools.export_memory)."""
+"""`bitnest export-memory` (scripts/export_memory.py): the streamed export's peak memory and time per block at a
+model's real shapes, against its plan (export.tools.export_memory)."""
 
 import json
 import shutil

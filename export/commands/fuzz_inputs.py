@@ -1,4 +1,5 @@
-"""`bitnest fuzz-inputs` (scripts/fuzz_inputs.py): mutated inputs at every reader, killed and disk-full exports (export.tools.fuzz_inputs)."""
+"""`bitnest fuzz-inputs` (scripts/fuzz_inputs.py): mutated inputs at every reader, killed and disk-full exports
+(export.tools.fuzz_inputs)."""
 
 import argparse
 

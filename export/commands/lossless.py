@@ -1,4 +1,5 @@
-"""`bitnest lossless` (scripts/lossless.py): speculative output against the target's on real prompts (edge.analysis.lossless)."""
+"""`bitnest lossless` (scripts/lossless.py): speculative output against the target's on real prompts
+(edge.analysis.lossless)."""
 
 import argparse
 

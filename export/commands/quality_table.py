@@ -1,4 +1,5 @@
-"""`bitnest quality-table` (scripts/quality_table.py): export the variants and tabulate their perplexity and draft / target agreement (export.tools.quality)."""
+"""`bitnest quality-table` (scripts/quality_table.py): export the variants and tabulate their perplexity and draft /
+target agreement (export.tools.quality)."""
 
 import argparse
 

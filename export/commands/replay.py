@@ -1,4 +1,5 @@
-"""`bitnest replay` (scripts/replay.py): Precision on Demand replay along the target's greedy trajectories: AUCs, budgets, the cost model, figures (edge.analysis.replay)."""
+"""`bitnest replay` (scripts/replay.py): Precision on Demand replay along the target's greedy trajectories: AUCs,
+budgets, the cost model, figures (edge.analysis.replay)."""
 
 import argparse
 

@@ -101,7 +101,7 @@ def serve(a) -> dict:
         url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
         def ready(llm):
-            print(f"bitnest serve: {llm.name} ready on {url} ({llm.runtime.backend} backend, {llm.config.policy} "
+            print(f"bitnest serve: {llm.name} ready on {url} ({llm.backend} backend, {llm.config.policy} "
                   f"policy, context {llm.capacity}, queue {a.max_queue})", file=sys.stderr, flush=True)
 
         server = Server(config, lambda: make_llm(a, llm_config(a)), ready, lambda e: setattr(uv, "should_exit", True))

@@ -1,4 +1,5 @@
-"""`bitnest tables` (scripts/results_tables.py): rewrite the docs' result tables from scripts/results/*.json, or --check them (edge.analysis.report)."""
+"""`bitnest tables` (scripts/results_tables.py): rewrite the docs' result tables from scripts/results/*.json, or
+--check them (edge.analysis.report)."""
 
 import argparse
 import json

@@ -1,4 +1,5 @@
-"""`bitnest weights-memory` (scripts/weights_memory.py): resident memory of --weights base against the 8-bit run, each in a fresh process (edge.analysis.weights_memory)."""
+"""`bitnest weights-memory` (scripts/weights_memory.py): resident memory of --weights base against the 8-bit run, each
+in a fresh process (edge.analysis.weights_memory)."""
 
 import argparse
 

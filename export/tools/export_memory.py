@@ -90,8 +90,9 @@ def measure(cfg: ModelConfig, layers: list[int], work: Path, calib_samples: int,
         small = replace(cfg, num_layers=n)
         folder = write_synthetic_folder(small, work / f"source-{n}", tokenizer)
         out = work / f"export-{n}"
-        cmd = [sys.executable, "-m", "export.commands", "export", "--model", str(folder), "--out", str(out), "--method", method,
-               "--calib-samples", str(calib_samples), "--calib-seq-len", str(calib_seq_len), "--json"]
+        cmd = [sys.executable, "-m", "export.commands", "export", "--model", str(folder), "--out", str(out),
+               "--method", method, "--calib-samples", str(calib_samples), "--calib-seq-len", str(calib_seq_len),
+               "--json"]
         r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
         if r.returncode != 0:
             tail = (r.stderr.strip().splitlines() or ["no output"])[-1]

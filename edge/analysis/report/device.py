@@ -3,11 +3,12 @@ times and their projected speed-up per model and engine form, then one line per 
 tests, lossless, bandwidth as shares of the copy bandwidth, the plugins, TensorRT, GPTQ) and what did not finish."""
 
 GAMMA = 4           # the device check's γ: its lossless run and the projected speed-up
-SECTIONS = ("kernels", "bandwidth", "lossless", "pass_times", "plugins", "tensorrt", "gptq")   # the device check's sections, in order
+# the device check's sections, in order
+SECTIONS = ("kernels", "bandwidth", "lossless", "pass_times", "plugins", "tensorrt", "gptq")
 
 
-def render_table(result: dict, gamma: int, sections: tuple) -> str:
-    """The docs table (markdown) of a device_check JSON object whose passes ran at `gamma`, of `sections`."""
+def table(result: dict) -> str:
+    """The docs table (markdown) of a device_check JSON object (its passes ran at GAMMA; SECTIONS in order)."""
     env = result["environment"]
     trt = result.get("tensorrt", {"status": "not reached"})
     lines = [f"Device: {env['gpu'] or 'CPU (dry run)'}, torch {env['torch']}, CUDA {env['cuda']}, triton "
@@ -30,7 +31,7 @@ def render_table(result: dict, gamma: int, sections: tuple) -> str:
         (f" ({'; '.join(unit['failures'])})" if unit.get("failures") else "")
     verdict = "all passed" if k.get("passed") else k.get("error") or "FAILED"
     lines += ["", f"Kernels against the oracle: {verdict} ({len(k.get('checks', []))} checks; their unit tests on "
-              f"this device: {tests}). Lossless (triton, γ = {gamma}, {ll.get('model')}): {ll.get('identical')}, "
+              f"this device: {tests}). Lossless (triton, γ = {GAMMA}, {ll.get('model')}): {ll.get('identical')}, "
               f"acceptance {ll.get('acceptance')}. {bandwidth_line(bw)}"]
     pl = result.get("plugins", missing)
     lines.append("TensorRT plugins through the 10.3 stand-in on the " + (f"{pl.get('device')}: {pl.get('summary')}"
@@ -40,11 +41,11 @@ def render_table(result: dict, gamma: int, sections: tuple) -> str:
     if result.get("step_bandwidth"):
         lines.append(step_line(result["step_bandwidth"]))
     if proj:
-        lines.append(f"Projection at the real model's {proj['tokens_per_round']} tokens per round (γ = {gamma}, "
+        lines.append(f"Projection at the real model's {proj['tokens_per_round']} tokens per round (γ = {GAMMA}, "
                      f"{proj['source']}).")
     if not result.get("complete", True):
         lines.append(f"INCOMPLETE: stopped during `{result.get('running')}` (the sections above it are recorded).")
-    timed_out = [s for s in sections if "timed out" in str(result.get(s, {}).get("error", ""))]
+    timed_out = [s for s in SECTIONS if "timed out" in str(result.get(s, {}).get("error", ""))]
     if timed_out:
         lines.append(f"Timed out: {', '.join(timed_out)}.")
     if "llama-2-7b" in result:
@@ -137,8 +138,3 @@ def gptq_line(r: dict) -> str:
     return (f"{head} (draft/target agreement, bound {r['tolerance_points']:g} points: {figures}; export "
             f"{ex.get('seconds')} s" + (f", peak {peak / 2 ** 30:.2f} GiB resident" if peak else "") + ")"
             + (f": {r['reason']}" if r.get("reason") else "") + ".")
-
-
-def table(result: dict) -> str:
-    """The docs table (markdown) of a device_check JSON object ."""
-    return render_table(result, GAMMA, SECTIONS)
