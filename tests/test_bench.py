@@ -405,6 +405,16 @@ def test_default_policies_include_auto_where_the_registry_has_it():
     assert ("auto" in DEFAULT_POLICIES) == ("auto" in POLICIES)
 
 
+def test_the_workers_are_ready_before_any_runner_loads():
+    """Every worker has finished its imports (its ready line, its own pid) when Workers returns, so the first runner
+    to load (the auto policy, which times its pass costs while loading) does not share the machine with the rest's
+    imports."""
+    from edge.analysis.bench.process import Workers
+    with Workers(["target", "auto", "hf_fp32"]) as workers:
+        assert [w.ready_pid for w in workers.values()] == [w.pid for w in workers.values()]
+    assert not _my_children()
+
+
 def test_a_runner_killed_by_the_system_is_named_with_its_signal_not_a_broken_pipe():
     """A runner the out-of-memory killer takes (SIGKILL, sent here to a real worker process) is one error naming the
     runner, the signal and the likely cause, and closing the workers afterwards raises nothing (a dead worker's

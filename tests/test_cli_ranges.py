@@ -40,6 +40,7 @@ BOUNDS = {
         "--rotation-target-weight": "float [0.0, inf)", "--max-context": "int [2, inf)",
         "--max-tokens": "int [1, inf)"},
     "evaluate": {"--tokens": "int [2, inf)", "--window": "int [2, inf)", "--shortlist-k": "int [1, inf)"},
+    "draft-layers": {"--tokens": "int [2, inf)", "--most": "int [1, inf)", "--gamma-max": "int [1, 8]"},
     "bench": {"--prompts": "int [1, inf)", "--max-new-tokens": "int [2, inf)", "--gamma": "int [1, 16]",
         "--repeats": "int [1, inf)", "--threads": "int [1, inf)", "--pass-repeats": "int [1, inf)",
         "--rounds": "int [1, inf)", "--prefill": "int [0, inf)", "--shortlist-k": "int [1, inf)",

@@ -55,6 +55,16 @@ def test_evaluate(small, capsys):
     assert set(out["ppl"]["draft"]) == {"sharegpt", "shakespeare", "code"}
 
 
+def test_draft_layers(small, capsys):
+    """The small Llama's two layers: the full draft, each layer skipped alone, and a curve of one point."""
+    out = bitnest(capsys, "draft-layers", "--checkpoint", small, "--tokens", 64, "--most", 1, "--backend", "cpu",
+                  "--json")
+    assert [p["skipped"] for p in out["single"]] == [[0], [1]] and len(out["curve"]) == 1
+    assert out["full"]["skipped"] == [] and out["full"]["draft_bytes_share"] == 1.0
+    assert all(p["draft_bytes"] < out["full"]["draft_bytes"] and 0 <= p["agreement"] <= 1 for p in out["single"])
+    assert out["costs"]["backend"] == "cpu" and out["positions"] == 64
+
+
 def test_bench_beside_llamacpp(rtn_checkpoint, capsys):
     """The target, speculation and `auto` (the default's headline; `adaptive` and `draft` run through the same runner
     with another policy name) and llama.cpp (the bench extra's xllamacpp, its ggml features recorded, on the GGUF the

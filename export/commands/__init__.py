@@ -32,6 +32,7 @@ COMMANDS = {     # name: what it does (its module: command_module(name))
     "export-memory": "the streamed export's peak memory and time per block at a model's real shapes (synthetic "
                      "weights), against its plan",
     "quality-table": "export variants and tabulate their perplexity and agreement",
+    "draft-layers": "what a draft that skips decoder layers would agree and save, and its projected speed-up",
     "verify-onnx": "the exported step graph through onnxruntime against torch",
     "compile-kernels": "compile every Triton kernel for sm_87 without a GPU",
     "bench-kernels": "GB/s of every Triton kernel on a CUDA GPU",

@@ -4,6 +4,7 @@ waits for each answer before it sends the next request, so only one runner works
 repeats in turns across the workers, so drift in the machine's speed falls on every runner alike.
 
 Protocol (stdin -> stdout of the worker, one JSON object per line):
+    (nothing)                            ->  {"ready": pid}        (once, when its imports are done)
     {"op": "load", "kind": K, ...spec}  ->  {"result": {"pid": ..., "peak_rss_bytes": ..., ...what the runner
                                              reports of itself}}
     {"op": OP, ...arguments}             ->  {"result": {...}}    (OP one of the runner's OPS)
@@ -43,21 +44,32 @@ class Worker:
                                      env=worker_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
                                      text=True, bufsize=1)
         self.pid = self.proc.pid
+        self.ready_pid = None
 
     def request(self, op: str, **args) -> dict:
         """Send one request and wait for its answer; BitNestError naming this runner where it fails or dies."""
         try:
             self.proc.stdin.write(json.dumps({"op": op, **args}) + "\n")
             self.proc.stdin.flush()
-            line = self.proc.stdout.readline()
         except (BrokenPipeError, OSError):
-            line = ""
-        if not line:
-            raise BitNestError(f"bench runner {self.name} (pid {self.pid}) exited during {op}: {self._last_log()}")
-        msg = json.loads(line)
+            pass                                       # read what is there: a dead worker answers nothing
+        msg = self._answer(op)
         if "error" in msg:
             raise BitNestError(f"bench runner {self.name}: {msg['error']}")
         return msg["result"]
+
+    def wait_ready(self) -> None:
+        """Wait until the worker's imports are done (its first line, its pid: `ready_pid`)."""
+        self.ready_pid = self._answer("start")["ready"]
+
+    def _answer(self, op: str) -> dict:
+        try:
+            line = self.proc.stdout.readline()
+        except OSError:
+            line = ""
+        if not line:
+            raise BitNestError(f"bench runner {self.name} (pid {self.pid}) exited during {op}: {self._last_log()}")
+        return json.loads(line)
 
     def load(self, kind: str, **spec) -> dict:
         return self.request("load", kind=kind, **spec)
@@ -100,14 +112,18 @@ class Worker:
 
 
 class Workers(dict):
-    """name -> Worker, every process started at once (imports overlap) and closed together on exit; loading is one
-    at a time (`load_all`), so a runner that times something while it loads (a cost table) has the machine alone."""
+    """name -> Worker, every process started at once (imports overlap) and closed together on exit; the constructor
+    returns once every worker's imports are done, and loading is one at a time (`load_all`), so a runner that times
+    something while it loads (the `auto` policy's cost table) has the machine alone: one timed beside eight workers'
+    imports put 1-, 2- and 3-token target passes at one cost, and `auto` chose γ = 2 in 127 of its 148 rounds."""
 
     def __init__(self, names):
         super().__init__()
         try:
             for name in names:
                 self[name] = Worker(name)
+            for w in self.values():
+                w.wait_ready()
         except BaseException:
             self.close()
             raise
@@ -171,6 +187,7 @@ def main() -> None:
         protocol.flush()
 
     import edge.analysis.bench.runners  # noqa: F401  (torch: imported while the other workers start, not in turn)
+    reply({"ready": os.getpid()})
     serve(sys.stdin, reply)
 
 
