@@ -372,6 +372,7 @@ def test_an_unknown_shape_is_one_line_naming_the_known_ones(capsys):
 
 @pytest.mark.parametrize("argv, says", [
     (["--shape", "smollm2-360m", "--peer", "hf"], "no transformers peer"),
+    (["--shape", "smollm2-360m", "--peer", "llamacpp-native"], "--passes-only --peer llamacpp-native"),
     (["--shape", "smollm2-360m", "--policy", "target"], "leave out --policy"),
     (["--acceptance-from", "x.json"], "goes with --shape"),
     (["--passes-only"], "go with --shape"),
@@ -440,6 +441,7 @@ def test_the_memory_plan_groups_runners_that_do_not_fit_together_and_skips_one_t
     from edge.analysis.bench.memory import MARGIN, WORKER_BYTES, memory_plan, resident_bytes
     from edge.errors import BitNestError
     from edge.model.checkpoint import read_manifest, weight_files
+    from export.sources import default_gguf
     policy = {"kind": "policy", "checkpoint": str(small)}
     specs = {"probe": {"kind": "probe", "nbytes": 64 << 20}, "target": policy, "speculative": policy,
              "hf_fp32": {"kind": "hf"}}
@@ -447,6 +449,9 @@ def test_the_memory_plan_groups_runners_that_do_not_fit_together_and_skips_one_t
     assert resident_bytes(policy, str(small)) == int((WORKER_BYTES + weights) * MARGIN)
     need = {n: resident_bytes(s, str(small)) for n, s in specs.items()}
     assert need["hf_fp32"] > need["target"] > weights            # float32 of every parameter, past the 8-bit planes
+    gguf = default_gguf()                                         # transformers dequantizing a GGUF holds it too
+    extra = resident_bytes({"kind": "hf", "gguf": str(gguf)}, str(small)) - need["hf_fp32"]
+    assert abs(extra - gguf.stat().st_size * MARGIN) <= 2                   # (each need is rounded down)
     roomy = memory_plan(specs, str(small), sum(need.values()))
     assert roomy["groups"] == [list(specs)] and roomy["skipped"] == {} and roomy["runners"] == need
     assert memory_plan(specs, str(small), need["probe"] + need["target"])["groups"][:2] == [

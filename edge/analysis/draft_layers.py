@@ -15,8 +15,7 @@ plans with (edge.decode.auto) on this machine's measured pass costs:
   target alone).
 
 Real rounds accept in runs (a proposal after an accepted one is likelier accepted), so measured speed-ups run above
-the independent model's; the curve's point is the relative change from the full draft, where that bias largely
-cancels. This is analysis: no backend runs a shallower draft, and none will unless a point of the curve wins."""
+the independent model's; the curve is read for its change from the full draft, not for its level. This is analysis: no backend runs a shallower draft, and none will unless a point of the curve wins."""
 
 import sys
 import time

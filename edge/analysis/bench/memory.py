@@ -9,7 +9,9 @@ Figures: each worker reports its peak resident bytes once loaded (VmHWM, `peak_r
 JSON, beside the plan). On the default model (python scripts/bench.py --repeats 1 --prompts 1 --max-new-tokens 8
 --policy target --policy auto --peer llamacpp --peer hf): a policy runner 454 MB over a 166 MB checkpoint, llama.cpp
 401 / 445 MB over 98 / 145 MB GGUFs, transformers 1,253 MB over 540 MB of float32 parameters, the probe 1,505 MB
-over its buffer: a process holds ~300 MB besides what it loads (~720 MB with transformers). A GGUF is mapped and
+over its buffer: a process holds ~300 MB besides what it loads (~720 MB with transformers). On Qwen2.5-Coder-0.5B
+(scripts/results/bench-qwen2.5-coder-0.5b-sharegpt.json) transformers, loading the model's GGUF, peaked at 4.07 GB,
+past the 3.60 GB planned without the file's 0.49 GB: the file is now counted too (4.14 GB). A GGUF is mapped and
 read whole by llama.cpp; a policy runner holds its checkpoint's tensors once (the backends re-lay planes in place of
 the canonical ones, never beside them).
 """
@@ -54,8 +56,9 @@ def resident_bytes(spec: dict, checkpoint: str) -> int:
     elif kind in ("llamacpp", "llamacpp_native"):
         files = [spec["gguf"]] + ([spec["draft"]] if spec.get("draft") else [])
         need = WORKER_BYTES + sum(Path(f).stat().st_size for f in files)
-    elif kind == "hf":
-        need = HF_WORKER_BYTES + _float32_bytes(checkpoint)
+    elif kind == "hf":       # from a GGUF, transformers holds the file's bytes too while it dequantizes them
+        need = HF_WORKER_BYTES + _float32_bytes(checkpoint) + (Path(spec["gguf"]).stat().st_size
+                                                               if spec.get("gguf") else 0)
     elif kind == "probe":
         need = WORKER_BYTES + spec["nbytes"]
     else:

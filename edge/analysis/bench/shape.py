@@ -83,6 +83,9 @@ def bench_shape(a, cfg: ModelConfig, name: str, checkpoint: str, command: str = 
     peers = set(a.peer or ("llamacpp",)) - {"none"}
     if "hf" in peers:
         raise BitNestError("--shape has no transformers peer (no float model of those shapes): use --peer llamacpp")
+    if peers - {"llamacpp"}:           # never dropped in silence
+        raise BitNestError(f"--shape decodes beside the llamacpp wheel only, not --peer {sorted(peers - {'llamacpp'})[0]}:"
+                           " llama.cpp built for this CPU times the same shapes with --passes-only --peer llamacpp-native")
     if "llamacpp" in peers:            # refused before any work (the acceptance recording takes minutes)
         from edge.analysis.bench.synthetic_gguf import synthetic_gguf_problem
         problem = synthetic_gguf_problem(cfg, shipped_gguf())

@@ -226,9 +226,11 @@ def headline_model_row(model: str, lossless: dict, *runs: dict) -> list[str]:
     eos = "each answer ending at the model's end of text" if first.get("stop_at_eos") else "EOS ignored"
     return [f"decode speed, {model} (real weights, streamed from memory), {first['backend']} backend "
             f"({first['isa']}, {first['threads']} threads), every runner in its own process, {len(runs)} "
-            f"run{'s' if len(runs) > 1 else ''} of {first['prompts']} prompts ({eos})",
+            f"run{'s' if len(runs) > 1 else ''} of {first['prompts']} held-out ShareGPT requests ({eos})",
             f"speculative (γ = {first['gamma']}, {first['draft_head']} draft head{vocab}) "
-            f"{med('speculative_vs_target')}× its target, `auto` (the default policy) {med('auto_vs_target')}× "
+            f"{med('speculative_vs_target')}× its target at acceptance "
+            f"{_span([d['runs']['speculative']['acceptance'] for d in runs], '{:.3f}')} on those requests, `auto` "
+            f"(the default policy) {med('auto_vs_target')}× "
             f"(medians of the repeat-by-repeat ratios); `auto` against {peers}; read probe "
             f"{_span(probe, '{:.1f}')} GB/s; identical "
             f"to the target on {min(same.values())} / {lossless['prompts']} prompts ({' and '.join(same)}; [model "

@@ -306,7 +306,7 @@ def lossless_isas_table(*runs: dict) -> str:
 
 
 # -- the README's headline --------------------------------------------------------------------------------------
-QWEN_RUNS = ("bench-qwen2.5-coder-0.5b-8prompts-eos.json",)   # `--stop-at-eos`, beside llama.cpp built for the CPU
+QWEN_RUNS = ("bench-qwen2.5-coder-0.5b-sharegpt.json",)   # `--stop-at-eos`, beside llama.cpp built for the CPU
 
 
 def headline_table(sweep: dict, quality: dict, mc: dict, verify: dict, replay: dict, bench: dict, shape: dict,
