@@ -16,7 +16,12 @@
 # cuda`) and evaluated as the committed CPU figures were, passed where its draft/target agreement is within 0.5 points
 # of them on every corpus.
 #
-#   OUT=/some/dir bash scripts/device_check.sh [--with-7b] [--with-gptq] [--repeats N] [--sections a,b] [--limits kernels=200]
+# With --with-sweep, the decode GEMV's launch sweep (scripts/gemv_sweep.py: access-pattern probes, tiled and canonical
+# planes, warps x row tiles x split-K at the shapes beyond L2) runs after the check, bounded by GEMV_SWEEP_TIMEOUT
+# (240 s), writing $OUT/gemv_sweep.json: what to change where the check's GEMV rows fall short of the copy bandwidth.
+#
+#   OUT=/some/dir bash scripts/device_check.sh [--with-7b] [--with-gptq] [--with-sweep] [--repeats N] [--sections a,b]
+#                                              [--limits kernels=200]
 #   DRY=1 OUT=/tmp/x bash scripts/device_check.sh --repeats 1   # the same code here, Triton interpreter, tiny shapes
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,20 +41,32 @@ if ! "$PY" -c "import tensorrt" >/dev/null 2>&1; then
 else
   WHOLE=540                                 # the tensorrt section's limit (300 s) on top
 fi
+SWEEP=0
+CHECK_ARGS=()
 for arg in "$@"; do
   if [ "$arg" = "--with-gptq" ]; then           # the opt-in gptq section's limit on top (export/tools/device_check.py)
     WHOLE=$((WHOLE + $("$PY" -c 'from export.tools.device_check import LIMITS; print(int(LIMITS["gptq"]))')))
   fi
+  if [ "$arg" = "--with-sweep" ]; then SWEEP=1; else CHECK_ARGS+=("$arg"); fi
 done
 DEVICE_CHECK_TIMEOUT=${DEVICE_CHECK_TIMEOUT:-$WHOLE}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >&2 || true
 status=0
-timeout "$DEVICE_CHECK_TIMEOUT" "$PY" -m export.commands device-check --out "$OUT/device_check.json" "${ARGS[@]}" "$@" \
-  || status=$?
+timeout "$DEVICE_CHECK_TIMEOUT" "$PY" -m export.commands device-check --out "$OUT/device_check.json" "${ARGS[@]}" \
+  "${CHECK_ARGS[@]}" || status=$?
 if [ "$status" = 124 ]; then
   echo "device_check: stopped after $DEVICE_CHECK_TIMEOUT s; $OUT/device_check.json holds the sections done" >&2
 fi
 if [ -f "$OUT/device_check.json" ]; then
   "$PY" -m export.commands device-check --table "$OUT/device_check.json" | tee "$OUT/device_check.md"
+fi
+if [ "$SWEEP" = 1 ]; then
+  SWEEP_ARGS=(--out "$OUT/gemv_sweep.json")
+  if [ "${DRY:-0}" = "1" ]; then SWEEP_ARGS+=(--dry --shapes 1024x64 --repeats 1); fi
+  sweep_status=0
+  timeout "${GEMV_SWEEP_TIMEOUT:-240}" "$PY" scripts/gemv_sweep.py "${SWEEP_ARGS[@]}" || sweep_status=$?
+  if [ "$sweep_status" != 0 ]; then
+    echo "device_check: the GEMV sweep stopped (exit $sweep_status); $OUT/gemv_sweep.json holds the shapes done" >&2
+  fi
 fi
 exit $status

@@ -34,6 +34,8 @@ def test_device_check_script_runs_dry(tmp_path):
     assert r["projection"]["tiny"]["static"] > 0 and r["projection"]["tokens_per_round"] > 1
     assert {(g["M"], g["view"], g["act"]) for g in r["bandwidth"]["gemv"] if g["kernel"] == "dual_plane_linear"} == \
         {(m, v, "int8") for m in (1, 5, 8) for v in ("draft", "target")}        # the decode kernel's widths
+    assert {(g["M"], g["view"]) for g in r["bandwidth"]["gemv"] if g["kernel"] == "dual_plane_linear_tiled"} == \
+        {(m, v) for m in (1, 5, 8) for v in ("draft", "target")}                # and on the backend's tiled planes
     steps = r["step_bandwidth"]["tiny"]
     assert steps["bytes"]["verify"] == steps["bytes"]["target"] > steps["bytes"]["draft"] > 0   # weights read once a pass
     for form, t in r["pass_times"]["tiny"].items():          # bytes / pass time / copy bandwidth, per pass
@@ -46,7 +48,7 @@ def test_device_check_script_runs_dry(tmp_path):
         assert "TensorRT is not installed here" in out.stderr
     md = (tmp_path / "device_check.md").read_text()
     assert "| tiny | static |" in md and "Kernels against the oracle: all passed" in md
-    assert "Whole passes, weight bytes over pass time" in md and "GEMV at the other shapes M = 5 target" in md
+    assert "Whole passes, weight bytes over pass time" in md and "GEMV (tiled planes, the triton backend's) at the other shapes M = 5 target" in md
     status = {k: v["status"] for k, v in r["sections"].items()}
     assert status == {"kernels": "passed", "bandwidth": "measured", "lossless": "passed", "pass_times": "measured",
                       "plugins": "not run", "tensorrt": r["tensorrt"]["status"], "gptq": "not run"}

@@ -5,9 +5,10 @@ device's measured copy bandwidth (both taken in the same run).
 
 GEMV: K x N = 4096 x 4096, 4096 x 11008 and 11008 x 4096 (Llama-7B q/o, gate/up and down), the shapes beyond any
 L2 (8192 x 28672 and 28672 x 8192: 117-235 MB of planes a matrix) and the real shapes of Qwen2.5-1.5B and Llama-3-8B,
-M = 1, 5 and 8, draft (W4A8: base + scales) and target (W8A8: both planes), INT8 activations (the decode kernel) and
-the float16-activation variant (the tensor-core kernel; not in the device check); cuBLAS float16 x @ W^T of the
-same shape is timed beside it. Every timed launch reads its own copy of the planes from a ring of copies that
+M = 1, 5 and 8, draft (W4A8: base + scales) and target (W8A8: both planes): the decode kernel on the warp-tiled planes
+the `triton` backend holds (`dual_plane_linear_tiled`) and on canonical ones (INT8 activations, the TensorRT plugins'
+layout), and the float16-activation variant (the tensor-core kernel; not in the device check); cuBLAS float16
+x @ W^T of the same shape is timed beside it. Every timed launch reads its own copy of the planes from a ring of copies that
 together exceed twice the device's L2, so no launch finds its weights in L2 (`ring`), and each row gives the
 copy bandwidth of the same bytes in the same run beside the 512 MiB copy that every fraction is of. Attention: Llama-2-7B heads (32 x 128, MHA) and a GQA 32/8 layout, T = 1 and
 5, KV8 and KV4, over each context. "bytes" are the bytes the format requires (planes, scales, activations in,
@@ -124,9 +125,12 @@ def _row(kernel, k, n, m, view, act, need, sec, copy_bw, **extra) -> dict:
 
 def gemv_rows(repeats: int, copy_bw: float, shapes=GEMV_SHAPES, device: str = "cuda", timer=time_graph,
               acts=("int8", "float16"), tokens=GEMV_TOKENS) -> list[dict]:
-    """One row per (shape, M, view, activations) and a cuBLAS float16 row per (shape, M), each launch on its own
-    copy of the operands (`ring`); `copy_same_GBps`: a device copy of the target's plane bytes, same ring."""
-    from plugins.kernels import dual_plane_linear
+    """One row per (shape, M, view, activations) of the canonical launch, one per (shape, M, view) of the tiled
+    launch the `triton` backend runs (`dual_plane_linear_tiled`, INT8 activations) and a cuBLAS float16 row per
+    (shape, M), each launch on its own copy of the operands (`ring`); `copy_same_GBps`: a device copy of the
+    target's plane bytes, same ring."""
+    from plugins.kernels import dual_plane_linear, dual_plane_linear_tiled
+    from plugins.kernels.tiling import tile_planes
     rows, l2 = [], l2_bytes(device)
     for k, n in shapes:
         g = 128 if k % 128 == 0 else 64
@@ -136,6 +140,7 @@ def gemv_rows(repeats: int, copy_bw: float, shapes=GEMV_SHAPES, device: str = "c
         sets = [(torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=device),
                  torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=device),
                  (torch.rand(n, k // g, device=device) * 1e-2).half()) for _ in range(copies)]
+        tiled = [(tile_planes(b, r, s),) for b, r, s in sets]              # the backend's layout, same ring
         dst = [torch.empty(2 * plane, dtype=torch.uint8, device=device) for _ in range(copies)]
         copy_sets = [(torch.cat((b.view(-1), r.view(-1))), d) for (b, r, _), d in zip(sets, dst)]
         copy_same = 2 * 2 * plane / timer(Cycle(lambda src, d: d.copy_(src), copy_sets), repeats, launches)
@@ -144,13 +149,16 @@ def gemv_rows(repeats: int, copy_bw: float, shapes=GEMV_SHAPES, device: str = "c
             x = torch.randn(m, k, device=device).half()
             out = torch.empty(m, n, dtype=torch.float32, device=device)
             for view, planes in (("draft", 1), ("target", 2)):
+                need = planes * plane + n * (k // g) * 2 + m * k * 2 + m * n * 4
                 for act in acts:
                     fn = Cycle(lambda b, r, s: dual_plane_linear(x, b, r, s, view, out=out, act=act), sets)
                     sec = timer(fn, repeats, launches)
-                    need = planes * plane + n * (k // g) * 2 + m * k * 2 + m * n * 4
                     rows.append(_row("dual_plane_linear", k, n, m, view, act, need, sec, copy_bw,
                                      copy_same_GBps=copy_same / 1e9, ring=copies, beyond_l2=plane > l2 > 0))
-        del sets
+                fn = Cycle(lambda t: dual_plane_linear_tiled(x, t, view, out=out), tiled)
+                rows.append(_row("dual_plane_linear_tiled", k, n, m, view, "int8", need, timer(fn, repeats, launches),
+                                 copy_bw, copy_same_GBps=copy_same / 1e9, ring=copies, beyond_l2=plane > l2 > 0))
+        del sets, tiled
         w16 = [torch.randn(n, k, device=device).half() for _ in range(ring(2 * n * k, l2))]
         for m in tokens[:1]:
             x = torch.randn(m, k, device=device).half()

@@ -2,8 +2,10 @@
 (W4A8 draft / W8A8 target, per-token INT8 activations) and attention through the nested-KV flash-decoding kernel
 over a KV cache that lives on the GPU (the kernels are its declared `attention_ops`).
 
-The planes move to the GPU in place of the checkpoint's CPU copies (no second copy, docs/contracts.md). With
-TRITON_INTERPRET=1 and no GPU, the same kernels run on CPU tensors in the Triton interpreter: slow, for tests.
+The planes move to the GPU in place of the checkpoint's CPU copies and are re-laid there, one linear at a time, in
+the warp-tiled layout the decode GEMV streams (plugins.kernels.tiling; the canonical tensors are released: no second
+copy, docs/contracts.md). With TRITON_INTERPRET=1 and no GPU, the same kernels run on CPU tensors in the Triton
+interpreter: slow, for tests.
 """
 
 import os
@@ -44,9 +46,16 @@ class TritonBackend:
     def __init__(self, ckpt: Checkpoint):
         self.device = kernel_device()
         self.k = _kernels()
+        from plugins.kernels.tiling import tile_planes
         self.ckpt = ckpt
-        for key, t in ckpt.tensors.items():            # move, don't copy: the CPU tensors are released
-            ckpt.tensors[key] = t.to(self.device)
+        t = ckpt.tensors
+        self.layout = {}                               # nested linear -> TiledPlanes on the device
+        for name in ckpt.linears:                      # move, tile, release: one linear's planes twice at most
+            planes = [t.pop(name + s, None) for s in (".base", ".refine", ".scale", ".offset")]
+            self.layout[name] = tile_planes(*(None if p is None else p.to(self.device) for p in planes))
+            del planes
+        for key, tensor in t.items():                  # the rest moves as it is: norms, biases, float16 weights
+            t[key] = tensor.to(self.device)
         self.attention_ops = self.k
         from plugins.kernels.gemv_decode import DECODE_MAX_M
         self.decode_max_m = DECODE_MAX_M               # the widest pass whose activations the decode GEMV reads
@@ -74,27 +83,28 @@ class TritonBackend:
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         ids = ids.to(self.device)
         if self.ckpt.embedding_from_head:   # the looked-up rows of the head's planes, target view
-            base, refine, scale, offset = self.ckpt.planes(HEAD)
-            return nested_embedding(ids, base, refine, scale, offset)
+            rows = self.layout[HEAD].rows(ids)
+            return nested_embedding(torch.arange(len(ids), device=self.device), *rows)
         return self.ckpt.tensors["model.embed_tokens.weight"][ids].float()
 
     def norm(self, name: str) -> torch.Tensor:
         return self.ckpt.tensors[name + ".weight"].float()
 
     def linear(self, name: str, x: torch.Tensor, view: str) -> torch.Tensor:
-        base, refine, scale, offset = self.ckpt.planes(name)
-        acts = self._shared_acts(x, x.shape[1] // scale.shape[1])
-        y = self.k.dual_plane_linear(x, base, refine if view == "target" else None, scale, view, offset, acts=acts)
+        planes = self.layout[name]
+        y = self.k.dual_plane_linear_tiled(x, planes, view, acts=self._shared_acts(x, planes.g))
         bias = self.ckpt.tensors.get(name + ".bias")
         return y if bias is None else y + bias.float()
 
     def head_rows(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """[M, K]: token m against the head's rows ids[m] at the target view (their planes gathered on the device,
-        K rows each, through the same GEMV as the whole head)."""
-        base, refine, scale, offset = self.ckpt.planes(HEAD)
-        pick = lambda t, r: None if t is None else t[r]
-        return torch.cat([self.k.dual_plane_linear(x[m:m + 1], base[r], refine[r], scale[r], "target", pick(offset, r))
-                          for m, r in enumerate(ids)])
+        K rows each, in the canonical layout, through the same decode kernel as the whole head)."""
+        head = self.layout[HEAD]
+        out = []
+        for m, r in enumerate(ids):
+            base, refine, scale, offset = head.rows(r)
+            out.append(self.k.dual_plane_linear(x[m:m + 1], base, refine, scale, "target", offset))
+        return torch.cat(out)
 
     def head(self, x: torch.Tensor, view: str) -> torch.Tensor:
         """Logits [M, V] on the kernel device (the engine copies them to the CPU, where the sampler runs)."""

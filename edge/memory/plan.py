@@ -12,6 +12,7 @@ from edge.memory.synthetic import exported_shapes
 from edge.memory.workspace import DryRun, fused_workspace, steps_at_end
 from edge.model.arch import ModelConfig
 from edge.model.checkpoint import HEAD, Checkpoint, draft_reads_refine
+from plugins.kernels.tiling import WARP_ROWS
 
 # Backends whose passes run as torch ops, so a dry run on meta tensors counts their workspace exactly.
 TRACED_BACKENDS = ("cpu", "torch")
@@ -78,14 +79,17 @@ def refine_bytes_per_position(cfg: ModelConfig) -> int:
 
 
 def nested_weight_bytes(ckpt: Checkpoint, layout: str, weights: str = "nested") -> dict[str, int]:
-    """Weight bytes of a nested checkpoint as a backend holds them. `canonical` (torch backend, GPU kernels):
-    the planes, float16 scales (and offsets) as stored. `cpu`: the planes re-laid at the same size, scales
+    """Weight bytes of a nested checkpoint as a backend holds them. `canonical` (torch backend, TensorRT's
+    plugins): the planes, float16 scales (and offsets) as stored. `tiled` (the `triton` backend,
+    plugins.kernels.tiling): the same with N rounded up to a block of 32 rows. `cpu`: the planes re-laid at the same size, scales
     and zeros as one bfloat16 [K/G, N, 2] tensor per plane set (shared by both planes unless an offset exists).
     `weights` `base`: the base planes only, and the refinement planes the draft itself reads (a nested head's, where
     edge.model.checkpoint.draft_reads_refine says so), as a `--weights base` load holds them."""
     out = {"linear_planes": 0, "linear_scales": 0, "embedding": 0, "head": 0, "norms_biases": 0, "rotation": 0}
     for name, spec in ckpt.linears.items():
         n, k = spec.shape
+        if layout == "tiled":
+            n = -(-n // WARP_ROWS) * WARP_ROWS
         groups = n * (k // spec.group_size)
         key = "head" if name == HEAD else "linear_planes"
         both = weights == "nested" or draft_reads_refine(ckpt.manifest, name)
@@ -252,7 +256,7 @@ def plan(model: str, cfg: ModelConfig, config: RunConfig, device: DeviceProfile,
     elif backend not in TRACED_BACKENDS + ("native",):   # kernels this runtime cannot dry-run here
         backend = "gpu-kernels"
     if config.weights in NESTED_FORMATS:
-        layout = "cpu" if backend == "cpu" else "canonical"
+        layout = {"cpu": "cpu", "triton": "tiled"}.get(backend, "canonical")
         weights = nested_weight_bytes(ckpt if ckpt is not None else exported_shapes(cfg, "meta"), layout,
                                       config.weights)
     else:

@@ -54,7 +54,8 @@ from edge.phase_clock import read_phases
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP = ROOT / "scripts" / "results" / "sweep-bitnest.json"    # the real model's speculation sweep (README)
-KERNEL_TESTS = ("tests/test_kernels.py",)     # the kernels' unit tests, on the GPU in a real run (16 s on an H200)
+KERNEL_TESTS = ("tests/test_kernels.py", "tests/test_tiled_gemv.py")   # the kernels' unit tests, on the GPU in a
+# real run (test_kernels.py took 16 s on an H200)
 KERNEL_TESTS_DRY = ("tests/test_kernels.py::test_dual_plane_linear_rejects_bad_shapes",)
 OPT_IN = {"gptq": "--with-gptq"}   # sections that run only when asked, past the default run's 240 s
 # Seconds per section: the first five's sum (230) stays under scripts/device_check.sh's timeout of the whole run
@@ -70,7 +71,9 @@ OPT_IN = {"gptq": "--with-gptq"}   # sections that run only when asked, past the
 # section has since grown to 10 shapes x 3 widths with rings of plane copies beyond L2 (estimated 20-40 s: ~12 cold
 # kernel compiles dominate) and pass times by the Qwen2.5-1.5B shape (~2 GB of planes made on the GPU): their limits
 # were raised, the kernels' and plugins' lowered towards what they took, the sum kept at 230.
-LIMITS = {"kernels": 70, "bandwidth": 60, "lossless": 30, "pass_times": 40, "plugins": 30, "tensorrt": 300,
+# The bandwidth section now times each GEMV row twice (the backend's tiled planes and canonical ones: ~6 more cold
+# compiles): 80 s, taken from the kernels' and plugins' limits (28 and 12-15 s measured).
+LIMITS = {"kernels": 55, "bandwidth": 80, "lossless": 30, "pass_times": 40, "plugins": 25, "tensorrt": 300,
           "gptq": 300}
 # The sections whose result passes or fails the run, where they ran (the others measure): a section that raised or
 # timed out holds only {"error"} and fails its verdict; a skipped one (its reason recorded) fails nothing.

@@ -15,6 +15,13 @@ def dual_plane_linear(x, base, refine, scale, view, offset=None, out=None, act="
     return launch(x, base, refine, scale, view, offset, out, act, acts)
 
 
+def dual_plane_linear_tiled(x, planes, view, out=None, acts=None):
+    """`dual_plane_linear` from planes in the warp-tiled layout (`plugins.kernels.tiling.tile_planes`), any M, INT8
+    activations: the rows the canonical launch computes, bit for bit, read in 512-byte warp loads."""
+    from plugins.kernels.gemv import dual_plane_linear_tiled as launch
+    return launch(x, planes, view, out, acts)
+
+
 def quantize_decode(x, g):
     """x [M <= 8, K]'s per-token INT8 activations in the decode GEMV's layout for group size g."""
     from plugins.kernels.gemv import quantize_decode as launch

@@ -222,11 +222,14 @@ def _reduce(dest, sx, y, m, n, split, scale_x):
                                                           BLOCK=block, enable_fp_fusion=False)
 
 
-def _launch_decode(x, base, refine, scale, offset, y, target, view_code, split, per, acts=None):
+def _launch_decode(x, base, refine, scale, offset, y, target, view_code, split, per, acts=None, n=None, g=None,
+                   tiled=False):
     """One decode launch (M <= DECODE_MAX_M, INT8 activations): plugins.kernels.gemv_decode; `acts`, x already
-    quantized by `quantize_decode` at this group size (shared by the linears that read x), else quantized here."""
+    quantized by `quantize_decode` at this group size (shared by the linears that read x), else quantized here.
+    `tiled`: the planes in the warp-tiled layout (plugins.kernels.tiling), N and G given."""
     m, k = x.shape
-    n, g = base.shape[0], k // scale.shape[1]
+    if not tiled:
+        n, g = base.shape[0], k // scale.shape[1]
     xq, xsum, sx = acts if acts is not None else quantize_decode(x.contiguous(), g)
     rows = decode_rows(m)
     dest = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
@@ -236,7 +239,7 @@ def _launch_decode(x, base, refine, scale, offset, y, target, view_code, split, 
         offset if offset is not None else scale, dest, view_code if view_code is not None else scale, n, k, per,
         M=m, TARGET=bool(target), HAS_OFFSET=offset is not None, PARTIAL=split > 1, G=g, ROWS=rows,
         BLOCK_S=32 * DECODE_WARPS, INTERP=gemv_decode.interp_form if INTERPRET else 0, RUNTIME_VIEW=view_code is not None,
-        num_warps=DECODE_WARPS, enable_fp_fusion=False)
+        TILED=tiled, num_warps=DECODE_WARPS, enable_fp_fusion=False)
     _reduce(dest, sx, y, m, n, split, True)
     return y
 
@@ -310,3 +313,29 @@ def dual_plane_linear_coded(x: torch.Tensor, base: torch.Tensor, refine: torch.T
     if refine is None or refine.shape != base.shape:
         raise ValueError("the run-time view needs the refinement plane beside the base plane")
     return _tiles(x, base, refine, scale, offset, out, act, False, view_code)
+
+
+def dual_plane_linear_tiled(x: torch.Tensor, planes, view: str, out=None, acts=None) -> torch.Tensor:
+    """y float32 [M, N] = x [M, K] @ W_view^T from planes in the warp-tiled layout (`plugins.kernels.tiling.
+    TiledPlanes`: what the `triton` backend holds), INT8 activations, any M: the decode kernel in passes of up to
+    DECODE_MAX_M tokens (a prefill chunk reads the planes once per DECODE_MAX_M tokens, at the decode kernel's
+    bandwidth). Each row is bit for bit what `dual_plane_linear` computes from the canonical planes at M <= 8.
+    `acts`: x's activations from `quantize_decode` at the planes' group size (M <= DECODE_MAX_M)."""
+    if view not in ("draft", "target"):
+        raise ValueError(f"unknown weight view {view!r}: use draft or target")
+    if view == "target" and planes.refine is None:
+        raise ValueError("the target view needs the refinement plane")
+    m, k = x.shape
+    if k != planes.k:
+        raise ValueError(f"x [{m}, {k}] does not fit tiled planes of K = {planes.k}")
+    if acts is not None and (m > DECODE_MAX_M or acts[1].shape[0] != k // planes.g or acts[2].shape != (m,)):
+        raise ValueError(f"shared activations fit a decode pass of x [{m}, {k}] at group size {planes.g} only: "
+                         "quantize x for this group size (quantize_decode)")
+    y = out if out is not None else torch.empty(m, planes.n, dtype=torch.float32, device=x.device)
+    split, per = plan_split(planes.n, k, planes.g, _sm_count(x.device))
+    target = view == "target"
+    for i in range(0, m, DECODE_MAX_M):
+        _launch_decode(x[i:i + DECODE_MAX_M], planes.base, planes.refine if target else None, planes.scale,
+                       planes.offset, y[i:i + DECODE_MAX_M], target, None, split, per, acts, planes.n, planes.g,
+                       tiled=True)
+    return y

@@ -40,6 +40,7 @@ INTERP_CHAINS = tl.constexpr(2)
 interp_form = 1                       # what the launcher passes in the interpreter (a test sets INTERP_CHAINS)
 XSUM_SLOTS = tl.constexpr(DECODE_MAX_M)   # group sums of x_q per group: one slot per token, unused ones 0
 CHUNK_COLS = tl.constexpr(32)         # columns per 16-byte chunk of a plane row (one 128-bit load per plane)
+TILE_ROWS = tl.constexpr(32)          # rows of a block of the warp-tiled layout (plugins.kernels.tiling.WARP_ROWS)
 LOW = tl.constexpr(0x0F0F0F0F)        # the low nibble of each byte lane
 HIGH = tl.constexpr(-0x0F0F0F10)      # 0xF0F0F0F0 as int32: the high nibble of each byte lane
 EIGHTS = tl.constexpr(-0x77777778)    # 0x88888888: each nibble's qr ^ 8 = qr + 8 in [0, 15]
@@ -114,11 +115,12 @@ def _lanes(t):
 
 @triton.jit
 def _group_sums_interp(isum, x_ptr, base_ptr, refine_ptr, wp, g, M: tl.constexpr, TARGET: tl.constexpr,
-                       ROWS: tl.constexpr, CH: tl.constexpr):
+                       ROWS: tl.constexpr, CH: tl.constexpr, CHUNK_WORDS: tl.constexpr):
     """The interpreter's form of one group's dp4a chains: the same lanes (16*q4, or 16*q4 + qr + 8) times the same
     activation lanes, summed exactly in int32, as whole-group numpy operations (the chains' thousands of scalar
     steps take the interpreter seconds a launch). Reads the same words at the same addresses as the GPU form."""
-    words = tl.arange(0, CH * 4)                                                     # [W] the group's words of a row
+    cw = tl.arange(0, CH * 4)
+    words = (cw // 4) * CHUNK_WORDS + cw % 4                                         # [W] the group's words of a row
     xw = g * (CH * M * 8) + tl.arange(0, CH)[:, None] * (M * 8) + tl.arange(0, 4)[None, :]   # [CH, 4] token 0, even
     out = ()
     for m in tl.static_range(M):
@@ -149,14 +151,20 @@ def _zeros(n: tl.constexpr, shape: tl.constexpr, dtype: tl.constexpr):
 @triton.jit
 def _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, N, K, GROUPS_PER_SPLIT,
           M: tl.constexpr, TARGET: tl.constexpr, HAS_OFFSET: tl.constexpr, PARTIAL: tl.constexpr, G: tl.constexpr,
-          ROWS: tl.constexpr, BLOCK_S: tl.constexpr, INTERP: tl.constexpr):
+          ROWS: tl.constexpr, BLOCK_S: tl.constexpr, INTERP: tl.constexpr, TILED: tl.constexpr):
     """The program of `decode_gemv_kernel` for one view. No load is masked (a masked load costs a move per register
-    for its `other`): rows past N read row N-1 and are not stored, and the last split runs only its own groups."""
+    for its `other`): rows past N read row N-1 and are not stored, and the last split runs only its own groups.
+    TILED: the planes and scales in the warp-tiled layout (plugins.kernels.tiling), else canonical; the two differ
+    in their addresses only."""
     CH: tl.constexpr = G // CHUNK_COLS
-    row_words = tl.multiple_of(K // 8, 4)               # K is a multiple of G >= 32: rows start 16-byte aligned
     n_groups = K // G
     g0 = tl.program_id(1) * GROUPS_PER_SPLIT
     w = tl.arange(0, 4)                                  # [4] words of a 16-byte chunk
+    # TILED: word (((n // 32) * K/G + g) * CH + c) * 128 + (n % 32) * 4 + w, scale ((n // 32) * K/G + g) * 32 + n % 32
+    # (a warp's 32 chunks side by side: 512 contiguous bytes); canonical: word n * K/8 + (g * CH + c) * 4 + w, scale
+    # n * K/G + g
+    CHUNK_WORDS: tl.constexpr = 4 * TILE_ROWS if TILED else 4
+    SCALE_STEP: tl.constexpr = TILE_ROWS if TILED else 1
     rows = ()
     wp = ()                                              # [BS, 4] word offsets of each row tile at group g0
     sp = ()                                              # [BS] scale offsets at group g0
@@ -164,8 +172,14 @@ def _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, 
         n = tl.program_id(0) * (ROWS * BLOCK_S) + r * BLOCK_S + tl.arange(0, BLOCK_S)
         rows = rows + (n,)
         n = tl.minimum(n, N - 1)
-        wp = wp + ((n * row_words)[:, None] + g0 * (CH * 4) + w[None, :],)
-        sp = sp + (n * n_groups + g0,)
+        if TILED:
+            blk = ((n // TILE_ROWS) * n_groups + g0)
+            wp = wp + ((blk * (CH * CHUNK_WORDS) + (n % TILE_ROWS) * 4)[:, None] + w[None, :],)
+            sp = sp + (blk * TILE_ROWS + n % TILE_ROWS,)
+        else:
+            row_words = tl.multiple_of(K // 8, 4)       # K is a multiple of G >= 32: rows start 16-byte aligned
+            wp = wp + ((n * row_words)[:, None] + g0 * (CH * 4) + w[None, :],)
+            sp = sp + (n * n_groups + g0,)
     xp = x_ptr + g0 * (CH * M * 8) + w                   # [4] the group's first activation words
     acc = _zeros(ROWS * M, [BLOCK_S], tl.float32)
     for gi in range(0, tl.minimum(GROUPS_PER_SPLIT, n_groups - g0)):
@@ -175,15 +189,16 @@ def _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, 
             for r in tl.static_range(ROWS):
                 isum = isum + (tl.full([BLOCK_S], -8 * xs[m] if TARGET else 0, tl.int32),)
         if INTERP == INTERP_GROUPS:
-            isum = _group_sums_interp(isum, x_ptr, base_ptr, refine_ptr, wp, g0 + gi, M, TARGET, ROWS, CH)
+            isum = _group_sums_interp(isum, x_ptr, base_ptr, refine_ptr, wp, g0 + gi, M, TARGET, ROWS, CH,
+                                      CHUNK_WORDS)
         else:
             for c in tl.static_range(CH):
                 lo = ()
                 hi = ()
                 for r in tl.static_range(ROWS):
-                    b = tl.load(base_ptr + wp[r] + c * 4)                                      # [BS, 4] int32
+                    b = tl.load(base_ptr + wp[r] + c * CHUNK_WORDS)                            # [BS, 4] int32
                     if TARGET:
-                        q = tl.load(refine_ptr + wp[r] + c * 4) ^ EIGHTS                       # qr + 8 per nibble
+                        q = tl.load(refine_ptr + wp[r] + c * CHUNK_WORDS) ^ EIGHTS             # qr + 8 per nibble
                         lo = lo + (_words(((b << 4) & HIGH) | (q & LOW)),)                     # 16*q4 + qr + 8
                         hi = hi + (_words((b & HIGH) | ((q >> 4) & LOW)),)
                     else:
@@ -201,11 +216,11 @@ def _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, 
                 isum = new
         out = ()
         for r in tl.static_range(ROWS):
-            step = tl.load(scale_ptr + sp[r] + gi).to(tl.float32)                          # [BS]
+            step = tl.load(scale_ptr + sp[r] + gi * SCALE_STEP).to(tl.float32)             # [BS]
             if TARGET:
                 step = step * 0.0625                                                        # s/16, exactly
             if HAS_OFFSET:
-                off = tl.load(offset_ptr + sp[r] + gi).to(tl.float32)
+                off = tl.load(offset_ptr + sp[r] + gi * SCALE_STEP).to(tl.float32)
             for m in tl.static_range(M):
                 total = isum[m * ROWS + r]                                                  # [BS] exact int32
                 if not TARGET:
@@ -217,7 +232,7 @@ def _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, 
         acc = out
         adv = ()
         for r in tl.static_range(ROWS):
-            adv = adv + (wp[r] + CH * 4,)
+            adv = adv + (wp[r] + CH * CHUNK_WORDS,)
         wp = adv
         xp += CH * M * 8
     for r in tl.static_range(ROWS):
@@ -235,6 +250,7 @@ def decode_gemv_kernel(
     N, K, GROUPS_PER_SPLIT,
     M: tl.constexpr, TARGET: tl.constexpr, HAS_OFFSET: tl.constexpr, PARTIAL: tl.constexpr, G: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_S: tl.constexpr, INTERP: tl.constexpr, RUNTIME_VIEW: tl.constexpr = False,
+    TILED: tl.constexpr = False,
 ):
     """Program (n-tile, split): rows [n0, n0 + ROWS*BLOCK_S) as ROWS sub-tiles of BLOCK_S (one row per thread),
     groups [split*GPS, min((split+1)*GPS, K/G)) of K, all M tokens.
@@ -249,10 +265,10 @@ def decode_gemv_kernel(
     if RUNTIME_VIEW:
         if tl.load(view_ptr) == 1:
             _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, N, K,
-                  GROUPS_PER_SPLIT, M, True, HAS_OFFSET, PARTIAL, G, ROWS, BLOCK_S, INTERP)
+                  GROUPS_PER_SPLIT, M, True, HAS_OFFSET, PARTIAL, G, ROWS, BLOCK_S, INTERP, TILED)
         else:
             _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, N, K,
-                  GROUPS_PER_SPLIT, M, False, HAS_OFFSET, PARTIAL, G, ROWS, BLOCK_S, INTERP)
+                  GROUPS_PER_SPLIT, M, False, HAS_OFFSET, PARTIAL, G, ROWS, BLOCK_S, INTERP, TILED)
     else:
         _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, N, K, GROUPS_PER_SPLIT,
-              M, TARGET, HAS_OFFSET, PARTIAL, G, ROWS, BLOCK_S, INTERP)
+              M, TARGET, HAS_OFFSET, PARTIAL, G, ROWS, BLOCK_S, INTERP, TILED)

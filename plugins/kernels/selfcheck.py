@@ -3,7 +3,8 @@ by the caller: `python -m edge.checks.kernels`) or random RTN-nested ones, on th
 the Triton interpreter (the caller sets TRITON_INTERPRET=1 before starting Python).
 
 GEMV: the given linears (two of layer 0 for a checkpoint: both group sizes of the default model) at M = 1 and 5,
-both views, INT8 and float16 activations. Attention and the KV write: the model's head shapes over fresh random
+both views, INT8 and float16 activations; with INT8 activations the warp-tiled launch (the `triton` backend's) equal
+to the canonical one bit for bit. Attention and the KV write: the model's head shapes over fresh random
 K/V quantized into the nested format, at a context that is not a multiple of the kernel's chunk, KV8, KV4 and
 Recent-N.
 """
@@ -13,6 +14,7 @@ import os
 import torch
 
 from plugins import reference
+from plugins.kernels.tiling import tile_planes
 from plugins.kv import quantize_kv
 from plugins.nesting import nest_rtn
 from plugins.packing import pack_nibbles
@@ -65,6 +67,12 @@ def run_checks(linears: list[tuple] | None = None, heads: tuple[int, int, int] =
                     got = kernels.dual_plane_linear(x.to(dev), planes[0], planes[1] if view == "target" else None,
                                                     planes[2], view, planes[3], act=act)
                     add(f"dual_plane_linear {name} M={m} {view} {act}", _rel(got, want), LIMITS[act])
+                    if act == "int8":         # the `triton` backend's warp-tiled planes: the same rows, bit for bit
+                        tiled = kernels.dual_plane_linear_tiled(x.to(dev), tile_planes(*planes), view)
+                        same = torch.equal(tiled, got)
+                        checks.append({"name": f"dual_plane_linear_tiled {name} M={m} {view} equals canonical",
+                                       "max_rel_err": 0.0 if same else _rel(tiled, got.cpu()), "limit": 0.0,
+                                       "passed": same})
     seq, cap, t = 300, 304, 5
     kv = quantize_kv(torch.randn(2, hkv, cap, d, generator=gen))
     q = torch.randn(hq, t, d, generator=gen)

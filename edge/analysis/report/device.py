@@ -62,12 +62,14 @@ def bandwidth_line(bw: dict) -> str:
     def share(rows):
         f = sorted(r["fraction_of_copy"] for r in rows)
         return f"{100 * f[0]:.0f}–{100 * f[-1]:.0f}%" if f else "none"
-    gemv = [r for r in bw["gemv"] if r["kernel"] == "dual_plane_linear" and r["act"] == "int8"]
     parts = []
-    for where, rows in (("beyond L2", [r for r in gemv if r.get("beyond_l2")]),
-                        ("at the other shapes", [r for r in gemv if not r.get("beyond_l2")])):
-        parts += [f"GEMV {where} M = {m} {v} {share([r for r in rows if r['M'] == m and r['view'] == v])}"
-                  for m, v in ((1, "draft"), (1, "target"), (5, "target")) if any(r["M"] == m for r in rows)]
+    for kernel, label in (("dual_plane_linear_tiled", "GEMV (tiled planes, the triton backend's)"),
+                          ("dual_plane_linear", "GEMV (canonical planes)")):
+        gemv = [r for r in bw["gemv"] if r["kernel"] == kernel and r["act"] == "int8"]
+        for where, rows in (("beyond L2", [r for r in gemv if r.get("beyond_l2")]),
+                            ("at the other shapes", [r for r in gemv if not r.get("beyond_l2")])):
+            parts += [f"{label} {where} M = {m} {v} {share([r for r in rows if r['M'] == m and r['view'] == v])}"
+                      for m, v in ((1, "draft"), (1, "target"), (5, "target")) if any(r["M"] == m for r in rows)]
     parts += [f"attention T = 1 {v} {share([r for r in bw['attention'] if r['T'] == 1 and r['view'] == v])}"
               for v in ("kv8", "kv4")]
     return f"Copy bandwidth {bw['copy_GBps']:.0f} GB/s; kernels as a share of it: {', '.join(parts)}."

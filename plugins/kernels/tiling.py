@@ -1,0 +1,91 @@
+"""The warp-tiled plane layout the decode GEMV streams on a GPU (docs/kernels.md, "The decode GEMV: why this
+layout"): the canonical planes re-laid once at load, in place of them (no second copy of any weight).
+
+In the canonical layout (uint8 [N, K/2], docs/contracts.md) a row is contiguous, so a warp whose 32 lanes own 32
+rows (the decode kernel: one row per thread, sequential groups, exact int32 group sums) loads 16 bytes from each of
+32 rows 2-14 KB apart: 32 cache lines per load instruction and, in DRAM, 32 pages open for 16-64 bytes each. Tiled,
+the 16-byte chunk c of group g of the 32 rows of block b lie side by side:
+
+    base / refine  uint8   [ceil(N/32), K/G, G/32, 32, 16]   (block, group, chunk, row in block, byte)
+    scale / offset float16 [ceil(N/32), K/G, 32]              (block, group, row in block)
+
+so the same load instruction reads 512 contiguous bytes (four lines), a group of a block is G/2 x 32 contiguous
+bytes, and a split of K a block's contiguous run of groups. Only the addresses change: every thread still holds its
+own row, the dp4a work and the order of the float32 steps are the canonical kernel's, and the rows it computes are
+bit for bit the canonical launch's (tested). Rows past N (the last block's padding) are zeros and never stored.
+"""
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+WARP_ROWS = 32        # rows of a block: one per lane of a warp
+CHUNK_BYTES = 16      # bytes of a plane row one 128-bit load reads (32 columns of 4-bit codes)
+
+
+@dataclass
+class TiledPlanes:
+    """One nested linear's planes in the warp-tiled layout; `n`, `k`, `g` its canonical shape and group size."""
+
+    base: torch.Tensor
+    refine: Optional[torch.Tensor]
+    scale: torch.Tensor
+    offset: Optional[torch.Tensor]
+    n: int
+    k: int
+    g: int
+
+    def rows(self, ids: torch.Tensor) -> tuple:
+        """(base, refine, scale, offset) of rows `ids` [R] in the canonical layout ([R, K/2], [R, K/G]): the rows
+        the shortlist re-scores and an embedding lookup reads, gathered on the planes' device."""
+        ids = ids.to(self.base.device)
+        blk, lane = ids // WARP_ROWS, ids % WARP_ROWS
+
+        def plane(t):                    # [NB, K/G, CH, 32, 16] -> [R, K/G, CH, 16] -> [R, K/2]
+            return None if t is None else t[blk, :, :, lane, :].reshape(len(ids), self.k // 2)
+
+        def per_group(t):                # [NB, K/G, 32] -> [R, K/G]
+            return None if t is None else t[blk, :, lane]
+        return plane(self.base), plane(self.refine), per_group(self.scale), per_group(self.offset)
+
+    def canonical(self) -> tuple:
+        """All rows in the canonical layout (tests and checks; the runtime never holds both)."""
+        return self.rows(torch.arange(self.n))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.base, self.refine, self.scale, self.offset)
+                   if t is not None)
+
+
+def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    return t if t.shape[0] == rows else torch.cat((t, t.new_zeros(rows - t.shape[0], *t.shape[1:])))
+
+
+def tile_plane(plane: torch.Tensor, g: int) -> torch.Tensor:
+    """uint8 [N, K/2] -> [ceil(N/32), K/G, G/32, 32, 16] (zero rows past N)."""
+    n, half = plane.shape
+    nb = -(-n // WARP_ROWS)
+    t = _pad_rows(plane, nb * WARP_ROWS).view(nb, WARP_ROWS, (2 * half) // g, g // 32, CHUNK_BYTES)
+    return t.permute(0, 2, 3, 1, 4).contiguous()
+
+
+def tile_groups(t: torch.Tensor) -> torch.Tensor:
+    """float16 [N, K/G] -> [ceil(N/32), K/G, 32] (zero rows past N)."""
+    n, groups = t.shape
+    nb = -(-n // WARP_ROWS)
+    return _pad_rows(t, nb * WARP_ROWS).view(nb, WARP_ROWS, groups).transpose(1, 2).contiguous()
+
+
+def tile_planes(base: torch.Tensor, refine, scale: torch.Tensor, offset=None) -> TiledPlanes:
+    """Canonical planes (uint8 [N, K/2], float16 [N, K/G]) -> TiledPlanes on the same device. The group size must be
+    a power of two >= 32 (as the kernels require); a None refinement (a base-only load) stays None."""
+    n, k = base.shape[0], base.shape[1] * 2
+    g = k // scale.shape[1]
+    if scale.shape[0] != n or k % g or g < 32 or g & (g - 1):
+        raise ValueError(f"planes {tuple(base.shape)} / scale {tuple(scale.shape)} cannot be tiled: the group size "
+                         "must be a power of two >= 32 that divides K")
+    tiled = lambda t: None if t is None else tile_plane(t, g)
+    groups = lambda t: None if t is None else tile_groups(t)
+    return TiledPlanes(tiled(base), tiled(refine), groups(scale), groups(offset), n, k, g)

@@ -1,0 +1,12 @@
+"""The decode GEMV's launch parameters and access patterns on a CUDA GPU (edge/analysis/gemv_sweep.py):
+`python scripts/gemv_sweep.py --help` for its options."""
+
+import sys
+from pathlib import Path
+
+sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repo root, not scripts/
+
+from edge.analysis.gemv_sweep import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""The warp-tiled plane layout (plugins/kernels/tiling.py) and the decode GEMV on it: the layout round-trips, the rows
+are bit for bit the canonical launch's at every M (the `triton` backend's prefill chunks included), and, what the
+SASS proxy cannot see, every 128-bit load a warp issues on it reads 512 contiguous bytes (recorded from the loads
+the compiled form's code issues, run in the interpreter), where the canonical layout's touch 32 rows."""
+
+import numpy as np
+import pytest
+import torch
+
+from plugins.kernels import dual_plane_linear, dual_plane_linear_tiled
+from plugins.kernels.tiling import WARP_ROWS, tile_planes
+from tests.conftest import KERNEL_DEVICE as DEV
+from tests.test_kernels import nested_planes, to_dev
+
+
+def test_tiling_round_trips_and_pads_with_zero_rows(gen):
+    base, refine, scale, offset = nested_planes(gen, 70, 512, 128, "top4of8")
+    t = tile_planes(base, refine, scale, offset)
+    assert t.base.shape == (3, 4, 4, WARP_ROWS, 16) and t.scale.shape == (3, 4, WARP_ROWS)
+    for got, want in zip(t.canonical(), (base, refine, scale, offset)):
+        assert torch.equal(got, want)
+    assert not t.base[2, :, :, 70 - 64:].any() and not t.scale[2, :, 70 - 64:].any()      # rows 70..95: zeros
+    ids = torch.tensor([69, 0, 33, 33])
+    assert all(torch.equal(a, b[ids]) for a, b in zip(t.rows(ids), (base, refine, scale, offset)))
+    with pytest.raises(ValueError, match="power of two"):
+        tile_planes(base, refine, scale[:, :3], None)
+
+
+@pytest.mark.parametrize("n,k,g,method", [(300, 1024, 128, "rtn"), (100, 576, 64, "top4of8"), (40, 256, 32, "rtn")])
+def test_tiled_rows_equal_the_canonical_decode_rows_bit_for_bit(gen, n, k, g, method):
+    """Every M (1, 5, and 12: two decode launches, as a prefill chunk), both views, offsets of a top-4-of-8 nest:
+    the tiled launch gives each row exactly what the canonical decode launch gives that token alone."""
+    base, refine, scale, offset = nested_planes(gen, n, k, g, method)
+    tiled = tile_planes(*to_dev(base, refine, scale, offset))
+    cb, cr, cs, co = to_dev(base, refine, scale, offset)
+    x = torch.randn(12, k, generator=gen).to(DEV)
+    for view in ("draft", "target"):      # canonical decode launches of <= 8 tokens: rows equal to single tokens'
+        want = torch.cat([dual_plane_linear(x[i:i + 8], cb, cr, cs, view, co) for i in (0, 8)])
+        assert torch.equal(dual_plane_linear_tiled(x, tiled, view), want), view
+        assert torch.equal(dual_plane_linear_tiled(x[:5], tiled, view), want[:5]), view
+        assert torch.equal(dual_plane_linear_tiled(x[7:8], tiled, view), want[7:8]), view
+
+
+def test_tiled_draft_never_reads_the_refinement_plane(gen):
+    base, refine, scale, _ = nested_planes(gen, 64, 256, 64, "rtn")
+    tiled = tile_planes(*to_dev(base, refine, scale))
+    x = torch.randn(3, 256, generator=gen).to(DEV)
+    want = dual_plane_linear_tiled(x, tiled, "draft")
+    tiled.refine = torch.full_like(tiled.refine, 0x77)            # junk: a draft that read it would change
+    assert torch.equal(dual_plane_linear_tiled(x, tiled, "draft"), want)
+    tiled.refine = None
+    assert torch.equal(dual_plane_linear_tiled(x, tiled, "draft"), want)
+    with pytest.raises(ValueError, match="refinement plane"):
+        dual_plane_linear_tiled(x, tiled, "target")
+
+
+def _warp_loads(monkeypatch, tensor_ranges: dict, run) -> dict:
+    """{name: [byte-address arrays [rows, ...] of each load from that tensor]} of the loads `run()` issues in the
+    interpreter (axis 0 of a decode tile is the thread axis: one row per lane, 32 lanes a warp)."""
+    import triton.runtime.interpreter as interp
+    seen = {name: [] for name in tensor_ranges}
+    original = interp.InterpreterBuilder.create_masked_load
+
+    def record(self, ptrs, mask, other, *args):
+        addr = np.asarray(ptrs.data, dtype=np.uint64)
+        for name, (lo, hi) in tensor_ranges.items():
+            if addr.size and lo <= int(addr.min()) and int(addr.max()) < hi:
+                seen[name].append(addr)
+        return original(self, ptrs, mask, other, *args)
+    monkeypatch.setattr(interp.InterpreterBuilder, "create_masked_load", record)
+    run()
+    return seen
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+
+
+def _warp_spans(loads: list, width: int) -> set:
+    """The byte spans (max - min + width) each warp's slice of each recorded [rows, ...] load covers."""
+    spans = set()
+    for addr in loads:
+        for w in range(addr.shape[0] // WARP_ROWS):
+            a = addr[w * WARP_ROWS:(w + 1) * WARP_ROWS].reshape(-1)
+            assert len(np.unique(a)) == a.size                      # no lane reads what another lane reads
+            spans.add(int(a.max() - a.min()) + width)
+    return spans
+
+
+@pytest.mark.parametrize("m", [1, 5])
+def test_each_warp_load_of_the_tiled_planes_reads_512_contiguous_bytes(gen, monkeypatch, m):
+    """The compiled form's loads (INTERP_CHAINS: the dp4a chains' own tl.load calls), recorded: on tiled planes a
+    warp's 128-bit load of a plane covers 512 contiguous bytes (4 cache lines) and its scale load 64; on canonical
+    planes (the layout it replaced) the same load spans 31 rows, 32 lines. N = 256: every warp's rows are real."""
+    if DEV != "cpu":
+        pytest.skip("records the interpreter's loads")
+    from plugins.kernels import gemv_decode
+    monkeypatch.setattr(gemv_decode, "interp_form", int(gemv_decode.INTERP_CHAINS))
+    n, k, g = 256, 512, 128
+    base, refine, scale, _ = nested_planes(gen, n, k, g, "rtn")
+    tiled = tile_planes(base, refine, scale)
+    x = torch.randn(m, k, generator=gen)
+    seen = _warp_loads(monkeypatch, {"base": _span(tiled.base), "refine": _span(tiled.refine),
+                                     "scale": _span(tiled.scale)},
+                       lambda: dual_plane_linear_tiled(x, tiled, "target"))
+    assert seen["base"] and seen["refine"] and seen["scale"]
+    assert _warp_spans(seen["base"], 4) == {512} and _warp_spans(seen["refine"], 4) == {512}
+    assert _warp_spans(seen["scale"], 2) == {64}
+    canonical = _warp_loads(monkeypatch, {"base": _span(base)},
+                            lambda: dual_plane_linear(x, base, refine, scale, "target"))
+    assert min(_warp_spans(canonical["base"], 4)) >= 31 * k // 2
