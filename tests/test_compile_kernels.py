@@ -145,7 +145,8 @@ def test_kernel_selfcheck_passes_on_real_planes(small_llama_checkpoint):
     assert out.returncode == 0 and result["passed"], result
     names = " ".join(c["name"] for c in result["checks"])
     assert "q_proj M=5 target int8" in names and "down_proj M=1 draft float16" in names and "kv4" in names
-    assert len(result["checks"]) == 20 and all(c["passed"] for c in result["checks"])
+    assert "dual_plane_linear_tiled model.layers.0.mlp.down_proj M=5 target equals canonical" in names
+    assert len(result["checks"]) == 28 and all(c["passed"] for c in result["checks"])   # 16 GEMV, 8 tiled, 4 KV
 
 
 def test_kernel_selfcheck_reports_why_it_cannot_run(tmp_path):

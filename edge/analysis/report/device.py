@@ -63,8 +63,9 @@ def bandwidth_line(bw: dict) -> str:
         f = sorted(r["fraction_of_copy"] for r in rows)
         return f"{100 * f[0]:.0f}–{100 * f[-1]:.0f}%" if f else "none"
     parts = []
-    for kernel, label in (("dual_plane_linear_tiled", "GEMV (tiled planes, the triton backend's)"),
-                          ("dual_plane_linear", "GEMV (canonical planes)")):
+    tiled = any(r["kernel"] == "dual_plane_linear_tiled" for r in bw["gemv"])      # runs before the tiled layout: one
+    for kernel, label in (("dual_plane_linear_tiled", "GEMV (tiled planes, the triton backend's)"),   # GEMV row set
+                          ("dual_plane_linear", "GEMV (canonical planes)" if tiled else "GEMV")):
         gemv = [r for r in bw["gemv"] if r["kernel"] == kernel and r["act"] == "int8"]
         for where, rows in (("beyond L2", [r for r in gemv if r.get("beyond_l2")]),
                             ("at the other shapes", [r for r in gemv if not r.get("beyond_l2")])):
