@@ -1,4 +1,4 @@
-"""The decode GEMV's launch parameters and access patterns on a CUDA GPU (edge/analysis/gemv_sweep.py):
+"""The decode GEMV's launch parameters and access patterns on a CUDA GPU (export/commands/gemv_sweep.py):
 `python scripts/gemv_sweep.py --help` for its options."""
 
 import sys
@@ -6,7 +6,7 @@ from pathlib import Path
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repo root, not scripts/
 
-from edge.analysis.gemv_sweep import main  # noqa: E402
+from export.commands.gemv_sweep import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

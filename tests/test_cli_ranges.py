@@ -74,6 +74,7 @@ BOUNDS = {
         "--new-tokens": "int [0, inf)", "--chunk": "int [1, inf)"},
     "compile-kernels": {"--ptx-version": "int [10, inf)"},
     "bench-kernels": {"--repeats": "int [1, inf)"},
+    "gemv-sweep": {"--repeats": "int [1, inf)"},
     "device-check": {"--repeats": "int [1, inf)", "--new-tokens": "int [1, inf)"},
     "replay-tegrastats": {"--interval-ms": "int [1, inf)", "--lines": "int [0, inf)", "--exit-after": "int [0, inf)",
         "--exit-code": "int [0, 255]"},

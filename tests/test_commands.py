@@ -178,6 +178,19 @@ def test_bench_kernels_without_a_gpu_is_one_line(capsys):
     assert rc == 2 and len(err) == 1 and "GPU" in err[0]
 
 
+def test_gemv_sweep_refuses_bad_shapes_and_a_missing_gpu_in_one_line(capsys):
+    for argv, words in ((["gemv-sweep", "--shapes", "1000x64"], "multiple of 32 and K of 1024"),
+                        (["gemv-sweep", "--shapes", "8192by64"], "K x N pairs")):
+        assert commands.main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], err
+    rc = commands.main(["gemv-sweep"])
+    err = capsys.readouterr().err.strip().splitlines()
+    if rc == 0:
+        pytest.skip("a CUDA GPU is here")
+    assert rc == 2 and len(err) == 1 and "CUDA GPU" in err[0]
+
+
 def test_tables_check_finds_the_docs_current(capsys):
     assert commands.main(["tables", "--check"]) == 0, capsys.readouterr().err
 

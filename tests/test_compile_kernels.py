@@ -40,7 +40,8 @@ def test_compile_kernels_for_sm87(tmp_path):
         r = rows[name]
         assert r["budget_failures"] == [] and budget_failures(r) == [] and r["held"], (name, r)
         assert r["instructions_per_weight_byte"] <= BUDGETS["instructions_per_weight_byte"] and r["loop_ldg128"] > 0
-        assert r["shared_bytes"] == 0 and r["imma"] == r["hmma"] == 0, name     # no tiles staged, no tensor cores
+        assert r["shared_bytes"] <= 16 and r["imma"] == r["hmma"] == 0, name    # no tile staged (the split
+            # reduction's counter read, one scalar broadcast through shared memory), no tensor cores
     # the target's loop loads both planes: twice the draft's 128-bit plane loads per row at one token
     assert rows["decode_target_m1"]["loop_ldg128"] - rows["decode_draft_m1"]["loop_ldg128"] == 4
     mma = budget_failures(rows["mma_target_w8a8"])

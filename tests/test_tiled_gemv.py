@@ -109,3 +109,24 @@ def test_each_warp_load_of_the_tiled_planes_reads_512_contiguous_bytes(gen, monk
     canonical = _warp_loads(monkeypatch, {"base": _span(base)},
                             lambda: dual_plane_linear(x, base, refine, scale, "target"))
     assert min(_warp_spans(canonical["base"], 4)) >= 31 * k // 2
+
+
+def test_the_fused_split_reduction_gives_the_separate_reductions_bits(gen, monkeypatch):
+    """A split launch reduces its partials itself (the last program of each row tile): the same rows bit for bit as
+    the separate reduction launch, every counter back at zero after each launch (a replayed graph starts clean), and
+    no second kernel launched. K = 1024 at G = 128 splits over the interpreter's 8 SMs (4 ways: 8 groups)."""
+    from plugins.kernels import gemv
+    base, refine, scale, offset = nested_planes(gen, 300, 1024, 128, "top4of8")
+    tiled = tile_planes(*to_dev(base, refine, scale, offset))
+    assert gemv.plan_split(300, 1024, 128, gemv._sm_count(tiled.base.device))[0] > 1
+    x = torch.randn(5, 1024, generator=gen).to(DEV)
+    reductions = []
+    real_reduce = gemv._reduce
+    monkeypatch.setattr(gemv, "_reduce", lambda *a: (reductions.append(a[5]), real_reduce(*a)))
+    fused = {v: dual_plane_linear_tiled(x, tiled, v) for v in ("draft", "target")}
+    assert not [s for s in reductions if s > 1]                       # the split launch reduced itself
+    assert not gemv.split_counters(tiled.base.device, 1).any()
+    monkeypatch.setattr(gemv, "FUSED_SPLIT_REDUCE", False)
+    for view, got in fused.items():
+        assert torch.equal(got, dual_plane_linear_tiled(x, tiled, view)), view
+    assert [s for s in reductions if s > 1]                           # the separate launch ran

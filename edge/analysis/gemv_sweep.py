@@ -1,7 +1,7 @@
 """The decode GEMV's launch parameters and its access pattern, measured on a CUDA GPU (what the device check's fixed
 launch cannot show: which choice gets the planes to stream at the copy bandwidth).
 
-    python scripts/gemv_sweep.py [--repeats 5] [--shapes 8192x28672,28672x8192] [--out FILE] [--json]
+    python scripts/gemv_sweep.py [--repeats 5] [--shapes 8192x28672,28672x8192] [--out FILE] [--json] [--dry]
 
 Two kinds of rows, all at shapes given as K x N, each launch on its own copy of the planes (kernel_bench.ring: no
 launch finds its weights in L2), each as a fraction of a device-to-device copy measured in the same run:
@@ -15,8 +15,8 @@ launch finds its weights in L2), each as a fraction of a device-to-device copy m
   choice; `default` marks the launcher's choice.
 """
 
-import argparse
 import json
+import os
 import sys
 
 import torch
@@ -142,12 +142,16 @@ def decode_rows(k, n, sets, tiled, copy_bw, repeats, launches, sms, dev="cuda", 
                     gemv.quantize_decode_kernel[(m,)](x, xq.view(torch.int8), xsum, sx, k, x.stride(0), M=m, G=g,
                                                       BLOCK_K=max(g, min(1024, triton.next_power_of_2(k))),
                                                       enable_fp_fusion=False)
-                    decode_gemv_kernel[(triton.cdiv(n, block), split)](
-                        xq, xsum, sx, b.view(torch.int32), r.view(torch.int32), s, s, dest, s, n, k, per, M=m,
-                        TARGET=view == "target", HAS_OFFSET=False, PARTIAL=split > 1, G=g, ROWS=rows_per,
-                        BLOCK_S=32 * warps, INTERP=interp, RUNTIME_VIEW=False, TILED=layout == "tiled",
-                        num_warps=warps, enable_fp_fusion=False)
-                    gemv._reduce(dest, sx, y, m, n, split, True)
+                    tiles = triton.cdiv(n, block)
+                    fused = split > 1 and gemv.FUSED_SPLIT_REDUCE
+                    decode_gemv_kernel[(tiles, split)](
+                        xq, xsum, sx, b.view(torch.int32), r.view(torch.int32), s, s, dest, s, y,
+                        gemv.split_counters(y.device, tiles), n, k, per, M=m, TARGET=view == "target",
+                        HAS_OFFSET=False, PARTIAL=split > 1, G=g, ROWS=rows_per, BLOCK_S=32 * warps, INTERP=interp,
+                        RUNTIME_VIEW=False, TILED=layout == "tiled", FUSED_REDUCE=fused, num_warps=warps,
+                        enable_fp_fusion=False)
+                    if not fused:
+                        gemv._reduce(dest, sx, y, m, n, split, True)
                 ring = [(t.base, t.refine, t.scale) for t in tiled] if layout == "tiled" else sets
                 sec = timer(kb.Cycle(launch, ring), repeats, launches)
                 default = warps == gemv.DECODE_WARPS and rows_per == gemv.decode_rows(m) and \
@@ -163,6 +167,8 @@ def run(shapes, repeats: int, dry: bool = False, save=None) -> dict:
     """Every row at every shape; `save(result)` after each shape (a timeout keeps the shapes done). `dry`: the
     Triton interpreter on the CPU (TRITON_INTERPRET=1), host timer, the same launches (what a test runs: the code
     path, its figures meaningless)."""
+    if dry and os.environ.get("TRITON_INTERPRET") != "1":
+        raise BitNestError("--dry runs the kernels in the Triton interpreter: set TRITON_INTERPRET=1 before Python starts")
     if dry:
         dev, timer, sms, l2 = "cpu", kb.time_host, 8, 0
     elif not torch.cuda.is_available():
@@ -173,9 +179,6 @@ def run(shapes, repeats: int, dry: bool = False, save=None) -> dict:
     copy_bw = kb.copy_bandwidth(repeats, 1 << 20 if dry else 512 << 20, dev, timer)
     out = {"device": torch.cuda.get_device_name() if not dry else "cpu (interpreter)", "triton": triton.__version__,
            "sms": sms, "l2_bytes": l2, "copy_GBps": copy_bw / 1e9, "rows": []}
-    bad = [f"{k}x{n}" for k, n in shapes if n % 32 or k % 1024]
-    if bad:
-        raise BitNestError(f"shape {bad[0]} does not fit the sweep: N must be a multiple of 32 and K of 1024")
     for k, n in shapes:
         copies = kb.ring(n * k, l2)
         launches = max(kb.LAUNCHES, copies)
@@ -210,27 +213,28 @@ def best(rows: list[dict]) -> list[dict]:
     return out
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in SHAPES), help="K x N, comma-separated")
-    ap.add_argument("--out")
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--dry", action="store_true", help="the interpreter on the CPU at the given (tiny) shapes")
-    a = ap.parse_args(argv)
-    shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")]
-    save = (lambda r: write_atomic(json.dumps(r, indent=1).encode(), a.out)) if a.out else None
-    result = run(shapes, a.repeats, a.dry, save)
-    if a.json:
-        print(json.dumps(result["best"]))
-        return 0
+def sweep(shapes: str, repeats: int, out: str | None = None, dry: bool = False) -> dict:
+    """The sweep at `shapes` ("KxN,KxN"), written (atomically, after each shape) to `out` where given; the result
+    with its `best` rows."""
+    try:
+        dims = [tuple(int(v) for v in s.split("x")) for s in shapes.split(",")]
+    except ValueError:
+        raise BitNestError(f"--shapes {shapes!r}: give K x N pairs such as 8192x28672,28672x8192") from None
+    if any(len(d) != 2 or min(d) < 1 for d in dims):
+        raise BitNestError(f"--shapes {shapes!r}: give K x N pairs such as 8192x28672,28672x8192")
+    bad = [f"{k}x{n}" for k, n in dims if n % 32 or k % 1024]
+    if bad:
+        raise BitNestError(f"--shapes: {bad[0]} does not fit the sweep: N must be a multiple of 32 and K of 1024")
+    save = (lambda r: write_atomic(json.dumps(r, indent=1).encode(), out)) if out else None
+    return run(dims, repeats, dry, save)
+
+
+def summary_lines(result: dict) -> list[str]:
+    """One line per `best` row: the fastest configuration and the launcher's own."""
+    lines = []
     for b in result["best"]:
-        t = b["best"]
-        print(f"{' '.join(str(v) for v in b['key'] if v is not None):40} best {100 * t['fraction_of_copy']:5.1f}% "
-              f"(warps {t['warps']} rows {t.get('rows')} split {t['split']}) default "
-              f"{'-' if b['default_fraction'] is None else format(100 * b['default_fraction'], '.1f') + '%'}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        t, d = b["best"], b["default_fraction"]
+        lines.append(f"{' '.join(str(v) for v in b['key'] if v is not None):40} best {100 * t['fraction_of_copy']:5.1f}% "
+                     f"(warps {t['warps']} rows {t.get('rows')} split {t['split']}) default "
+                     f"{'-' if d is None else format(100 * d, '.1f') + '%'}")
+    return lines

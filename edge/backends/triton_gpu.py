@@ -56,6 +56,7 @@ class TritonBackend:
             del planes
         for key, tensor in t.items():                  # the rest moves as it is: norms, biases, float16 weights
             t[key] = tensor.to(self.device)
+        self.k.reserve(self.device)                    # the GEMV's split-K counters, before any graph capture
         self.attention_ops = self.k
         from plugins.kernels.gemv_decode import DECODE_MAX_M
         self.decode_max_m = DECODE_MAX_M               # the widest pass whose activations the decode GEMV reads

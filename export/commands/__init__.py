@@ -36,6 +36,7 @@ COMMANDS = {     # name: what it does (its module: command_module(name))
     "verify-onnx": "the exported step graph through onnxruntime against torch",
     "compile-kernels": "compile every Triton kernel for sm_87 without a GPU",
     "bench-kernels": "GB/s of every Triton kernel on a CUDA GPU",
+    "gemv-sweep": "the decode GEMV's access patterns and launch configurations on a CUDA GPU",
     "tables": "rewrite the docs' result tables from scripts/results/*.json (--check)",
     "device-check": "every GPU check in one run (scripts/device_check.sh): JSON and its docs table",
     "replay-tegrastats": "print recorded tegrastats lines at an interval",

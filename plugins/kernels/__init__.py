@@ -22,6 +22,12 @@ def dual_plane_linear_tiled(x, planes, view, out=None, acts=None):
     return launch(x, planes, view, out, acts)
 
 
+def reserve(device):
+    """Allocate the decode GEMV's split-K counters on `device` (a backend does at load, before any graph capture)."""
+    from plugins.kernels.gemv import reserve as launch
+    return launch(device)
+
+
 def quantize_decode(x, g):
     """x [M <= 8, K]'s per-token INT8 activations in the decode GEMV's layout for group size g."""
     from plugins.kernels.gemv import quantize_decode as launch

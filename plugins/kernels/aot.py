@@ -86,11 +86,11 @@ def _decode(name, target, m, g=128, runtime_view=False, held=True, tiled=True):
     on the warp-tiled planes the `triton` backend holds, else on canonical ones (the TensorRT plugins' run-time
     view)."""
     sig = {"x_ptr": "*i32", "xsum_ptr": "*i32", "sx_ptr": "*fp32", "base_ptr": "*i32", "refine_ptr": "*i32",
-           "scale_ptr": "*fp16", "offset_ptr": "*fp16", "out_ptr": "*fp32", "view_ptr": "*i64", "N": "i32",
-           "K": "i32", "GROUPS_PER_SPLIT": "i32"}
+           "scale_ptr": "*fp16", "offset_ptr": "*fp16", "out_ptr": "*fp32", "view_ptr": "*i64", "y_ptr": "*fp32",
+           "count_ptr": "*i32", "N": "i32", "K": "i32", "GROUPS_PER_SPLIT": "i32"}
     rows, block_s = gemv.decode_rows(m), 32 * gemv.DECODE_WARPS
     const = {"M": m, "TARGET": target, "HAS_OFFSET": False, "PARTIAL": True, "G": g, "ROWS": rows, "BLOCK_S": block_s,
-             "INTERP": 0, "RUNTIME_VIEW": runtime_view, "TILED": tiled}
+             "INTERP": 0, "RUNTIME_VIEW": runtime_view, "TILED": tiled, "FUSED_REDUCE": gemv.FUSED_SPLIT_REDUCE}
     planes = 2 if target or runtime_view else 1       # a run-time view's largest loop is its target view's
     return KernelSpec(name, gemv_decode.decode_gemv_kernel, sig | {k: "constexpr" for k in const}, const,
                       gemv.DECODE_WARPS, loop_weight_bytes=rows * block_s * planes * g // 2, decode=True,

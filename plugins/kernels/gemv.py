@@ -38,6 +38,12 @@ from plugins.kernels.gemv_decode import DECODE_MAX_M, XSUM_SLOTS, decode_gemv_ke
 BLOCK_M = 16          # rows of x per program of the tensor-core kernel: the MMA's minimum M
 PLAN_ROWS = 128       # rows per program in the split plan (plan_split)
 DECODE_WARPS = 4      # the decode kernel's warps: one row per thread, BLOCK_S = 32 * DECODE_WARPS rows per row tile
+# The decode launch reduces its split-K partials itself (the last program of a row tile; gemv_decode
+# `_last_split_reduces`) instead of in a launch of its own: one kernel a linear where there were two. False runs the
+# separate reduction (the same bits).
+FUSED_SPLIT_REDUCE = True
+COUNTER_SLOTS = 4096  # row tiles the counters cover at first (a 262,144-row head at 64 rows a tile); grown on demand
+_COUNTERS: dict = {}
 ACTS = ("int8", "float16")
 
 
@@ -232,16 +238,36 @@ def _launch_decode(x, base, refine, scale, offset, y, target, view_code, split, 
         n, g = base.shape[0], k // scale.shape[1]
     xq, xsum, sx = acts if acts is not None else quantize_decode(x.contiguous(), g)
     rows = decode_rows(m)
+    tiles = triton.cdiv(n, rows * 32 * DECODE_WARPS)
     dest = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    fused = split > 1 and FUSED_SPLIT_REDUCE
+    counters = split_counters(x.device, tiles) if fused else sx
     words = base.view(torch.int32)
-    decode_gemv_kernel[(triton.cdiv(n, rows * 32 * DECODE_WARPS), split)](
+    decode_gemv_kernel[(tiles, split)](
         xq, xsum, sx, words, refine.view(torch.int32) if refine is not None else words, scale,
-        offset if offset is not None else scale, dest, view_code if view_code is not None else scale, n, k, per,
-        M=m, TARGET=bool(target), HAS_OFFSET=offset is not None, PARTIAL=split > 1, G=g, ROWS=rows,
+        offset if offset is not None else scale, dest, view_code if view_code is not None else scale, y, counters,
+        n, k, per, M=m, TARGET=bool(target), HAS_OFFSET=offset is not None, PARTIAL=split > 1, G=g, ROWS=rows,
         BLOCK_S=32 * DECODE_WARPS, INTERP=gemv_decode.interp_form if INTERPRET else 0, RUNTIME_VIEW=view_code is not None,
-        TILED=tiled, num_warps=DECODE_WARPS, enable_fp_fusion=False)
-    _reduce(dest, sx, y, m, n, split, True)
+        TILED=tiled, FUSED_REDUCE=fused, num_warps=DECODE_WARPS, enable_fp_fusion=False)
+    if not fused:
+        _reduce(dest, sx, y, m, n, split, True)
     return y
+
+
+def split_counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """The decode GEMV's split-K counters on `device` (int32, one per row tile, zero between launches: each launch's
+    last program of a tile zeroes its own). Allocated once per device, before any CUDA graph captures a launch
+    (`reserve`); launches on one device share them, so two decode GEMVs must not run at once on two streams of it
+    (the runtime's passes run on one stream)."""
+    key = (device.type, device.index)
+    if key not in _COUNTERS or _COUNTERS[key].numel() < tiles:
+        _COUNTERS[key] = torch.zeros(max(tiles, COUNTER_SLOTS), dtype=torch.int32, device=device)
+    return _COUNTERS[key]
+
+
+def reserve(device: torch.device) -> None:
+    """Allocate the split-K counters of `device` now (a backend does at load: never inside a graph's capture)."""
+    split_counters(device, COUNTER_SLOTS)
 
 
 def quantize_decode(x: torch.Tensor, g: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -244,13 +244,38 @@ def _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, 
                 tl.store(out_ptr + (tl.program_id(1) * M + m) * N + rows[r], acc[r * M + m], mask=live)
 
 
+@triton.jit
+def _last_split_reduces(sx_ptr, part_ptr, y_ptr, count_ptr, N, M: tl.constexpr, ROWS: tl.constexpr,
+                        BLOCK_S: tl.constexpr):
+    """The split-K reduction inside the GEMV launch: each program of a row tile counts itself in (one gpu-scope
+    acq_rel atomic, after a barrier so every thread's partial store precedes it); the last to arrive sums the tile's
+    partials over the splits in index order, scales by s_x and stores y, as `gemv.split_reduce_kernel` did in a
+    launch of its own (the same float32 additions in the same order: the same bits), then zeroes its counter for
+    the next launch. Partials are read past L1 (.cg): a replayed graph's SM may hold the last replay's lines."""
+    tl.debug_barrier()
+    tile = tl.program_id(0)
+    splits = tl.num_programs(1)
+    if tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu") == splits - 1:
+        MP: tl.constexpr = triton.next_power_of_2(M)
+        m = tl.arange(0, MP)
+        n = tile * (ROWS * BLOCK_S) + tl.arange(0, ROWS * BLOCK_S)                       # the tile's rows
+        at = m[:, None] * N + n[None, :]                                                 # [MP, ROWS * BS]
+        live = (m[:, None] < M) & (n[None, :] < N)
+        total = tl.zeros([MP, ROWS * BLOCK_S], tl.float32)
+        for s in range(0, splits):
+            total += tl.load(part_ptr + s * M * N + at, mask=live, other=0.0, cache_modifier=".cg")
+        sx = tl.load(sx_ptr + m, mask=m < M, other=0.0)
+        tl.store(y_ptr + at, total * sx[:, None], mask=live)
+        tl.atomic_xchg(count_ptr + tile, 0, sem="relaxed", scope="gpu")
+
+
 @triton.jit(do_not_specialize=["GROUPS_PER_SPLIT"])
 def decode_gemv_kernel(
-    x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, view_ptr,
+    x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, view_ptr, y_ptr, count_ptr,
     N, K, GROUPS_PER_SPLIT,
     M: tl.constexpr, TARGET: tl.constexpr, HAS_OFFSET: tl.constexpr, PARTIAL: tl.constexpr, G: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_S: tl.constexpr, INTERP: tl.constexpr, RUNTIME_VIEW: tl.constexpr = False,
-    TILED: tl.constexpr = False,
+    TILED: tl.constexpr = False, FUSED_REDUCE: tl.constexpr = False,
 ):
     """Program (n-tile, split): rows [n0, n0 + ROWS*BLOCK_S) as ROWS sub-tiles of BLOCK_S (one row per thread),
     groups [split*GPS, min((split+1)*GPS, K/G)) of K, all M tokens.
@@ -261,7 +286,9 @@ def decode_gemv_kernel(
     Bytes: each plane byte of the tile once in 128-bit loads, the refinement plane only for the target (the draft's
     program holds no load of it), one scale per row and group; x and xsum are L1/L2-resident.
     RUNTIME_VIEW: the view is read from the device scalar view_ptr (1 = target, else the draft) and the program of
-    that view runs (a uniform branch: the TensorRT plugin's form, one kernel for both views of an engine)."""
+    that view runs (a uniform branch: the TensorRT plugin's form, one kernel for both views of an engine).
+    FUSED_REDUCE (with PARTIAL): the last program of each row tile reduces the partials into y [M, N]
+    (`_last_split_reduces`; count_ptr: int32 counters, one per row tile, zero before and after the launch)."""
     if RUNTIME_VIEW:
         if tl.load(view_ptr) == 1:
             _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, N, K,
@@ -272,3 +299,5 @@ def decode_gemv_kernel(
     else:
         _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, N, K, GROUPS_PER_SPLIT,
               M, TARGET, HAS_OFFSET, PARTIAL, G, ROWS, BLOCK_S, INTERP, TILED)
+    if PARTIAL and FUSED_REDUCE:
+        _last_split_reduces(sx_ptr, out_ptr, y_ptr, count_ptr, N, M, ROWS, BLOCK_S)
