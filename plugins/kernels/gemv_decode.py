@@ -122,20 +122,30 @@ def _group_sums_interp(isum, x_ptr, base_ptr, refine_ptr, wp, g, M: tl.constexpr
     cw = tl.arange(0, CH * 4)
     words = (cw // 4) * CHUNK_WORDS + cw % 4                                         # [W] the group's words of a row
     xw = g * (CH * M * 8) + tl.arange(0, CH)[:, None] * (M * 8) + tl.arange(0, 4)[None, :]   # [CH, 4] token 0, even
+    lanes = ()                                         # each row tile's weight lanes, unpacked once for all M
+    for r in tl.static_range(ROWS):
+        row = tl.max(wp[r] - tl.arange(0, 4)[None, :], axis=1)[:, None] + words[None, :]   # [BS, W]
+        b = tl.load(base_ptr + row)
+        if TARGET:
+            q = tl.load(refine_ptr + row) ^ EIGHTS
+            lo, hi = ((b << 4) & HIGH) | (q & LOW), (b & HIGH) | ((q >> 4) & LOW)
+        else:
+            lo, hi = (b << 4) & HIGH, b & HIGH
+        lanes = lanes + ((_lanes(lo), _lanes(hi)),)                                   # [BS, W, 4] each
+    MP: tl.constexpr = triton.next_power_of_2(M)
+    mi = tl.arange(0, MP)
+    xm = tl.reshape(xw, [1, CH * 4]) + tl.minimum(mi, M - 1)[:, None] * 8                 # [MP, W] even words
+    xe = _lanes(tl.load(x_ptr + xm))[:, None, :, :]                                    # [MP, 1, W, 4] even columns
+    xo = _lanes(tl.load(x_ptr + xm + 4))[:, None, :, :]                                # [MP, 1, W, 4] odd columns
+    sums = ()
+    for r in tl.static_range(ROWS):                    # every token at once: [MP, BS] exact int32 sums
+        dot = lanes[r][0][None, :, :, :] * xe + lanes[r][1][None, :, :, :] * xo         # [MP, BS, W, 4]
+        sums = sums + (tl.sum(tl.sum(dot, axis=3), axis=2),)
     out = ()
     for m in tl.static_range(M):
-        xe = _lanes(tl.reshape(tl.load(x_ptr + xw + m * 8), [1, CH * 4]))              # [1, W, 4] even columns
-        xo = _lanes(tl.reshape(tl.load(x_ptr + xw + m * 8 + 4), [1, CH * 4]))          # [1, W, 4] odd columns
         for r in tl.static_range(ROWS):
-            row = tl.max(wp[r] - tl.arange(0, 4)[None, :], axis=1)[:, None] + words[None, :]   # [BS, W]
-            b = tl.load(base_ptr + row)
-            if TARGET:
-                q = tl.load(refine_ptr + row) ^ EIGHTS
-                lo, hi = ((b << 4) & HIGH) | (q & LOW), (b & HIGH) | ((q >> 4) & LOW)
-            else:
-                lo, hi = (b << 4) & HIGH, b & HIGH
-            dot = _lanes(lo) * xe + _lanes(hi) * xo                                       # [BS, W, 4]
-            out = out + (isum[m * ROWS + r] + tl.sum(tl.sum(dot, axis=2), axis=1),)
+            own = tl.sum(tl.where(mi[:, None] == m, sums[r], 0), axis=0)                  # [BS] token m's row
+            out = out + (isum[m * ROWS + r] + own,)
     return out
 
 
