@@ -245,6 +245,20 @@ def test_rms_norm_kernel_matches_the_decoders_norm_and_is_row_invariant(gen, m, 
         assert torch.equal(rms_norm(x[i:i + 1].to(DEV), w.to(DEV), 1e-5), got[i:i + 1]), i
 
 
+@pytest.mark.parametrize("m,h,g", [(1, 576, 64), (5, 1536, 128), (8, 4096, 128)])
+def test_rms_norm_decode_gives_the_norm_and_its_quantization_bit_for_bit(gen, m, h, g):
+    """The fused launch's normed rows equal rms_norm's, and its activations (codes, group sums, scales) equal
+    quantize_decode of them: the linears after a norm read the same bits whichever launch made them."""
+    from plugins.kernels import quantize_decode, rms_norm, rms_norm_decode
+    x = (torch.randn(m, h, generator=gen) * 3).to(DEV)
+    w = (torch.rand(h, generator=gen) + 0.5).half().to(DEV)
+    out, acts = rms_norm_decode(x, w, 1e-5, g)
+    assert torch.equal(out, rms_norm(x, w, 1e-5))
+    want = quantize_decode(out, g)
+    assert torch.equal(acts[0], want[0]) and torch.equal(acts[2], want[2])
+    assert torch.equal(acts[1][:, :m], want[1][:, :m])          # the slots past M are never written nor read
+
+
 def test_rope_kernel_is_the_decoders_rope_bit_for_bit(gen):
     """q and k rotated in one launch, from the strided views the decoder passes (heads split out of a linear's
     output), equal `apply_rope`'s float32 result exactly (the same unfused operations in the same order)."""

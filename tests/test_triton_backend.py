@@ -125,20 +125,24 @@ def test_triton_lossless_on_the_default_model_gpu(rtn_checkpoint):
 
 
 def test_linears_reading_one_input_share_its_quantization(small_llama_checkpoint, monkeypatch):
-    """q/k/v and gate/up read the same normed input: a decode pass quantizes it once for them (4 quantization
-    launches a layer, not 7) and computes the same bits as quantizing it for each linear; a prefill chunk wider
-    than a decode pass quantizes per linear as before."""
+    """q/k/v and gate/up read the same normed input: a decode pass quantizes it once for them, in the norm's own
+    launch (rms_norm_decode: the two norms of a layer and the final one), so the only quantization launches left
+    are o_proj's and down_proj's inputs (2 a layer, not 7), and it computes the same bits as quantizing the normed
+    input for each linear."""
+    import plugins.kernels.decoder_ops as ops
     import plugins.kernels.gemv as gemv
     ck = load_checkpoint(small_llama_checkpoint)
     eng = PassEngine(ck, make_backend("triton", ck), 64, scratch=8, prefill_chunk=16)
     eng.prefill(PROMPT)
-    calls = []
-    real = gemv.quantize_decode
+    calls, norms = [], []
+    real, real_norm = gemv.quantize_decode, ops.rms_norm_decode
     monkeypatch.setattr(gemv, "quantize_decode", lambda x, g: calls.append(x.shape) or real(x, g))
+    monkeypatch.setattr(ops, "rms_norm_decode", lambda *a: norms.append(a[3]) or real_norm(*a))
     shared = eng.forward([42, 7, 99], "target", KVRead("kv8"))
     backend_calls = len(calls)            # the backend's own quantizations go through plugins.kernels' launcher
     layers = ck.config.num_layers
-    assert backend_calls == 4 * layers + ck.head_nested, (backend_calls, layers)
+    assert backend_calls == 2 * layers, (backend_calls, layers)
+    assert len(norms) == 2 * layers + ck.head_nested, (norms, layers)
     ck2 = load_checkpoint(small_llama_checkpoint)
     solo = PassEngine(ck2, make_backend("triton", ck2), 64, scratch=8, prefill_chunk=16)
     solo.prefill(PROMPT)

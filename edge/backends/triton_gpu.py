@@ -16,6 +16,11 @@ from edge.errors import BitNestError
 from edge.model.checkpoint import HEAD, Checkpoint
 from plugins.reference import nested_embedding
 
+FINAL_NORM = "model.norm"
+NORM_READERS = {"input_layernorm": "self_attn.q_proj", "post_attention_layernorm": "mlp.gate_proj"}   # a block's
+# norms and the first linear that reads each one's output
+
+
 def kernel_device() -> torch.device:
     """The device the kernels run on: the GPU, or the CPU under the Triton interpreter; else a one-line error."""
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -63,12 +68,28 @@ class TritonBackend:
         self._acts = (None, -1, 0, None)               # (x, its version, group size, its decode activations)
 
     def rms_norm(self, x: torch.Tensor, name: str, eps: float) -> torch.Tensor:
-        """The decoder's RMSNorm [T, H] in one kernel launch (plugins.kernels.decoder_ops), on the float16 weight."""
-        return self.k.rms_norm(x.contiguous(), self.ckpt.tensors[name + ".weight"], eps)
+        """The decoder's RMSNorm [T, H] in one kernel launch (plugins.kernels.decoder_ops), on the float16 weight;
+        in a decode pass (T <= 8) the same launch quantizes the result for the linears that read it next (q/k/v,
+        gate/up, the head), where they would quantize it in a launch of their own (`_shared_acts`: the same bits)."""
+        weight = self.ckpt.tensors[name + ".weight"]
+        reader = self._reader(name)
+        if x.shape[0] > self.decode_max_m or reader is None:
+            return self.k.rms_norm(x.contiguous(), weight, eps)
+        out, acts = self.k.rms_norm_decode(x.contiguous(), weight, eps, reader.g)
+        self._acts = (out, out._version, reader.g, acts)
+        return out
 
     def rope(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """q, k rotated by position in one kernel launch (plugins.kernels.decoder_ops), bit for bit apply_rope's."""
         return self.k.rope(q, k, cos, sin)
+
+    def _reader(self, norm: str):
+        """The tiled planes of the nested linear that reads norm `norm`'s output first (its group size is the one
+        the output is quantized at), or None (a float16 head, a norm this map does not know)."""
+        if norm == FINAL_NORM:
+            return self.layout.get(HEAD)
+        prefix, _, kind = norm.rpartition(".")
+        return self.layout.get(f"{prefix}.{NORM_READERS[kind]}") if kind in NORM_READERS else None
 
     def _shared_acts(self, x: torch.Tensor, g: int):
         """x's decode-layout INT8 activations at group size g, quantized once for the linears that read the same x

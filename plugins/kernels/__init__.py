@@ -40,6 +40,13 @@ def rms_norm(x, weight, eps):
     return launch(x, weight, eps)
 
 
+def rms_norm_decode(x, weight, eps, g):
+    """`rms_norm` of x [M <= 8, H] and the result's decode-layout INT8 activations at group size g, in one launch:
+    (out, (x_q, group sums, s_x)) as `quantize_decode(out, g)` gives them (`plugins.kernels.decoder_ops`)."""
+    from plugins.kernels.decoder_ops import rms_norm_decode as launch
+    return launch(x, weight, eps, g)
+
+
 def rope(q, k, cos, sin):
     """(q, k) rotated by position in one launch, bit for bit the decoder's apply_rope
     (`plugins.kernels.decoder_ops`)."""

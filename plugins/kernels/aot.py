@@ -169,6 +169,11 @@ def kernel_specs() -> list[KernelSpec]:
         KernelSpec("rms_norm", decoder_ops.rms_norm_kernel,
                    {"x_ptr": "*fp32", "w_ptr": "*fp16", "out_ptr": "*fp32", "H": "i32", "stride_x": "i32",
                     "eps": "fp32", "BLOCK": "constexpr"}, {"BLOCK": 1024}),
+        KernelSpec("rms_norm_decode", decoder_ops.rms_norm_decode_kernel,           # the norm and the decode
+                   {"x_ptr": "*fp32", "w_ptr": "*fp16", "out_ptr": "*fp32", "xq_ptr": "*i8",   # activations of
+                    "xsum_ptr": "*i32", "sx_ptr": "*fp32", "H": "i32", "stride_x": "i32",      # the linears after
+                    "eps": "fp32", "BLOCK": "constexpr", "M": "constexpr", "G": "constexpr",   # it, one launch
+                    "BLOCK_K": "constexpr"}, {"BLOCK": 1024, "M": 5, "G": 128, "BLOCK_K": 1024}),
         KernelSpec("rope_d128", decoder_ops.rope_kernel,
                    {"q_ptr": "*fp32", "k_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "qo_ptr": "*fp32",
                     "ko_ptr": "*fp32", "T": "i32", "HQ": "i32", "sq_h": "i32", "sq_t": "i32", "sk_h": "i32",

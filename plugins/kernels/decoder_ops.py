@@ -1,6 +1,7 @@
 """The decoder's elementwise steps in one Triton launch each, for the `triton` backend (docs/kernels.md, the whole
 step: a decode pass is bound by its launches on a large GPU once the GEMV streams):
-- `rms_norm`: `plugins.decoder_math.rms_norm`'s semantics in float32, y = x * rsqrt(mean(x^2) + eps) * w, where
+- `rms_norm` (and `rms_norm_decode`, which also writes the normed rows' decode-layout INT8 activations: one launch
+  where the norm and the quantization for the linears after it took two): `plugins.decoder_math.rms_norm`'s semantics in float32, y = x * rsqrt(mean(x^2) + eps) * w, where
   torch's form takes six launches (pow, mean, add, rsqrt, mul, mul) and the float16 weight's cast a seventh. Each
   row is its own program, reduced in a fixed order: a row's result does not depend on the other rows.
 - `rope`: `edge.model.decoder.apply_rope` of q and k together (rotate-half, HF Llama's convention), where torch's
@@ -12,11 +13,29 @@ import torch
 import triton
 import triton.language as tl
 
+from plugins.kernels.gemv_decode import DECODE_MAX_M, quantize_decode_row
+
 
 @triton.jit
 def rms_norm_kernel(x_ptr, w_ptr, out_ptr, H, stride_x, eps, BLOCK: tl.constexpr):
     """One program per row of x [M, H] (float32): out[m] = x[m] / sqrt(mean(x[m]^2) + eps) * w (w float16 [H]).
     Bytes: the row twice (the second read from L1/L2), the weight once, the row out."""
+    _rms_norm_row(x_ptr, w_ptr, out_ptr, H, stride_x, eps, BLOCK)
+
+
+@triton.jit
+def rms_norm_decode_kernel(x_ptr, w_ptr, out_ptr, xq_ptr, xsum_ptr, sx_ptr, H, stride_x, eps, BLOCK: tl.constexpr,
+                           M: tl.constexpr, G: tl.constexpr, BLOCK_K: tl.constexpr):
+    """`rms_norm_kernel`, then the normed row's decode-layout INT8 activations at group size G
+    (`gemv_decode.quantize_decode_row`, read back from what this program stored, after a barrier): the launch the
+    linears that read the normed row would otherwise make, the same bits."""
+    _rms_norm_row(x_ptr, w_ptr, out_ptr, H, stride_x, eps, BLOCK)
+    tl.debug_barrier()                   # every thread's stores of the row before any thread reads it back
+    quantize_decode_row(out_ptr + tl.program_id(0) * H, xq_ptr, xsum_ptr, sx_ptr, tl.program_id(0), H, M, G, BLOCK_K)
+
+
+@triton.jit
+def _rms_norm_row(x_ptr, w_ptr, out_ptr, H, stride_x, eps, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     acc = tl.zeros([BLOCK], tl.float32)
@@ -41,6 +60,22 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     rms_norm_kernel[(m,)](x, weight, out, h, x.stride(0), float(eps), BLOCK=min(1024, triton.next_power_of_2(h)),
                           enable_fp_fusion=False)
     return out
+
+
+def rms_norm_decode(x: torch.Tensor, weight: torch.Tensor, eps: float, g: int) -> tuple:
+    """`rms_norm` of x [M <= DECODE_MAX_M, H] and the normed rows' decode-layout activations at group size g (what
+    `gemv.quantize_decode` of the result gives, bit for bit) in one launch: (out, (x_q words, group sums, s_x))."""
+    from plugins.kernels.gemv import quantize_decode_buffers
+    m, h = x.shape
+    if weight.shape != (h,) or x.dtype != torch.float32 or x.stride(1) != 1 or m > DECODE_MAX_M or h % g:
+        raise ValueError(f"rms_norm_decode: x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)}, group {g} "
+                         f"do not fit (x float32 [M <= {DECODE_MAX_M}, H], H a multiple of the group size)")
+    out = torch.empty(m, h, dtype=torch.float32, device=x.device)
+    xq, xsum, sx = quantize_decode_buffers(m, h, g, x.device)
+    rms_norm_decode_kernel[(m,)](x, weight, out, xq.view(torch.int8), xsum, sx, h, x.stride(0), float(eps),
+                                 BLOCK=min(1024, triton.next_power_of_2(h)), M=m, G=g,
+                                 BLOCK_K=max(g, min(1024, triton.next_power_of_2(h))), enable_fp_fusion=False)
+    return out, (xq, xsum, sx)
 
 
 @triton.jit

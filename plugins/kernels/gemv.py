@@ -270,13 +270,18 @@ def reserve(device: torch.device) -> None:
     split_counters(device, COUNTER_SLOTS)
 
 
+def quantize_decode_buffers(m: int, k: int, g: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Empty (x_q words [M*K/4], group sums [K/g, XSUM_SLOTS], s_x [M]) for M tokens' decode activations."""
+    return (torch.empty(m * k // 4, dtype=torch.int32, device=device),
+            torch.empty(k // g, XSUM_SLOTS, dtype=torch.int32, device=device),    # slots past M are never read
+            torch.empty(m, dtype=torch.float32, device=device))
+
+
 def quantize_decode(x: torch.Tensor, g: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [M, K] -> (int32 words of the decode layout [K/32, M, 8], int32 group sums [K/g, XSUM_SLOTS], float32
     scales [M]): per-token INT8 activations as `quantize_rows`, laid out for `decode_gemv_kernel`."""
     m, k = x.shape
-    xq = torch.empty(m * k // 4, dtype=torch.int32, device=x.device)
-    xsum = torch.empty(k // g, XSUM_SLOTS, dtype=torch.int32, device=x.device)    # slots past M are never read
-    sx = torch.empty(m, dtype=torch.float32, device=x.device)
+    xq, xsum, sx = quantize_decode_buffers(m, k, g, x.device)
     quantize_decode_kernel[(m,)](x, xq.view(torch.int8), xsum, sx, k, x.stride(0), M=m, G=g,
                                  BLOCK_K=max(g, min(1024, triton.next_power_of_2(k))), enable_fp_fusion=False)
     return xq, xsum, sx
