@@ -130,3 +130,7 @@ def test_the_fused_split_reduction_gives_the_separate_reductions_bits(gen, monke
     for view, got in fused.items():
         assert torch.equal(got, dual_plane_linear_tiled(x, tiled, view)), view
     assert [s for s in reductions if s > 1]                           # the separate launch ran
+    old = gemv.split_counters(tiled.base.device, 1)
+    grown = gemv.split_counters(tiled.base.device, old.numel() + 1)   # a wider head: new counters, and the old
+    assert grown.numel() > old.numel() and not grown.any()            # ones kept for graphs that captured them
+    assert any(t is old for t in gemv._RETIRED)

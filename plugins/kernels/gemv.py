@@ -44,6 +44,7 @@ DECODE_WARPS = 4      # the decode kernel's warps: one row per thread, BLOCK_S =
 FUSED_SPLIT_REDUCE = True
 COUNTER_SLOTS = 4096  # row tiles the counters cover at first (a 262,144-row head at 64 rows a tile); grown on demand
 _COUNTERS: dict = {}
+_RETIRED: list = []   # counters outgrown, kept alive for the graphs that captured them
 ACTS = ("int8", "float16")
 
 
@@ -261,6 +262,8 @@ def split_counters(device: torch.device, tiles: int) -> torch.Tensor:
     (the runtime's passes run on one stream)."""
     key = (device.type, device.index)
     if key not in _COUNTERS or _COUNTERS[key].numel() < tiles:
+        if key in _COUNTERS:         # a graph captured earlier may hold the old buffer's address: never free it
+            _RETIRED.append(_COUNTERS[key])
         _COUNTERS[key] = torch.zeros(max(tiles, COUNTER_SLOTS), dtype=torch.int32, device=device)
     return _COUNTERS[key]
 
