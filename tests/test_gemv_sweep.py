@@ -1,4 +1,4 @@
-"""scripts/gemv_sweep.py, the decode GEMV's launch sweep for a lent GPU, run here in the interpreter at one tiny
+"""scripts/gemv_sweep.py, the decode GEMV's launch sweep for a CUDA GPU, run here in the interpreter at one tiny
 shape and one configuration (its code paths: probes, both layouts, the summary); and its read probes, which must
 read every word of the planes in each access pattern (a probe that skipped words would report a bandwidth no kernel
 can reach)."""
