@@ -72,14 +72,9 @@ def _coalesced_probe(p_ptr, q_ptr, out_ptr, N, K_WORDS, WORDS_PER_SPLIT, TWO: tl
     tl.store(out_ptr + tl.program_id(1) * N + n, tl.xor_sum(acc, axis=1))
 
 
-def _split(n_programs: int, k_units: int, sms: int, scale: float) -> tuple[int, int]:
-    """(split, units per split): ~4 * scale programs per SM, at least 2 units of K a program."""
-    split = max(1, min(triton.cdiv(int(4 * scale * sms), n_programs), k_units // 2 or 1, 64))
-    per = triton.cdiv(k_units, split)
-    return triton.cdiv(k_units, per), per
-
-
 def probe_rows(k, n, sets, copy_bw, repeats, launches, sms, dev="cuda", timer=kb.time_graph) -> list[dict]:
+    """The read probes at every pattern, warps and split scale (`gemv.plan_split` over 512-byte units of K)."""
+    from plugins.kernels import gemv
     rows = []
     k_words = k // 8
     for two, view in ((False, "draft"), (True, "target")):
@@ -88,7 +83,7 @@ def probe_rows(k, n, sets, copy_bw, repeats, launches, sms, dev="cuda", timer=kb
             for warps in WARPS:
                 block = warps if pattern == "coalesced" else 32 * warps
                 for scale in SPLIT_SCALES:
-                    split, per = _split(triton.cdiv(n, block), max(1, k_words // 128), sms, scale)
+                    split, per = gemv.plan_split(n, k, 1024, sms, block, 4 * scale)  # units of 512 bytes
                     per *= 128                                                    # words per split
                     out = torch.empty(split, n, dtype=torch.int32, device=dev)
                     grid = (triton.cdiv(n, block), split)
@@ -108,7 +103,7 @@ def probe_rows(k, n, sets, copy_bw, repeats, launches, sms, dev="cuda", timer=kb
 
 
 def _configs(m: int):
-    """(layout, warps, rows, split scale, default) of each decode launch swept: every combination on the tiled
+    """(layout, warps, rows, split scale) of each decode launch swept: every combination on the tiled
     planes, the launcher's own on canonical ones."""
     from plugins.kernels import gemv
     for warps in WARPS:
@@ -121,37 +116,22 @@ def _configs(m: int):
 def decode_rows(k, n, sets, tiled, copy_bw, repeats, launches, sms, dev="cuda", timer=kb.time_graph) -> list[dict]:
     """The decode kernel at each `_configs` launch; `sets` the canonical ring, `tiled` the same planes tiled."""
     from plugins.kernels import gemv
-    from plugins.kernels import gemv_decode
-    from plugins.kernels.gemv_decode import decode_gemv_kernel
     g = 128 if k % 128 == 0 else 64
-    interp = gemv_decode.interp_form if dev == "cpu" else 0
     rows = []
     default_split = gemv.plan_split(n, k, g, sms)
     for m in TOKENS:
         x = torch.randn(m, k, device=dev).half()
-        xq, xsum, sx = gemv.quantize_decode(x, g)
         y = torch.empty(m, n, dtype=torch.float32, device=dev)
         for view, planes in (("draft", 1), ("target", 2)):
             need = planes * n * k // 2 + n * (k // g) * 2 + m * k * 2 + m * n * 4
+            target = view == "target"
             for layout, warps, rows_per, scale in _configs(m):
-                block = rows_per * 32 * warps
-                split, per = _split(triton.cdiv(n, block), k // g, sms, scale) if layout == "tiled" else default_split
-                dest = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=dev)
+                split, per = gemv.plan_split(n, k, g, sms, rows_per * 32 * warps, 4 * scale) \
+                    if layout == "tiled" else default_split
 
-                def launch(b, r, s, split=split, per=per, dest=dest, warps=warps, rows_per=rows_per, layout=layout):
-                    gemv.quantize_decode_kernel[(m,)](x, xq.view(torch.int8), xsum, sx, k, x.stride(0), M=m, G=g,
-                                                      BLOCK_K=max(g, min(1024, triton.next_power_of_2(k))),
-                                                      enable_fp_fusion=False)
-                    tiles = triton.cdiv(n, block)
-                    fused = split > 1 and gemv.FUSED_SPLIT_REDUCE
-                    decode_gemv_kernel[(tiles, split)](
-                        xq, xsum, sx, b.view(torch.int32), r.view(torch.int32), s, s, dest, s, y,
-                        gemv.split_counters(y.device, tiles), n, k, per, M=m, TARGET=view == "target",
-                        HAS_OFFSET=False, PARTIAL=split > 1, G=g, ROWS=rows_per, BLOCK_S=32 * warps, INTERP=interp,
-                        RUNTIME_VIEW=False, TILED=layout == "tiled", FUSED_REDUCE=fused, num_warps=warps,
-                        enable_fp_fusion=False)
-                    if not fused:
-                        gemv._reduce(dest, sx, y, m, n, split, True)
+                def launch(b, r, s, split=split, per=per, warps=warps, rows_per=rows_per, layout=layout):
+                    gemv._launch_decode(x, b, r if target else None, s, None, y, target, None, split, per, n=n, g=g,
+                                        tiled=layout == "tiled", warps=warps, rows=rows_per)   # as the launchers do
                 ring = [(t.base, t.refine, t.scale) for t in tiled] if layout == "tiled" else sets
                 sec = timer(kb.Cycle(launch, ring), repeats, launches)
                 default = warps == gemv.DECODE_WARPS and rows_per == gemv.decode_rows(m) and \

@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from plugins.kernels.gemv import quantize_decode_buffers
 from plugins.kernels.gemv_decode import DECODE_MAX_M, quantize_decode_row
 
 
@@ -65,7 +66,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def rms_norm_decode(x: torch.Tensor, weight: torch.Tensor, eps: float, g: int) -> tuple:
     """`rms_norm` of x [M <= DECODE_MAX_M, H] and the normed rows' decode-layout activations at group size g (what
     `gemv.quantize_decode` of the result gives, bit for bit) in one launch: (out, (x_q words, group sums, s_x))."""
-    from plugins.kernels.gemv import quantize_decode_buffers
     m, h = x.shape
     if weight.shape != (h,) or x.dtype != torch.float32 or x.stride(1) != 1 or m > DECODE_MAX_M or h % g:
         raise ValueError(f"rms_norm_decode: x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)}, group {g} "

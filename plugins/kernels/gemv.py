@@ -171,13 +171,13 @@ def _sm_count(device: torch.device) -> int:
     return 8  # the interpreter: Orin NX's 8 SMs, so tests exercise the split path
 
 
-def plan_split(n: int, k: int, g: int, sms: int) -> tuple[int, int]:
+def plan_split(n: int, k: int, g: int, sms: int, rows: int = PLAN_ROWS, per_sm: float = 4) -> tuple[int, int]:
     """(split, groups per split) for an N x K layer: enough programs of PLAN_ROWS rows (the decode kernel's at
     M <= 4) to give every SM ~4 of them, never splitting below 2 groups of K per program. Depends on the shape and
     device only, never on M or on which kernel runs: both kernels reduce the same splits in the same order, which is
-    what makes their rows equal bit for bit."""
+    what makes their rows equal bit for bit. `rows` and `per_sm` other than these: what `bitnest gemv-sweep` tries."""
     groups = k // g
-    split = max(1, min(triton.cdiv(4 * sms, triton.cdiv(n, PLAN_ROWS)), groups // 2 or 1, 32))
+    split = max(1, min(triton.cdiv(int(per_sm * sms), triton.cdiv(n, rows)), groups // 2 or 1, 32))
     per = triton.cdiv(groups, split)
     return triton.cdiv(groups, per), per
 
@@ -230,16 +230,17 @@ def _reduce(dest, sx, y, m, n, split, scale_x):
 
 
 def _launch_decode(x, base, refine, scale, offset, y, target, view_code, split, per, acts=None, n=None, g=None,
-                   tiled=False):
+                   tiled=False, warps=DECODE_WARPS, rows=None):
     """One decode launch (M <= DECODE_MAX_M, INT8 activations): plugins.kernels.gemv_decode; `acts`, x already
     quantized by `quantize_decode` at this group size (shared by the linears that read x), else quantized here.
-    `tiled`: the planes in the warp-tiled layout (plugins.kernels.tiling), N and G given."""
+    `tiled`: the planes in the warp-tiled layout (plugins.kernels.tiling), N and G given. `warps` and `rows` (row
+    tiles a thread; None: `decode_rows`) other than the launcher's: what `bitnest gemv-sweep` tries."""
     m, k = x.shape
     if not tiled:
         n, g = base.shape[0], k // scale.shape[1]
     xq, xsum, sx = acts if acts is not None else quantize_decode(x.contiguous(), g)
-    rows = decode_rows(m)
-    tiles = triton.cdiv(n, rows * 32 * DECODE_WARPS)
+    rows = rows or decode_rows(m)
+    tiles = triton.cdiv(n, rows * 32 * warps)
     dest = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     fused = split > 1 and FUSED_SPLIT_REDUCE
     counters = split_counters(x.device, tiles) if fused else sx
@@ -248,8 +249,8 @@ def _launch_decode(x, base, refine, scale, offset, y, target, view_code, split, 
         xq, xsum, sx, words, refine.view(torch.int32) if refine is not None else words, scale,
         offset if offset is not None else scale, dest, view_code if view_code is not None else scale, y, counters,
         n, k, per, M=m, TARGET=bool(target), HAS_OFFSET=offset is not None, PARTIAL=split > 1, G=g, ROWS=rows,
-        BLOCK_S=32 * DECODE_WARPS, INTERP=gemv_decode.interp_form if INTERPRET else 0, RUNTIME_VIEW=view_code is not None,
-        TILED=tiled, FUSED_REDUCE=fused, num_warps=DECODE_WARPS, enable_fp_fusion=False)
+        BLOCK_S=32 * warps, INTERP=gemv_decode.interp_form if INTERPRET else 0, RUNTIME_VIEW=view_code is not None,
+        TILED=tiled, FUSED_REDUCE=fused, num_warps=warps, enable_fp_fusion=False)
     if not fused:
         _reduce(dest, sx, y, m, n, split, True)
     return y
@@ -316,12 +317,17 @@ def _launch(x, base, refine, scale, offset, y, act, target, view_code, acts=None
     return y
 
 
-def _tiles(x, base, refine, scale, offset, out, act, target, view_code, acts=None):
-    """y [M, N] in tiles of BLOCK_M tokens (prefill chunks), each the same computation as a decode pass."""
-    m, k, n, g = _check(x, base, scale, act)
+def _check_acts(acts, m: int, k: int, g: int, act: str = "int8") -> None:
+    """ValueError unless shared activations `acts` (None: none) fit a decode pass of x [m, k] at group size g."""
     if acts is not None and (m > DECODE_MAX_M or act != "int8" or acts[1].shape[0] != k // g or acts[2].shape != (m,)):
         raise ValueError(f"shared activations fit a decode pass of x [{m}, {k}] at group size {g} with INT8 "
                          "activations only: quantize x for this group size (quantize_decode)")
+
+
+def _tiles(x, base, refine, scale, offset, out, act, target, view_code, acts=None):
+    """y [M, N] in tiles of BLOCK_M tokens (prefill chunks), each the same computation as a decode pass."""
+    m, k, n, g = _check(x, base, scale, act)
+    _check_acts(acts, m, k, g, act)
     y = out if out is not None else torch.empty(m, n, dtype=torch.float32, device=x.device)
     for i in range(0, m, BLOCK_M):
         _launch(x[i:i + BLOCK_M], base, refine, scale, offset, y[i:i + BLOCK_M], act, target, view_code, acts)
@@ -362,9 +368,7 @@ def dual_plane_linear_tiled(x: torch.Tensor, planes, view: str, out=None, acts=N
     m, k = x.shape
     if k != planes.k:
         raise ValueError(f"x [{m}, {k}] does not fit tiled planes of K = {planes.k}")
-    if acts is not None and (m > DECODE_MAX_M or acts[1].shape[0] != k // planes.g or acts[2].shape != (m,)):
-        raise ValueError(f"shared activations fit a decode pass of x [{m}, {k}] at group size {planes.g} only: "
-                         "quantize x for this group size (quantize_decode)")
+    _check_acts(acts, m, k, planes.g)
     y = out if out is not None else torch.empty(m, planes.n, dtype=torch.float32, device=x.device)
     split, per = plan_split(planes.n, k, planes.g, _sm_count(x.device))
     target = view == "target"

@@ -53,11 +53,6 @@ class TiledPlanes:
         """All rows in the canonical layout (tests and checks; the runtime never holds both)."""
         return self.rows(torch.arange(self.n))
 
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.base, self.refine, self.scale, self.offset)
-                   if t is not None)
-
 
 def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
     return t if t.shape[0] == rows else torch.cat((t, t.new_zeros(rows - t.shape[0], *t.shape[1:])))
