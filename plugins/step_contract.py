@@ -21,6 +21,11 @@ and DataType::kUINT8 are not supported"); its ONNX parser widens uint8 initializ
 support UINT8 types for intermediate tensors!"); int8 is a quantized type there (onnx-tensorrt operators.md). int32 words
 keep the bytes exact and the size unchanged.
 
+Weight layout: a linear whose N is a multiple of TILE_ROWS travels warp-tiled (plugins.kernels.tiling, the layout the
+GPU decode kernel streams): base / refine int32 words [N/32, K/G, G/32, 32, 4], scale / offset float16
+[N/32, K/G, 32]; any other linear canonical ([N, K/8] words, [N, K/G] scales). A plane's rank says which
+(DualPlaneGemv's output has N = 32 x dim 0 for rank 5), so graphs exported before the tiled layout still run.
+
 KV contract: `NestedKvAttention` quantizes the pass's K/V into entries for positions [S - M, S), attends over the
 planes with those positions taken from the entries, and outputs the planes with the entries written (positions
 outside [S - M, S) unchanged). The graph's KV outputs are the attention nodes' plane outputs themselves, never a
@@ -103,6 +108,7 @@ def kv_outputs(layer: int) -> tuple[str, str, str]:
 # Run-time scalar inputs: device tensors whose values change every pass; none may reach a shape computation.
 RUNTIME_SCALARS = (SEQ_LEN, KV8_FROM, VIEW)
 WORD_BYTES = 4
+TILE_ROWS = 32        # rows of a warp-tiled block of a graph's planes (one per lane of a warp)
 
 
 def as_words(planes):

@@ -52,10 +52,15 @@ def test_export_checks_and_stores_each_plane_once(rotated_checkpoint, rotated_on
     planes = {i.name: i for i in model.graph.initializer if i.name.endswith((".base", ".refine", ".scale"))}
     want = {n: t for n, t in ckpt.tensors.items() if n.endswith((".base", ".refine", ".scale"))}
     assert set(planes) == set(want)
-    for name in ("model.layers.3.mlp.down_proj.base", "model.layers.0.self_attn.q_proj.scale"):
-        stored = onnx.numpy_helper.to_array(planes[name])                  # planes travel as int32 words
-        got = stored.view(np.uint8) if stored.dtype == np.int32 else stored
-        assert np.array_equal(got, want[name].numpy()), name
+    # every linear of the model tiles: its planes travel warp-tiled (int32 words [N/32, K/G, G/32, 32, 4], scales
+    # [N/32, K/G, 32]), and their canonical rows are the checkpoint's planes, byte for byte
+    assert all(len(i.dims) == (5 if i.name.endswith(("base", "refine")) else 3) for i in planes.values())
+    from plugins.kernels.tiling import TiledPlanes
+    for linear in ("model.layers.3.mlp.down_proj", "model.layers.0.self_attn.q_proj", "lm_head"):
+        stored = [torch.from_numpy(onnx.numpy_helper.to_array(planes[linear + s])) for s in (".base", ".refine", ".scale")]
+        rows = TiledPlanes.from_words(*stored).canonical()
+        for got, s in zip(rows, (".base", ".refine", ".scale")):
+            assert torch.equal(got, want[linear + s]), linear + s
     assert rotated_onnx["file_bytes"] < 1.1 * sum(t.numel() * t.element_size() for t in ckpt.tensors.values())
     kinds = {i.name: i.type.tensor_type.shape for i in model.graph.input}
     assert kinds["input_ids"].dim[0].dim_param == "M" and kinds["kv_base.0"].dim[2].dim_param == "C"
@@ -221,7 +226,7 @@ def test_the_reference_shares_no_code_with_what_it_checks():
     assert shared == set(), shared
 
 
-def _single_node_model(op_inputs, shapes, offset: bool):
+def _single_node_model(op_inputs, shapes, n: int):
     from onnx import TensorProto as T
     from onnx import helper as h
 
@@ -232,17 +237,21 @@ def _single_node_model(op_inputs, shapes, offset: bool):
     types = [T.FLOAT, T.INT32, T.INT32, T.FLOAT16, T.INT64, T.FLOAT16]
     ins = [h.make_tensor_value_info(n, t, s) for n, t, s in zip(op_inputs, types, shapes)]
     node = h.make_node("DualPlaneGemv", op_inputs, ["y"], domain=DOMAIN, name="gemv")
-    graph = h.make_graph([node], "g", ins, [h.make_tensor_value_info("y", T.FLOAT, ["M", shapes[1][0]])])
+    graph = h.make_graph([node], "g", ins, [h.make_tensor_value_info("y", T.FLOAT, ["M", n])])
     m = h.make_model(graph, opset_imports=[h.make_opsetid("", OPSET), h.make_opsetid(DOMAIN, DOMAIN_VERSION)],
                      ir_version=IR_VERSION)
     onnx.checker.check_model(m, full_check=True)
     return m
 
 
+@pytest.mark.parametrize("tiled", [False, True])
 @pytest.mark.parametrize("view", ["draft", "target"])
-def test_gemv_with_offset_matches_reference(view, gen, tmp_path):
-    """The top4of8 form (offset input) through onnxruntime against the float64 reference, fresh inputs."""
+def test_gemv_with_offset_matches_reference(view, tiled, gen, tmp_path):
+    """The top4of8 form (offset input) through onnxruntime against the float64 reference, fresh inputs, with the
+    planes canonical ([N, K/8] words) and warp-tiled ([N/32, K/G, G/32, 32, 4], what the step graph carries): the
+    schema infers N from either, and the tiled node's rows are the canonical node's, bit for bit."""
     from plugins.contracts import view_code
+    from plugins.kernels.tiling import tile_planes
     from plugins.nesting import nest_top4of8
     from plugins.onnx.ort_ops import ort_session
     from plugins.packing import pack_nibbles
@@ -254,12 +263,20 @@ def test_gemv_with_offset_matches_reference(view, gen, tmp_path):
     base, refine = pack_nibbles(codes.q4), pack_nibbles(codes.qr)
     x = torch.randn(m, k, generator=gen)
     names = ["x", "base", "refine", "scale", "view", "offset"]
-    shapes = [["M", k], [n, k // 8], [n, k // 8], [n, k // g], [1], [n, k // g]]
-    path = tmp_path / "gemv.onnx"
-    onnx.save(_single_node_model(names, shapes, True), str(path))
-    feeds = {"x": x.numpy(), "base": as_words(base.numpy()), "refine": as_words(refine.numpy()), "scale": codes.scale.numpy(),
-             "view": np.asarray([view_code(view)], np.int64), "offset": codes.offset.numpy()}
-    y = torch.from_numpy(ort_session(path).run(None, feeds)[0])
+    planes = (base, refine, codes.scale, codes.offset)
+    feeds = {"x": x.numpy(), "view": np.asarray([view_code(view)], np.int64)}
+    ys = []
+    for layout in sorted({False, tiled}):
+        p = tile_planes(*planes) if layout else None
+        b, r, sc, off = (p.base, p.refine, p.scale, p.offset) if layout else planes
+        feeds.update({"base": as_words(b).numpy(), "refine": as_words(r).numpy(), "scale": sc.numpy(),
+                      "offset": off.numpy()})
+        shapes = [["M", k]] + [list(feeds[name].shape) for name in names[1:4]] + [[1], list(off.shape)]
+        path = tmp_path / f"gemv-{layout}.onnx"
+        onnx.save(_single_node_model(names, shapes, n), str(path))
+        ys.append(torch.from_numpy(ort_session(path).run(None, feeds)[0]))
+    y = ys[-1]
+    assert y.shape == (m, n) and torch.equal(y, ys[0])
     ref = dual_plane_linear(x, base, refine, codes.scale, view, codes.offset, act_int8=True)
     err = float((y.double() - ref).norm() / ref.norm())
     assert err < 1e-6, f"{view}: relative error {err}"

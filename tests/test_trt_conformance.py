@@ -65,6 +65,29 @@ def test_gemv_plugin_over_a_range_of_rows_sees_wildcards_in_its_input_and_output
     assert float((r["outputs"][0].cpu().double() - ref).norm() / ref.norm()) < 1e-5
 
 
+@pytest.mark.parametrize("code", [1, 0])
+def test_gemv_plugin_on_warp_tiled_planes_sizes_its_output_and_matches_the_canonical_node(gen, code):
+    """The step graph's planes travel warp-tiled (int32 words [N/32, K/G, G/32, 32, 4], scales [N/32, K/G, 32]):
+    the plugin's output has N = 32 x dim 0 rows (a shape expression), and its rows are the canonical node's bit for
+    bit at a decode width and at a prefill width (12 rows: two decode launches)."""
+    from plugins.kernels.tiling import tile_planes
+    from plugins.nesting import nest_rtn
+    from plugins.packing import pack_nibbles
+    plugins, creator_cls = _classes()
+    codes = nest_rtn(torch.randn(64, 128, generator=gen), 64)
+    base, refine = pack_nibbles(codes.q4), pack_nibbles(codes.qr)
+    tiled = tile_planes(base, refine, codes.scale)
+    for m in (3, 12):
+        x, view = torch.randn(m, 128, generator=gen), torch.tensor([code], dtype=torch.int64)
+        outs = []
+        for planes in ((base, refine, codes.scale), (tiled.base, tiled.refine, tiled.scale)):
+            ins = [t.to(KERNEL_DEVICE) for t in (x, as_words(planes[0]), as_words(planes[1]), planes[2], view)]
+            r = drive(creator_cls(plugins["DualPlaneGemv"]), ins)
+            assert tuple(r["outputs"][0].shape) == (m, 64), r["outputs"][0].shape      # from get_output_shapes
+            outs.append(r["outputs"][0].cpu())
+        assert torch.equal(outs[0], outs[1]), (m, code)
+
+
 @pytest.mark.parametrize("source", ["desc.dims", "max"])
 def test_a_plugin_sizing_scratch_from_an_output_descs_dynamic_dim_fails_the_build(gen, source):
     """A gemv variant that sizes per-row scratch at configure_plugin from the output's row count: read from

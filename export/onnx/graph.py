@@ -27,6 +27,7 @@ from export.onnx.functions import (
     rotate_rows_function,
     silu_mul_function,
 )
+from export.onnx.planes import plane_inits
 from export.onnx.rows import nested_rows
 from plugins.contracts import (
     DOMAIN,
@@ -56,7 +57,6 @@ from plugins.step_contract import (
     SILU_MUL,
     VIEW,
     StepShapes,
-    as_words,
     factors_attribute,
     kv_inputs,
     kv_outputs,
@@ -112,11 +112,8 @@ class _StepGraph:
     def linear(self, name: str, x: str, view: str = VIEW) -> str:
         """`name` applied to x at the view the graph input `view` carries (or a constant view's initializer)."""
         b, t = self.b, self.ckpt.tensors
-        base, refine, scale, offset = self.ckpt.planes(name)                    # uint8 [N, K/2] -> int32 [N, K/8]
-        ins = [x, b.init(name + ".base", as_words(base)), b.init(name + ".refine", as_words(refine)),
-               b.init(name + ".scale", scale), view]
-        if offset is not None:
-            ins.append(b.init(name + ".offset", offset))
+        base, refine, scale, offset, _ = plane_inits(b, name, self.ckpt.planes(name))    # int32 words, tiled or not
+        ins = [x, base, refine, scale, view] + ([offset] if offset is not None else [])
         y = b.op(DUAL_PLANE_LINEAR.graph, ins, domain=DOMAIN)                                   # [M, N]
         bias = t.get(name + ".bias")
         return y if bias is None else b.op("Add", [y, b.init(name + ".bias", bias.float())])

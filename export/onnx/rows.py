@@ -39,20 +39,26 @@ def _unpack_words(b, words: str, cols: int) -> str:
 
 def nested_rows(b, name: str, planes, group_size: int, ids: str, out: str | None = None) -> str:
     """float32 [M, K] target-view rows `ids` [M] of the nested linear `name` (planes: its canonical base, refine,
-    scale, offset-or-None; the word initializers are the ones its DualPlaneGemv node reads, stored once)."""
-    from plugins.step_contract import as_words
-    base, refine, scale, offset = planes
-    k = base.shape[1] * 2
-    q4 = _unpack_words(b, b.op("Gather", [b.init(name + ".base", as_words(base)), ids], axis=0), k)
-    qr = _unpack_words(b, b.op("Gather", [b.init(name + ".refine", as_words(refine)), ids], axis=0), k)
+    scale, offset-or-None; the initializers are the ones its DualPlaneGemv node reads, stored once, warp-tiled where
+    the linear tiles: export.onnx.planes)."""
+    from export.onnx.planes import plane_inits, tiled_row_picker
+    k = planes[0].shape[1] * 2
+    base, refine, scale, offset, tiled = plane_inits(b, name, planes)
+    if tiled:
+        pick = tiled_row_picker(b, ids)
+        rows_of = lambda init: pick(init, len(b.inits[init].dims))                       # [M, K/8] / [M, K/G]
+    else:
+        rows_of = lambda init: b.op("Gather", [init, ids], axis=0)
+    q4 = _unpack_words(b, rows_of(base), k)
+    qr = _unpack_words(b, rows_of(refine), k)
     sixteen = b.init("rows.sixteen", np.asarray(NIBBLE, np.int32))
     code8 = b.op("Cast", [b.op("Add", [b.op("Mul", [q4, sixteen]), qr])], to=TensorProto.FLOAT)   # [M, K] exact
     grouped = b.const_i64(f"rows.groups_{k}_{group_size}", [-1, k // group_size, group_size])
-    step = b.op("Div", [b.op("Cast", [b.op("Gather", [b.init(name + ".scale", scale), ids], axis=0)],
-                             to=TensorProto.FLOAT), b.init("rows.sixteen_f32", np.asarray(NIBBLE, np.float32))])
+    step = b.op("Div", [b.op("Cast", [rows_of(scale)], to=TensorProto.FLOAT),
+                        b.init("rows.sixteen_f32", np.asarray(NIBBLE, np.float32))])               # [M, K/G]
     rows = b.op("Mul", [b.op("Reshape", [code8, grouped]),
                         b.op("Unsqueeze", [step, b.const_i64("rows.axis_last", [-1])])])             # [M, K/G, G]
     if offset is not None:
-        off = b.op("Cast", [b.op("Gather", [b.init(name + ".offset", offset), ids], axis=0)], to=TensorProto.FLOAT)
+        off = b.op("Cast", [rows_of(offset)], to=TensorProto.FLOAT)
         rows = b.op("Add", [rows, b.op("Unsqueeze", [off, b.const_i64("rows.axis_last", [-1])])])
     return b.op("Reshape", [rows, b.const_i64(f"rows.shape_{k}", [-1, k])], out=out)

@@ -22,6 +22,12 @@ def dual_plane_linear_tiled(x, planes, view, out=None, acts=None):
     return launch(x, planes, view, out, acts)
 
 
+def dual_plane_linear_tiled_coded(x, planes, view_code, out=None):
+    """`dual_plane_linear_tiled` with the view read from the device scalar `view_code` (1 = target, else draft)."""
+    from plugins.kernels.gemv import dual_plane_linear_tiled_coded as launch
+    return launch(x, planes, view_code, out)
+
+
 def reserve(device):
     """Allocate the decode GEMV's split-K counters on `device` (a backend does at load, before any graph capture)."""
     from plugins.kernels.gemv import reserve as launch

@@ -83,8 +83,8 @@ def _gemv(name, target, float_act, split, g=128, runtime_view=False):
 
 def _decode(name, target, m, g=128, runtime_view=False, held=True, tiled=True):
     """The decode kernel for m tokens (what `gemv._launch_decode` launches): one group per loop iteration; `tiled`,
-    on the warp-tiled planes the `triton` backend holds, else on canonical ones (the TensorRT plugins' run-time
-    view)."""
+    on the warp-tiled planes the `triton` backend and the step graph's engine hold, else on canonical ones (a graph
+    node whose linear does not tile, or a graph exported before the tiled layout)."""
     sig = {"x_ptr": "*i32", "xsum_ptr": "*i32", "sx_ptr": "*fp32", "base_ptr": "*i32", "refine_ptr": "*i32",
            "scale_ptr": "*fp16", "offset_ptr": "*fp16", "out_ptr": "*fp32", "view_ptr": "*i64", "y_ptr": "*fp32",
            "count_ptr": "*i32", "N": "i32", "K": "i32", "GROUPS_PER_SPLIT": "i32"}
@@ -142,8 +142,9 @@ def kernel_specs() -> list[KernelSpec]:
         _decode("decode_target_m1", True, 1),                 # a target step
         _decode("decode_target_m5", True, 5),                 # verification at γ = 4
         _decode("decode_target_m8", True, 8),                 # the largest decode pass
-        _decode("decode_runtime_view_m1", False, 1, runtime_view=True, tiled=False),    # the TensorRT plugin's
-        _decode("decode_runtime_view_m5", False, 5, runtime_view=True, tiled=False),    # form (canonical planes)
+        _decode("decode_runtime_view_m1", False, 1, runtime_view=True),       # the TensorRT plugin's form (the
+        _decode("decode_runtime_view_m5", False, 5, runtime_view=True),       # engine's planes are warp-tiled)
+        _decode("decode_runtime_view_canonical_m5", False, 5, runtime_view=True, tiled=False),   # a canonical node
         _decode("decode_draft_m1_g64", False, 1, g=64),       # the default model's group size
         _decode("decode_target_m5_g64", True, 5, g=64),
         _decode("decode_target_m8_g64", True, 8, g=64),

@@ -365,15 +365,27 @@ def dual_plane_linear_tiled(x: torch.Tensor, planes, view: str, out=None, acts=N
         raise ValueError(f"unknown weight view {view!r}: use draft or target")
     if view == "target" and planes.refine is None:
         raise ValueError("the target view needs the refinement plane")
+    return _tiled(x, planes, view == "target", None, out, acts)
+
+
+def dual_plane_linear_tiled_coded(x: torch.Tensor, planes, view_code: torch.Tensor, out=None) -> torch.Tensor:
+    """`dual_plane_linear_tiled` with the view read by the kernel from the device scalar `view_code` (int32 or
+    int64; 1 = target, anything else the draft, which never loads `refine`): the TensorRT plugin's launch over an
+    engine's tiled planes."""
+    if planes.refine is None:
+        raise ValueError("the run-time view needs the refinement plane beside the base plane")
+    return _tiled(x, planes, False, view_code, out, None)
+
+
+def _tiled(x, planes, target: bool, view_code, out, acts) -> torch.Tensor:
     m, k = x.shape
     if k != planes.k:
         raise ValueError(f"x [{m}, {k}] does not fit tiled planes of K = {planes.k}")
     _check_acts(acts, m, k, planes.g)
     y = out if out is not None else torch.empty(m, planes.n, dtype=torch.float32, device=x.device)
     split, per = plan_split(planes.n, k, planes.g, _sm_count(x.device))
-    target = view == "target"
+    refine = planes.refine if target or view_code is not None else None
     for i in range(0, m, DECODE_MAX_M):
-        _launch_decode(x[i:i + DECODE_MAX_M], planes.base, planes.refine if target else None, planes.scale,
-                       planes.offset, y[i:i + DECODE_MAX_M], target, None, split, per, acts, planes.n, planes.g,
-                       tiled=True)
+        _launch_decode(x[i:i + DECODE_MAX_M], planes.base, refine, planes.scale, planes.offset,
+                       y[i:i + DECODE_MAX_M], target, view_code, split, per, acts, planes.n, planes.g, tiled=True)
     return y

@@ -20,7 +20,9 @@ from typing import Optional
 
 import torch
 
-WARP_ROWS = 32        # rows of a block: one per lane of a warp
+from plugins.step_contract import TILE_ROWS as WARP_ROWS   # rows of a block: one per lane of a warp
+from plugins.step_contract import as_bytes
+
 CHUNK_BYTES = 16      # bytes of a plane row one 128-bit load reads (32 columns of 4-bit codes)
 
 
@@ -49,9 +51,30 @@ class TiledPlanes:
             return None if t is None else t[blk, :, lane]
         return plane(self.base), plane(self.refine), per_group(self.scale), per_group(self.offset)
 
+    @classmethod
+    def from_words(cls, base, refine, scale, offset=None) -> "TiledPlanes":
+        """The planes as the step graph carries them (int32 words [N/32, K/G, G/32, 32, 4], float16 [N/32, K/G, 32];
+        export.onnx.planes): viewed as bytes, no copy. ValueError where the shapes are not one tiled linear's."""
+        words = (WARP_ROWS, CHUNK_BYTES // 4)
+        fits = base.dim() == 5 and tuple(base.shape[3:]) == words and tuple(scale.shape) == (*base.shape[:2], WARP_ROWS)
+        if not fits or (refine is not None and refine.shape != base.shape) or \
+                (offset is not None and offset.shape != scale.shape):
+            raise ValueError(f"planes {tuple(base.shape)} / scale {tuple(scale.shape)} are not one linear's warp-tiled "
+                             "words ([N/32, K/G, G/32, 32, 4] int32, scales [N/32, K/G, 32])")
+        blocks, groups, chunks = base.shape[:3]
+        g = chunks * 32
+        view = lambda t: None if t is None else as_bytes(t)
+        return cls(view(base), view(refine), scale, offset, blocks * WARP_ROWS, groups * g, g)
+
     def canonical(self) -> tuple:
         """All rows in the canonical layout (tests and checks; the runtime never holds both)."""
         return self.rows(torch.arange(self.n))
+
+
+def tileable(n: int, k: int, g: int) -> bool:
+    """Whether a linear of N rows, K columns and group size G tiles with no padding row (every real model's
+    linears: N a multiple of 32; G a power of two >= 32 dividing K, as the kernels require)."""
+    return n % WARP_ROWS == 0 and g >= 32 and not g & (g - 1) and k % g == 0
 
 
 def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:

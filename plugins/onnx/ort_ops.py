@@ -30,6 +30,7 @@ from plugins.decoder_math import (
     rotate_rows,
     silu_mul,
 )
+from plugins.kernels.tiling import TiledPlanes
 from plugins.kv import dequantize_kv_mixed, quantize_kv
 from plugins.step_contract import (
     HADAMARD_FACTORS,
@@ -47,15 +48,19 @@ GEMV_WITH_OFFSET = DUAL_PLANE_LINEAR.graph + "Offset"
 
 def dual_plane_gemv(x: np.ndarray, base: np.ndarray, refine: np.ndarray, scale: np.ndarray, view: np.ndarray,
                     offset: np.ndarray | None = None) -> np.ndarray:
-    """float32 y [M, N] of DualPlaneGemv over int32-word planes [N, K/8] (the draft view never reads `refine`)."""
+    """float32 y [M, N] of DualPlaneGemv over int32-word planes, canonical [N, K/8] or warp-tiled [N/32, K/G, G/32,
+    32, 4] (plugins.step_contract, weight layout; re-laid to canonical rows here, the reference's input); the draft
+    view never reads `refine`."""
     v = CODE_VIEWS.get(int(view.reshape(-1)[0]))
     if v is None:
         raise ValueError(f"DualPlaneGemv: view code {int(view.reshape(-1)[0])} is not 0 (draft) or 1 (target)")
-    y = reference.dual_plane_linear_int8(
-        torch.from_numpy(x), torch.from_numpy(as_bytes(base)),
-        torch.from_numpy(as_bytes(refine)) if v == "target" else None,
-        torch.from_numpy(scale), None if offset is None else torch.from_numpy(offset))
-    return y.numpy()                                                             # [M, N]
+    t = lambda a: None if a is None else torch.from_numpy(a)
+    if base.ndim == 5:
+        tiled = TiledPlanes.from_words(t(base), t(refine) if v == "target" else None, t(scale), t(offset))
+        planes = tiled.canonical()                                   # [N, K/2] bytes, [N, K/G]
+    else:
+        planes = (t(as_bytes(base)), t(as_bytes(refine)) if v == "target" else None, t(scale), t(offset))
+    return reference.dual_plane_linear_int8(torch.from_numpy(x), *planes).numpy()           # [M, N]
 
 
 # Positions of the float16 inputs and outputs of each op (they cross the Python-op boundary as float32).

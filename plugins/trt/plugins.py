@@ -36,7 +36,7 @@ import importlib.util
 from dataclasses import dataclass, field
 
 from plugins.contracts import DOMAIN, DUAL_PLANE_LINEAR, NESTED_KV_ATTENTION
-from plugins.step_contract import as_bytes
+from plugins.step_contract import TILE_ROWS, as_bytes
 
 PLUGIN_VERSION = "1"
 PLUGIN_NAMESPACE = ""
@@ -107,9 +107,19 @@ def plugin_library_unavailable() -> str | None:
 # -- the enqueue logic, on torch tensors (no TensorRT needed) --------------------------------------------------------
 
 def _gemv(ins, outs) -> None:
-    from plugins.kernels import dual_plane_linear_coded
+    """Planes of rank 2 are canonical words [N, K/8]; of rank 5 the warp-tiled words [N/32, K/G, G/32, 32, 4] the
+    step graph carries for every linear that tiles (export.onnx.planes): the decode kernel then reads each warp's
+    rows in 512-byte loads (plugins.kernels.tiling)."""
+    from plugins.kernels import dual_plane_linear_coded, dual_plane_linear_tiled_coded
+    from plugins.kernels.tiling import TiledPlanes
     x, base, refine, scale, view = ins[:5]
     offset = ins[5] if len(ins) > 5 else None
+    if base.dim() == 5:
+        planes = TiledPlanes.from_words(base, refine, scale, offset)
+        if x.dim() != 2 or x.shape[1] != planes.k:
+            raise ValueError(f"DualPlaneGemv: x {tuple(x.shape)} does not fit tiled planes {tuple(base.shape)}")
+        dual_plane_linear_tiled_coded(x, planes, view, out=outs[0])
+        return
     if x.dim() != 2 or base.shape != refine.shape or base.shape[1] * 8 != x.shape[1]:
         raise ValueError(f"DualPlaneGemv: x {tuple(x.shape)} does not fit planes {tuple(base.shape)} (int32 words)")
     dual_plane_linear_coded(x, as_bytes(base), as_bytes(refine), scale, view, offset, out=outs[0])
@@ -324,7 +334,10 @@ def define_plugins(trt, device: str = "cuda"):
         name = DUAL_PLANE_LINEAR.graph
 
         def get_output_shapes(self, inputs, shape_inputs, expr_builder):
-            return [dims([inputs[0][0], inputs[1][0]])]
+            rows = inputs[1][0]
+            if len(inputs[1]) == 5:                   # warp-tiled words [N/32, K/G, G/32, 32, 4]: N = 32 blocks
+                rows = expr_builder.operation(trt.DimensionOperation.PROD, rows, expr_builder.constant(TILE_ROWS))
+            return [dims([inputs[0][0], rows])]
 
     class NestedKvAttentionPlugin(_Plugin):
         """out [Hq, T, D] and the three planes (aliased to the plane inputs, entries written in place)."""
