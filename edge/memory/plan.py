@@ -79,8 +79,9 @@ def refine_bytes_per_position(cfg: ModelConfig) -> int:
 
 
 def nested_weight_bytes(ckpt: Checkpoint, layout: str, weights: str = "nested") -> dict[str, int]:
-    """Weight bytes of a nested checkpoint as a backend holds them. `canonical` (torch backend, TensorRT's
-    plugins): the planes, float16 scales (and offsets) as stored. `tiled` (the `triton` backend,
+    """Weight bytes of a nested checkpoint as a backend holds them. `canonical` (torch backend, and a TensorRT
+    engine: its graph tiles only linears of whole 32-row blocks, the same bytes): the planes, float16 scales (and
+    offsets) as stored. `tiled` (the `triton` backend,
     plugins.kernels.tiling): the same with N rounded up to a block of 32 rows. `cpu`: the planes re-laid at the same size, scales
     and zeros as one bfloat16 [K/G, N, 2] tensor per plane set (shared by both planes unless an offset exists).
     `weights` `base`: the base planes only, and the refinement planes the draft itself reads (a nested head's, where
