@@ -57,7 +57,8 @@ def test_export_checks_and_stores_each_plane_once(rotated_checkpoint, rotated_on
     assert all(len(i.dims) == (5 if i.name.endswith(("base", "refine")) else 3) for i in planes.values())
     from plugins.kernels.tiling import TiledPlanes
     for linear in ("model.layers.3.mlp.down_proj", "model.layers.0.self_attn.q_proj", "lm_head"):
-        stored = [torch.from_numpy(onnx.numpy_helper.to_array(planes[linear + s])) for s in (".base", ".refine", ".scale")]
+        stored = [torch.from_numpy(onnx.numpy_helper.to_array(planes[linear + s]).copy())
+                  for s in (".base", ".refine", ".scale")]
         rows = TiledPlanes.from_words(*stored).canonical()
         for got, s in zip(rows, (".base", ".refine", ".scale")):
             assert torch.equal(got, want[linear + s]), linear + s
