@@ -27,6 +27,7 @@ from export.onnx.functions import (
     rotate_rows_function,
     silu_mul_function,
 )
+from export.onnx.external import ExternalData
 from export.onnx.planes import plane_inits
 from export.onnx.rows import nested_rows
 from plugins.contracts import (
@@ -78,13 +79,15 @@ EXTERNAL_DATA_BYTES = 1 << 30
 class _Builder:
     """Accumulates nodes and initializers; `op` returns the output names of the node it adds."""
 
-    def __init__(self):
-        self.nodes, self.inits, self._n = [], {}, 0
+    def __init__(self, data: ExternalData | None = None):
+        self.nodes, self.inits, self._n, self.data = [], {}, 0, data
 
     def init(self, name: str, array) -> str:
+        """Add initializer `name` (once): in the graph, or streamed to the external data file where one is open."""
         if name not in self.inits:
             a = array.numpy() if isinstance(array, torch.Tensor) else np.asarray(array)
-            self.inits[name] = numpy_helper.from_array(np.ascontiguousarray(a), name)
+            self.inits[name] = self.data.tensor(name, a) if self.data is not None else \
+                numpy_helper.from_array(np.ascontiguousarray(a), name)
         return name
 
     def op(self, op_type: str, inputs, n_out: int = 1, domain: str = "", out: str | None = None, outputs=(),
@@ -105,8 +108,8 @@ class _Builder:
 class _StepGraph:
     """Builds the step graph of one checkpoint (edge.model.decoder.Decoder's forward, op for op)."""
 
-    def __init__(self, ckpt: Checkpoint):
-        self.ckpt, self.cfg, self.b = ckpt, ckpt.config, _Builder()
+    def __init__(self, ckpt: Checkpoint, data: ExternalData | None = None):
+        self.ckpt, self.cfg, self.b = ckpt, ckpt.config, _Builder(data)
 
     # -- pieces -------------------------------------------------------------------------------------
     def linear(self, name: str, x: str, view: str = VIEW) -> str:
@@ -231,13 +234,13 @@ class _StepGraph:
                 helper.make_tensor_value_info(scale, TensorProto.FLOAT16, [2, hkv, "C"])]
 
 
-def build_step_model(ckpt: Checkpoint) -> onnx.ModelProto:
+def build_step_model(ckpt: Checkpoint, data: ExternalData | None = None) -> onnx.ModelProto:
     """The checked step graph of a loaded checkpoint (metadata ties it to the checkpoint's weights and records the
-    draft head it serves, `ckpt.draft_head`)."""
+    draft head it serves, `ckpt.draft_head`); with `data`, its weights streamed there as they are added."""
     if ckpt.draft_head == DRAFT_HEAD_SHORTLIST:
         raise BitNestError(SHORTLIST_REFUSAL)
     register_schemas()
-    model = _StepGraph(ckpt).build()
+    model = _StepGraph(ckpt, data).build()
     meta = {"bitnest.format_version": str(ckpt.manifest["format_version"]),
             "bitnest.weights_sha256": weights_sha256(ckpt.manifest),
             "bitnest.method": ckpt.method,
@@ -247,43 +250,63 @@ def build_step_model(ckpt: Checkpoint) -> onnx.ModelProto:
     return model
 
 
-def save_model_atomic(model: onnx.ModelProto, out: Path, external: bool) -> None:
-    """Write `model` to `out` (and `out`.data with `external`) through temporary files renamed into place."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        data_name = out.name + ".data"
+def initializer_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of the graph's initializers, in the graph or in its external data file."""
+    def size(t) -> int:
+        if t.data_location == TensorProto.EXTERNAL:
+            return next(int(e.value) for e in t.external_data if e.key == "length")
+        return len(t.raw_data)
+    return sum(size(t) for t in model.graph.initializer)
+
+
+def _write_checked(model: onnx.ModelProto, tmp: Path, out: Path, external: bool, streamed: bool) -> None:
+    """Write `model` into the staging folder `tmp` (its weights to `out`.data with `external`, unless `streamed`
+    wrote them there already), check it by path, then rename file(s) into place beside `out`."""
+    data_name = out.name + ".data"
+    if streamed:
+        onnx.save_model(model, str(tmp / out.name))          # the tensors refer to tmp / data_name already
+    else:
         onnx.save_model(model, str(tmp / out.name), save_as_external_data=external, all_tensors_to_one_file=True,
                         location=data_name, size_threshold=1024)
-        onnx.checker.check_model(str(tmp / out.name), full_check=True)  # by path: external data too
-        if external:
-            os.replace(tmp / data_name, out.parent / data_name)
-        elif (out.parent / data_name).exists():
-            (out.parent / data_name).unlink()  # a stale weights file of an earlier external-data export
-        os.replace(tmp / out.name, out)
-    finally:
-        for f in tmp.iterdir():
-            f.unlink()
-        tmp.rmdir()
+    onnx.checker.check_model(str(tmp / out.name), full_check=True)  # by path: external data too
+    if external:
+        os.replace(tmp / data_name, out.parent / data_name)
+    elif (out.parent / data_name).exists():
+        (out.parent / data_name).unlink()  # a stale weights file of an earlier external-data export
+    os.replace(tmp / out.name, out)
 
 
 def export_onnx(checkpoint, out=None, external=None, draft_head: str | None = None) -> dict:
     """Export the step graph of the checkpoint folder `checkpoint` to `out` (default: beside its weights,
-    CHECKPOINT/decoder_step.onnx); `external` None = external data only past EXTERNAL_DATA_BYTES; `draft_head` the
+    CHECKPOINT/decoder_step.onnx); `external` None = external data only past EXTERNAL_DATA_BYTES of checkpoint tensors
+    (external weights are written as the graph is built: export.onnx.external); `draft_head` the
     draft head the graph serves (None: the checkpoint's, the 8-bit head where it records the shortlist:
     edge.model.draft_head.graph_draft_head)."""
     t0 = time.time()
     ckpt = load_checkpoint(checkpoint)
     ckpt = set_draft_head(ckpt, draft_head if draft_head is not None else graph_draft_head(ckpt.draft_head))
-    model = build_step_model(ckpt)
-    init_bytes = sum(len(i.raw_data) for i in model.graph.initializer)
-    if external is None:
-        external = init_bytes > EXTERNAL_DATA_BYTES
+    if external is None:     # the graph's weights are the checkpoint's tensors (and RoPE tables, a few MB)
+        external = sum(t.numel() * t.element_size() for t in ckpt.tensors.values()) > EXTERNAL_DATA_BYTES
     out = Path(out) if out else ckpt.path / ONNX_FILE
+    out.parent.mkdir(parents=True, exist_ok=True)
     from export.trt.readiness import check_graph
-    rules = [str(v) for v in check_graph(model)]     # what TensorRT 10.3 would refuse (none expected)
-    save_model_atomic(model, out, external)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        # external weights stream into the staging folder as the graph is built (ExternalData): the graph in memory
+        # holds references only, and nothing reaches `out` before the whole graph is written and checked
+        data = ExternalData(tmp / (out.name + ".data")) if external else None
+        try:
+            model = build_step_model(ckpt, data)
+        finally:
+            if data is not None:
+                data.close()
+        init_bytes = initializer_bytes(model)
+        rules = [str(v) for v in check_graph(model)]     # what TensorRT 10.3 would refuse (none expected)
+        _write_checked(model, tmp, out, external, streamed=data is not None)
+    finally:
+        for f in tmp.iterdir():
+            f.unlink()
+        tmp.rmdir()
     digests = onnx_digests(out)
     write_atomic(json.dumps(digests).encode(), out.with_name(out.name + ONNX_DIGEST_SUFFIX))
     return {"onnx": str(out), "external_data": bool(external), "initializer_bytes": init_bytes,
