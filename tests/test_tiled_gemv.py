@@ -26,6 +26,31 @@ def test_tiling_round_trips_and_pads_with_zero_rows(gen):
         tile_planes(base, refine, scale[:, :3], None)
 
 
+def test_stacked_planes_hold_each_linears_rows_as_a_view(gen):
+    """q/k/v stacked (the triton backend's one launch a group): the stack's rows are the parts' rows in order, each
+    part is a view of its own blocks in the stack (no second copy), and the stacked launch gives each part's rows
+    what the part's own launch gives at the same split of K (the stack's plan, forced on both here)."""
+    from plugins.kernels import gemv
+    from plugins.kernels.tiling import stack_rows
+    parts = [nested_planes(gen, n, 256, 64, "top4of8") for n in (96, 32, 32)]
+    whole, views = stack_rows([tile_planes(*to_dev(*p)) for p in parts])
+    assert whole.n == 160 and [v.n for v in views] == [96, 32, 32]
+    for got, want in zip(whole.canonical(), [torch.cat(ts) for ts in zip(*parts)]):
+        assert torch.equal(got.cpu(), want)
+    for v, p in zip(views, parts):
+        assert v.base.untyped_storage().data_ptr() == whole.base.untyped_storage().data_ptr()
+        assert all(torch.equal(a.cpu(), b) for a, b in zip(v.canonical(), p))
+    x = torch.randn(5, 256, generator=gen).to(DEV)
+    split = gemv.plan_split(whole.n, whole.k, whole.g, gemv._sm_count(x.device))
+    y = dual_plane_linear_tiled(x, whole, "target")
+    for v, cols in zip(views, y.split([96, 32, 32], dim=1)):
+        own = torch.empty(5, v.n, device=DEV)
+        gemv._launch_decode(x, v.base, v.refine, v.scale, v.offset, own, True, None, *split, n=v.n, g=v.g, tiled=True)
+        assert torch.equal(own, cols)
+    with pytest.raises(ValueError, match="whole 32-row blocks"):
+        stack_rows([tile_planes(*to_dev(*nested_planes(gen, 40, 256, 64, "rtn"))), views[1]])
+
+
 @pytest.mark.parametrize("n,k,g,method", [(300, 1024, 128, "rtn"), (100, 576, 64, "top4of8"), (40, 256, 32, "rtn")])
 def test_tiled_rows_equal_the_canonical_decode_rows_bit_for_bit(gen, n, k, g, method):
     """Every M (1, 5, and 12: two decode launches, as a prefill chunk), both views, offsets of a top-4-of-8 nest:

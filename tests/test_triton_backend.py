@@ -124,6 +124,29 @@ def test_triton_lossless_on_the_default_model_gpu(rtn_checkpoint):
         assert runs[0] == runs[1]
 
 
+def test_a_block_launches_one_gemv_for_q_k_v_and_one_for_gate_up(small_llama_checkpoint, monkeypatch):
+    """The backend stacks each block's q/k/v and gate/up planes at load: a target pass launches 4 decode GEMVs a
+    layer (and the head's), not 7, and computes what launching each linear alone computes (bit for bit here: K of one
+    group, so no split of K whose plan could differ with the stack's rows)."""
+    import plugins.kernels.gemv as gemv
+    passes = []
+    for stacked in (True, False):
+        ck = load_checkpoint(small_llama_checkpoint)
+        backend = make_backend("triton", ck)
+        assert len(backend.stacks) == 2 * ck.config.num_layers
+        if not stacked:
+            backend.stacks.clear()                                  # every linear launched alone
+        eng = PassEngine(ck, backend, 64, scratch=8, prefill_chunk=16)
+        eng.prefill(PROMPT)
+        launches, real = [], gemv._launch_decode
+        monkeypatch.setattr(gemv, "_launch_decode", lambda *a, **kw: launches.append(1) or real(*a, **kw))
+        passes.append(eng.forward([42, 7, 99], "target", KVRead("kv8")))
+        monkeypatch.setattr(gemv, "_launch_decode", real)
+        per_layer = 4 if stacked else 7
+        assert len(launches) == per_layer * ck.config.num_layers + ck.head_nested, (stacked, len(launches))
+    assert torch.equal(passes[0], passes[1])
+
+
 def test_linears_reading_one_input_share_its_quantization(small_llama_checkpoint, monkeypatch):
     """q/k/v and gate/up read the same normed input: a decode pass quantizes it once for them, in the norm's own
     launch (rms_norm_decode: the two norms of a layer and the final one), so the only quantization launches left
@@ -149,4 +172,4 @@ def test_linears_reading_one_input_share_its_quantization(small_llama_checkpoint
     monkeypatch.setattr(solo.backend, "_shared_acts", lambda x, g: None)     # every linear quantizes its own x
     calls.clear()
     assert torch.equal(solo.forward([42, 7, 99], "target", KVRead("kv8")), shared)
-    assert len(calls) == 7 * layers + ck.head_nested
+    assert len(calls) == 4 * layers + ck.head_nested         # one a GEMV launch: q/k/v and gate/up stacked

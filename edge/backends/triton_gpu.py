@@ -4,7 +4,8 @@ over a KV cache that lives on the GPU (the kernels are its declared `attention_o
 
 The planes move to the GPU in place of the checkpoint's CPU copies and are re-laid there, one linear at a time, in
 the warp-tiled layout the decode GEMV streams (plugins.kernels.tiling; the canonical tensors are released: no second
-copy, docs/contracts.md). With TRITON_INTERPRET=1 and no GPU, the same kernels run on CPU tensors in the Triton
+copy, docs/contracts.md); a block's q/k/v, and its gate/up, are then stacked so one launch reads each group
+(`linears`), each linear's planes a view of its rows in the stack. With TRITON_INTERPRET=1 and no GPU, the same kernels run on CPU tensors in the Triton
 interpreter: slow, for tests.
 """
 
@@ -14,9 +15,12 @@ import torch
 
 from edge.errors import BitNestError
 from edge.model.checkpoint import HEAD, Checkpoint
+from plugins.kernels.tiling import stack_rows, tile_planes
 from plugins.reference import nested_embedding
 
 FINAL_NORM = "model.norm"
+# the linears of a block that read one input, launched as one GEMV over their stacked planes (`linears`)
+STACKED = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("mlp.gate_proj", "mlp.up_proj"))
 NORM_READERS = {"input_layernorm": "self_attn.q_proj", "post_attention_layernorm": "mlp.gate_proj"}   # a block's
 # norms and the first linear that reads each one's output
 
@@ -51,7 +55,6 @@ class TritonBackend:
     def __init__(self, ckpt: Checkpoint):
         self.device = kernel_device()
         self.k = _kernels()
-        from plugins.kernels.tiling import tile_planes
         self.ckpt = ckpt
         t = ckpt.tensors
         self.layout = {}                               # nested linear -> TiledPlanes on the device
@@ -61,11 +64,43 @@ class TritonBackend:
             del planes
         for key, tensor in t.items():                  # the rest moves as it is: norms, biases, float16 weights
             t[key] = tensor.to(self.device)
+        self.stacks = {}                               # linears read together -> (TiledPlanes, bias or None, widths)
+        for layer in range(ckpt.config.num_layers):
+            for group in STACKED:
+                self._stack(tuple(f"model.layers.{layer}.{name}" for name in group))
         self.k.reserve(self.device)                    # the GEMV's split-K counters, before any graph capture
         self.attention_ops = self.k
         from plugins.kernels.gemv_decode import DECODE_MAX_M
         self.decode_max_m = DECODE_MAX_M               # the widest pass whose activations the decode GEMV reads
         self._acts = (None, -1, 0, None)               # (x, its version, group size, its decode activations)
+
+    def _stack(self, names: tuple) -> None:
+        """Stack the planes of `names` (one launch reads them all, `linears`; each linear's planes become a view of
+        its rows: one group's planes twice at most while it is made), where their shapes allow and their biases are
+        all present or all absent."""
+        parts, biases = [self.layout.get(n) for n in names], [self.ckpt.tensors.get(n + ".bias") for n in names]
+        if None in parts or len({b is None for b in biases}) > 1:
+            return
+        try:
+            whole, views = stack_rows(parts)
+        except ValueError:
+            return                                     # each launched on its own, as `linear`
+        del parts
+        self.layout.update(zip(names, views))
+        bias = None if biases[0] is None else torch.cat([b.float() for b in biases])
+        self.stacks[names] = (whole, bias, [v.n for v in views])
+
+    def linears(self, names, x: torch.Tensor, view: str) -> tuple:
+        """The outputs [M, N_i] of the linears `names` that read x, in one GEMV launch over their stacked planes
+        (column views of its [M, sum N_i] output) where they were stacked at load, else one launch each. Each row
+        is the decode kernel's over that linear's planes; only the split of K, planned for the stack's rows, may
+        differ from a launch of its own (a float32 sum's order): every pass of the backend reads the same stack."""
+        stack = self.stacks.get(tuple(names))
+        if stack is None:
+            return tuple(self.linear(n, x, view) for n in names)
+        planes, bias, widths = stack
+        y = self.k.dual_plane_linear_tiled(x, planes, view, acts=self._shared_acts(x, planes.g))
+        return (y if bias is None else y + bias).split(widths, dim=1)
 
     def rms_norm(self, x: torch.Tensor, name: str, eps: float) -> torch.Tensor:
         """The decoder's RMSNorm [T, H] in one kernel launch (plugins.kernels.decoder_ops), on the float16 weight;

@@ -20,8 +20,9 @@ from plugins.hadamard import check_factors, online_hadamard_factors
 
 class WeightStore(Protocol):
     """What the decoder reads: every linear goes through `linear` with the current view. A store may also have
-    `rms_norm(x, name, eps)` and `rope(q, k, cos, sin)`, its own kernels for those steps (the triton backend's, one
-    launch each); without them the decoder applies plugins.decoder_math.rms_norm to `norm(name)` (`_norm`) and
+    `linears(names, x, view)` (the linears that read x, as a tuple: the triton backend's one launch for q/k/v and for
+    gate/up), `rms_norm(x, name, eps)` and `rope(q, k, cos, sin)`, its own kernels for those steps (the triton
+    backend's, one launch each); without them the decoder applies plugins.decoder_math.rms_norm to `norm(name)` (`_norm`) and
     `apply_rope` to q and k (`_rope`)."""
 
     dtype: torch.dtype
@@ -55,6 +56,13 @@ class OnlineRotations:
         if factors is None:
             raise ValueError(f"no Hadamard construction of order {self.r4_size} for R4")
         object.__setattr__(self, "r4_factors", check_factors(self.r4_size, factors))
+
+
+def _linears(w: WeightStore, names: tuple, x: torch.Tensor, view: str) -> tuple:
+    """The outputs of the linears `names` that read x: the store's `linears` where it has one (the triton backend's
+    one launch for the group), else its `linear` for each."""
+    many = getattr(w, "linears", None)
+    return many(names, x, view) if many is not None else tuple(w.linear(n, x, view) for n in names)
 
 
 def _norm(w: WeightStore, x: torch.Tensor, name: str, eps: float) -> torch.Tensor:
@@ -106,15 +114,16 @@ class Decoder:
         cfg, w, p = self.cfg, self.weights, f"model.layers.{layer}."
         t = x.shape[0]
         h = _norm(w, x, p + "input_layernorm", cfg.rms_norm_eps)
-        q = w.linear(p + "self_attn.q_proj", h, view).view(t, cfg.num_heads, cfg.head_dim).transpose(0, 1)
-        k = w.linear(p + "self_attn.k_proj", h, view).view(t, cfg.num_kv_heads, cfg.head_dim).transpose(0, 1)
-        v = w.linear(p + "self_attn.v_proj", h, view).view(t, cfg.num_kv_heads, cfg.head_dim).transpose(0, 1)
+        q, k, v = _linears(w, (p + "self_attn.q_proj", p + "self_attn.k_proj", p + "self_attn.v_proj"), h, view)
+        q = q.view(t, cfg.num_heads, cfg.head_dim).transpose(0, 1)                      # [Hq, T, D]
+        k = k.view(t, cfg.num_kv_heads, cfg.head_dim).transpose(0, 1)                   # [Hkv, T, D]
+        v = v.view(t, cfg.num_kv_heads, cfg.head_dim).transpose(0, 1)
         q, k = _rope(w, q, k, cos, sin)                               # [Hq, T, D], [Hkv, T, D]
         a = attend(layer, q, k, v)                                    # [Hq, T, D]
         a = a.transpose(0, 1).reshape(t, cfg.num_heads * cfg.head_dim)  # [T, Hq*D]
         x = x + w.linear(p + "self_attn.o_proj", a, view)
         h = _norm(w, x, p + "post_attention_layernorm", cfg.rms_norm_eps)
-        g = silu_mul(w.linear(p + "mlp.gate_proj", h, view), w.linear(p + "mlp.up_proj", h, view))  # [T, I]
+        g = silu_mul(*_linears(w, (p + "mlp.gate_proj", p + "mlp.up_proj"), h, view))       # [T, I]
         if self.rot.r4_size is not None:
             g = hadamard_rows(g, self.rot.r4_size, self.rot.r4_factors)   # [T, I] @ H, the recorded factors
         return x + w.linear(p + "mlp.down_proj", g, view)

@@ -107,3 +107,26 @@ def tile_planes(base: torch.Tensor, refine, scale: torch.Tensor, offset=None) ->
     tiled = lambda t: None if t is None else tile_plane(t, g)
     groups = lambda t: None if t is None else tile_groups(t)
     return TiledPlanes(tiled(base), tiled(refine), groups(scale), groups(offset), n, k, g)
+
+
+def stack_rows(parts: list) -> tuple["TiledPlanes", list]:
+    """(one TiledPlanes whose rows are the parts' rows one after another, each part again as a view of its own blocks
+    in it): the linears that read one input (q/k/v, gate/up) in one launch, and each still readable alone, with no
+    second copy once the parts are released. ValueError unless every part has whole blocks (N a multiple of 32), the
+    same K and G, and the same planes and offsets present."""
+    first = parts[0]
+    same = all(p.k == first.k and p.g == first.g and (p.refine is None) == (first.refine is None)
+               and (p.offset is None) == (first.offset is None) and p.n % WARP_ROWS == 0 for p in parts)
+    if not same:
+        raise ValueError("only linears of whole 32-row blocks with one K, group size, planes and offsets stack")
+    cat = lambda ts: None if ts[0] is None else torch.cat(ts)                 # along the blocks (dim 0)
+    whole = TiledPlanes(cat([p.base for p in parts]), cat([p.refine for p in parts]), cat([p.scale for p in parts]),
+                        cat([p.offset for p in parts]), sum(p.n for p in parts), first.k, first.g)
+    views, b0 = [], 0
+    for p in parts:
+        b1 = b0 + p.n // WARP_ROWS
+        cut = lambda t: None if t is None else t[b0:b1]                        # contiguous: whole blocks
+        views.append(TiledPlanes(cut(whole.base), cut(whole.refine), cut(whole.scale), cut(whole.offset), p.n, p.k,
+                                 p.g))
+        b0 = b1
+    return whole, views
