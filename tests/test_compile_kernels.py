@@ -29,7 +29,8 @@ def test_compile_kernels_for_sm87(tmp_path):
     result = json.loads(out.stdout.strip().splitlines()[-1])
     rows = {r["kernel"]: r for r in result["kernels"]}
     decode = {"decode_draft_m1", "decode_target_m1", "decode_target_m5", "decode_target_m8", "decode_runtime_view_m1",
-              "decode_runtime_view_m5", "decode_runtime_view_canonical_m5", "decode_draft_m1_g64", "decode_target_m5_g64", "decode_target_m8_g64",
+              "decode_runtime_view_m5", "decode_runtime_view_canonical_m5", "decode_target_m1_residual",
+              "decode_target_m8_residual", "decode_draft_m1_g64", "decode_target_m5_g64", "decode_target_m8_g64",
               "decode_draft_m1_g32", "decode_target_m5_g32"}
     assert decode | {"mma_target_w8a8", "flash_decode_d128_gqa4", "write_kv_d128", "quantize_decode"} <= rows.keys()
     for name, r in rows.items():

@@ -26,6 +26,25 @@ def test_tiling_round_trips_and_pads_with_zero_rows(gen):
         tile_planes(base, refine, scale[:, :3], None)
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_residual_added_in_the_launch_is_torchs_add(gen, monkeypatch, fused):
+    """o_proj / down_proj add the residual stream in the GEMV's own launch: residual + y bit for bit as torch adds
+    it, unsplit (K of 2 groups) and split (K of 16 groups on the interpreter's 8 SMs: the last program of each row
+    tile adds it after the ordered sum, or, with the separate reduction, torch after it), at 1, 5 and 12 tokens."""
+    from plugins.kernels import gemv
+    monkeypatch.setattr(gemv, "FUSED_SPLIT_REDUCE", fused)
+    for k in (256, 2048):
+        tiled = tile_planes(*to_dev(*nested_planes(gen, 64, k, 128, "rtn")))
+        assert (gemv.plan_split(64, k, 128, gemv._sm_count(torch.device(DEV)))[0] > 1) == (k == 2048)
+        for m in (1, 5, 12):
+            x, res = torch.randn(m, k, generator=gen).to(DEV), torch.randn(m, 64, generator=gen).to(DEV)
+            for view in ("draft", "target"):
+                want = res + dual_plane_linear_tiled(x, tiled, view)
+                assert torch.equal(dual_plane_linear_tiled(x, tiled, view, residual=res), want), (k, m, view)
+    with pytest.raises(ValueError, match="residual"):
+        dual_plane_linear_tiled(x, tiled, "target", residual=res[:, :32])
+
+
 def test_stacked_planes_hold_each_linears_rows_as_a_view(gen):
     """q/k/v stacked (the triton backend's one launch a group): the stack's rows are the parts' rows in order, each
     part is a view of its own blocks in the stack (no second copy), and the stacked launch gives each part's rows

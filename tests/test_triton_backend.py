@@ -125,9 +125,10 @@ def test_triton_lossless_on_the_default_model_gpu(rtn_checkpoint):
 
 
 def test_a_block_launches_one_gemv_for_q_k_v_and_one_for_gate_up(small_llama_checkpoint, monkeypatch):
-    """The backend stacks each block's q/k/v and gate/up planes at load: a target pass launches 4 decode GEMVs a
-    layer (and the head's), not 7, and computes what launching each linear alone computes (bit for bit here: K of one
-    group, so no split of K whose plan could differ with the stack's rows)."""
+    """The backend stacks each block's q/k/v and gate/up planes at load and adds the residual stream in o_proj's and
+    down_proj's launches: a target pass launches 4 decode GEMVs a layer (and the head's), not 7, and no residual
+    add, and computes what launching each linear alone and adding in torch computes (bit for bit here: K of one or
+    two groups, so no split of K whose plan could differ with the stack's rows)."""
     import plugins.kernels.gemv as gemv
     passes = []
     for stacked in (True, False):
@@ -136,6 +137,7 @@ def test_a_block_launches_one_gemv_for_q_k_v_and_one_for_gate_up(small_llama_che
         assert len(backend.stacks) == 2 * ck.config.num_layers
         if not stacked:
             backend.stacks.clear()                                  # every linear launched alone
+            monkeypatch.setattr(backend, "linear_add", None)        # and the residual added by torch
         eng = PassEngine(ck, backend, 64, scratch=8, prefill_chunk=16)
         eng.prefill(PROMPT)
         launches, real = [], gemv._launch_decode

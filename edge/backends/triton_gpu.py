@@ -153,6 +153,15 @@ class TritonBackend:
         bias = self.ckpt.tensors.get(name + ".bias")
         return y if bias is None else y + bias.float()
 
+    def linear_add(self, name: str, x: torch.Tensor, view: str, residual: torch.Tensor) -> torch.Tensor:
+        """residual + linear(name, x): the residual stream added in the GEMV's own launch as each row finishes (one
+        float32 add, torch's `residual + y` bits: o_proj's and down_proj's adds need no launch of their own); a
+        linear with a bias adds both after it, in torch's order."""
+        if self.ckpt.tensors.get(name + ".bias") is not None:
+            return residual + self.linear(name, x, view)
+        planes = self.layout[name]
+        return self.k.dual_plane_linear_tiled(x, planes, view, acts=self._shared_acts(x, planes.g), residual=residual)
+
     def head_rows(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """[M, K]: token m against the head's rows ids[m] at the target view (their planes gathered on the device,
         K rows each, in the canonical layout, through the same decode kernel as the whole head)."""

@@ -21,7 +21,7 @@ from plugins.hadamard import check_factors, online_hadamard_factors
 class WeightStore(Protocol):
     """What the decoder reads: every linear goes through `linear` with the current view. A store may also have
     `linears(names, x, view)` (the linears that read x, as a tuple: the triton backend's one launch for q/k/v and for
-    gate/up), `rms_norm(x, name, eps)` and `rope(q, k, cos, sin)`, its own kernels for those steps (the triton
+    gate/up), `linear_add(name, x, view, residual)` (residual + linear: the triton backend's add in the GEMV launch), `rms_norm(x, name, eps)` and `rope(q, k, cos, sin)`, its own kernels for those steps (the triton
     backend's, one launch each); without them the decoder applies plugins.decoder_math.rms_norm to `norm(name)` (`_norm`) and
     `apply_rope` to q and k (`_rope`)."""
 
@@ -63,6 +63,13 @@ def _linears(w: WeightStore, names: tuple, x: torch.Tensor, view: str) -> tuple:
     one launch for the group), else its `linear` for each."""
     many = getattr(w, "linears", None)
     return many(names, x, view) if many is not None else tuple(w.linear(n, x, view) for n in names)
+
+
+def _linear_add(w: WeightStore, name: str, x: torch.Tensor, view: str, residual: torch.Tensor) -> torch.Tensor:
+    """residual + the linear `name` of x: the store's `linear_add` where it has one (the triton backend adds it in
+    the GEMV's own launch, the same float32 add), else an add after `linear`."""
+    add = getattr(w, "linear_add", None)
+    return add(name, x, view, residual) if add is not None else residual + w.linear(name, x, view)
 
 
 def _norm(w: WeightStore, x: torch.Tensor, name: str, eps: float) -> torch.Tensor:
@@ -121,12 +128,12 @@ class Decoder:
         q, k = _rope(w, q, k, cos, sin)                               # [Hq, T, D], [Hkv, T, D]
         a = attend(layer, q, k, v)                                    # [Hq, T, D]
         a = a.transpose(0, 1).reshape(t, cfg.num_heads * cfg.head_dim)  # [T, Hq*D]
-        x = x + w.linear(p + "self_attn.o_proj", a, view)
+        x = _linear_add(w, p + "self_attn.o_proj", a, view, x)                        # x + o_proj(a)
         h = _norm(w, x, p + "post_attention_layernorm", cfg.rms_norm_eps)
         g = silu_mul(*_linears(w, (p + "mlp.gate_proj", p + "mlp.up_proj"), h, view))       # [T, I]
         if self.rot.r4_size is not None:
             g = hadamard_rows(g, self.rot.r4_size, self.rot.r4_factors)   # [T, I] @ H, the recorded factors
-        return x + w.linear(p + "mlp.down_proj", g, view)
+        return _linear_add(w, p + "mlp.down_proj", g, view, x)                        # x + down_proj(g)
 
     def final_norm(self, x: torch.Tensor) -> torch.Tensor:
         """Residual [T, H] -> the head's input [T, H]: R1 undone, then the final norm."""

@@ -15,11 +15,12 @@ def dual_plane_linear(x, base, refine, scale, view, offset=None, out=None, act="
     return launch(x, base, refine, scale, view, offset, out, act, acts)
 
 
-def dual_plane_linear_tiled(x, planes, view, out=None, acts=None):
+def dual_plane_linear_tiled(x, planes, view, out=None, acts=None, residual=None):
     """`dual_plane_linear` from planes in the warp-tiled layout (`plugins.kernels.tiling.tile_planes`), any M, INT8
-    activations: the rows the canonical launch computes, bit for bit, read in 512-byte warp loads."""
+    activations: the rows the canonical launch computes, bit for bit, read in 512-byte warp loads; `residual`
+    [M, N] float32 is added in the same launch (residual + y, torch's bits)."""
     from plugins.kernels.gemv import dual_plane_linear_tiled as launch
-    return launch(x, planes, view, out, acts)
+    return launch(x, planes, view, out, acts, residual)
 
 
 def dual_plane_linear_tiled_coded(x, planes, view_code, out=None):

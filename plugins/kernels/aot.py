@@ -81,16 +81,18 @@ def _gemv(name, target, float_act, split, g=128, runtime_view=False):
                       loop_weight_bytes=64 * planes * g // 2)
 
 
-def _decode(name, target, m, g=128, runtime_view=False, held=True, tiled=True):
+def _decode(name, target, m, g=128, runtime_view=False, held=True, tiled=True, residual=False):
     """The decode kernel for m tokens (what `gemv._launch_decode` launches): one group per loop iteration; `tiled`,
     on the warp-tiled planes the `triton` backend and the step graph's engine hold, else on canonical ones (a graph
-    node whose linear does not tile, or a graph exported before the tiled layout)."""
+    node whose linear does not tile, or a graph exported before the tiled layout); `residual`, adding the residual
+    stream in the launch (o_proj and down_proj in the `triton` backend)."""
     sig = {"x_ptr": "*i32", "xsum_ptr": "*i32", "sx_ptr": "*fp32", "base_ptr": "*i32", "refine_ptr": "*i32",
            "scale_ptr": "*fp16", "offset_ptr": "*fp16", "out_ptr": "*fp32", "view_ptr": "*i64", "y_ptr": "*fp32",
-           "count_ptr": "*i32", "N": "i32", "K": "i32", "GROUPS_PER_SPLIT": "i32"}
+           "count_ptr": "*i32", "res_ptr": "*fp32", "N": "i32", "K": "i32", "GROUPS_PER_SPLIT": "i32"}
     rows, block_s = gemv.decode_rows(m), 32 * gemv.DECODE_WARPS
     const = {"M": m, "TARGET": target, "HAS_OFFSET": False, "PARTIAL": True, "G": g, "ROWS": rows, "BLOCK_S": block_s,
-             "INTERP": 0, "RUNTIME_VIEW": runtime_view, "TILED": tiled, "FUSED_REDUCE": gemv.FUSED_SPLIT_REDUCE}
+             "INTERP": 0, "RUNTIME_VIEW": runtime_view, "TILED": tiled, "FUSED_REDUCE": gemv.FUSED_SPLIT_REDUCE,
+             "HAS_RES": residual}
     planes = 2 if target or runtime_view else 1       # a run-time view's largest loop is its target view's
     return KernelSpec(name, gemv_decode.decode_gemv_kernel, sig | {k: "constexpr" for k in const}, const,
                       gemv.DECODE_WARPS, loop_weight_bytes=rows * block_s * planes * g // 2, decode=True,
@@ -142,6 +144,8 @@ def kernel_specs() -> list[KernelSpec]:
         _decode("decode_target_m1", True, 1),                 # a target step
         _decode("decode_target_m5", True, 5),                 # verification at γ = 4
         _decode("decode_target_m8", True, 8),                 # the largest decode pass
+        _decode("decode_target_m1_residual", True, 1, residual=True),   # o_proj / down_proj: the residual added
+        _decode("decode_target_m8_residual", True, 8, residual=True),   # in the launch
         _decode("decode_runtime_view_m1", False, 1, runtime_view=True),       # the TensorRT plugin's form (the
         _decode("decode_runtime_view_m5", False, 5, runtime_view=True),       # engine's planes are warp-tiled)
         _decode("decode_runtime_view_canonical_m5", False, 5, runtime_view=True, tiled=False),   # a canonical node

@@ -230,11 +230,12 @@ def _reduce(dest, sx, y, m, n, split, scale_x):
 
 
 def _launch_decode(x, base, refine, scale, offset, y, target, view_code, split, per, acts=None, n=None, g=None,
-                   tiled=False, warps=DECODE_WARPS, rows=None):
+                   tiled=False, warps=DECODE_WARPS, rows=None, res=None):
     """One decode launch (M <= DECODE_MAX_M, INT8 activations): plugins.kernels.gemv_decode; `acts`, x already
     quantized by `quantize_decode` at this group size (shared by the linears that read x), else quantized here.
     `tiled`: the planes in the warp-tiled layout (plugins.kernels.tiling), N and G given. `warps` and `rows` (row
-    tiles a thread; None: `decode_rows`) other than the launcher's: what `bitnest gemv-sweep` tries."""
+    tiles a thread; None: `decode_rows`) other than the launcher's: what `bitnest gemv-sweep` tries. `res` (float32
+    [M, N], contiguous): y = res + x @ W^T, added in the launch that finishes each row (torch's `res + y` bits)."""
     m, k = x.shape
     if not tiled:
         n, g = base.shape[0], k // scale.shape[1]
@@ -244,15 +245,19 @@ def _launch_decode(x, base, refine, scale, offset, y, target, view_code, split, 
     dest = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     fused = split > 1 and FUSED_SPLIT_REDUCE
     counters = split_counters(x.device, tiles) if fused else sx
+    in_launch = res is not None and (split == 1 or fused)          # else added after the separate reduction
     words = base.view(torch.int32)
     decode_gemv_kernel[(tiles, split)](
         xq, xsum, sx, words, refine.view(torch.int32) if refine is not None else words, scale,
         offset if offset is not None else scale, dest, view_code if view_code is not None else scale, y, counters,
-        n, k, per, M=m, TARGET=bool(target), HAS_OFFSET=offset is not None, PARTIAL=split > 1, G=g, ROWS=rows,
-        BLOCK_S=32 * warps, INTERP=gemv_decode.interp_form if INTERPRET else 0, RUNTIME_VIEW=view_code is not None,
-        TILED=tiled, FUSED_REDUCE=fused, num_warps=warps, enable_fp_fusion=False)
+        res if in_launch else sx, n, k, per, M=m, TARGET=bool(target), HAS_OFFSET=offset is not None,
+        PARTIAL=split > 1, G=g, ROWS=rows, BLOCK_S=32 * warps, INTERP=gemv_decode.interp_form if INTERPRET else 0,
+        RUNTIME_VIEW=view_code is not None, TILED=tiled, FUSED_REDUCE=fused, HAS_RES=in_launch, num_warps=warps,
+        enable_fp_fusion=False)
     if not fused:
         _reduce(dest, sx, y, m, n, split, True)
+    if res is not None and not in_launch:
+        torch.add(res, y, out=y)
     return y
 
 
@@ -355,17 +360,18 @@ def dual_plane_linear_coded(x: torch.Tensor, base: torch.Tensor, refine: torch.T
     return _tiles(x, base, refine, scale, offset, out, act, False, view_code)
 
 
-def dual_plane_linear_tiled(x: torch.Tensor, planes, view: str, out=None, acts=None) -> torch.Tensor:
+def dual_plane_linear_tiled(x: torch.Tensor, planes, view: str, out=None, acts=None, residual=None) -> torch.Tensor:
     """y float32 [M, N] = x [M, K] @ W_view^T from planes in the warp-tiled layout (`plugins.kernels.tiling.
     TiledPlanes`: what the `triton` backend holds), INT8 activations, any M: the decode kernel in passes of up to
     DECODE_MAX_M tokens (a prefill chunk reads the planes once per DECODE_MAX_M tokens, at the decode kernel's
     bandwidth). Each row is bit for bit what `dual_plane_linear` computes from the canonical planes at M <= 8.
-    `acts`: x's activations from `quantize_decode` at the planes' group size (M <= DECODE_MAX_M)."""
+    `acts`: x's activations from `quantize_decode` at the planes' group size (M <= DECODE_MAX_M). `residual`
+    (float32 [M, N]): returns residual + x @ W^T, the add done in the GEMV's own launch (torch's bits)."""
     if view not in ("draft", "target"):
         raise ValueError(f"unknown weight view {view!r}: use draft or target")
     if view == "target" and planes.refine is None:
         raise ValueError("the target view needs the refinement plane")
-    return _tiled(x, planes, view == "target", None, out, acts)
+    return _tiled(x, planes, view == "target", None, out, acts, residual)
 
 
 def dual_plane_linear_tiled_coded(x: torch.Tensor, planes, view_code: torch.Tensor, out=None) -> torch.Tensor:
@@ -377,15 +383,21 @@ def dual_plane_linear_tiled_coded(x: torch.Tensor, planes, view_code: torch.Tens
     return _tiled(x, planes, False, view_code, out, None)
 
 
-def _tiled(x, planes, target: bool, view_code, out, acts) -> torch.Tensor:
+def _tiled(x, planes, target: bool, view_code, out, acts, residual=None) -> torch.Tensor:
     m, k = x.shape
     if k != planes.k:
         raise ValueError(f"x [{m}, {k}] does not fit tiled planes of K = {planes.k}")
     _check_acts(acts, m, k, planes.g)
+    if residual is not None:
+        if residual.shape != (m, planes.n) or residual.dtype != torch.float32:
+            raise ValueError(f"a residual [{m}, {planes.n}] float32 is added to y, not {tuple(residual.shape)} "
+                             f"{residual.dtype}")
+        residual = residual.contiguous()
     y = out if out is not None else torch.empty(m, planes.n, dtype=torch.float32, device=x.device)
     split, per = plan_split(planes.n, k, planes.g, _sm_count(x.device))
     refine = planes.refine if target or view_code is not None else None
     for i in range(0, m, DECODE_MAX_M):
         _launch_decode(x[i:i + DECODE_MAX_M], planes.base, refine, planes.scale, planes.offset,
-                       y[i:i + DECODE_MAX_M], target, view_code, split, per, acts, planes.n, planes.g, tiled=True)
+                       y[i:i + DECODE_MAX_M], target, view_code, split, per, acts, planes.n, planes.g, tiled=True,
+                       res=None if residual is None else residual[i:i + DECODE_MAX_M])
     return y

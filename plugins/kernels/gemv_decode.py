@@ -167,9 +167,10 @@ def _zeros(n: tl.constexpr, shape: tl.constexpr, dtype: tl.constexpr):
 
 
 @triton.jit
-def _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, N, K, GROUPS_PER_SPLIT,
-          M: tl.constexpr, TARGET: tl.constexpr, HAS_OFFSET: tl.constexpr, PARTIAL: tl.constexpr, G: tl.constexpr,
-          ROWS: tl.constexpr, BLOCK_S: tl.constexpr, INTERP: tl.constexpr, TILED: tl.constexpr):
+def _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, res_ptr, N, K,
+          GROUPS_PER_SPLIT, M: tl.constexpr, TARGET: tl.constexpr, HAS_OFFSET: tl.constexpr, PARTIAL: tl.constexpr,
+          G: tl.constexpr, ROWS: tl.constexpr, BLOCK_S: tl.constexpr, INTERP: tl.constexpr, TILED: tl.constexpr,
+          HAS_RES: tl.constexpr):
     """The program of `decode_gemv_kernel` for one view. No load is masked (a masked load costs a move per register
     for its `other`): rows past N read row N-1 and are not stored, and the last split runs only its own groups.
     TILED: the planes and scales in the warp-tiled layout (plugins.kernels.tiling), else canonical; the two differ
@@ -257,14 +258,17 @@ def _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, 
         live = rows[r] < N
         for m in tl.static_range(M):
             if not PARTIAL:
-                tl.store(out_ptr + m * N + rows[r], acc[r * M + m] * tl.load(sx_ptr + m), mask=live)
+                y = acc[r * M + m] * tl.load(sx_ptr + m)
+                if HAS_RES:                                  # the residual stream's row: one float32 add, as torch's
+                    y = y + tl.load(res_ptr + m * N + rows[r], mask=live, other=0.0)
+                tl.store(out_ptr + m * N + rows[r], y, mask=live)
             else:
                 tl.store(out_ptr + (tl.program_id(1) * M + m) * N + rows[r], acc[r * M + m], mask=live)
 
 
 @triton.jit
-def _last_split_reduces(sx_ptr, part_ptr, y_ptr, count_ptr, N, M: tl.constexpr, ROWS: tl.constexpr,
-                        BLOCK_S: tl.constexpr):
+def _last_split_reduces(sx_ptr, part_ptr, y_ptr, count_ptr, res_ptr, N, M: tl.constexpr, ROWS: tl.constexpr,
+                        BLOCK_S: tl.constexpr, HAS_RES: tl.constexpr):
     """The split-K reduction inside the GEMV launch: each program of a row tile counts itself in (one gpu-scope
     acq_rel atomic, after a barrier so every thread's partial store precedes it); the last to arrive sums the tile's
     partials over the splits in index order, scales by s_x and stores y, as `gemv.split_reduce_kernel` did in a
@@ -283,17 +287,20 @@ def _last_split_reduces(sx_ptr, part_ptr, y_ptr, count_ptr, N, M: tl.constexpr, 
         for s in range(0, splits):
             total += tl.load(part_ptr + s * M * N + at, mask=live, other=0.0, cache_modifier=".cg")
         sx = tl.load(sx_ptr + m, mask=m < M, other=0.0)
-        tl.store(y_ptr + at, total * sx[:, None], mask=live)
+        total = total * sx[:, None]
+        if HAS_RES:
+            total = total + tl.load(res_ptr + at, mask=live, other=0.0)
+        tl.store(y_ptr + at, total, mask=live)
         tl.atomic_xchg(count_ptr + tile, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit(do_not_specialize=["GROUPS_PER_SPLIT"])
 def decode_gemv_kernel(
     x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, view_ptr, y_ptr, count_ptr,
-    N, K, GROUPS_PER_SPLIT,
+    res_ptr, N, K, GROUPS_PER_SPLIT,
     M: tl.constexpr, TARGET: tl.constexpr, HAS_OFFSET: tl.constexpr, PARTIAL: tl.constexpr, G: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_S: tl.constexpr, INTERP: tl.constexpr, RUNTIME_VIEW: tl.constexpr = False,
-    TILED: tl.constexpr = False, FUSED_REDUCE: tl.constexpr = False,
+    TILED: tl.constexpr = False, FUSED_REDUCE: tl.constexpr = False, HAS_RES: tl.constexpr = False,
 ):
     """Program (n-tile, split): rows [n0, n0 + ROWS*BLOCK_S) as ROWS sub-tiles of BLOCK_S (one row per thread),
     groups [split*GPS, min((split+1)*GPS, K/G)) of K, all M tokens.
@@ -306,16 +313,18 @@ def decode_gemv_kernel(
     RUNTIME_VIEW: the view is read from the device scalar view_ptr (1 = target, else the draft) and the program of
     that view runs (a uniform branch: the TensorRT plugin's form, one kernel for both views of an engine).
     FUSED_REDUCE (with PARTIAL): the last program of each row tile reduces the partials into y [M, N]
-    (`_last_split_reduces`; count_ptr: int32 counters, one per row tile, zero before and after the launch)."""
+    (`_last_split_reduces`; count_ptr: int32 counters, one per row tile, zero before and after the launch).
+    HAS_RES (not with a PARTIAL launch reduced elsewhere): y = res + x @ W^T, res float32 [M, N] (the residual stream a
+    block's o_proj and down_proj add to), added to each finished row in one float32 add: torch's `res + y` bits."""
     if RUNTIME_VIEW:
         if tl.load(view_ptr) == 1:
-            _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, N, K,
-                  GROUPS_PER_SPLIT, M, True, HAS_OFFSET, PARTIAL, G, ROWS, BLOCK_S, INTERP, TILED)
+            _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, res_ptr, N, K,
+                  GROUPS_PER_SPLIT, M, True, HAS_OFFSET, PARTIAL, G, ROWS, BLOCK_S, INTERP, TILED, HAS_RES)
         else:
-            _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, N, K,
-                  GROUPS_PER_SPLIT, M, False, HAS_OFFSET, PARTIAL, G, ROWS, BLOCK_S, INTERP, TILED)
+            _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, res_ptr, N, K,
+                  GROUPS_PER_SPLIT, M, False, HAS_OFFSET, PARTIAL, G, ROWS, BLOCK_S, INTERP, TILED, HAS_RES)
     else:
-        _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, N, K, GROUPS_PER_SPLIT,
-              M, TARGET, HAS_OFFSET, PARTIAL, G, ROWS, BLOCK_S, INTERP, TILED)
+        _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, res_ptr, N, K,
+              GROUPS_PER_SPLIT, M, TARGET, HAS_OFFSET, PARTIAL, G, ROWS, BLOCK_S, INTERP, TILED, HAS_RES)
     if PARTIAL and FUSED_REDUCE:
-        _last_split_reduces(sx_ptr, out_ptr, y_ptr, count_ptr, N, M, ROWS, BLOCK_S)
+        _last_split_reduces(sx_ptr, out_ptr, y_ptr, count_ptr, res_ptr, N, M, ROWS, BLOCK_S, HAS_RES)
