@@ -5,8 +5,8 @@ over a KV cache that lives on the GPU (the kernels are its declared `attention_o
 The planes move to the GPU in place of the checkpoint's CPU copies and are re-laid there, one linear at a time, in
 the warp-tiled layout the decode GEMV streams (plugins.kernels.tiling; the canonical tensors are released: no second
 copy, docs/contracts.md); a block's q/k/v, and its gate/up, are then stacked so one launch reads each group
-(`linears`), each linear's planes a view of its rows in the stack. With TRITON_INTERPRET=1 and no GPU, the same kernels run on CPU tensors in the Triton
-interpreter: slow, for tests.
+(`linears`), each linear's planes a view of its rows in the stack. With TRITON_INTERPRET=1 and no GPU, the same
+kernels run on CPU tensors in the Triton interpreter: slow, for tests.
 """
 
 import os

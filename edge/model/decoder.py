@@ -19,11 +19,12 @@ from plugins.hadamard import check_factors, online_hadamard_factors
 
 
 class WeightStore(Protocol):
-    """What the decoder reads: every linear goes through `linear` with the current view. A store may also have
-    `linears(names, x, view)` (the linears that read x, as a tuple: the triton backend's one launch for q/k/v and for
-    gate/up), `linear_add(name, x, view, residual)` (residual + linear: the triton backend's add in the GEMV launch), `rms_norm(x, name, eps)` and `rope(q, k, cos, sin)`, its own kernels for those steps (the triton
-    backend's, one launch each); without them the decoder applies plugins.decoder_math.rms_norm to `norm(name)` (`_norm`) and
-    `apply_rope` to q and k (`_rope`)."""
+    """What the decoder reads: every linear goes through `linear` with the current view. A store may also have its
+    own kernels for some steps (the triton backend has each): `linears(names, x, view)`, the linears that read x as a
+    tuple (one launch for q/k/v, one for gate/up); `linear_add(name, x, view, residual)`, residual + linear (the add
+    in the GEMV's launch); `rms_norm(x, name, eps)` and `rope(q, k, cos, sin)`, one launch each. Without them the
+    decoder calls `linear` per linear and adds (`_linears`, `_linear_add`), applies plugins.decoder_math.rms_norm to
+    `norm(name)` (`_norm`) and `apply_rope` to q and k (`_rope`)."""
 
     dtype: torch.dtype
     device: Optional[torch.device]                                     # None: the CPU

@@ -60,7 +60,7 @@ def _infer_gemv(ctx) -> None:
         ctx.set_output_type(0, _unranked(TensorProto.FLOAT))
         return
     rows = base[0]
-    if len(base) == 5:                  # warp-tiled words [N/32, K/G, G/32, 32, 4] (plugins.step_contract): N = 32 x dim 0
+    if len(base) == 5:       # warp-tiled words [N/32, K/G, G/32, 32, 4] (plugins.step_contract): N = 32 x dim 0
         rows = rows.dim_value * TILE_ROWS if rows.HasField("dim_value") else onnx.TensorShapeProto.Dimension()
     ctx.set_output_type(0, _tensor_type(TensorProto.FLOAT, [x[0], rows]))
 
@@ -83,8 +83,8 @@ def _gemv_schema() -> OpSchema:
         DUAL_PLANE_LINEAR.graph, DOMAIN, DOMAIN_VERSION, _GEMV_DOC,
         inputs=[
             _P("x", "tensor(float)", "activations [M, K]"),
-            _P("base", "tensor(int32)", "base plane [N, K/8] words ([N, K/2] bytes), signed nibbles, low = even column; "
-               "or warp-tiled [N/32, K/G, G/32, 32, 4] (plugins.step_contract, weight layout)"),
+            _P("base", "tensor(int32)", "base plane [N, K/8] words ([N, K/2] bytes), signed nibbles, low = even "
+               "column; or warp-tiled [N/32, K/G, G/32, 32, 4] (plugins.step_contract, weight layout)"),
             _P("refine", "tensor(int32)", "refinement plane, as base (not read by the draft view)"),
             _P("scale", "tensor(float16)", "group scales [N, K/G], or [N/32, K/G, 32] with tiled planes"),
             _P("view", "tensor(int64)", "[1]: 0 = draft, 1 = target"),
