@@ -37,17 +37,17 @@ def plane_inits(b, name: str, planes) -> tuple[str, str, str, str | None, bool]:
 
 
 def tiled_row_picker(b, ids: str):
-    """A function (initializer name, its rank) -> the rows `ids` [M] of a tiled initializer, flattened per row:
+    """A function (initializer name) -> the rows `ids` [M] of a tiled initializer, flattened per row:
     words [N/32, K/G, G/32, 32, 4] -> [M, K/8], scales [N/32, K/G, 32] -> [M, K/G]."""
-    i32 = lambda tag, v: b.init(f"tiled.{tag}", np.asarray(v, np.int32))
+    block_rows = b.init("tiled.rows", np.asarray(WARP_ROWS, np.int32))
     ids32 = b.op("Cast", [ids], to=TensorProto.INT32)                                              # [M]
-    blk = b.op("Div", [ids32, i32("rows", WARP_ROWS)])                                            # [M]
-    lane = b.op("Sub", [ids32, b.op("Mul", [blk, i32("rows", WARP_ROWS)])])                       # [M]
+    blk = b.op("Div", [ids32, block_rows])                                                        # [M]
+    lane = b.op("Sub", [ids32, b.op("Mul", [blk, block_rows])])                                   # [M]
     lane = b.op("Cast", [b.op("Unsqueeze", [lane, b.const_i64("tiled.axis_last", [-1])])], to=TensorProto.INT64)
 
-    def pick(init: str, rank: int) -> str:
+    def pick(init: str) -> str:
         blocks = b.op("Gather", [init, blk], axis=0)                       # [M, K/G, G/32, 32, 4] or [M, K/G, 32]
-        perm = [0, 3, 1, 2, 4] if rank == 5 else [0, 2, 1]
+        perm = [0, 3, 1, 2, 4] if len(b.inits[init].dims) == 5 else [0, 2, 1]
         rows = b.op("GatherND", [b.op("Transpose", [blocks], perm=perm), lane], batch_dims=1)
         return b.op("Reshape", [rows, b.const_i64("tiled.flat_rows", [0, -1])])                 # [M, K/8] / [M, K/G]
     return pick

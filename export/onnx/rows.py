@@ -44,11 +44,8 @@ def nested_rows(b, name: str, planes, group_size: int, ids: str, out: str | None
     from export.onnx.planes import plane_inits, tiled_row_picker
     k = planes[0].shape[1] * 2
     base, refine, scale, offset, tiled = plane_inits(b, name, planes)
-    if tiled:
-        pick = tiled_row_picker(b, ids)
-        rows_of = lambda init: pick(init, len(b.inits[init].dims))                       # [M, K/8] / [M, K/G]
-    else:
-        rows_of = lambda init: b.op("Gather", [init, ids], axis=0)
+    # rows `ids` of a words initializer -> [M, K/8], of a scales one -> [M, K/G]
+    rows_of = tiled_row_picker(b, ids) if tiled else lambda init: b.op("Gather", [init, ids], axis=0)
     q4 = _unpack_words(b, rows_of(base), k)
     qr = _unpack_words(b, rows_of(refine), k)
     sixteen = b.init("rows.sixteen", np.asarray(NIBBLE, np.int32))
