@@ -147,7 +147,7 @@ def _factor_matrix(order: int) -> torch.Tensor:
 
 
 @lru_cache(maxsize=None)
-def _factor_on(order: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def factor_on(order: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """The factor matrix in `dtype` on `device`, made once: no host-to-device copy per call (a CUDA graph capture
     refuses one)."""
     return _factor_matrix(order).to(dtype=dtype, device=device)
@@ -177,7 +177,7 @@ def apply_hadamard(x: torch.Tensor, n: int, factors: Optional[Sequence[int]] = N
     lead = x.shape[:-1]
     y = x.reshape(*lead, *factors)
     for axis, f in enumerate(factors):
-        m = _factor_on(f, x.dtype, x.device)
+        m = factor_on(f, x.dtype, x.device)
         # move this factor's axis last, multiply, move it back
         y = torch.movedim(torch.movedim(y, len(lead) + axis, -1) @ m, -1, len(lead) + axis)
     return y.reshape(*lead, n)

@@ -151,9 +151,9 @@ def test_a_block_launches_one_gemv_for_q_k_v_and_one_for_gate_up(small_llama_che
 
 def test_linears_reading_one_input_share_its_quantization(small_llama_checkpoint, monkeypatch):
     """q/k/v and gate/up read the same normed input: a decode pass quantizes it once for them, in the norm's own
-    launch (rms_norm_decode: the two norms of a layer and the final one), so the only quantization launches left
-    are o_proj's and down_proj's inputs (2 a layer, not 7), and it computes the same bits as quantizing the normed
-    input for each linear."""
+    launch (rms_norm_decode: the two norms of a layer and the final one), and down_proj's input in the gated
+    product's (swiglu_decode), so the only quantization launch left is o_proj's input (1 a layer, not 7), and it
+    computes the same bits as quantizing each linear's input for it."""
     import plugins.kernels.decoder_ops as ops
     import plugins.kernels.gemv as gemv
     ck = load_checkpoint(small_llama_checkpoint)
@@ -166,7 +166,7 @@ def test_linears_reading_one_input_share_its_quantization(small_llama_checkpoint
     shared = eng.forward([42, 7, 99], "target", KVRead("kv8"))
     backend_calls = len(calls)            # the backend's own quantizations go through plugins.kernels' launcher
     layers = ck.config.num_layers
-    assert backend_calls == 2 * layers, (backend_calls, layers)
+    assert backend_calls == layers, (backend_calls, layers)
     assert len(norms) == 2 * layers + ck.head_nested, (norms, layers)
     ck2 = load_checkpoint(small_llama_checkpoint)
     solo = PassEngine(ck2, make_backend("triton", ck2), 64, scratch=8, prefill_chunk=16)
@@ -175,3 +175,41 @@ def test_linears_reading_one_input_share_its_quantization(small_llama_checkpoint
     calls.clear()
     assert torch.equal(solo.forward([42, 7, 99], "target", KVRead("kv8")), shared)
     assert len(calls) == 4 * layers + ck.head_nested         # one a GEMV launch: q/k/v and gate/up stacked
+
+
+def test_a_blocks_gated_product_is_one_launch_after_gate_up(small_llama_checkpoint, monkeypatch):
+    """In a decode pass the MLP's silu(gate) * up, its R4 rotation (the test model records one Sylvester factor of
+    256) and down_proj's quantization are one launch a layer (plugins.kernels.swiglu), where torch took SiLU, the
+    product, a matmul and a copy a token and a concatenation; the pass's logits stay those of the torch ops within
+    what one INT8 code moved by a float32 rounding costs."""
+    import plugins.kernels.swiglu as swiglu
+    from torch.overrides import TorchFunctionMode
+
+    class Matmuls(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.count = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.count += getattr(func, "__name__", "") in ("matmul", "__matmul__", "silu")
+            return func(*args, **(kwargs or {}))
+
+    got = {}
+    for fused in (True, False):
+        ck = load_checkpoint(small_llama_checkpoint)
+        assert ck.rotations.r4_factors == (256,)
+        backend = make_backend("triton", ck)
+        if not fused:
+            monkeypatch.setattr(backend, "gated", None)             # the decoder's torch ops
+        eng = PassEngine(ck, backend, 64, scratch=8, prefill_chunk=16)
+        eng.prefill(PROMPT)
+        launches, real = [], swiglu.swiglu_decode_kernel.run
+        monkeypatch.setattr(swiglu.swiglu_decode_kernel, "run", lambda *a, **kw: launches.append(1) or real(*a, **kw))
+        with Matmuls() as ops:
+            got[fused] = eng.forward([42, 7, 99], "target", KVRead("kv8"))
+        monkeypatch.setattr(swiglu.swiglu_decode_kernel, "run", real)
+        layers = ck.config.num_layers
+        assert len(launches) == (layers if fused else 0)
+        # outside the blocks, a matmul a token each: R1 at the embedding and before the final norm, a float16 head
+        assert ops.count == 3 * (2 + (not ck.head_nested)) + (0 if fused else layers * (3 + 1)), (fused, ops.count)
+    assert rel(got[True], got[False]) < 1e-2

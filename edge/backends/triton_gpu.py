@@ -15,6 +15,7 @@ import torch
 
 from edge.errors import BitNestError
 from edge.model.checkpoint import HEAD, Checkpoint
+from plugins.decoder_math import hadamard_rows, silu_mul
 from plugins.kernels.tiling import stack_rows, tile_planes
 from plugins.reference import nested_embedding
 
@@ -71,7 +72,9 @@ class TritonBackend:
         self.k.reserve(self.device)                    # the GEMV's split-K counters, before any graph capture
         self.attention_ops = self.k
         from plugins.kernels.gemv_decode import DECODE_MAX_M
+        from plugins.kernels.swiglu import MAX_FACTORS
         self.decode_max_m = DECODE_MAX_M               # the widest pass whose activations the decode GEMV reads
+        self.gated_max_factors = MAX_FACTORS           # the R4 layouts `gated`'s one launch serves
         self._acts = (None, -1, 0, None)               # (x, its version, group size, its decode activations)
 
     def _stack(self, names: tuple) -> None:
@@ -101,6 +104,21 @@ class TritonBackend:
         planes, bias, widths = stack
         y = self.k.dual_plane_linear_tiled(x, planes, view, acts=self._shared_acts(x, planes.g))
         return (y if bias is None else y + bias).split(widths, dim=1)
+
+    def gated(self, names, x: torch.Tensor, view: str, r4_size, r4_factors) -> torch.Tensor:
+        """down_proj's input [M, I]: silu(gate) * up of gate/up's one launch (`linears`), rotated by R4 (the Kronecker
+        product of `r4_factors`; None: none). In a decode pass (M <= 8) one more launch computes it and quantizes it
+        for down_proj (plugins.kernels.swiglu: down_proj's `_shared_acts` finds them), where torch takes ~4 ops a
+        token; a prefill chunk, or a legacy R4 layout of three factors, takes torch's ops."""
+        gate, up = self.linears(names, x, view)
+        down = self.layout.get(names[0].rsplit(".", 1)[0] + ".down_proj")
+        factors = tuple(r4_factors or ())
+        if x.shape[0] > self.decode_max_m or down is None or len(factors) > self.gated_max_factors:
+            g = silu_mul(gate, up)
+            return g if r4_size is None else hadamard_rows(g, r4_size, r4_factors)
+        out, acts = self.k.swiglu_decode(gate, up, factors, down.g)
+        self._acts = (out, out._version, down.g, acts)
+        return out
 
     def rms_norm(self, x: torch.Tensor, name: str, eps: float) -> torch.Tensor:
         """The decoder's RMSNorm [T, H] in one kernel launch (plugins.kernels.decoder_ops), on the float16 weight;

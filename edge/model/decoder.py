@@ -22,9 +22,11 @@ class WeightStore(Protocol):
     """What the decoder reads: every linear goes through `linear` with the current view. A store may also have its
     own kernels for some steps (the triton backend has each): `linears(names, x, view)`, the linears that read x as a
     tuple (one launch for q/k/v, one for gate/up); `linear_add(name, x, view, residual)`, residual + linear (the add
-    in the GEMV's launch); `rms_norm(x, name, eps)` and `rope(q, k, cos, sin)`, one launch each. Without them the
-    decoder calls `linear` per linear and adds (`_linears`, `_linear_add`), applies plugins.decoder_math.rms_norm to
-    `norm(name)` (`_norm`) and `apply_rope` to q and k (`_rope`)."""
+    in the GEMV's launch); `gated(names, x, view, r4_size, r4_factors)`, the MLP's silu(gate) * up with R4 applied
+    (one launch after gate/up's); `rms_norm(x, name, eps)` and `rope(q, k, cos, sin)`, one launch each. Without them
+    the decoder calls `linear` per linear and adds (`_linears`, `_linear_add`), applies plugins.decoder_math's
+    silu_mul and hadamard_rows (`_gated`), its rms_norm to `norm(name)` (`_norm`) and `apply_rope` to q and k
+    (`_rope`)."""
 
     dtype: torch.dtype
     device: Optional[torch.device]                                     # None: the CPU
@@ -71,6 +73,16 @@ def _linear_add(w: WeightStore, name: str, x: torch.Tensor, view: str, residual:
     the GEMV's own launch, the same float32 add), else an add after `linear`."""
     add = getattr(w, "linear_add", None)
     return add(name, x, view, residual) if add is not None else residual + w.linear(name, x, view)
+
+
+def _gated(w: WeightStore, names: tuple, x: torch.Tensor, view: str, rot: OnlineRotations) -> torch.Tensor:
+    """down_proj's input [T, I] from x [T, H]: silu(gate) * up of the linears `names` (gate, up), rotated by R4 where
+    the checkpoint records it: the store's `gated` where it has one (the triton backend's one launch), else torch."""
+    fused = getattr(w, "gated", None)
+    if fused is not None:
+        return fused(names, x, view, rot.r4_size, rot.r4_factors)
+    g = silu_mul(*_linears(w, names, x, view))                                   # [T, I]
+    return g if rot.r4_size is None else hadamard_rows(g, rot.r4_size, rot.r4_factors)   # [T, I] @ H
 
 
 def _norm(w: WeightStore, x: torch.Tensor, name: str, eps: float) -> torch.Tensor:
@@ -131,9 +143,7 @@ class Decoder:
         a = a.transpose(0, 1).reshape(t, cfg.num_heads * cfg.head_dim)  # [T, Hq*D]
         x = _linear_add(w, p + "self_attn.o_proj", a, view, x)                        # x + o_proj(a)
         h = _norm(w, x, p + "post_attention_layernorm", cfg.rms_norm_eps)
-        g = silu_mul(*_linears(w, (p + "mlp.gate_proj", p + "mlp.up_proj"), h, view))       # [T, I]
-        if self.rot.r4_size is not None:
-            g = hadamard_rows(g, self.rot.r4_size, self.rot.r4_factors)   # [T, I] @ H, the recorded factors
+        g = _gated(w, (p + "mlp.gate_proj", p + "mlp.up_proj"), h, view, self.rot)         # [T, I], R4 applied
         return _linear_add(w, p + "mlp.down_proj", g, view, x)                        # x + down_proj(g)
 
     def final_norm(self, x: torch.Tensor) -> torch.Tensor:

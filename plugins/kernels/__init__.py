@@ -1,6 +1,7 @@
-"""Triton kernels of the BitNest ops (docs/contracts.md, ops): the dual-plane GEMV/GEMM (`gemv`), nested-KV flash-decoding and
-its KV write path (`attention`), the decoder's RMSNorm and RoPE in one launch each (`decoder_ops`), ahead-of-time
-compilation for Orin (`aot`) and a self-check (`selfcheck`).
+"""Triton kernels of the BitNest ops (docs/contracts.md, ops): the dual-plane GEMV/GEMM (`gemv`), nested-KV
+flash-decoding and its KV write path (`attention`), the decoder's RMSNorm and RoPE in one launch each (`decoder_ops`),
+SwiGLU with R4 and down_proj's quantization in one (`swiglu`), ahead-of-time compilation for Orin (`aot`) and a
+self-check (`selfcheck`).
 
 Importing this package does not import triton: the launchers below load their module on first call, so CPU-only
 code paths never need it. Set TRITON_INTERPRET=1 before the first call to run the kernels on CPU tensors.
@@ -52,6 +53,14 @@ def rms_norm_decode(x, weight, eps, g):
     (out, (x_q, group sums, s_x)) as `quantize_decode(out, g)` gives them (`plugins.kernels.decoder_ops`)."""
     from plugins.kernels.decoder_ops import rms_norm_decode as launch
     return launch(x, weight, eps, g)
+
+
+def swiglu_decode(gate, up, factors, g):
+    """silu(gate) * up [M <= 8, I] rotated by the Hadamard of `factors` (at most two; () for none) and its
+    decode-layout INT8 activations at group size g, in one launch: (y, (x_q, group sums, s_x))
+    (`plugins.kernels.swiglu`)."""
+    from plugins.kernels.swiglu import swiglu_decode as launch
+    return launch(gate, up, factors, g)
 
 
 def rope(q, k, cos, sin):

@@ -35,7 +35,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from plugins.kernels import attention, decoder_ops, gemv, gemv_decode
+from plugins.kernels import attention, decoder_ops, gemv, gemv_decode, swiglu
 
 JETPACK6_PTX = 85     # PTX ISA 8.5: the newest the CUDA 12.6 driver (JetPack 6.1/6.2) loads
 BUDGETS = {"registers": 128, "spill_bytes": 0, "instructions_per_weight_byte": 4.0}   # decode GEMVs, sm_87
@@ -130,6 +130,17 @@ def _attention(name, d, r):
                       kv_step_bytes=2 * block_s * d // 2)
 
 
+def _swiglu(name, n, factors, m=5, g=128):
+    """The gated product with R4 and down_proj's quantization (`swiglu.swiglu_decode`) for an intermediate size n
+    and the R4 layout its checkpoint records (plugins.hadamard.online_hadamard_factors)."""
+    const = {"M": m, "G": g, "BLOCK_K": 1024, **swiglu.plan(n, factors, g)}
+    del const["ROWS"]                                                   # a run-time argument
+    ptrs = ("gate_ptr", "up_ptr", "h1_ptr", "h2_ptr", "out_ptr", "xq_ptr", "xsum_ptr", "sx_ptr", "count_ptr")
+    sig = dict(zip(ptrs, ("*fp32",) * 5 + ("*i8", "*i32", "*fp32", "*i32"))) | \
+        {"ROWS": "i32", "stride_g": "i32", "stride_u": "i32"} | {k: "constexpr" for k in const}
+    return KernelSpec(name, swiglu.swiglu_decode_kernel, sig, const)
+
+
 def kernel_specs() -> list[KernelSpec]:
     """Every kernel at the decode shapes the runtime launches (group 128, 64 and 32; head dims 64 and 128)."""
     return [
@@ -179,6 +190,9 @@ def kernel_specs() -> list[KernelSpec]:
                     "xsum_ptr": "*i32", "sx_ptr": "*fp32", "H": "i32", "stride_x": "i32",      # the linears after
                     "eps": "fp32", "BLOCK": "constexpr", "M": "constexpr", "G": "constexpr",   # it, one launch
                     "BLOCK_K": "constexpr"}, {"BLOCK": 1024, "M": 5, "G": 128, "BLOCK_K": 1024}),
+        _swiglu("swiglu_r4_344x32", 11008, (344, 32)),       # Llama-2-7B's MLP: SiLU, R4, down's activations
+        _swiglu("swiglu_r4_28x512", 14336, (28, 512)),       # Llama-3-8B's
+        _swiglu("swiglu_r4_140x64", 8960, (140, 64)),        # Qwen2.5-1.5B's
         KernelSpec("rope_d128", decoder_ops.rope_kernel,
                    {"q_ptr": "*fp32", "k_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "qo_ptr": "*fp32",
                     "ko_ptr": "*fp32", "T": "i32", "HQ": "i32", "sq_h": "i32", "sq_t": "i32", "sk_h": "i32",

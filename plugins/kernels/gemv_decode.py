@@ -60,21 +60,22 @@ def _dp4a(a, b, c, INTERP: tl.constexpr):
 
 @triton.jit
 def quantize_decode_row(x_row, xq_ptr, xsum_ptr, sx_ptr, m, K, M: tl.constexpr, G: tl.constexpr,
-                        BLOCK_K: tl.constexpr):
+                        BLOCK_K: tl.constexpr, CACHE: tl.constexpr = ""):
     """Token m's row of K floats at x_row: s_x = max|x|/127 (at least 1e-12), x_q = clip(rne(x/s_x), -127, 127), as
     `gemv.quantize_rows_kernel`, written in the decode layout: column k of chunk c = k // 32 goes to byte
     c*M*32 + m*32 + 4*(4*(k % 2) + (k // 8) % 4) + (k // 2) % 4 (even columns in the chunk's first four words, odd
     ones in the last four), and each group's sum of x_q to xsum[group, m] (int32 [K/G, XSUM_SLOTS], the other
-    slots left as they are). The bits do not depend on BLOCK_K (a max, elementwise codes, exact integer sums)."""
+    slots left as they are). The bits do not depend on BLOCK_K (a max, elementwise codes, exact integer sums). CACHE:
+    the row's loads' cache modifier (`common.row_scale`)."""
     offs = tl.arange(0, BLOCK_K)
-    s = row_scale(x_row, K, BLOCK_K)
+    s = row_scale(x_row, K, BLOCK_K, CACHE)
     tl.store(sx_ptr + m, s)
     n_groups = K // G
     gi = tl.arange(0, BLOCK_K // G)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + offs
         live = k < K
-        v = tl.load(x_row + k, mask=live, other=0.0).to(tl.float32)
+        v = tl.load(x_row + k, mask=live, other=0.0, cache_modifier=CACHE).to(tl.float32)
         q = tl.minimum(tl.maximum(round_half_even(tl.math.div_rn(v, s)), -127.0), 127.0)
         dst = (k // CHUNK_COLS) * (M * 32) + m * 32 + 4 * (4 * (k % 2) + (k // 8) % 4) + (k // 2) % 4
         tl.store(xq_ptr + dst, q.to(tl.int8), mask=live)
