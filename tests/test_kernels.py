@@ -231,6 +231,26 @@ def test_nested_kv_attention_is_batch_invariant(gen, hq, hkv, d, seq, n_queries,
             assert torch.equal(whole[:, t:t + 1], single[t, pos]), (t_all, t)
 
 
+@pytest.mark.parametrize("hq,hkv,d,t,g", [(8, 2, 64, 5, 128), (3, 1, 64, 1, 64), (4, 4, 32, 8, 32)])
+def test_attention_writes_o_projs_activations_bit_for_bit(gen, hq, hkv, d, t, g):
+    """With `quantize`, the chunk reduction's output is the plain launch's, laid token-major (its [T, Hq*D] rows are
+    a view, no copy), and the activations it writes are quantize_decode's of those rows, bit for bit; its counters
+    are zero after it."""
+    from plugins.kernels import nested_kv_attention, quantize_decode
+    from plugins.kernels.gemv import split_counters
+    seq = 150
+    planes = to_dev(*kv_planes(gen, hkv, seq, d))
+    q = torch.randn(hq, t, d, generator=gen).to(DEV)
+    plain = nested_kv_attention(q, *planes, seq, 100)
+    y, acts = nested_kv_attention(q, *planes, seq, 100, quantize=g)
+    assert torch.equal(y, plain)
+    rows = y.transpose(0, 1).reshape(t, hq * d)
+    assert rows.data_ptr() == y.data_ptr() and rows.is_contiguous()
+    want = quantize_decode(rows, g)
+    assert torch.equal(acts[0], want[0]) and torch.equal(acts[2], want[2]) and torch.equal(acts[1][:, :t], want[1][:, :t])
+    assert not split_counters(y.device, 8)[:t].any()
+
+
 @pytest.mark.parametrize("m,h", [(1, 576), (5, 1536), (3, 4096)])
 def test_rms_norm_kernel_matches_the_decoders_norm_and_is_row_invariant(gen, m, h):
     """One launch of plugins.kernels.decoder_ops.rms_norm against plugins.decoder_math.rms_norm in float64 (float32

@@ -5,8 +5,10 @@ over a KV cache that lives on the GPU (the kernels are its declared `attention_o
 The planes move to the GPU in place of the checkpoint's CPU copies and are re-laid there, one linear at a time, in
 the warp-tiled layout the decode GEMV streams (plugins.kernels.tiling; the canonical tensors are released: no second
 copy, docs/contracts.md); a block's q/k/v, and its gate/up, are then stacked so one launch reads each group
-(`linears`), each linear's planes a view of its rows in the stack. With TRITON_INTERPRET=1 and no GPU, the same
-kernels run on CPU tensors in the Triton interpreter: slow, for tests.
+(`linears`), each linear's planes a view of its rows in the stack. In a decode pass every linear's INT8 activations
+come from the launch before it (the norms', attention's reduction's, the gated product's: `share_acts`), so no
+launch only quantizes. With TRITON_INTERPRET=1 and no GPU, the same kernels run on CPU tensors in the Triton
+interpreter: slow, for tests.
 """
 
 import os
@@ -22,6 +24,7 @@ from plugins.reference import nested_embedding
 FINAL_NORM = "model.norm"
 # the linears of a block that read one input, launched as one GEMV over their stacked planes (`linears`)
 STACKED = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("mlp.gate_proj", "mlp.up_proj"))
+O_PROJ = "self_attn.o_proj"           # the linear that reads attention's output
 NORM_READERS = {"input_layernorm": "self_attn.q_proj", "post_attention_layernorm": "mlp.gate_proj"}   # a block's
 # norms and the first linear that reads each one's output
 
@@ -70,7 +73,8 @@ class TritonBackend:
             for group in STACKED:
                 self._stack(tuple(f"model.layers.{layer}.{name}" for name in group))
         self.k.reserve(self.device)                    # the GEMV's split-K counters, before any graph capture
-        self.attention_ops = self.k
+        groups = {planes.g for name, planes in self.layout.items() if name.endswith(O_PROJ)}
+        self.attention_ops = AttentionOps(self, groups.pop() if len(groups) == 1 else None)
         from plugins.kernels.gemv_decode import DECODE_MAX_M
         from plugins.kernels.swiglu import MAX_FACTORS
         self.decode_max_m = DECODE_MAX_M               # the widest pass whose activations the decode GEMV reads
@@ -117,7 +121,7 @@ class TritonBackend:
             g = silu_mul(gate, up)
             return g if r4_size is None else hadamard_rows(g, r4_size, r4_factors)
         out, acts = self.k.swiglu_decode(gate, up, factors, down.g)
-        self._acts = (out, out._version, down.g, acts)
+        self.share_acts(out, down.g, acts)
         return out
 
     def rms_norm(self, x: torch.Tensor, name: str, eps: float) -> torch.Tensor:
@@ -129,7 +133,7 @@ class TritonBackend:
         if x.shape[0] > self.decode_max_m or reader is None:
             return self.k.rms_norm(x.contiguous(), weight, eps)
         out, acts = self.k.rms_norm_decode(x.contiguous(), weight, eps, reader.g)
-        self._acts = (out, out._version, reader.g, acts)
+        self.share_acts(out, reader.g, acts)
         return out
 
     def rope(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -150,10 +154,14 @@ class TritonBackend:
         if x.shape[0] > self.decode_max_m:
             return None
         last, version, group, acts = self._acts
-        if last is not x or version != x._version or group != g:
+        if not _same(last, x) or version != x._version or group != g:
             acts = self.k.quantize_decode(x.contiguous(), g)
             self._acts = (x, x._version, g, acts)
         return acts
+
+    def share_acts(self, x: torch.Tensor, g: int, acts) -> None:
+        """Hand x's decode activations at group size g, made by another launch, to the linear that reads x next."""
+        self._acts = (x, x._version, g, acts)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         ids = ids.to(self.device)
@@ -197,3 +205,48 @@ class TritonBackend:
         t = self.ckpt.tensors
         w = t["model.embed_tokens.weight"] if self.ckpt.config.tie_word_embeddings else t["lm_head.weight"]
         return torch.cat([(r.half() @ w.T).float() for r in x.split(1)])   # row by row: batch invariant
+
+
+def _same(a, b: torch.Tensor) -> bool:
+    """a and b are the same values by construction: one tensor, or views of one memory with one shape and layout (the
+    decoder's [T, Hq*D] view of attention's output is a new tensor object over the same bytes)."""
+    return a is b or (a is not None and a.data_ptr() == b.data_ptr() and a.shape == b.shape and
+                      a.stride() == b.stride() and a.device == b.device)
+
+
+class AttentionOps:
+    """The backend's `attention_ops` (edge.engine.kv_cache.AttentionOps): the kernels' KV writes and nested-KV flash
+    decoding, where in a decode pass (T <= 8) the attention's chunk reduction also writes its output's INT8
+    activations for o_proj (the token's last program quantizes its row: the launch o_proj's quantization took),
+    handed to o_proj through the backend (`share_acts`); `group` None (o_projs of several group sizes) leaves
+    o_proj to quantize its own."""
+
+    def __init__(self, backend: TritonBackend, group):
+        self.backend, self.k, self.group = backend, backend.k, group
+
+    def write_kv(self, k, v, base, refine, scale, pos):
+        return self.k.write_kv(k, v, base, refine, scale, pos)
+
+    def write_kv_at(self, k, v, base, refine, scale, end):
+        return self.k.write_kv_at(k, v, base, refine, scale, end)
+
+    def nested_kv_attention(self, q, base, refine, scale, main_len, kv8_from, scratch=None, scratch_len=0):
+        if not self._fused(q):
+            return self.k.nested_kv_attention(q, base, refine, scale, main_len, kv8_from, scratch, scratch_len)
+        return self._share(*self.k.nested_kv_attention(q, base, refine, scale, main_len, kv8_from, scratch,
+                                                       scratch_len, quantize=self.group))
+
+    def nested_kv_attention_at(self, q, base, refine, scale, main_len, seq_len, kv8_from, scratch=None):
+        if not self._fused(q):
+            return self.k.nested_kv_attention_at(q, base, refine, scale, main_len, seq_len, kv8_from, scratch)
+        return self._share(*self.k.nested_kv_attention_at(q, base, refine, scale, main_len, seq_len, kv8_from,
+                                                          scratch, quantize=self.group))
+
+    def _fused(self, q) -> bool:
+        hq, t, d = q.shape
+        return self.group is not None and t <= self.backend.decode_max_m and (hq * d) % self.group == 0
+
+    def _share(self, y: torch.Tensor, acts) -> torch.Tensor:
+        """y [Hq, T, D] (a token-major buffer's view); its rows [T, Hq*D], the view the decoder hands o_proj."""
+        self.backend.share_acts(y.transpose(0, 1).reshape(y.shape[1], -1), self.group, acts)
+        return y

@@ -76,16 +76,19 @@ def dual_plane_linear_coded(x, base, refine, scale, view_code, offset=None, out=
     return launch(x, base, refine, scale, view_code, offset, out, act)
 
 
-def nested_kv_attention(q, base, refine, scale, main_len, kv8_from, scratch=None, scratch_len=0, out=None):
-    """out float32 [Hq, T, D] over one layer's nested KV planes (see `plugins.kernels.attention`)."""
+def nested_kv_attention(q, base, refine, scale, main_len, kv8_from, scratch=None, scratch_len=0, out=None,
+                        quantize=None):
+    """out float32 [Hq, T, D] over one layer's nested KV planes (see `plugins.kernels.attention`); with `quantize`
+    = g, (out, its [T, Hq*D] rows' decode-layout INT8 activations at group size g) from the same launches."""
     from plugins.kernels.attention import nested_kv_attention as launch
-    return launch(q, base, refine, scale, main_len, kv8_from, scratch, scratch_len, out)
+    return launch(q, base, refine, scale, main_len, kv8_from, scratch, scratch_len, out, quantize)
 
 
-def nested_kv_attention_at(q, base, refine, scale, main_len, seq_len, kv8_from, scratch=None, out=None):
+def nested_kv_attention_at(q, base, refine, scale, main_len, seq_len, kv8_from, scratch=None, out=None,
+                           quantize=None):
     """`nested_kv_attention` with main_len, seq_len and kv8_from in device scalars."""
     from plugins.kernels.attention import nested_kv_attention_at as launch
-    return launch(q, base, refine, scale, main_len, seq_len, kv8_from, scratch, out)
+    return launch(q, base, refine, scale, main_len, seq_len, kv8_from, scratch, out, quantize)
 
 
 def write_kv(k, v, base, refine, scale, pos):

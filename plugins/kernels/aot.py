@@ -141,6 +141,16 @@ def _swiglu(name, n, factors, m=5, g=128):
     return KernelSpec(name, swiglu.swiglu_decode_kernel, sig, const)
 
 
+def _reduce(name, quant, d=128):
+    """Flash decoding's chunk reduction (`attention._attend`), with `quant` also writing o_proj's decode activations
+    (5 queries, group 128: Llama-2-7B's Hq*D of 4096)."""
+    const = {"R": 4, "D": d, "QUANT": quant, "M": 5 if quant else 1, "G": 128 if quant else 1,
+             "BLOCK_K": 1024 if quant else 1}
+    sig = {"m_ws": "*fp32", "l_ws": "*fp32", "acc_ws": "*fp32", "out_ptr": "*fp32", "T": "i32", "n_chunks": "i32",
+           "s_h": "i32", "s_t": "i32", "xq_ptr": "*i8", "xsum_ptr": "*i32", "sx_ptr": "*fp32", "count_ptr": "*i32"}
+    return KernelSpec(name, attention.chunk_reduce_kernel, sig | {k: "constexpr" for k in const}, const)
+
+
 def kernel_specs() -> list[KernelSpec]:
     """Every kernel at the decode shapes the runtime launches (group 128, 64 and 32; head dims 64 and 128)."""
     return [
@@ -179,9 +189,8 @@ def kernel_specs() -> list[KernelSpec]:
         _attention("flash_decode_d128_mha", 128, 1),           # Llama-2-7B
         _attention("flash_decode_d128_gqa4", 128, 4),          # Llama-3-8B
         _attention("flash_decode_d64_gqa3", 64, 3),            # SmolLM2-135M
-        KernelSpec("flash_decode_reduce_d128", attention.chunk_reduce_kernel,
-                   {"m_ws": "*fp32", "l_ws": "*fp32", "acc_ws": "*fp32", "out_ptr": "*fp32", "T": "i32",
-                    "n_chunks": "i32", "R": "constexpr", "D": "constexpr"}, {"R": 4, "D": 128}),
+        _reduce("flash_decode_reduce_d128", False),
+        _reduce("flash_decode_reduce_d128_quantize", True),    # o_proj's activations written by the reduction
         KernelSpec("rms_norm", decoder_ops.rms_norm_kernel,
                    {"x_ptr": "*fp32", "w_ptr": "*fp16", "out_ptr": "*fp32", "H": "i32", "stride_x": "i32",
                     "eps": "fp32", "BLOCK": "constexpr"}, {"BLOCK": 1024}),

@@ -46,6 +46,8 @@ import triton
 import triton.language as tl
 
 from plugins.kernels.common import INTERPRET, interp_dot, round_half_even
+from plugins.kernels.gemv import quantize_decode_buffers, split_counters
+from plugins.kernels.gemv_decode import DECODE_MAX_M, quantize_decode_row
 
 CHUNK = 128          # positions per program (absolute boundaries): 32K context = 256 chunks per KV head
 MAX_ROWS = 64        # query rows (GQA group x queries) per program; larger groups tile over a grid axis
@@ -247,8 +249,14 @@ def flash_decode_kernel(
 
 
 @triton.jit
-def chunk_reduce_kernel(m_ws, l_ws, acc_ws, out_ptr, T, n_chunks, R: tl.constexpr, D: tl.constexpr):
-    """One program per (kv head, row): combine the chunks in index order (deterministic) into out [Hq, T, D].
+def chunk_reduce_kernel(m_ws, l_ws, acc_ws, out_ptr, T, n_chunks, s_h, s_t, xq_ptr, xsum_ptr, sx_ptr, count_ptr,
+                        R: tl.constexpr, D: tl.constexpr, QUANT: tl.constexpr, M: tl.constexpr, G: tl.constexpr,
+                        BLOCK_K: tl.constexpr):
+    """One program per (kv head, row): combine the chunks in index order (deterministic) into out [Hq, T, D] (strides
+    s_h, s_t: the launcher's token-major buffer, or a caller's). With QUANT (out token-major, T = M <= 8), each
+    program counts itself in on its token's counter after a barrier and the token's last (of Hq) quantizes the
+    token's row of Hq*D values into the decode layout at group size G (`quantize_decode_row`, read past L1): o_proj's
+    activations, what `quantize_decode` of the row gives, bit for bit, where a launch of its own made them.
     Bytes: (2 + D) * 4 per chunk and row of partials, D * 4 out: no KV bytes."""
     h = tl.program_id(0)
     row = tl.program_id(1)
@@ -266,7 +274,14 @@ def chunk_reduce_kernel(m_ws, l_ws, acc_ws, out_ptr, T, n_chunks, R: tl.constexp
         den += w * tl.load(l_ws + base + c + one)
         num += w * tl.load(acc_ws + (base + c) * D + d)
     head = h * R + row // T
-    tl.store(out_ptr + (head * T + row % T) * D + d, num / den)
+    t = row % T
+    tl.store(out_ptr + head * s_h + t * s_t + d, num / den)
+    if QUANT:
+        tl.debug_barrier()                # every thread's stores before this program counts itself in
+        hq = tl.num_programs(0) * R
+        if tl.atomic_add(count_ptr + t, 1, sem="acq_rel", scope="gpu") == hq - 1:
+            quantize_decode_row(out_ptr + t * s_t, xq_ptr, xsum_ptr, sx_ptr, t, hq * D, M, G, BLOCK_K, ".cg")
+            tl.atomic_xchg(count_ptr + t, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -319,8 +334,10 @@ def device_scalar(value: int, device) -> torch.Tensor:
     return torch.tensor([value], dtype=torch.int32, device=device)
 
 
-def _attend(q, base, refine, scale, scratch, main_ptr, seq_ptr, kv8_ptr, n_chunks, out):
-    """Check shapes, allocate the chunk workspace and launch (lengths are device scalars)."""
+def _attend(q, base, refine, scale, scratch, main_ptr, seq_ptr, kv8_ptr, n_chunks, out, quantize=None):
+    """Check shapes, allocate the chunk workspace and launch (lengths are device scalars); the output, where the
+    caller gives none, is a token-major buffer's [Hq, T, D] view (so [T, Hq*D] is a view of it, no copy); with
+    `quantize` (a group size; T <= 8) also its rows' decode-layout activations (module docstring)."""
     hq, t, d = q.shape
     hkv = base.shape[1]
     _check_planes(base, refine, scale, d)
@@ -346,32 +363,46 @@ def _attend(q, base, refine, scale, scratch, main_ptr, seq_ptr, kv8_ptr, n_chunk
         HKV=hkv, R=r, D=d, CHUNK=CHUNK, BLOCK_S=block_s_for(d), BLOCK_M=block_m, INTERP=INTERPRET,
         num_warps=warps_for(d, r), num_stages=STAGES, maxnreg=MAXNREG, enable_fp_fusion=False,
     )
-    y = out if out is not None else torch.empty(hq, t, d, dtype=torch.float32, device=dev)
-    chunk_reduce_kernel[(hkv, r * t)](m_ws, l_ws, acc_ws, y, t, n_chunks, R=r, D=d, enable_fp_fusion=False)
-    return y
+    y = out if out is not None else torch.empty(t, hq, d, dtype=torch.float32, device=dev).transpose(0, 1)
+    if quantize is None:
+        chunk_reduce_kernel[(hkv, r * t)](m_ws, l_ws, acc_ws, y, t, n_chunks, y.stride(0), y.stride(1), y, y, y, y,
+                                          R=r, D=d, QUANT=False, M=1, G=1, BLOCK_K=1, enable_fp_fusion=False)
+        return y
+    if out is not None or t > DECODE_MAX_M or (hq * d) % quantize:
+        raise ValueError(f"attention's fused quantization serves T <= {DECODE_MAX_M} queries into its own output "
+                         f"with Hq*D a multiple of the group ({t} queries, Hq*D {hq * d}, group {quantize})")
+    acts = quantize_decode_buffers(t, hq * d, quantize, dev)
+    chunk_reduce_kernel[(hkv, r * t)](m_ws, l_ws, acc_ws, y, t, n_chunks, y.stride(0), y.stride(1),
+                                      acts[0].view(torch.int8), acts[1], acts[2], split_counters(dev, t), R=r, D=d,
+                                      QUANT=True, M=t, G=quantize, BLOCK_K=max(quantize, min(1024, triton.next_power_of_2(hq * d))),
+                                      enable_fp_fusion=False)
+    return y, acts
 
 
 def nested_kv_attention(q: torch.Tensor, base: torch.Tensor, refine: torch.Tensor, scale: torch.Tensor,
-                        main_len: int, kv8_from: int, scratch=None, scratch_len: int = 0, out=None) -> torch.Tensor:
-    """out float32 [Hq, T, D]: the semantics of `plugins.reference.nested_kv_attention` (see the module docstring)."""
+                        main_len: int, kv8_from: int, scratch=None, scratch_len: int = 0, out=None, quantize=None):
+    """out float32 [Hq, T, D]: the semantics of `plugins.reference.nested_kv_attention` (see the module docstring);
+    with `quantize` = g, (out, its [T, Hq*D] rows' decode-layout INT8 activations at group size g) from the same
+    launches (`chunk_reduce_kernel`)."""
     t = q.shape[1]
     seq = main_len + scratch_len
     scap = scratch[0].shape[2] if scratch is not None else 0
     if not 0 < t <= seq or main_len > base.shape[2] or scratch_len > scap:
         raise ValueError(f"{t} queries over {main_len} + {scratch_len} positions do not fit the planes")
     lens = torch.tensor([main_len, seq, kv8_from], dtype=torch.int32, device=q.device)
-    return _attend(q, base, refine, scale, scratch, lens[0:], lens[1:], lens[2:], triton.cdiv(seq, CHUNK), out)
+    return _attend(q, base, refine, scale, scratch, lens[0:], lens[1:], lens[2:], triton.cdiv(seq, CHUNK), out,
+                   quantize)
 
 
 def nested_kv_attention_at(q: torch.Tensor, base: torch.Tensor, refine: torch.Tensor, scale: torch.Tensor,
                            main_len: torch.Tensor, seq_len: torch.Tensor, kv8_from: torch.Tensor, scratch=None,
-                           out=None) -> torch.Tensor:
+                           out=None, quantize=None):
     """`nested_kv_attention` with its lengths in device scalars (int32 or int64, read by the kernel, clamped): the
     grid covers every position of the planes (and scratch), so one launch serves any lengths (CUDA graphs,
     TensorRT plugins). seq_len counts main positions plus scratch slots; main_len may be the same tensor."""
     scap = scratch[0].shape[2] if scratch is not None else 0
     return _attend(q, base, refine, scale, scratch, main_len, seq_len, kv8_from,
-                   triton.cdiv(base.shape[2] + scap, CHUNK), out)
+                   triton.cdiv(base.shape[2] + scap, CHUNK), out, quantize)
 
 
 def write_kv_at(k: torch.Tensor, v: torch.Tensor, base: torch.Tensor, refine: torch.Tensor, scale: torch.Tensor,
