@@ -213,3 +213,16 @@ def test_a_blocks_gated_product_is_one_launch_after_gate_up(small_llama_checkpoi
         # outside the blocks, a matmul a token each: R1 at the embedding and before the final norm, a float16 head
         assert ops.count == 3 * (2 + (not ck.head_nested)) + (0 if fused else layers * (3 + 1)), (fused, ops.count)
     assert rel(got[True], got[False]) < 1e-2
+
+
+def test_the_decoder_rotates_by_the_r1_its_backend_moved(small_llama_checkpoint):
+    """A GPU backend moves R1 with the checkpoint's tensors; the engine's decoder must rotate by that copy, not the
+    manifest's CPU one (a 64 MB host-to-device copy a pass at 7B, and no CUDA graph capture): here the move is
+    stood in for by a clone in the store, which the eager and the static engines both use."""
+    from edge.backends import make_engine
+    from edge.model.checkpoint import R1_TENSOR
+    for static in (False, True):
+        ck = load_checkpoint(small_llama_checkpoint)
+        moved = ck.tensors[R1_TENSOR] = ck.tensors[R1_TENSOR].clone()
+        eng = make_engine("triton", ck, 64) if static else PassEngine(ck, make_backend("triton", ck), 64)
+        assert ck.rotations.r1 is not moved and eng.decoder.rot.r1 is moved, static

@@ -6,14 +6,12 @@ kernel launches a 135M model's pass holds (launch-bound on any GPU, more so on a
 compute-bound, of varying width) run the same static form without a graph. Without a GPU (the Triton interpreter)
 the static form runs eagerly: the code a graph captures is the code the tests run here."""
 
-from dataclasses import replace
-
 import torch
 
 from edge.engine import MAX_PROPOSALS
 from edge.engine.interface import PassEngine
-from edge.model.checkpoint import R1_TENSOR, Checkpoint
-from edge.model.decoder import Decoder, rope_tables
+from edge.model.checkpoint import Checkpoint
+from edge.model.decoder import rope_tables
 
 # passes up to this wide are captured (a draft token, γ + 1 <= 16 verified); wider ones run eagerly
 GRAPH_MAX_TOKENS = MAX_PROPOSALS
@@ -43,11 +41,7 @@ class GraphedEngine(PassEngine):
     def __init__(self, ckpt: Checkpoint, backend, capacity: int, scratch: int = 8, prefill_chunk: int = 256,
                  graphs: bool | None = None):
         super().__init__(ckpt, backend, capacity, scratch=scratch, prefill_chunk=prefill_chunk)
-        dev = backend.device
-        rot = ckpt.rotations
-        r1 = ckpt.tensors.get(R1_TENSOR) if rot.r1 is not None else None        # the backend moved it to `dev`
-        self.decoder = Decoder(ckpt.config, backend, replace(rot, r1=r1), ckpt.draft_head,
-                               ckpt.shortlist_k, ckpt.draft_vocab)
+        dev = backend.device                    # (the decoder's R1 is the copy the backend moved there: PassEngine)
         cos, sin = rope_tables(ckpt.config, torch.arange(capacity + scratch), torch.float32)   # [P, D]
         self.cos, self.sin = cos.to(dev), sin.to(dev)
         width = max(self.prefill_chunk, GRAPH_MAX_TOKENS)

@@ -4,6 +4,7 @@ PyTorch-pass engine that runs the decoder op by op over a backend's linear and a
 
 import time
 from abc import ABC, abstractmethod
+from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 import torch
@@ -19,8 +20,8 @@ from edge.engine.kv_cache import (
 )
 from edge.engine.stats import DecodeStats, embedding_row_bytes, head_row_bytes_per_token, weight_bytes_per_pass
 from edge.errors import BitNestError
-from edge.model.checkpoint import Checkpoint
-from edge.model.decoder import Decoder, WeightStore
+from edge.model.checkpoint import R1_TENSOR, Checkpoint
+from edge.model.decoder import Decoder, OnlineRotations, WeightStore
 from plugins.contracts import DRAFT, TARGET, check_view
 
 if TYPE_CHECKING:
@@ -173,6 +174,14 @@ class PassBackend(WeightStore, Protocol):
     attention_ops: Optional[AttentionOps]      # kernels over the nested planes, or None for dequantize + SDPA
 
 
+def _rotations(ckpt: Checkpoint) -> OnlineRotations:
+    """The checkpoint's online rotations with R1 the tensor its store holds now: a GPU backend moved it with the other
+    tensors, and the manifest's CPU copy would cost a host-to-device copy of [H, H] float32 at every pass (64 MB at
+    7B) and refuse a CUDA graph's capture."""
+    rot, r1 = ckpt.rotations, ckpt.tensors.get(R1_TENSOR)
+    return rot if rot.r1 is None or r1 is None else replace(rot, r1=r1)
+
+
 class PassEngine(Engine):
     """The decoder run op by op in PyTorch over a backend (`torch`, `cpu`, `triton`): the backend's linears
     read the nested planes, its declared attention ops (or dequantize + SDPA) read the nested KV cache."""
@@ -186,7 +195,7 @@ class PassEngine(Engine):
         self.check_elastic(max(self.prefill_chunk, scratch + 1))
         cfg = ckpt.config
         self.backend = backend
-        self.decoder = Decoder(cfg, backend, ckpt.rotations, ckpt.draft_head, ckpt.shortlist_k, ckpt.draft_vocab)
+        self.decoder = Decoder(cfg, backend, _rotations(ckpt), ckpt.draft_head, ckpt.shortlist_k, ckpt.draft_vocab)
         self.cache = NestedKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, capacity, scratch,
                                    device=backend.device, ops=backend.attention_ops, elastic=elastic)
 

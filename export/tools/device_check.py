@@ -1,6 +1,7 @@
 """The checks of one CUDA machine in one run (scripts/device_check.sh, <= 240 s by default, no network): the
 checkpoint cannot travel, so random-plane checkpoints of the default model's shapes (and Llama-2-7B's, opt-in with
---with-7b) are built on the GPU (edge.memory.synthetic); the export's GPTQ on CUDA is opt-in too (--with-gptq). It
+--with-7b) are built on the GPU (edge.memory.synthetic), with a default export's online rotations (R1, R4:
+PASS_CHECKPOINT); the export's GPTQ on CUDA is opt-in too (--with-gptq). It
 writes one JSON object, from which `--table` prints the docs table.
 
     python -m export.tools.device_check --out FILE.json [--dry] [--repeats N] [--with-7b] [--with-gptq] [--sections a,b]
@@ -229,9 +230,14 @@ def step_bandwidth(result: dict, opts: DeviceCheckOptions) -> dict:
     return out
 
 
+PASS_CHECKPOINT = ("random planes at the model's shapes, with the online rotations a default export records (R1 [H, H] "
+                   "at the embedding and before the head, R4 of the online rule's factors before down_proj)")
+
+
 def _checkpoint(cfg, dev: str):
-    from edge.memory.synthetic import synthetic_checkpoint
-    return synthetic_checkpoint(cfg, device=dev, seed=1)
+    """PASS_CHECKPOINT of `cfg` on `dev`: a pass costs what a default export's does."""
+    from edge.memory.synthetic import synthetic_checkpoint, with_online_rotations
+    return with_online_rotations(synthetic_checkpoint(cfg, device=dev, seed=1))
 
 
 def lossless(opts: DeviceCheckOptions, dev: str) -> dict:
@@ -358,7 +364,7 @@ def run_device_check(opts: DeviceCheckOptions, out: Path | None = None) -> dict:
     if opts.dry and os.environ.get("TRITON_INTERPRET") != "1":
         raise BitNestError("--dry runs the kernels in the Triton interpreter: set TRITON_INTERPRET=1 before Python starts")
     dev = "cpu" if opts.dry else "cuda"
-    result = {"dry": opts.dry, "complete": False, "environment": environment()}
+    result = {"dry": opts.dry, "complete": False, "environment": environment(), "pass_checkpoint": PASS_CHECKPOINT}
     if not opts.dry and not opts.skip_7b:
         reason = seven_b_skip_reason(torch.cuda.get_device_properties(0).total_memory)
         if reason:
