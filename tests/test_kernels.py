@@ -279,6 +279,22 @@ def test_rms_norm_decode_gives_the_norm_and_its_quantization_bit_for_bit(gen, m,
     assert torch.equal(acts[1][:, :m], want[1][:, :m])          # the slots past M are never written nor read
 
 
+@pytest.mark.parametrize("h", [200, 896])
+def test_rotate_decode_is_the_rotation_and_its_rows_do_not_depend_on_m(gen, h):
+    """x @ r and x @ r^T in one launch within float32 rounding of the float64 product (a transpose read wrong, or
+    columns past a partial tile, fail by order 1), and a token's row alone is the bits it is among eight."""
+    from plugins.hadamard import random_orthogonal
+    from plugins.kernels import rotate_decode
+    r = random_orthogonal(h, int(torch.randint(0, 1000, (1,), generator=gen))).float()
+    x = torch.randn(8, h, generator=gen) * 3
+    for transpose in (False, True):
+        got = rotate_decode(x.to(DEV), r.to(DEV), transpose)
+        assert rel_err(got, x.double() @ (r.double().T if transpose else r.double())) < 1e-6, transpose
+        for i in (0, 5):
+            assert torch.equal(rotate_decode(x[i:i + 1].to(DEV), r.to(DEV), transpose)[0], got[i]), (transpose, i)
+        assert torch.equal(rotate_decode(x[:5].to(DEV), r.to(DEV), transpose), got[:5]), transpose
+
+
 def test_rope_kernel_is_the_decoders_rope_bit_for_bit(gen):
     """q and k rotated in one launch, from the strided views the decoder passes (heads split out of a linear's
     output), equal `apply_rope`'s float32 result exactly (the same unfused operations in the same order)."""

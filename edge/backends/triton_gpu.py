@@ -17,7 +17,7 @@ import torch
 
 from edge.errors import BitNestError
 from edge.model.checkpoint import HEAD, Checkpoint
-from plugins.decoder_math import hadamard_rows, silu_mul
+from plugins.decoder_math import hadamard_rows, rotate_rows, silu_mul
 from plugins.kernels.tiling import stack_rows, tile_planes
 from plugins.reference import nested_embedding
 
@@ -135,6 +135,14 @@ class TritonBackend:
         out, acts = self.k.rms_norm_decode(x.contiguous(), weight, eps, reader.g)
         self.share_acts(out, reader.g, acts)
         return out
+
+    def rotate(self, x: torch.Tensor, r: torch.Tensor, transpose: bool = False) -> torch.Tensor:
+        """An online rotation (R1) of x [T, H], x @ r or @ r^T: in a decode pass one launch that reads r once for every
+        token (plugins.kernels.decoder_ops.rotate_decode, each row's bits independent of T), where torch's row-wise
+        form reads the [H, H] matrix once a token; a prefill chunk takes torch's."""
+        if x.shape[0] > self.decode_max_m or r.dtype != torch.float32 or r.device != x.device:
+            return rotate_rows(x, r, transpose)
+        return self.k.rotate_decode(x, r, transpose)
 
     def rope(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """q, k rotated by position in one kernel launch (plugins.kernels.decoder_ops), bit for bit apply_rope's."""

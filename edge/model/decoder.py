@@ -23,10 +23,10 @@ class WeightStore(Protocol):
     own kernels for some steps (the triton backend has each): `linears(names, x, view)`, the linears that read x as a
     tuple (one launch for q/k/v, one for gate/up); `linear_add(name, x, view, residual)`, residual + linear (the add
     in the GEMV's launch); `gated(names, x, view, r4_size, r4_factors)`, the MLP's silu(gate) * up with R4 applied
-    (one launch after gate/up's); `rms_norm(x, name, eps)` and `rope(q, k, cos, sin)`, one launch each. Without them
-    the decoder calls `linear` per linear and adds (`_linears`, `_linear_add`), applies plugins.decoder_math's
-    silu_mul and hadamard_rows (`_gated`), its rms_norm to `norm(name)` (`_norm`) and `apply_rope` to q and k
-    (`_rope`)."""
+    (one launch after gate/up's); `rotate(x, r, transpose)`, an online rotation (R1); `rms_norm(x, name, eps)` and
+    `rope(q, k, cos, sin)`, one launch each. Without them the decoder calls `linear` per linear and adds (`_linears`,
+    `_linear_add`), applies plugins.decoder_math's silu_mul and hadamard_rows (`_gated`), rotate_rows (`_rotate`),
+    its rms_norm to `norm(name)` (`_norm`) and `apply_rope` to q and k (`_rope`)."""
 
     dtype: torch.dtype
     device: Optional[torch.device]                                     # None: the CPU
@@ -85,6 +85,12 @@ def _gated(w: WeightStore, names: tuple, x: torch.Tensor, view: str, rot: Online
     return g if rot.r4_size is None else hadamard_rows(g, rot.r4_size, rot.r4_factors)   # [T, I] @ H
 
 
+def _rotate(w: WeightStore, x: torch.Tensor, r: torch.Tensor, transpose: bool = False) -> torch.Tensor:
+    """x [T, H] @ r (or @ r^T): the store's `rotate` where it has one, else torch's row-wise matmuls."""
+    fused = getattr(w, "rotate", None)
+    return fused(x, r, transpose) if fused is not None else rotate_rows(x, r, transpose)
+
+
 def _norm(w: WeightStore, x: torch.Tensor, name: str, eps: float) -> torch.Tensor:
     """RMSNorm of x [T, H] by the store's weight `name`: the store's own kernel where it has one."""
     fused = getattr(w, "rms_norm", None)
@@ -125,7 +131,7 @@ class Decoder:
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.weights.embed(ids)                                   # [T, H]
         if self.rot.r1 is not None:
-            x = rotate_rows(x, self.rot.r1)                           # into the rotated residual basis
+            x = _rotate(self.weights, x, self.rot.r1)                 # into the rotated residual basis
         return x
 
     def block(self, layer: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, view: str,
@@ -149,7 +155,7 @@ class Decoder:
     def final_norm(self, x: torch.Tensor) -> torch.Tensor:
         """Residual [T, H] -> the head's input [T, H]: R1 undone, then the final norm."""
         if self.rot.r1 is not None:
-            x = rotate_rows(x, self.rot.r1, transpose=True)           # back to the original basis
+            x = _rotate(self.weights, x, self.rot.r1, transpose=True)  # back to the original basis
         return _norm(self.weights, x, "model.norm", self.cfg.rms_norm_eps)
 
     def final(self, x: torch.Tensor, view: str) -> torch.Tensor:

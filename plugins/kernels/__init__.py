@@ -55,6 +55,13 @@ def rms_norm_decode(x, weight, eps, g):
     return launch(x, weight, eps, g)
 
 
+def rotate_decode(x, r, transpose=False):
+    """x [M <= 8, H] @ r (or @ r^T), r [H, H] float32 read once for every token, each row's bits independent of M
+    (`plugins.kernels.decoder_ops`)."""
+    from plugins.kernels.decoder_ops import rotate_decode as launch
+    return launch(x, r, transpose)
+
+
 def swiglu_decode(gate, up, factors, g):
     """silu(gate) * up [M <= 8, I] rotated by the Hadamard of `factors` (at most two; () for none) and its
     decode-layout INT8 activations at group size g, in one launch: (y, (x_q, group sums, s_x))

@@ -202,6 +202,10 @@ def kernel_specs() -> list[KernelSpec]:
         _swiglu("swiglu_r4_344x32", 11008, (344, 32)),       # Llama-2-7B's MLP: SiLU, R4, down's activations
         _swiglu("swiglu_r4_28x512", 14336, (28, 512)),       # Llama-3-8B's
         _swiglu("swiglu_r4_140x64", 8960, (140, 64)),        # Qwen2.5-1.5B's
+        KernelSpec("rotate_decode_t", decoder_ops.rotate_decode_kernel,             # R1 undone before the final
+                   {"x_ptr": "*fp32", "r_ptr": "*fp32", "out_ptr": "*fp32", "M": "i32", "H": "i32",   # norm, every
+                    "TRANS": "constexpr", "MP": "constexpr", "BN": "constexpr", "BK": "constexpr"},    # token a read
+                   {"TRANS": True, "MP": 8, "BN": decoder_ops.ROTATE_BN, "BK": decoder_ops.ROTATE_BK}),
         KernelSpec("rope_d128", decoder_ops.rope_kernel,
                    {"q_ptr": "*fp32", "k_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "qo_ptr": "*fp32",
                     "ko_ptr": "*fp32", "T": "i32", "HQ": "i32", "sq_h": "i32", "sq_t": "i32", "sk_h": "i32",

@@ -4,6 +4,11 @@ step: a decode pass is bound by its launches on a large GPU once the GEMV stream
   where the norm and the quantization for the linears after it took two): `plugins.decoder_math.rms_norm`'s semantics in float32, y = x * rsqrt(mean(x^2) + eps) * w, where
   torch's form takes six launches (pow, mean, add, rsqrt, mul, mul) and the float16 weight's cast a seventh. Each
   row is its own program, reduced in a fixed order: a row's result does not depend on the other rows.
+- `rotate_decode`: an online rotation (R1) of a decode pass's rows, x [M <= 8, H] @ r or @ r^T, r read once for
+  all M tokens where torch's batch-invariant form (`plugins.decoder_math.rotate_rows`, a matmul a token) reads the
+  [H, H] float32 matrix once per token (64 MB at 7B: 5 reads at a 5-token verification pass, twice a pass). The
+  kernel's shapes do not depend on M (the token tile is always DECODE_MAX_M rows, masked), so a row's sums run in one
+  order at any M: a verification pass rotates each token as a single-token step does, bit for bit.
 - `rope`: `edge.model.decoder.apply_rope` of q and k together (rotate-half, HF Llama's convention), where torch's
   form takes ten (neg, cat, mul, mul, add, for each); the same float32 operations in the same order, unfused, so
   the same bits.
@@ -76,6 +81,45 @@ def rms_norm_decode(x: torch.Tensor, weight: torch.Tensor, eps: float, g: int) -
                                  BLOCK=min(1024, triton.next_power_of_2(h)), M=m, G=g,
                                  BLOCK_K=max(g, min(1024, triton.next_power_of_2(h))), enable_fp_fusion=False)
     return out, (xq, xsum, sx)
+
+
+ROTATE_BN, ROTATE_BK = 32, 8      # a program's output columns and its k step: [8, 8, 32] products, 16 a thread
+
+
+@triton.jit(do_not_specialize=["M"])
+def rotate_decode_kernel(x_ptr, r_ptr, out_ptr, M, H, TRANS: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr,
+                         BK: tl.constexpr):
+    """One program per BN output columns of y [M, H] = x [M, H] @ r [H, H] (TRANS: @ r^T), every token against one
+    read of those columns of r. The token tile is MP rows whatever M (masked past M; M not specialized), so each
+    output's sum has one order: BK-wide tree sums added in k order."""
+    n = tl.program_id(0) * BN + tl.arange(0, BN)
+    m = tl.arange(0, MP)
+    kk = tl.arange(0, BK)
+    acc = tl.zeros([MP, BN], tl.float32)
+    for k0 in range(0, H, BK):
+        k = k0 + kk
+        xv = tl.load(x_ptr + m[:, None] * H + k[None, :], mask=(m[:, None] < M) & (k[None, :] < H), other=0.0)
+        live = (k[:, None] < H) & (n[None, :] < H)
+        if TRANS:
+            rv = tl.load(r_ptr + n[None, :] * H + k[:, None], mask=live, other=0.0)       # [BK, BN]: r[n, k]
+        else:
+            rv = tl.load(r_ptr + k[:, None] * H + n[None, :], mask=live, other=0.0)       # [BK, BN]: r[k, n]
+        acc += tl.sum(xv[:, :, None] * rv[None, :, :], axis=1)                           # [MP, BN]
+    tl.store(out_ptr + m[:, None] * H + n[None, :], acc, mask=(m[:, None] < M) & (n[None, :] < H))
+
+
+def rotate_decode(x: torch.Tensor, r: torch.Tensor, transpose: bool = False) -> torch.Tensor:
+    """x float32 [M <= DECODE_MAX_M, H] @ r (or @ r^T) for r float32 [H, H] -> float32 [M, H], each row the same bits
+    whatever M (module docstring)."""
+    m, h = x.shape
+    if r.shape != (h, h) or x.dtype != torch.float32 or r.dtype != torch.float32 or m > DECODE_MAX_M:
+        raise ValueError(f"rotate_decode: x {tuple(x.shape)} {x.dtype} and r {tuple(r.shape)} {r.dtype} do not fit "
+                         f"(float32 [M <= {DECODE_MAX_M}, H] and [H, H])")
+    out = torch.empty(m, h, dtype=torch.float32, device=x.device)
+    rotate_decode_kernel[(triton.cdiv(h, ROTATE_BN),)](x.contiguous(), r.contiguous(), out, m, h, TRANS=transpose,
+                                                       MP=DECODE_MAX_M, BN=ROTATE_BN, BK=ROTATE_BK,
+                                                       enable_fp_fusion=False)
+    return out
 
 
 @triton.jit
