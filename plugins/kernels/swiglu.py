@@ -30,7 +30,10 @@ from plugins.hadamard import check_factors, factor_on
 from plugins.kernels.gemv import quantize_decode_buffers, split_counters
 from plugins.kernels.gemv_decode import DECODE_MAX_M, quantize_decode_row
 
-TILE = 4096          # floats of a program's broadcast product per step (its registers: 32 a thread at 4 warps)
+TILE = 8192          # floats of a program's broadcast product per step of its dense-factor loop (few steps: each
+#                      waits on L2 for its block of gate/up rows)
+LOAD = 4096          # floats of gate (and of up) a step loads
+ROW_FLOATS = 256     # floats of the result a program owns (C rows of p): more programs at the small factors
 MAX_FACTORS = 2      # R4 layouts served: none, (p,), (h, p)
 
 
@@ -89,9 +92,10 @@ def plan(n: int, factors, g: int) -> dict:
         raise ValueError(f"swiglu_decode serves R4 layouts of at most {MAX_FACTORS} factors, not {list(factors)}")
     p = factors[-1] if factors else g
     p_pad = triton.next_power_of_2(p)
-    c = max(1, min(triton.next_power_of_2(n // p), 512 // p_pad))                 # rows a program computes
-    return {"ROWS": n // p, "P": p, "P_PAD": p_pad, "C": c, "KB": max(1, TILE // (c * p_pad)),
-            "JB": max(1, min(p_pad, TILE // (c * p_pad))), "DENSE1": len(factors) == 2, "DENSE2": len(factors) >= 1}
+    rows_pad = triton.next_power_of_2(n // p)
+    c = max(1, min(rows_pad, ROW_FLOATS // p_pad))                                # rows a program computes
+    return {"ROWS": n // p, "P": p, "P_PAD": p_pad, "C": c, "KB": max(1, min(rows_pad, TILE // (c * p_pad), LOAD // p_pad)),
+            "JB": max(1, min(p_pad, 4096 // (c * p_pad))), "DENSE1": len(factors) == 2, "DENSE2": len(factors) >= 1}
 
 
 def swiglu_decode(gate: torch.Tensor, up: torch.Tensor, factors, g: int) -> tuple:
