@@ -55,8 +55,8 @@ from edge.phase_clock import read_phases
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP = ROOT / "scripts" / "results" / "sweep-bitnest.json"    # the real model's speculation sweep (README)
-KERNEL_TESTS = ("tests/test_kernels.py", "tests/test_tiled_gemv.py")   # the kernels' unit tests, on the GPU in a
-# real run (test_kernels.py took 16 s on an H200)
+# the kernels' unit tests, on the GPU in a real run (test_kernels.py took 16 s on an H200)
+KERNEL_TESTS = ("tests/test_kernels.py", "tests/test_tiled_gemv.py", "tests/test_swiglu_kernel.py")
 KERNEL_TESTS_DRY = ("tests/test_kernels.py::test_dual_plane_linear_rejects_bad_shapes",)
 OPT_IN = {"gptq": "--with-gptq"}   # sections that run only when asked, past the default run's 240 s
 # Seconds per section: the first five's sum (230) stays under scripts/device_check.sh's timeout of the whole run
