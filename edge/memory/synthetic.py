@@ -69,9 +69,9 @@ R4_LAYOUTS = ("online", "legacy", "none")   # R4 of a synthetic checkpoint: the 
 def with_online_rotations(ckpt: Checkpoint, r4: str = "online", seed: int = 0) -> Checkpoint:
     """`ckpt` (random planes, on any device: R1 is made on the CPU and a backend moves it with the tensors) with the
     online rotations a default export (`--rotation r1r2r4`) records: a random orthogonal R1 [H, H] float32 (applied
-    at the embedding and undone before the head) and R4 of the intermediate size with the online rule's factors (plugins.hadamard.online_hadamard_factors; `legacy`: the legacy
-    rule's, as checkpoints exported before issue 34 record them; `none`: no R4), so a pass costs what a real
-    export's does. The weights are random either way."""
+    at the embedding and undone before the head) and R4 of the intermediate size with the online rule's factors
+    (plugins.hadamard.online_hadamard_factors; `legacy`: the legacy rule's, as checkpoints exported before issue 34
+    record them; `none`: no R4), so a pass costs what a real export's does. The weights are random either way."""
     from dataclasses import replace
 
     from edge.model.checkpoint import R1_TENSOR

@@ -374,7 +374,8 @@ def _attend(q, base, refine, scale, scratch, main_ptr, seq_ptr, kv8_ptr, n_chunk
     acts = quantize_decode_buffers(t, hq * d, quantize, dev)
     chunk_reduce_kernel[(hkv, r * t)](m_ws, l_ws, acc_ws, y, t, n_chunks, y.stride(0), y.stride(1),
                                       acts[0].view(torch.int8), acts[1], acts[2], split_counters(dev, t), R=r, D=d,
-                                      QUANT=True, M=t, G=quantize, BLOCK_K=max(quantize, min(1024, triton.next_power_of_2(hq * d))),
+                                      QUANT=True, M=t, G=quantize,
+                                      BLOCK_K=max(quantize, min(1024, triton.next_power_of_2(hq * d))),
                                       enable_fp_fusion=False)
     return y, acts
 

@@ -94,8 +94,9 @@ def plan(n: int, factors, g: int) -> dict:
     p_pad = triton.next_power_of_2(p)
     rows_pad = triton.next_power_of_2(n // p)
     c = max(1, min(rows_pad, ROW_FLOATS // p_pad))                                # rows a program computes
-    return {"ROWS": n // p, "P": p, "P_PAD": p_pad, "C": c, "KB": max(1, min(rows_pad, TILE // (c * p_pad), LOAD // p_pad)),
-            "JB": max(1, min(p_pad, 4096 // (c * p_pad))), "DENSE1": len(factors) == 2, "DENSE2": len(factors) >= 1}
+    kb = max(1, min(rows_pad, TILE // (c * p_pad), LOAD // p_pad))                # rows of gate/up a step reads
+    return {"ROWS": n // p, "P": p, "P_PAD": p_pad, "C": c, "KB": kb,
+            "JB": max(1, min(p_pad, LOAD // (c * p_pad))), "DENSE1": len(factors) == 2, "DENSE2": len(factors) >= 1}
 
 
 def swiglu_decode(gate: torch.Tensor, up: torch.Tensor, factors, g: int) -> tuple:
