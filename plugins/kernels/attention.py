@@ -280,7 +280,7 @@ def chunk_reduce_kernel(m_ws, l_ws, acc_ws, out_ptr, T, n_chunks, s_h, s_t, xq_p
         tl.debug_barrier()                # every thread's stores before this program counts itself in
         hq = tl.num_programs(0) * R
         if tl.atomic_add(count_ptr + t, 1, sem="acq_rel", scope="gpu") == hq - 1:
-            quantize_decode_row(out_ptr + t * s_t, xq_ptr, xsum_ptr, sx_ptr, t, hq * D, M, G, BLOCK_K, ".cg")
+            quantize_decode_row(out_ptr + t * s_t, xq_ptr, xsum_ptr, sx_ptr, t, hq * D, M, G, BLOCK_K, True)
             tl.atomic_xchg(count_ptr + t, 0, sem="relaxed", scope="gpu")
 
 

@@ -49,12 +49,21 @@ def interp_dot(a, b):
 
 
 @triton.jit
-def row_scale(x_ptr, K, BLOCK_K: tl.constexpr, CACHE: tl.constexpr = ""):
-    """s_x = max|x|/127 (at least 1e-12) of the row of K floats at x_ptr: per-token INT8 activations' scale (CACHE:
-    the loads' cache modifier, ".cg" for a row other programs of the launch wrote)."""
+def load_row(ptr, mask, CG: tl.constexpr):
+    """tl.load(ptr, mask, other=0) as float32; read past L1 (.cg) where CG, for values other programs of the launch
+    wrote (an SM's L1 may hold stale lines of them)."""
+    if CG:
+        return tl.load(ptr, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    return tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def row_scale(x_ptr, K, BLOCK_K: tl.constexpr, CG: tl.constexpr):
+    """s_x = max|x|/127 (at least 1e-12) of the row of K floats at x_ptr: per-token INT8 activations' scale (CG:
+    `load_row`'s)."""
     offs = tl.arange(0, BLOCK_K)
     amax = tl.zeros([BLOCK_K], tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        v = tl.load(x_ptr + k0 + offs, mask=k0 + offs < K, other=0.0, cache_modifier=CACHE).to(tl.float32)
+        v = load_row(x_ptr + k0 + offs, k0 + offs < K, CG)
         amax = tl.maximum(amax, tl.abs(v))
     return tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), 127.0), 1e-12)

@@ -37,7 +37,8 @@ def rms_norm_decode_kernel(x_ptr, w_ptr, out_ptr, xq_ptr, xsum_ptr, sx_ptr, H, s
     linears that read the normed row would otherwise make, the same bits."""
     _rms_norm_row(x_ptr, w_ptr, out_ptr, H, stride_x, eps, BLOCK)
     tl.debug_barrier()                   # every thread's stores of the row before any thread reads it back
-    quantize_decode_row(out_ptr + tl.program_id(0) * H, xq_ptr, xsum_ptr, sx_ptr, tl.program_id(0), H, M, G, BLOCK_K)
+    quantize_decode_row(out_ptr + tl.program_id(0) * H, xq_ptr, xsum_ptr, sx_ptr, tl.program_id(0), H, M, G, BLOCK_K,
+                        False)
 
 
 @triton.jit

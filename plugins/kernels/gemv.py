@@ -54,7 +54,7 @@ def quantize_rows_kernel(x_ptr, xq_ptr, sx_ptr, K, stride_x, BLOCK_K: tl.constex
     Bytes: the row of x twice (max, then quantize; the second read hits L1/L2), K bytes of codes and 4 of scale out."""
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK_K)
-    s = row_scale(x_ptr + row * stride_x, K, BLOCK_K)
+    s = row_scale(x_ptr + row * stride_x, K, BLOCK_K, False)
     tl.store(sx_ptr + row, s)
     for k0 in range(0, K, BLOCK_K):
         m = k0 + offs < K

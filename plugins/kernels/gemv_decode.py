@@ -29,7 +29,7 @@ a verification pass computes bit for bit what single-token steps compute.
 import triton
 import triton.language as tl
 
-from plugins.kernels.common import round_half_even, row_scale
+from plugins.kernels.common import load_row, round_half_even, row_scale
 
 DECODE_MAX_M = 8                      # tokens a decode launch serves; larger M runs the tensor-core kernel
 # The interpreter's two forms of the group sums (the kernel's INTERP): INTERP_GROUPS, whole-group numpy operations
@@ -60,22 +60,22 @@ def _dp4a(a, b, c, INTERP: tl.constexpr):
 
 @triton.jit
 def quantize_decode_row(x_row, xq_ptr, xsum_ptr, sx_ptr, m, K, M: tl.constexpr, G: tl.constexpr,
-                        BLOCK_K: tl.constexpr, CACHE: tl.constexpr = ""):
+                        BLOCK_K: tl.constexpr, CG: tl.constexpr):
     """Token m's row of K floats at x_row: s_x = max|x|/127 (at least 1e-12), x_q = clip(rne(x/s_x), -127, 127), as
     `gemv.quantize_rows_kernel`, written in the decode layout: column k of chunk c = k // 32 goes to byte
     c*M*32 + m*32 + 4*(4*(k % 2) + (k // 8) % 4) + (k // 2) % 4 (even columns in the chunk's first four words, odd
     ones in the last four), and each group's sum of x_q to xsum[group, m] (int32 [K/G, XSUM_SLOTS], the other
-    slots left as they are). The bits do not depend on BLOCK_K (a max, elementwise codes, exact integer sums). CACHE:
-    the row's loads' cache modifier (`common.row_scale`)."""
+    slots left as they are). The bits do not depend on BLOCK_K (a max, elementwise codes, exact integer sums). CG: the
+    row read past L1 (`common.load_row`)."""
     offs = tl.arange(0, BLOCK_K)
-    s = row_scale(x_row, K, BLOCK_K, CACHE)
+    s = row_scale(x_row, K, BLOCK_K, CG)
     tl.store(sx_ptr + m, s)
     n_groups = K // G
     gi = tl.arange(0, BLOCK_K // G)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + offs
         live = k < K
-        v = tl.load(x_row + k, mask=live, other=0.0, cache_modifier=CACHE).to(tl.float32)
+        v = load_row(x_row + k, live, CG)
         q = tl.minimum(tl.maximum(round_half_even(tl.math.div_rn(v, s)), -127.0), 127.0)
         dst = (k // CHUNK_COLS) * (M * 32) + m * 32 + 4 * (4 * (k % 2) + (k // 8) % 4) + (k // 2) % 4
         tl.store(xq_ptr + dst, q.to(tl.int8), mask=live)
@@ -90,7 +90,7 @@ def quantize_decode_kernel(x_ptr, xq_ptr, xsum_ptr, sx_ptr, K, stride_x, M: tl.c
     """One program per token m of x [M, K]: `quantize_decode_row`. Bytes: the row of x twice, K bytes of codes, 4
     per group and 4 of scale out."""
     m = tl.program_id(0)
-    quantize_decode_row(x_ptr + m * stride_x, xq_ptr, xsum_ptr, sx_ptr, m, K, M, G, BLOCK_K)
+    quantize_decode_row(x_ptr + m * stride_x, xq_ptr, xsum_ptr, sx_ptr, m, K, M, G, BLOCK_K, False)
 
 
 @triton.jit

@@ -81,7 +81,7 @@ def swiglu_decode_kernel(gate_ptr, up_ptr, h1_ptr, h2_ptr, out_ptr, xq_ptr, xsum
         tl.store(out_row + i[:, None] * P + q[None, :], acc, mask=(i[:, None] < ROWS) & q_live[None, :])
     tl.debug_barrier()                    # every thread's stores before this program counts itself in
     if tl.atomic_add(count_ptr + m, 1, sem="acq_rel", scope="gpu") == tl.num_programs(1) - 1:
-        quantize_decode_row(out_row, xq_ptr, xsum_ptr, sx_ptr, m, n, M, G, BLOCK_K, ".cg")
+        quantize_decode_row(out_row, xq_ptr, xsum_ptr, sx_ptr, m, n, M, G, BLOCK_K, True)
         tl.atomic_xchg(count_ptr + m, 0, sem="relaxed", scope="gpu")
 
 
