@@ -231,7 +231,8 @@ def step_bandwidth(result: dict, opts: DeviceCheckOptions) -> dict:
 
 
 PASS_CHECKPOINT = ("random planes at the model's shapes, with the online rotations a default export records (R1 [H, H] "
-                   "at the embedding and before the head, R4 of the online rule's factors before down_proj)")
+                   "at the embedding and before the head, R4 of the online rule's factors before down_proj); "
+                   "step_bandwidth counts the planes' bytes, not R1's 2*H*H*4 a pass")
 
 
 def _checkpoint(cfg, dev: str):
