@@ -226,3 +226,30 @@ def test_the_decoder_rotates_by_the_r1_its_backend_moved(small_llama_checkpoint)
         moved = ck.tensors[R1_TENSOR] = ck.tensors[R1_TENSOR].clone()
         eng = make_engine("triton", ck, 64) if static else PassEngine(ck, make_backend("triton", ck), 64)
         assert ck.rotations.r1 is not moved and eng.decoder.rot.r1 is moved, static
+
+
+def test_a_two_factor_r4_model_is_lossless_through_the_fused_kernels():
+    """A random-plane model with a default export's online rotations at a two-factor R4 layout ((12, 32), the form of
+    every real model's: a dense Paley factor, then a power of two), through the triton backend: R1 and the gated R4
+    product in one launch each, passes within the torch backend's INT8 rounding, and greedy speculation equal to
+    greedy target decoding (the fused kernels' rows do not depend on the pass's tokens)."""
+    from edge.backends import make_engine
+    from edge.memory.model_shapes import _llama
+    from edge.memory.synthetic import synthetic_checkpoint, with_online_rotations
+    cfg = _llama("LlamaForCausalLM", 128, 384, 2, 2, 1, 512, 256, 1e4)
+    make = lambda: with_online_rotations(synthetic_checkpoint(cfg, device="cpu", seed=4))   # noqa: E731
+    assert make().rotations.r4_factors == (12, 32)
+    prompt = [5, 17, 99, 200, 31, 8, 77, 3]
+    got = {}
+    for name in ("torch", "triton"):
+        ck = make()
+        eng = PassEngine(ck, make_backend(name, ck), 64, scratch=8, prefill_chunk=16)
+        eng.prefill(prompt)
+        got[name] = eng.forward([42, 7, 99], "target", KVRead("kv8"))
+    assert rel(got["triton"], got["torch"]) < 1e-2
+    eng = make_engine("triton", make(), 64, scratch=8, prefill_chunk=16)
+    runs = {}
+    for policy in ("target", "speculative"):
+        eng.reset()
+        runs[policy], stats = generate(eng, prompt, GenerateConfig(policy=policy, gamma=3, max_new_tokens=5), set())
+    assert runs["speculative"] == runs["target"] and stats.draft_passes > 0
