@@ -48,6 +48,13 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def gated_r4(gate: torch.Tensor, up: torch.Tensor, r4_size=None, r4_factors=None) -> torch.Tensor:
+    """down_proj's input [M, I]: silu(gate) * up, rotated row-wise by the R4 Hadamard of `r4_factors` where `r4_size`
+    is set (None: no R4)."""
+    g = silu_mul(gate, up)
+    return g if r4_size is None else hadamard_rows(g, r4_size, r4_factors)
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
     """q [Hq, T, D] at positions [start, start + T) over k, v [Hkv, S, D] at positions [0, S), causal, GQA.
     Decode-sized passes attend one query at a time over exactly the keys an AR step would see."""

@@ -17,7 +17,7 @@ import torch
 
 from edge.errors import BitNestError
 from edge.model.checkpoint import HEAD, Checkpoint
-from plugins.decoder_math import hadamard_rows, rotate_rows, silu_mul
+from plugins.decoder_math import gated_r4, rotate_rows
 from plugins.kernels.tiling import stack_rows, tile_planes
 from plugins.reference import nested_embedding
 
@@ -118,8 +118,7 @@ class TritonBackend:
         down = self.layout.get(names[0].rsplit(".", 1)[0] + ".down_proj")
         factors = tuple(r4_factors or ())
         if x.shape[0] > self.decode_max_m or down is None or len(factors) > self.gated_max_factors:
-            g = silu_mul(gate, up)
-            return g if r4_size is None else hadamard_rows(g, r4_size, r4_factors)
+            return gated_r4(gate, up, r4_size, r4_factors)
         out, acts = self.k.swiglu_decode(gate, up, factors, down.g)
         self.share_acts(out, down.g, acts)
         return out
@@ -140,7 +139,7 @@ class TritonBackend:
         """An online rotation (R1) of x [T, H], x @ r or @ r^T: in a decode pass one launch that reads r once for every
         token (plugins.kernels.decoder_ops.rotate_decode, each row's bits independent of T), where torch's row-wise
         form reads the [H, H] matrix once a token; a prefill chunk takes torch's."""
-        if x.shape[0] > self.decode_max_m or r.dtype != torch.float32 or r.device != x.device:
+        if x.shape[0] > self.decode_max_m:
             return rotate_rows(x, r, transpose)
         return self.k.rotate_decode(x, r, transpose)
 
@@ -164,7 +163,7 @@ class TritonBackend:
         last, version, group, acts = self._acts
         if not _same(last, x) or version != x._version or group != g:
             acts = self.k.quantize_decode(x.contiguous(), g)
-            self._acts = (x, x._version, g, acts)
+            self.share_acts(x, g, acts)
         return acts
 
     def share_acts(self, x: torch.Tensor, g: int, acts) -> None:

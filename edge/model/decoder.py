@@ -10,10 +10,9 @@ from edge.model.arch import ModelConfig
 from edge.model.draft_head import DRAFT_HEAD_SHORTLIST, SHORTLIST_K, head_view, restrict_draft_vocab, shortlist_logits
 from plugins.decoder_math import (
     attention,
-    hadamard_rows,
+    gated_r4,
     rms_norm,
     rotate_rows,
-    silu_mul,
 )
 from plugins.hadamard import check_factors, online_hadamard_factors
 
@@ -25,7 +24,7 @@ class WeightStore(Protocol):
     in the GEMV's launch); `gated(names, x, view, r4_size, r4_factors)`, the MLP's silu(gate) * up with R4 applied
     (one launch after gate/up's); `rotate(x, r, transpose)`, an online rotation (R1); `rms_norm(x, name, eps)` and
     `rope(q, k, cos, sin)`, one launch each. Without them the decoder calls `linear` per linear and adds (`_linears`,
-    `_linear_add`), applies plugins.decoder_math's silu_mul and hadamard_rows (`_gated`), rotate_rows (`_rotate`),
+    `_linear_add`), applies plugins.decoder_math's gated_r4 (`_gated`), rotate_rows (`_rotate`),
     its rms_norm to `norm(name)` (`_norm`) and `apply_rope` to q and k (`_rope`)."""
 
     dtype: torch.dtype
@@ -81,8 +80,7 @@ def _gated(w: WeightStore, names: tuple, x: torch.Tensor, view: str, rot: Online
     fused = getattr(w, "gated", None)
     if fused is not None:
         return fused(names, x, view, rot.r4_size, rot.r4_factors)
-    g = silu_mul(*_linears(w, names, x, view))                                   # [T, I]
-    return g if rot.r4_size is None else hadamard_rows(g, rot.r4_size, rot.r4_factors)   # [T, I] @ H
+    return gated_r4(*_linears(w, names, x, view), rot.r4_size, rot.r4_factors)    # [T, I] (@ H)
 
 
 def _rotate(w: WeightStore, x: torch.Tensor, r: torch.Tensor, transpose: bool = False) -> torch.Tensor:
