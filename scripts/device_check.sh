@@ -2,7 +2,8 @@
 # The one prepared script for a CUDA machine (<= 240 s by default, no network): every kernel against the oracle on the GPU,
 # kernel GB/s against copy bandwidth, the triton backend lossless on the 135M shape, pass times with and without
 # CUDA graphs (135M shapes, Llama-2-7B with --with-7b; random planes built on the GPU: the checkpoint cannot travel), and the
-# speed-up they project at the real model's measured acceptance, and where TensorRT is importable the SmolLM2 engine
+# speed-up they project at the real model's measured acceptance, each pass's device time by kernel family (profile),
+# and where TensorRT is importable the SmolLM2 engine
 # (--checkpoint DIR, or an RTN export of the default model made here) against the independent step reference, with
 # its ping-pong KV binding, the plane copies its engine inspector lists and its plugins' kv_window. Writes
 # $OUT/device_check.json and, generated from it, $OUT/device_check.md (the docs table). TensorRT is reported and

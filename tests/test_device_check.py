@@ -19,12 +19,12 @@ def test_device_check_script_runs_dry(tmp_path):
     """Every section but `plugins` (its suites run in this suite already; its own test is below)."""
     env = dict(os.environ, DRY="1", OUT=str(tmp_path))
     out = subprocess.run(["bash", str(ROOT / "scripts" / "device_check.sh"), "--repeats", "1", "--sections",
-                          "kernels,bandwidth,lossless,pass_times,tensorrt"], capture_output=True,
+                          "kernels,bandwidth,lossless,pass_times,profile,tensorrt"], capture_output=True,
                          text=True, env=env, timeout=600, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads((tmp_path / "device_check.json").read_text())
     assert r["dry"] and r["environment"]["interpreter"] and r["complete"] and "running" not in r
-    for section in ("kernels", "bandwidth", "lossless", "pass_times"):
+    for section in ("kernels", "bandwidth", "lossless", "pass_times", "profile"):
         assert "error" not in r[section], (section, r[section])
     assert r["passed"] and r["kernels"]["passed"] and r["lossless"]["identical"]
     assert r["kernels"]["unit_tests"]["counts"] == {"passed": 1}             # the dry run's one unit test, in a child
@@ -49,9 +49,14 @@ def test_device_check_script_runs_dry(tmp_path):
     md = (tmp_path / "device_check.md").read_text()
     assert "| tiny | static |" in md and "Kernels against the oracle: all passed" in md
     assert "Whole passes, weight bytes over pass time" in md and "GEMV (tiled planes, the triton backend's) at the other shapes M = 5 target" in md
+    prof = r["profile"]["tiny"]                    # the interpreter: the host's ops stand in for kernels
+    assert prof["form"] == "static" and {"draft", "target", "verify"} <= set(prof)
+    assert all(prof[k]["wall_ms"] > 0 and prof[k]["launches"] > 0 and prof[k]["families"] for k in ("draft", "target"))
+    assert "| tiny | static | target |" in md and "A target pass's device time by kernel family" in md
     status = {k: v["status"] for k, v in r["sections"].items()}
     assert status == {"kernels": "passed", "bandwidth": "measured", "lossless": "passed", "pass_times": "measured",
-                      "plugins": "not run", "tensorrt": r["tensorrt"]["status"], "gptq": "not run"}
+                      "profile": "measured", "plugins": "not run", "tensorrt": r["tensorrt"]["status"],
+                      "gptq": "not run"}
 
 
 def test_the_plugins_section_runs_the_suites_and_reports_a_failure(tmp_path):

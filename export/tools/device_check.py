@@ -13,9 +13,10 @@ Sections: every kernel against the oracle on the GPU, and the kernels' unit test
 the same run's copy bandwidth; the `triton` backend lossless (speculative = target) on the 135M shape; draft-, target-
 and verification-pass times of the eager launchers, the static passes and their CUDA-graph replays; the speculative
 speed-up those times project at the acceptance measured on the real model (tokens per round x target pass / (γ draft
-passes + 1 verification)); the TensorRT plugins' own code on the device through the stand-in of TensorRT 10.3's API
-(export.tools.device_plugins: the conformance and KV-binding suites, CUDA-graph replay of the plugin enqueues); TensorRT,
-where importable: the SmolLM2 engine (a --checkpoint export, or an RTN export of the default model made on the spot)
+passes + 1 verification)); where each pass's device time goes (`profile`: the profiler's kernel records by family,
+edge.analysis.pass_profile); the TensorRT plugins' own code on the device through the stand-in of TensorRT 10.3's
+API (export.tools.device_plugins: the conformance and KV-binding suites, CUDA-graph replay of the plugin enqueues);
+TensorRT, where importable: the SmolLM2 engine (a --checkpoint export, or an RTN export of the default model made on the spot)
 built with the ping-pong KV binding and run against the independent step reference (export.trt.check, in a process of
 its own: greedy tokens equal, prefill logits within the self-check's bound; the binding, the plane copies its engine
 inspector lists and the runtime plugins' kv_window recorded), skipped with the reason where TensorRT is absent; with
@@ -39,7 +40,6 @@ import json
 import os
 import platform
 import signal
-import statistics
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -59,7 +59,7 @@ SWEEP = ROOT / "scripts" / "results" / "sweep-bitnest.json"    # the real model'
 KERNEL_TESTS = ("tests/test_kernels.py", "tests/test_tiled_gemv.py", "tests/test_swiglu_kernel.py")
 KERNEL_TESTS_DRY = ("tests/test_kernels.py::test_dual_plane_linear_rejects_bad_shapes",)
 OPT_IN = {"gptq": "--with-gptq"}   # sections that run only when asked, past the default run's 240 s
-# Seconds per section: the first five's sum (230) stays under scripts/device_check.sh's timeout of the whole run
+# Seconds per section: the first six's sum (230) stays under scripts/device_check.sh's timeout of the whole run
 # (240: one device call with time left for a second); where TensorRT is importable the script adds the tensorrt
 # section's limit (an engine build takes minutes), with --with-gptq the gptq section's. Its 300 s, estimated (no GPU
 # run yet): on this project's 2-core CPU the default export took ~6 min (8.6 s a block, GPTQ and the calibration
@@ -74,8 +74,10 @@ OPT_IN = {"gptq": "--with-gptq"}   # sections that run only when asked, past the
 # were raised, the kernels' and plugins' lowered towards what they took, the sum kept at 230.
 # The bandwidth section now times each GEMV row twice (the backend's tiled planes and canonical ones: ~6 more cold
 # compiles): 80 s, taken from the kernels' and plugins' limits (28 and 12-15 s measured).
-LIMITS = {"kernels": 55, "bandwidth": 80, "lossless": 30, "pass_times": 40, "plugins": 25, "tensorrt": 300,
-          "gptq": 300}
+# The profile section (each pass's kernels by family, the graphed form's passes again under the profiler) took its
+# 25 s from the kernels' (28 measured), lossless's (3-5) and the plugins' (12-15) limits.
+LIMITS = {"kernels": 45, "bandwidth": 80, "lossless": 20, "pass_times": 40, "profile": 25, "plugins": 20,
+          "tensorrt": 300, "gptq": 300}
 # The sections whose result passes or fails the run, where they ran (the others measure): a section that raised or
 # timed out holds only {"error"} and fails its verdict; a skipped one (its reason recorded) fails nothing.
 VERDICTS = {"kernels": lambda r: bool(r.get("passed")), "lossless": lambda r: bool(r.get("identical")),
@@ -211,22 +213,40 @@ def bandwidth(opts: DeviceCheckOptions) -> dict:
             "attention": b.attention_rows(opts.repeats, copy, contexts, layouts, dev, timer)}
 
 
-def step_bandwidth(result: dict, opts: DeviceCheckOptions) -> dict:
-    """Each model's weight bytes a pass reads (edge.engine.stats.weight_bytes_per_pass, counted on a shapes-only
-    checkpoint) over its measured pass time, as a share of the bandwidth section's copy bandwidth:
-    {model: {"bytes": {draft, target, verify}, form: {draft, target, verify}}}."""
+def _pass_bytes(cfg) -> dict:
+    """Weight bytes each pass reads (edge.engine.stats.weight_bytes_per_pass, on a shapes-only checkpoint of cfg)."""
     from edge.engine.stats import weight_bytes_per_pass
     from edge.memory.synthetic import synthetic_checkpoint
+    ckpt = synthetic_checkpoint(cfg, device="meta")
+    return {"draft": weight_bytes_per_pass(ckpt, "draft"), "target": weight_bytes_per_pass(ckpt, "target"),
+            "verify": weight_bytes_per_pass(ckpt, "target", GAMMA + 1)}
+
+
+def step_bandwidth(result: dict, opts: DeviceCheckOptions) -> dict:
+    """Each model's weight bytes a pass reads over its measured pass time, as a share of the bandwidth section's copy
+    bandwidth: {model: {"bytes": {draft, target, verify}, form: {draft, target, verify}}}."""
     copy = result.get("bandwidth", {}).get("copy_GBps")
     if not copy:
         return {}
     models, out = _models(opts), {}
     for model, forms in result["pass_times"].items():
-        ckpt = synthetic_checkpoint(models[model][0], device="meta")
-        need = {"draft": weight_bytes_per_pass(ckpt, "draft"), "target": weight_bytes_per_pass(ckpt, "target"),
-                "verify": weight_bytes_per_pass(ckpt, "target", GAMMA + 1)}
+        need = _pass_bytes(models[model][0])
         out[model] = {"bytes": need} | {form: {k: round(need[k] / (t[f"{k}_ms"] / 1e3) / (copy * 1e9), 3)
                                                for k in need} for form, t in forms.items()}
+    return out
+
+
+def gemv_in_pass(result: dict, opts: DeviceCheckOptions) -> dict:
+    """The GEMV kernels inside each profiled pass: the pass's weight bytes over the GEMV family's kernel time, as a
+    share of the copy bandwidth (what the GEMV streams at inside the step, beside its isolated rows in the bandwidth
+    section): {model: {draft, target, verify}}; {} without a copy bandwidth or a GEMV record."""
+    copy = result.get("bandwidth", {}).get("copy_GBps")
+    models, out = _models(opts), {}
+    for model, passes in result["profile"].items():
+        need = _pass_bytes(models[model][0])
+        ms = {k: passes[k]["families"].get("gemv", {}).get("ms") for k in need}
+        if copy and all(ms.values()):
+            out[model] = {k: round(need[k] / (ms[k] / 1e3) / (copy * 1e9), 3) for k in need}
     return out
 
 
@@ -261,52 +281,72 @@ def lossless(opts: DeviceCheckOptions, dev: str) -> dict:
             "graphs_captured": getattr(eng, "graph_count", 0)}
 
 
-def _median_ms(fn, repeats: int, warm: bool = True) -> float:
+def _at_shapes(opts: DeviceCheckOptions, dev: str):
+    """(model, KV capacity, prompt, checkpoint, triton backend) at each of the run's shapes (`_models`), one at a
+    time: the last one's planes are released (and the device's cache emptied) before the next is made."""
     import torch
-    if warm:
-        fn()                                # warm-up: compiles, captures (nothing to warm in the interpreter)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return round(statistics.median(times) * 1e3, 4)
+
+    from edge.backends import make_backend
+    for name, (cfg, capacity, prompt_len) in _models(opts).items():
+        ckpt = _checkpoint(cfg, dev)
+        prompt = torch.randint(0, cfg.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(3)).tolist()
+        yield name, capacity, prompt, ckpt, make_backend("triton", ckpt)
+        del ckpt
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _passes(eng) -> dict:
+    """The three passes a speculative round runs, on a prefilled engine: {"draft", "target", "verify"} -> a call."""
+    from edge.engine.kv_cache import KV8
+    return {"draft": lambda: eng.forward([7], "draft", KV8, draft_slot=0),
+            "target": lambda: eng.forward([7], "target", KV8),
+            "verify": lambda: eng.forward([7] * (GAMMA + 1), "target", KV8)}
 
 
 def pass_times(opts: DeviceCheckOptions, dev: str) -> dict:
     """Median wall time (ms, host included: what a decode step waits for) of a draft pass (1 token into a draft
     slot), a target pass (1 token) and a verification pass (γ+1 tokens) for each engine form."""
-    import torch
-
-    from edge.backends import make_backend
+    from edge.analysis.pass_profile import median_ms
     from edge.backends.triton_graphs import GraphedEngine
     from edge.engine.interface import PassEngine
-    from edge.engine.kv_cache import KV8
     out = {}
-    for name, (cfg, capacity, prompt_len) in _models(opts).items():
-        ckpt = _checkpoint(cfg, dev)
-        backend = make_backend("triton", ckpt)
-        engines = {"eager": lambda: PassEngine(ckpt, backend, capacity, scratch=GAMMA + 4),
-                   "static": lambda: GraphedEngine(ckpt, backend, capacity, scratch=GAMMA + 4, graphs=False)}
+    for name, capacity, prompt, ckpt, backend in _at_shapes(opts, dev):
+        forms = {"eager": (PassEngine, {}), "static": (GraphedEngine, {"graphs": False})}
         if dev == "cuda":
-            engines["graphs"] = lambda: GraphedEngine(ckpt, backend, capacity, scratch=GAMMA + 4, graphs=True)
-        prompt = torch.randint(0, cfg.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(3)).tolist()
+            forms["graphs"] = (GraphedEngine, {"graphs": True})
         rows = {}
-        for form, make in engines.items():
-            eng = make()
+        for form, (engine, kw) in forms.items():
+            eng = engine(ckpt, backend, capacity, scratch=GAMMA + 4, **kw)
             eng.prefill(prompt)
-            warm = not opts.dry
-            rows[form] = {"draft_ms": _median_ms(lambda: eng.forward([7], "draft", KV8, draft_slot=0), opts.repeats, warm),
-                          "target_ms": _median_ms(lambda: eng.forward([7], "target", KV8), opts.repeats, warm),
-                          "verify_ms": _median_ms(lambda: eng.forward([7] * (GAMMA + 1), "target", KV8), opts.repeats,
-                                                  warm)}
+            rows[form] = {f"{k}_ms": median_ms(fn, opts.repeats, dev == "cuda", warm=not opts.dry)   # nothing to
+                          for k, fn in _passes(eng).items()}                            # warm in the interpreter
             del eng
         out[name] = rows
-        del ckpt, backend
-        if dev == "cuda":
-            torch.cuda.empty_cache()
+        del ckpt, backend                   # before `_at_shapes` empties the device cache
+    return out
+
+
+def pass_profile(opts: DeviceCheckOptions, dev: str) -> dict:
+    """Where each pass's GPU time goes (edge.analysis.pass_profile): per model and pass, the kernels' time and
+    launches by family against the pass's wall time, for the engine form a decode step runs (CUDA-graph replays; the
+    static passes where the profiler recorded no kernel inside a replay, `form` says which)."""
+    from edge.analysis.pass_profile import profile_pass
+    from edge.backends.triton_graphs import GraphedEngine
+    out = {}
+    cuda = dev == "cuda"
+    for name, capacity, prompt, ckpt, backend in _at_shapes(opts, dev):
+        rows = {}
+        for graphs in ((True, False) if cuda else (False,)):
+            eng = GraphedEngine(ckpt, backend, capacity, scratch=GAMMA + 4, graphs=graphs)
+            eng.prefill(prompt)
+            rows = {"form": "graphs" if graphs else "static"} | \
+                {k: profile_pass(fn, opts.repeats, cuda, warm=not opts.dry) for k, fn in _passes(eng).items()}
+            del eng
+            if rows["target"]["launches"] > 0:
+                break
+        out[name] = rows
+        del ckpt, backend                   # before `_at_shapes` empties the device cache
     return out
 
 
@@ -380,6 +420,7 @@ def run_device_check(opts: DeviceCheckOptions, out: Path | None = None) -> dict:
 
     run = {"kernels": lambda: kernels(opts), "bandwidth": lambda: bandwidth(opts),
            "lossless": lambda: lossless(opts, dev), "pass_times": lambda: pass_times(opts, dev),
+           "profile": lambda: pass_profile(opts, dev),
            "plugins": lambda: plugins_section(opts.limit("plugins"), dry=opts.dry),
            "tensorrt": lambda: tensorrt_section(opts), "gptq": lambda: gptq_section(opts.limit("gptq"), dry=opts.dry)}
     for name in opts.chosen:
@@ -398,6 +439,8 @@ def run_device_check(opts: DeviceCheckOptions, out: Path | None = None) -> dict:
     if "error" not in result.get("pass_times", {"error": "not run"}):
         result["projection"] = projection(result["pass_times"])
         result["step_bandwidth"] = step_bandwidth(result, opts)
+    if "error" not in result.get("profile", {"error": "not run"}):
+        result["gemv_in_pass"] = gemv_in_pass(result, opts)
     verdicts = [VERDICTS[s](result[s]) for s in VERDICTS if s in opts.chosen]
     result.setdefault("tensorrt", {"status": "not run", "reason": "not among --sections"})
     for s, flag in OPT_IN.items():

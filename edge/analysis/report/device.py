@@ -1,10 +1,11 @@
 """The docs table of a device-check JSON object (`bitnest device-check --table FILE.json`): the pass
 times and their projected speed-up per model and engine form, then one line per section (the kernels and their unit
-tests, lossless, bandwidth as shares of the copy bandwidth, the plugins, TensorRT, GPTQ) and what did not finish."""
+tests, lossless, bandwidth as shares of the copy bandwidth, the passes' kernels by family, the plugins, TensorRT,
+GPTQ) and what did not finish; the bandwidth and profile sections also as tables of their own."""
 
 GAMMA = 4           # the device check's γ: its lossless run and the projected speed-up
 # the device check's sections, in order
-SECTIONS = ("kernels", "bandwidth", "lossless", "pass_times", "plugins", "tensorrt", "gptq")
+SECTIONS = ("kernels", "bandwidth", "lossless", "pass_times", "profile", "plugins", "tensorrt", "gptq")
 
 
 def table(result: dict) -> str:
@@ -40,6 +41,8 @@ def table(result: dict) -> str:
         lines.append(gptq_line(result["gptq"]))
     if result.get("step_bandwidth"):
         lines.append(step_line(result["step_bandwidth"]))
+    if "profile" in result:
+        lines.append(profile_line(result))
     if proj:
         lines.append(f"Projection at the real model's {proj['tokens_per_round']} tokens per round (γ = {GAMMA}, "
                      f"{proj['source']}).")
@@ -50,6 +53,8 @@ def table(result: dict) -> str:
         lines.append(f"Timed out: {', '.join(timed_out)}.")
     if "llama-2-7b" in result:
         lines.append(f"Llama-2-7B shape {result['llama-2-7b']}.")
+    if "error" not in result.get("profile", {"error": "not run"}):
+        lines += ["", profile_table(result).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 
@@ -86,6 +91,46 @@ def step_line(steps: dict) -> str:
                          f"verification {100 * t['verify']:.0f}%")
     return ("Whole passes, weight bytes over pass time as a share of the copy bandwidth: " + "; ".join(parts) + ".") \
         if parts else ""
+
+
+def profile_line(result: dict) -> str:
+    """Each model's target pass in a sentence: its kernels' time against its wall time, its launches, each family's
+    ms and launches, and the GEMV family's share of the copy bandwidth inside the pass (`gemv_in_pass`)."""
+    prof = result["profile"]
+    if "error" in prof:
+        return f"Pass profile: {prof['error'].rstrip('.')}."
+    parts = []
+    for model, passes in prof.items():
+        t = passes["target"]
+        fams = ", ".join(f"{f} {v['ms']:.3g} ({v['launches']:g})" for f, v in t["families"].items())
+        gemv = result.get("gemv_in_pass", {}).get(model, {}).get("target")
+        parts.append(f"{model} ({passes['form']}) {t['kernel_ms']:.3g} ms of kernels in {t['wall_ms']:.3g} ms, "
+                     f"{t['launches']:g} launches: {fams}" +
+                     (f"; its GEMVs at {100 * gemv:.0f}% of the copy bandwidth" if gemv else ""))
+    return "A target pass's device time by kernel family, ms (launches): " + "; ".join(parts) + "."
+
+
+def profile_table(result: dict) -> str:
+    """The profile section as a table: each model's draft, target and verification pass, wall and kernel time, the
+    time no kernel ran, launches, each family's ms, and the GEMVs' share of the copy bandwidth inside the pass."""
+    prof, inside = result["profile"], result.get("gemv_in_pass", {})
+    fams = []
+    for passes in prof.values():
+        for k in ("draft", "target", "verify"):
+            fams += [f for f in passes[k]["families"] if f not in fams]
+    lines = [f"Device: {result['environment']['gpu'] or 'CPU (dry run)'}; ms a pass (launches in brackets).", "",
+             "| model | engine | pass | wall | kernels | idle | launches | " + " | ".join(fams) + " | GEMVs of copy |",
+             "| --- " * (8 + len(fams)) + "|"]
+    for model, passes in prof.items():
+        for k in ("draft", "target", "verify"):
+            t = passes[k]
+            cells = [f"{t['families'][f]['ms']:.3g} ({t['families'][f]['launches']:g})" if f in t["families"] else ""
+                     for f in fams]
+            share = inside.get(model, {}).get(k)
+            lines.append(f"| {model} | {passes['form']} | {k} | {t['wall_ms']:.3g} | {t['kernel_ms']:.3g} | "
+                         f"{t['idle_ms']:.3g} | {t['launches']:g} | " + " | ".join(cells) +
+                         f" | {f'{100 * share:.0f}%' if share else ''} |")
+    return "\n".join(lines) + "\n"
 
 
 def trt_summary(trt: dict) -> str:
