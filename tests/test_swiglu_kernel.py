@@ -50,7 +50,7 @@ def test_a_factor_applied_transposed_is_caught(gen, monkeypatch):
 
 def test_swiglu_decode_rows_do_not_depend_on_the_other_tokens(gen):
     """A token's row and its activations are the same bits alone as among five (a verification pass computes what
-    single-token steps compute), and the per-token counters are zero after each launch."""
+    single-token steps compute), and the per-token counters and running maxima are zero after each launch."""
     from plugins.kernels import swiglu_decode
     from plugins.kernels.gemv import split_counters
     gate, up = gated_inputs(gen, 5, 1536)
@@ -60,7 +60,7 @@ def test_swiglu_decode_rows_do_not_depend_on_the_other_tokens(gen):
         one, (q1, s1, x1) = swiglu_decode(gate[i:i + 1], up[i:i + 1], (12, 128), 64)
         assert torch.equal(one[0], out[i]) and torch.equal(x1[0], sx[i]), i
         assert torch.equal(q1.view(1536 // 32, 1, 8)[:, 0], words[:, i]) and torch.equal(s1[:, 0], xsum[:, i]), i
-        assert not split_counters(gate.device, 8)[:5].any()
+        assert not split_counters(gate.device, 16)[:16].any()      # tokens' counters, then their maxima
 
 
 def test_swiglu_decode_refuses_what_it_does_not_serve(gen):

@@ -133,7 +133,7 @@ def _attention(name, d, r):
 def _swiglu(name, n, factors, m=5, g=128):
     """The gated product with R4 and down_proj's quantization (`swiglu.swiglu_decode`) for an intermediate size n
     and the R4 layout its checkpoint records (plugins.hadamard.online_hadamard_factors)."""
-    const = {"M": m, "G": g, "BLOCK_K": 1024, **swiglu.plan(n, factors, g)}
+    const = {"M": m, "G": g, "BLOCK_K": gemv_decode.tail_block(n, g), **swiglu.plan(n, factors, g)}
     del const["ROWS"]                                                   # a run-time argument
     ptrs = ("gate_ptr", "up_ptr", "h1_ptr", "h2_ptr", "out_ptr", "xq_ptr", "xsum_ptr", "sx_ptr", "count_ptr")
     sig = dict(zip(ptrs, ("*fp32",) * 5 + ("*i8", "*i32", "*fp32", "*i32"))) | \
@@ -145,10 +145,23 @@ def _reduce(name, quant, d=128):
     """Flash decoding's chunk reduction (`attention._attend`), with `quant` also writing o_proj's decode activations
     (5 queries, group 128: Llama-2-7B's Hq*D of 4096)."""
     const = {"R": 4, "D": d, "QUANT": quant, "M": 5 if quant else 1, "G": 128 if quant else 1,
-             "BLOCK_K": 1024 if quant else 1}
+             "BLOCK_K": gemv_decode.tail_block(32 * d, 128) if quant else 1}
     sig = {"m_ws": "*fp32", "l_ws": "*fp32", "acc_ws": "*fp32", "out_ptr": "*fp32", "T": "i32", "n_chunks": "i32",
            "s_h": "i32", "s_t": "i32", "xq_ptr": "*i8", "xsum_ptr": "*i32", "sx_ptr": "*fp32", "count_ptr": "*i32"}
     return KernelSpec(name, attention.chunk_reduce_kernel, sig | {k: "constexpr" for k in const}, const)
+
+
+def _norm(name, h, decode=False):
+    """The RMSNorm kernel (with `decode`, the one that also writes the next linears' activations: 5 tokens, group
+    128) launched as `decoder_ops.norm_plan` launches rows of h."""
+    plan = decoder_ops.norm_plan(h)
+    const = {"BLOCK": plan["BLOCK"], "ONE": plan["ONE"]} | \
+        ({"M": 5, "G": 128, "BLOCK_K": plan["BLOCK"]} if decode else {})
+    sig = {"x_ptr": "*fp32", "w_ptr": "*fp16", "out_ptr": "*fp32"} | \
+        ({"xq_ptr": "*i8", "xsum_ptr": "*i32", "sx_ptr": "*fp32"} if decode else {}) | \
+        {"H": "i32", "stride_x": "i32", "eps": "fp32"} | {k: "constexpr" for k in const}
+    fn = decoder_ops.rms_norm_decode_kernel if decode else decoder_ops.rms_norm_kernel
+    return KernelSpec(name, fn, sig, const, plan["num_warps"])
 
 
 def kernel_specs() -> list[KernelSpec]:
@@ -191,14 +204,9 @@ def kernel_specs() -> list[KernelSpec]:
         _attention("flash_decode_d64_gqa3", 64, 3),            # SmolLM2-135M
         _reduce("flash_decode_reduce_d128", False),
         _reduce("flash_decode_reduce_d128_quantize", True),    # o_proj's activations written by the reduction
-        KernelSpec("rms_norm", decoder_ops.rms_norm_kernel,
-                   {"x_ptr": "*fp32", "w_ptr": "*fp16", "out_ptr": "*fp32", "H": "i32", "stride_x": "i32",
-                    "eps": "fp32", "BLOCK": "constexpr"}, {"BLOCK": 1024}),
-        KernelSpec("rms_norm_decode", decoder_ops.rms_norm_decode_kernel,           # the norm and the decode
-                   {"x_ptr": "*fp32", "w_ptr": "*fp16", "out_ptr": "*fp32", "xq_ptr": "*i8",   # activations of
-                    "xsum_ptr": "*i32", "sx_ptr": "*fp32", "H": "i32", "stride_x": "i32",      # the linears after
-                    "eps": "fp32", "BLOCK": "constexpr", "M": "constexpr", "G": "constexpr",   # it, one launch
-                    "BLOCK_K": "constexpr"}, {"BLOCK": 1024, "M": 5, "G": 128, "BLOCK_K": 1024}),
+        _norm("rms_norm", 4096),                              # Llama-2-7B's rows: one block from registers
+        _norm("rms_norm_decode", 4096, decode=True),          # the norm and the next linears' activations
+        _norm("rms_norm_decode_loop", 16384, decode=True),    # rows past a block: the loops' form
         _swiglu("swiglu_r4_344x32", 11008, (344, 32)),       # Llama-2-7B's MLP: SiLU, R4, down's activations
         _swiglu("swiglu_r4_28x512", 14336, (28, 512)),       # Llama-3-8B's
         _swiglu("swiglu_r4_140x64", 8960, (140, 64)),        # Qwen2.5-1.5B's

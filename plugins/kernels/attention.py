@@ -47,7 +47,7 @@ import triton.language as tl
 
 from plugins.kernels.common import INTERPRET, interp_dot, round_half_even
 from plugins.kernels.gemv import quantize_decode_buffers, split_counters
-from plugins.kernels.gemv_decode import DECODE_MAX_M, quantize_decode_row
+from plugins.kernels.gemv_decode import DECODE_MAX_M, MAX_SLOTS, last_quantizes, tail_block
 
 CHUNK = 128          # positions per program (absolute boundaries): 32K context = 256 chunks per KV head
 MAX_ROWS = 64        # query rows (GQA group x queries) per program; larger groups tile over a grid axis
@@ -254,9 +254,9 @@ def chunk_reduce_kernel(m_ws, l_ws, acc_ws, out_ptr, T, n_chunks, s_h, s_t, xq_p
                         BLOCK_K: tl.constexpr):
     """One program per (kv head, row): combine the chunks in index order (deterministic) into out [Hq, T, D] (strides
     s_h, s_t: the launcher's token-major buffer, or a caller's). With QUANT (out token-major, T = M <= 8), each
-    program counts itself in on its token's counter after a barrier and the token's last (of Hq) quantizes the
-    token's row of Hq*D values into the decode layout at group size G (`quantize_decode_row`, read past L1): o_proj's
-    activations, what `quantize_decode` of the row gives, bit for bit, where a launch of its own made them.
+    program counts itself in on its token's counter, with the max of its D values, and the token's last (of Hq)
+    quantizes the token's row of Hq*D values into the decode layout at group size G (`gemv_decode.last_quantizes`):
+    o_proj's activations, what `quantize_decode` of the row gives, bit for bit, where a launch of its own made them.
     Bytes: (2 + D) * 4 per chunk and row of partials, D * 4 out: no KV bytes."""
     h = tl.program_id(0)
     row = tl.program_id(1)
@@ -275,13 +275,12 @@ def chunk_reduce_kernel(m_ws, l_ws, acc_ws, out_ptr, T, n_chunks, s_h, s_t, xq_p
         num += w * tl.load(acc_ws + (base + c) * D + d)
     head = h * R + row // T
     t = row % T
-    tl.store(out_ptr + head * s_h + t * s_t + d, num / den)
+    y = num / den
+    tl.store(out_ptr + head * s_h + t * s_t + d, y)
     if QUANT:
-        tl.debug_barrier()                # every thread's stores before this program counts itself in
         hq = tl.num_programs(0) * R
-        if tl.atomic_add(count_ptr + t, 1, sem="acq_rel", scope="gpu") == hq - 1:
-            quantize_decode_row(out_ptr + t * s_t, xq_ptr, xsum_ptr, sx_ptr, t, hq * D, M, G, BLOCK_K, True)
-            tl.atomic_xchg(count_ptr + t, 0, sem="relaxed", scope="gpu")
+        last_quantizes(out_ptr + t * s_t, tl.max(tl.abs(y), axis=0), count_ptr, xq_ptr, xsum_ptr, sx_ptr, t, hq,
+                       hq * D, M, G, BLOCK_K)
 
 
 @triton.jit
@@ -373,9 +372,8 @@ def _attend(q, base, refine, scale, scratch, main_ptr, seq_ptr, kv8_ptr, n_chunk
                          f"with Hq*D a multiple of the group ({t} queries, Hq*D {hq * d}, group {quantize})")
     acts = quantize_decode_buffers(t, hq * d, quantize, dev)
     chunk_reduce_kernel[(hkv, r * t)](m_ws, l_ws, acc_ws, y, t, n_chunks, y.stride(0), y.stride(1),
-                                      acts[0].view(torch.int8), acts[1], acts[2], split_counters(dev, t), R=r, D=d,
-                                      QUANT=True, M=t, G=quantize,
-                                      BLOCK_K=max(quantize, min(1024, triton.next_power_of_2(hq * d))),
+                                      acts[0].view(torch.int8), acts[1], acts[2], split_counters(dev, MAX_SLOTS + t),
+                                      R=r, D=d, QUANT=True, M=t, G=quantize, BLOCK_K=tail_block(hq * d, quantize),
                                       enable_fp_fusion=False)
     return y, acts
 

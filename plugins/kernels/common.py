@@ -66,4 +66,10 @@ def row_scale(x_ptr, K, BLOCK_K: tl.constexpr, CG: tl.constexpr):
     for k0 in range(0, K, BLOCK_K):
         v = load_row(x_ptr + k0 + offs, k0 + offs < K, CG)
         amax = tl.maximum(amax, tl.abs(v))
-    return tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), 127.0), 1e-12)
+    return scale_of(amax)
+
+
+@triton.jit
+def scale_of(v):
+    """max|v|/127, at least 1e-12, of a block of floats held in registers (0 past the row): `row_scale`'s value."""
+    return tl.maximum(tl.math.div_rn(tl.max(tl.abs(v), axis=0), 127.0), 1e-12)

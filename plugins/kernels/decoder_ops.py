@@ -1,9 +1,10 @@
 """The decoder's elementwise steps in one Triton launch each, for the `triton` backend (docs/kernels.md, the whole
 step: a decode pass is bound by its launches on a large GPU once the GEMV streams):
 - `rms_norm` (and `rms_norm_decode`, which also writes the normed rows' decode-layout INT8 activations: one launch
-  where the norm and the quantization for the linears after it took two): `plugins.decoder_math.rms_norm`'s semantics in float32, y = x * rsqrt(mean(x^2) + eps) * w, where
-  torch's form takes six launches (pow, mean, add, rsqrt, mul, mul) and the float16 weight's cast a seventh. Each
-  row is its own program, reduced in a fixed order: a row's result does not depend on the other rows.
+  where the norm and the quantization for the linears after it took two): `plugins.decoder_math.rms_norm`'s
+  semantics in float32, y = x * rsqrt(mean(x^2) + eps) * w, where torch's form takes six launches (pow, mean, add,
+  rsqrt, mul, mul) and the float16 weight's cast a seventh. Each row is its own program, reduced in a fixed order
+  that depends on H alone (`norm_plan`): a row's result does not depend on the other rows.
 - `rotate_decode`: an online rotation (R1) of a decode pass's rows, x [M <= 8, H] @ r or @ r^T, r read once for
   all M tokens where torch's batch-invariant form (`plugins.decoder_math.rotate_rows`, a matmul a token) reads the
   [H, H] float32 matrix once per token (64 MB at 7B: 5 reads at a 5-token verification pass, twice a pass). The
@@ -19,30 +20,69 @@ import triton
 import triton.language as tl
 
 from plugins.kernels.gemv import quantize_decode_buffers
-from plugins.kernels.gemv_decode import DECODE_MAX_M, quantize_decode_row
+from plugins.kernels.common import scale_of
+from plugins.kernels.gemv_decode import DECODE_MAX_M, quantize_decode_row, store_decode_codes
+
+
+NORM_BLOCK_MAX = 8192     # a row up to this long is normed (and quantized) from registers, each byte read once
+
+
+def norm_plan(h: int) -> dict:
+    """The norm kernels' launch for rows of h: the whole row in one block where h <= NORM_BLOCK_MAX (ONE: x and the
+    weight loaded once, side by side, the quantization made from the registers: a couple of memory round trips a
+    launch, where a 1024-wide loop took four per pass over the row and four passes; one program per row is a single
+    CTA, so its round trips are the kernel's time), else 8192-wide loops; 16 values a thread at most."""
+    block = min(NORM_BLOCK_MAX, triton.next_power_of_2(h))
+    return {"BLOCK": block, "ONE": block >= h, "num_warps": max(4, min(16, block // 512))}
 
 
 @triton.jit
-def rms_norm_kernel(x_ptr, w_ptr, out_ptr, H, stride_x, eps, BLOCK: tl.constexpr):
+def rms_norm_kernel(x_ptr, w_ptr, out_ptr, H, stride_x, eps, BLOCK: tl.constexpr, ONE: tl.constexpr):
     """One program per row of x [M, H] (float32): out[m] = x[m] / sqrt(mean(x[m]^2) + eps) * w (w float16 [H]).
-    Bytes: the row twice (the second read from L1/L2), the weight once, the row out."""
-    _rms_norm_row(x_ptr, w_ptr, out_ptr, H, stride_x, eps, BLOCK)
+    Bytes: the row (twice where it is longer than a block, the second read from L1/L2), the weight once, the row out."""
+    if ONE:
+        _rms_norm_block(x_ptr, w_ptr, out_ptr, H, stride_x, eps, BLOCK)
+    else:
+        _rms_norm_loop(x_ptr, w_ptr, out_ptr, H, stride_x, eps, BLOCK)
 
 
 @triton.jit
 def rms_norm_decode_kernel(x_ptr, w_ptr, out_ptr, xq_ptr, xsum_ptr, sx_ptr, H, stride_x, eps, BLOCK: tl.constexpr,
-                           M: tl.constexpr, G: tl.constexpr, BLOCK_K: tl.constexpr):
-    """`rms_norm_kernel`, then the normed row's decode-layout INT8 activations at group size G
-    (`gemv_decode.quantize_decode_row`, read back from what this program stored, after a barrier): the launch the
-    linears that read the normed row would otherwise make, the same bits."""
-    _rms_norm_row(x_ptr, w_ptr, out_ptr, H, stride_x, eps, BLOCK)
-    tl.debug_barrier()                   # every thread's stores of the row before any thread reads it back
-    quantize_decode_row(out_ptr + tl.program_id(0) * H, xq_ptr, xsum_ptr, sx_ptr, tl.program_id(0), H, M, G, BLOCK_K,
-                        False)
+                           ONE: tl.constexpr, M: tl.constexpr, G: tl.constexpr, BLOCK_K: tl.constexpr):
+    """`rms_norm_kernel`, then the normed row's decode-layout INT8 activations at group size G: from the registers
+    where the row is one block (ONE; `gemv_decode.store_decode_codes` at `common.scale_of`), else read back from
+    what this program stored, after a barrier (`gemv_decode.quantize_decode_row`): the launch the linears that read
+    the normed row would otherwise make, the same bits."""
+    m = tl.program_id(0)
+    if ONE:
+        y = _rms_norm_block(x_ptr, w_ptr, out_ptr, H, stride_x, eps, BLOCK)
+        s = scale_of(y)
+        tl.store(sx_ptr + m, s)
+        store_decode_codes(y, 0, s, xq_ptr, xsum_ptr, m, H, M, G, BLOCK)
+    else:
+        _rms_norm_loop(x_ptr, w_ptr, out_ptr, H, stride_x, eps, BLOCK)
+        tl.debug_barrier()                   # every thread's stores of the row before any thread reads it back
+        quantize_decode_row(out_ptr + m * H, xq_ptr, xsum_ptr, sx_ptr, m, H, M, G, BLOCK_K, False)
 
 
 @triton.jit
-def _rms_norm_row(x_ptr, w_ptr, out_ptr, H, stride_x, eps, BLOCK: tl.constexpr):
+def _rms_norm_block(x_ptr, w_ptr, out_ptr, H, stride_x, eps, BLOCK: tl.constexpr):
+    """A row no longer than BLOCK: loaded once with its weight, normed, stored; returns the normed row [BLOCK] (0
+    past H). The sum of squares is one tree over the block."""
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    live = offs < H
+    v = tl.load(x_ptr + row * stride_x + offs, mask=live, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + offs, mask=live, other=0.0).to(tl.float32)
+    inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(tl.sum(v * v, axis=0), H.to(tl.float32)) + eps))
+    y = v * inv * w
+    tl.store(out_ptr + row * H + offs, y, mask=live)
+    return y
+
+
+@triton.jit
+def _rms_norm_loop(x_ptr, w_ptr, out_ptr, H, stride_x, eps, BLOCK: tl.constexpr):
+    """A row longer than BLOCK: squares summed lane-wise over BLOCK-wide steps, then one tree; a second pass norms."""
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     acc = tl.zeros([BLOCK], tl.float32)
@@ -64,8 +104,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         raise ValueError(f"rms_norm: x {tuple(x.shape)} {x.dtype} and weight {tuple(weight.shape)} do not fit "
                          "(x float32 [M, H] with unit column stride, weight [H])")
     out = torch.empty(m, h, dtype=torch.float32, device=x.device)
-    rms_norm_kernel[(m,)](x, weight, out, h, x.stride(0), float(eps), BLOCK=min(1024, triton.next_power_of_2(h)),
-                          enable_fp_fusion=False)
+    rms_norm_kernel[(m,)](x, weight, out, h, x.stride(0), float(eps), **norm_plan(h), enable_fp_fusion=False)
     return out
 
 
@@ -78,9 +117,9 @@ def rms_norm_decode(x: torch.Tensor, weight: torch.Tensor, eps: float, g: int) -
                          f"do not fit (x float32 [M <= {DECODE_MAX_M}, H], H a multiple of the group size)")
     out = torch.empty(m, h, dtype=torch.float32, device=x.device)
     xq, xsum, sx = quantize_decode_buffers(m, h, g, x.device)
-    rms_norm_decode_kernel[(m,)](x, weight, out, xq.view(torch.int8), xsum, sx, h, x.stride(0), float(eps),
-                                 BLOCK=min(1024, triton.next_power_of_2(h)), M=m, G=g,
-                                 BLOCK_K=max(g, min(1024, triton.next_power_of_2(h))), enable_fp_fusion=False)
+    plan = norm_plan(h)
+    rms_norm_decode_kernel[(m,)](x, weight, out, xq.view(torch.int8), xsum, sx, h, x.stride(0), float(eps), M=m, G=g,
+                                 BLOCK_K=max(g, plan["BLOCK"]), **plan, enable_fp_fusion=False)
     return out, (xq, xsum, sx)
 
 

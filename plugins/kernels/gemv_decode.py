@@ -39,6 +39,7 @@ INTERP_GROUPS = tl.constexpr(1)
 INTERP_CHAINS = tl.constexpr(2)
 interp_form = 1                       # what the launcher passes in the interpreter (a test sets INTERP_CHAINS)
 XSUM_SLOTS = tl.constexpr(DECODE_MAX_M)   # group sums of x_q per group: one slot per token, unused ones 0
+MAX_SLOTS = tl.constexpr(DECODE_MAX_M)    # `last_quantizes`: the counters' slots past the tokens' own hold their max
 CHUNK_COLS = tl.constexpr(32)         # columns per 16-byte chunk of a plane row (one 128-bit load per plane)
 TILE_ROWS = tl.constexpr(32)          # rows of a block of the warp-tiled layout (plugins.kernels.tiling.WARP_ROWS)
 LOW = tl.constexpr(0x0F0F0F0F)        # the low nibble of each byte lane
@@ -62,26 +63,62 @@ def _dp4a(a, b, c, INTERP: tl.constexpr):
 def quantize_decode_row(x_row, xq_ptr, xsum_ptr, sx_ptr, m, K, M: tl.constexpr, G: tl.constexpr,
                         BLOCK_K: tl.constexpr, CG: tl.constexpr):
     """Token m's row of K floats at x_row: s_x = max|x|/127 (at least 1e-12), x_q = clip(rne(x/s_x), -127, 127), as
-    `gemv.quantize_rows_kernel`, written in the decode layout: column k of chunk c = k // 32 goes to byte
-    c*M*32 + m*32 + 4*(4*(k % 2) + (k // 8) % 4) + (k // 2) % 4 (even columns in the chunk's first four words, odd
-    ones in the last four), and each group's sum of x_q to xsum[group, m] (int32 [K/G, XSUM_SLOTS], the other
-    slots left as they are). The bits do not depend on BLOCK_K (a max, elementwise codes, exact integer sums). CG: the
-    row read past L1 (`common.load_row`)."""
+    `gemv.quantize_rows_kernel`, written in the decode layout (`store_decode_codes`). The bits do not depend on
+    BLOCK_K (a max, elementwise codes, exact integer sums). CG: the row read past L1 (`common.load_row`)."""
     offs = tl.arange(0, BLOCK_K)
     s = row_scale(x_row, K, BLOCK_K, CG)
     tl.store(sx_ptr + m, s)
-    n_groups = K // G
-    gi = tl.arange(0, BLOCK_K // G)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + offs
         live = k < K
-        v = load_row(x_row + k, live, CG)
-        q = tl.minimum(tl.maximum(round_half_even(tl.math.div_rn(v, s)), -127.0), 127.0)
-        dst = (k // CHUNK_COLS) * (M * 32) + m * 32 + 4 * (4 * (k % 2) + (k // 8) % 4) + (k // 2) % 4
-        tl.store(xq_ptr + dst, q.to(tl.int8), mask=live)
-        sums = tl.sum(tl.reshape(q.to(tl.int32), [BLOCK_K // G, G]), axis=1)                # [BLOCK_K / G]
-        g = k0 // G + gi
-        tl.store(xsum_ptr + g * XSUM_SLOTS + m, sums, mask=g < n_groups)
+        store_decode_codes(load_row(x_row + k, live, CG), k0, s, xq_ptr, xsum_ptr, m, K, M, G, BLOCK_K)
+
+
+TAIL_BLOCK = 2048     # floats a `last_quantizes` step reads: 6 steps for a 7B MLP row (11008), 2 for o_proj's (4096);
+#                       at 4096 the gated product's 8B variant took 159 registers on sm_87 (128 at 2048, no spill)
+
+
+def tail_block(k: int, g: int) -> int:
+    """`last_quantizes`' BLOCK_K for rows of k values at group size g."""
+    return max(g, min(TAIL_BLOCK, triton.next_power_of_2(k)))
+
+
+@triton.jit
+def last_quantizes(row_ptr, amax, count_ptr, xq_ptr, xsum_ptr, sx_ptr, m, programs, K, M: tl.constexpr,
+                   G: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The tail of a launch whose `programs` programs each store part of token m's row of K floats at row_ptr (the
+    gated product's, attention's reduction's): each, after a barrier, raises token m's running max|x| (amax: the max
+    of what it stored, float32 >= 0, as int32 bits: their order is the floats' order) and counts itself in (one
+    gpu-scope acq_rel atomic); the last to arrive takes the max (zeroing its slot), so s_x = `common.scale_of` of
+    the whole row with no pass over it, and writes the row's decode activations (`store_decode_codes`, the row read
+    past L1), as `quantize_decode_row` would, bit for bit; then zeroes the counter for the next launch.
+    count_ptr: `gemv.split_counters`, zero between launches: token m's counter at m, its max at MAX_SLOTS + m."""
+    tl.debug_barrier()                    # every thread's stores before this program counts itself in
+    tl.atomic_max(count_ptr + MAX_SLOTS + m, amax.to(tl.int32, bitcast=True), sem="relaxed", scope="gpu")
+    if tl.atomic_add(count_ptr + m, 1, sem="acq_rel", scope="gpu") == programs - 1:
+        bits = tl.atomic_xchg(count_ptr + MAX_SLOTS + m, 0, sem="relaxed", scope="gpu")
+        s = tl.maximum(tl.math.div_rn(bits.to(tl.float32, bitcast=True), 127.0), 1e-12)
+        tl.store(sx_ptr + m, s)
+        offs = tl.arange(0, BLOCK_K)
+        for k0 in range(0, K, BLOCK_K):
+            v = load_row(row_ptr + k0 + offs, k0 + offs < K, True)
+            store_decode_codes(v, k0, s, xq_ptr, xsum_ptr, m, K, M, G, BLOCK_K)
+        tl.atomic_xchg(count_ptr + m, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def store_decode_codes(v, k0, s, xq_ptr, xsum_ptr, m, K, M: tl.constexpr, G: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Token m's columns [k0, k0 + BLOCK_K) of a row (v [BLOCK_K] float32, 0 past K; k0 a multiple of G) quantized
+    at scale s: x_q = clip(rne(v/s), -127, 127), column k of chunk c = k // 32 to byte c*M*32 + m*32 + 4*(4*(k % 2) +
+    (k // 8) % 4) + (k // 2) % 4 (even columns in the chunk's first four words, odd ones in the last four), and each
+    group's sum of x_q to xsum[group, m] (int32 [K/G, XSUM_SLOTS], the other slots left as they are)."""
+    k = k0 + tl.arange(0, BLOCK_K)
+    q = tl.minimum(tl.maximum(round_half_even(tl.math.div_rn(v, s)), -127.0), 127.0)
+    dst = (k // CHUNK_COLS) * (M * 32) + m * 32 + 4 * (4 * (k % 2) + (k // 8) % 4) + (k // 2) % 4
+    tl.store(xq_ptr + dst, q.to(tl.int8), mask=k < K)
+    sums = tl.sum(tl.reshape(q.to(tl.int32), [BLOCK_K // G, G]), axis=1)                    # [BLOCK_K / G]
+    g = k0 // G + tl.arange(0, BLOCK_K // G)
+    tl.store(xsum_ptr + g * XSUM_SLOTS + m, sums, mask=g < K // G)
 
 
 @triton.jit

@@ -11,10 +11,11 @@ then the quantization: ~20 launches a layer for a 5-token verification pass. Her
   H_h over all h rows of g (g made from gate and up as each block of rows is read: each program reads token m's
   whole gate and up rows, from L2 after the first), then H_p along each row in registers, and stores its C*p
   values of the result;
-- each program then counts itself in on token m's counter (one gpu-scope acq_rel atomic after a barrier, as the
-  decode GEMV's split-K reduction does); the last to arrive quantizes the whole row (`quantize_decode_row`, read
-  past L1) into the decode layout at down_proj's group size, as `quantize_decode` of the result would, bit for bit,
-  and zeroes the counter for the next launch.
+- each program then raises token m's running max|y| by the max of what it stored and counts itself in on token m's
+  counter (gpu-scope atomics after a barrier, as the decode GEMV's split-K reduction does); the last to arrive
+  takes the max and quantizes the whole row in one pass (`gemv_decode.last_quantizes`, read past L1) into the
+  decode layout at down_proj's group size, as `quantize_decode` of the result would, bit for bit, and zeroes the
+  counter and the max for the next launch.
 
 Without R4 the rows are plain chunks of g. A layout of three or more factors (a legacy manifest's) is not served
 here: the backend applies it in torch. Numerics: float32 throughout; the Hadamard sums run in a fixed order that
@@ -28,7 +29,7 @@ import triton.language as tl
 
 from plugins.hadamard import check_factors, factor_on
 from plugins.kernels.gemv import quantize_decode_buffers, split_counters
-from plugins.kernels.gemv_decode import DECODE_MAX_M, quantize_decode_row
+from plugins.kernels.gemv_decode import DECODE_MAX_M, MAX_SLOTS, last_quantizes, tail_block
 
 TILE = 8192          # floats of a program's broadcast product per step of its dense-factor loop (few steps: each
 #                      waits on L2 for its block of gate/up rows)
@@ -72,17 +73,20 @@ def swiglu_decode_kernel(gate_ptr, up_ptr, h1_ptr, h2_ptr, out_ptr, xq_ptr, xsum
         acc = _gated(gate_row, up_row, i[:, None] * P + q[None, :], (i[:, None] < ROWS) & q_live[None, :])
     out_row = out_ptr + m * n
     if DENSE2:
+        amax = tl.zeros([C], tl.float32)
         for j0 in range(0, P_PAD, JB):
             j = j0 + tl.arange(0, JB)
             h2 = tl.load(h2_ptr + q[:, None] * P + j[None, :], mask=q_live[:, None] & (j[None, :] < P), other=0.0)
             y = tl.sum(acc[:, :, None] * h2[None, :, :], axis=1)                  # [C, JB]
-            tl.store(out_row + i[:, None] * P + j[None, :], y, mask=(i[:, None] < ROWS) & (j[None, :] < P))
+            live = (i[:, None] < ROWS) & (j[None, :] < P)
+            tl.store(out_row + i[:, None] * P + j[None, :], y, mask=live)
+            amax = tl.maximum(amax, tl.max(tl.where(live, tl.abs(y), 0.0), axis=1))
+        amax = tl.max(amax, axis=0)
     else:
-        tl.store(out_row + i[:, None] * P + q[None, :], acc, mask=(i[:, None] < ROWS) & q_live[None, :])
-    tl.debug_barrier()                    # every thread's stores before this program counts itself in
-    if tl.atomic_add(count_ptr + m, 1, sem="acq_rel", scope="gpu") == tl.num_programs(1) - 1:
-        quantize_decode_row(out_row, xq_ptr, xsum_ptr, sx_ptr, m, n, M, G, BLOCK_K, True)
-        tl.atomic_xchg(count_ptr + m, 0, sem="relaxed", scope="gpu")
+        live = (i[:, None] < ROWS) & q_live[None, :]
+        tl.store(out_row + i[:, None] * P + q[None, :], acc, mask=live)
+        amax = tl.max(tl.max(tl.where(live, tl.abs(acc), 0.0), axis=1), axis=0)
+    last_quantizes(out_row, amax, count_ptr, xq_ptr, xsum_ptr, sx_ptr, m, tl.num_programs(1), n, M, G, BLOCK_K)
 
 
 def plan(n: int, factors, g: int) -> dict:
@@ -116,7 +120,8 @@ def swiglu_decode(gate: torch.Tensor, up: torch.Tensor, factors, g: int) -> tupl
     out = torch.empty(m, n, dtype=torch.float32, device=gate.device)
     xq, xsum, sx = quantize_decode_buffers(m, n, g, gate.device)
     grid = (m, triton.cdiv(cfg["ROWS"], cfg["C"]))
-    swiglu_decode_kernel[grid](gate, up, h1, h2, out, xq.view(torch.int8), xsum, sx, split_counters(gate.device, m),
-                               cfg.pop("ROWS"), gate.stride(0), up.stride(0), M=m, G=g,
-                               BLOCK_K=max(g, min(1024, triton.next_power_of_2(n))), enable_fp_fusion=False, **cfg)
+    counters = split_counters(gate.device, MAX_SLOTS + m)                             # tokens' counters, maxima
+    swiglu_decode_kernel[grid](gate, up, h1, h2, out, xq.view(torch.int8), xsum, sx, counters, cfg.pop("ROWS"),
+                               gate.stride(0), up.stride(0), M=m, G=g, BLOCK_K=tail_block(n, g),
+                               enable_fp_fusion=False, **cfg)
     return out, (xq, xsum, sx)
