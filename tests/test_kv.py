@@ -106,3 +106,29 @@ def test_write_kv_rejects_out_of_range_positions(gen, pos):
     with pytest.raises(ValueError, match="do not fit"):
         write_kv(k, k, *planes, pos)
     assert all(torch.equal(p.cpu().view(torch.uint8), w.view(torch.uint8)) for p, w in zip(planes, (base, refine, scale)))
+
+
+@pytest.mark.parametrize("hq,hkv,t,d", [(9, 3, 5, 64), (4, 4, 1, 128)])
+def test_rope_write_kv_is_rope_then_the_write_bit_for_bit(gen, hq, hkv, t, d):
+    """RoPE and the KV write in one launch (the static passes'): q comes back rotated, bit for bit `rope`'s, and the
+    planes hold what `write_kv_at` of the rotated k and of v writes, at [end - T, end) and nowhere else, from the
+    strided views the decoder hands over (heads split out of one projection's output)."""
+    from plugins.kernels import rope, rope_write_kv_at, write_kv_at
+    from plugins.kernels.attention import device_scalar
+    qkv = (torch.randn(t, (hq + 2 * hkv) * d, generator=gen) * 3).to(DEV)
+    q, k, v = (x.view(t, -1, d).transpose(0, 1) for x in qkv.split([hq * d, hkv * d, hkv * d], dim=1))
+    ang = torch.arange(30, 30 + t)[:, None] * (1e4 ** (-torch.arange(0, d, 2) / d))[None, :]
+    cos, sin = [f(torch.cat((ang, ang), dim=-1)).float().to(DEV) for f in (torch.cos, torch.sin)]   # [T, D]
+    cap = 16
+    planes = (torch.randint(0, 256, (2, hkv, cap, d // 2), generator=gen, dtype=torch.uint8),
+              torch.randint(0, 256, (2, hkv, cap, d // 2), generator=gen, dtype=torch.uint8),
+              torch.randn(2, hkv, cap, generator=gen).half())
+    fused, apart = [[p.to(DEV, copy=True) for p in planes] for _ in range(2)]
+    end = device_scalar(9 + t, DEV)
+    qo = rope_write_kv_at(q, k, v, cos, sin, *fused, end)
+    want_q, ko = rope(q, k, cos, sin)
+    write_kv_at(ko, v, *apart, end)
+    assert torch.equal(qo, want_q) and qo.is_contiguous()
+    for got, want in zip(fused, apart):
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    assert not torch.equal(apart[0].cpu(), planes[0])                  # (the write did write)

@@ -40,10 +40,10 @@ def test_every_kernel_a_triton_pass_launches_has_a_family(small_llama_checkpoint
         fams = {k: family(k) for k in kernels}
         assert OTHER not in fams.values(), (name, fams)
         got = breakdown([(k, 1.0) for k in kernels], 1)["families"]
-        # a block: q/k/v, o_proj, gate/up, down_proj (+ a nested head), two norms (+ the final one), RoPE, the KV write,
-        # flash decoding and its reduction, the gated product; R1 at the embedding and before the head
+        # a block: q/k/v, o_proj, gate/up, down_proj (+ a nested head), two norms (+ the final one), RoPE with the KV
+        # write, flash decoding and its reduction, the gated product; R1 at the embedding and before the head
         assert {f: v["launches"] for f, v in got.items()} == {
-            "gemv": 4 * layers + ck.head_nested, "norm": 2 * layers + 1, "rope": layers, "kv_write": layers,
+            "gemv": 4 * layers + ck.head_nested, "norm": 2 * layers + 1, "rope_kv_write": layers,
             "attention": 2 * layers, "gated": layers, "rotate": 2}, (name, got)
         assert list(got) == [f for f, _ in FAMILIES if f in got]             # in FAMILIES order
 

@@ -18,6 +18,7 @@ from typing import Callable
 FAMILIES = (
     ("gemv", ("decode_gemv", "dual_plane", "split_reduce")),        # every linear and the nested head
     ("norm", ("rms_norm",)),                                        # with the next linear's INT8 activations
+    ("rope_kv_write", ("rope_write_kv",)),                          # RoPE in the KV write's launch
     ("rope", ("rope",)),
     ("kv_write", ("write_kv",)),
     ("attention", ("flash_decode", "chunk_reduce")),                # with o_proj's activations

@@ -237,6 +237,10 @@ class AttentionOps:
     def write_kv_at(self, k, v, base, refine, scale, end):
         return self.k.write_kv_at(k, v, base, refine, scale, end)
 
+    def rope_write_kv_at(self, q, k, v, cos, sin, base, refine, scale, end):
+        """q rotated by position; k rotated and v written to the planes, in one launch (plugins.kernels.kv_write)."""
+        return self.k.rope_write_kv_at(q, k, v, cos, sin, base, refine, scale, end)
+
     def nested_kv_attention(self, q, base, refine, scale, main_len, kv8_from, scratch=None, scratch_len=0):
         if not self._fused(q):
             return self.k.nested_kv_attention(q, base, refine, scale, main_len, kv8_from, scratch, scratch_len)

@@ -26,12 +26,27 @@ class StaticAttention:
     def __init__(self, cache, staged: torch.Tensor, draft: bool, ops):
         self.cache, self.draft, self.ops = cache, draft, ops
         self.lens = [staged[i:i + 1] for i in (MAIN_LEN, SEQ_LEN, KV8_FROM, WRITE_END)]
+        if hasattr(ops, "rope_write_kv_at"):          # the decoder hands q and k unrotated (decoder._rope_attend)
+            self.rope_attend = self._rope_attend
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        main, scratch = self.cache.main.layer(layer), self.cache.draft.layer(layer)
-        main_len, seq_len, kv8_from, write_end = self.lens
-        self.ops.write_kv_at(k, v, *(scratch if self.draft else main), write_end)
-        return self.ops.nested_kv_attention_at(q, *main, main_len, seq_len, kv8_from, scratch=scratch)   # [Hq, T, D]
+        self.ops.write_kv_at(k, v, *self._written(layer), self.lens[WRITE_END])
+        return self._attend(layer, q)
+
+    def _rope_attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
+                     sin: torch.Tensor) -> torch.Tensor:
+        """`__call__` of q and k before RoPE: rotated in the KV write's launch (plugins.kernels.kv_write)."""
+        q = self.ops.rope_write_kv_at(q, k, v, cos, sin, *self._written(layer), self.lens[WRITE_END])
+        return self._attend(layer, q)
+
+    def _written(self, layer: int) -> tuple:
+        """The planes this pass's K/V entries go to: the scratch slots' (a draft pass) or the main cache's."""
+        return (self.cache.draft if self.draft else self.cache.main).layer(layer)
+
+    def _attend(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        main_len, seq_len, kv8_from, _ = self.lens
+        return self.ops.nested_kv_attention_at(q, *self.cache.main.layer(layer), main_len, seq_len, kv8_from,
+                                               scratch=self.cache.draft.layer(layer))                 # [Hq, T, D]
 
 
 class GraphedEngine(PassEngine):

@@ -101,6 +101,18 @@ def _rope(w: WeightStore, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, s
     return fused(q, k, cos, sin) if fused is not None else (apply_rope(q, cos, sin), apply_rope(k, cos, sin))
 
 
+def _rope_attend(w: WeightStore, attend: "Attention", layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Attention [Hq, T, D] of q [Hq, T, D], k, v [Hkv, T, D] with q and k rotated by position: by the attention
+    itself where it has `rope_attend` (the triton backend's static passes rotate in the KV write's launch), else by
+    `_rope` before it."""
+    fused = getattr(attend, "rope_attend", None)
+    if fused is not None:
+        return fused(layer, q, k, v, cos, sin)
+    q, k = _rope(w, q, k, cos, sin)                                   # [Hq, T, D], [Hkv, T, D]
+    return attend(layer, q, k, v)
+
+
 def rope_tables(cfg: ModelConfig, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [T, D] for the rotate-half RoPE convention of HF Llama."""
     d = cfg.head_dim
@@ -142,8 +154,7 @@ class Decoder:
         q = q.view(t, cfg.num_heads, cfg.head_dim).transpose(0, 1)                      # [Hq, T, D]
         k = k.view(t, cfg.num_kv_heads, cfg.head_dim).transpose(0, 1)                   # [Hkv, T, D]
         v = v.view(t, cfg.num_kv_heads, cfg.head_dim).transpose(0, 1)
-        q, k = _rope(w, q, k, cos, sin)                               # [Hq, T, D], [Hkv, T, D]
-        a = attend(layer, q, k, v)                                    # [Hq, T, D]
+        a = _rope_attend(w, attend, layer, q, k, v, cos, sin)         # [Hq, T, D]
         a = a.transpose(0, 1).reshape(t, cfg.num_heads * cfg.head_dim)  # [T, Hq*D]
         x = _linear_add(w, p + "self_attn.o_proj", a, view, x)                        # x + o_proj(a)
         h = _norm(w, x, p + "post_attention_layernorm", cfg.rms_norm_eps)
@@ -202,6 +213,9 @@ class Decoder:
 
 
 class Attention(Protocol):
+    """Attention of a pass over rotated q, k (and v). One may also have `rope_attend(layer, q, k, v, cos, sin)`, the
+    same of q and k before RoPE, which it applies itself (`_rope_attend`)."""
+
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
 
 

@@ -1,5 +1,5 @@
 """Triton kernels of the BitNest ops (docs/contracts.md, ops): the dual-plane GEMV/GEMM (`gemv`), nested-KV
-flash-decoding and its KV write path (`attention`), the decoder's RMSNorm and RoPE in one launch each (`decoder_ops`),
+flash-decoding (`attention`) and its KV write path (`kv_write`, with RoPE in the same launch), the decoder's RMSNorm and RoPE in one launch each (`decoder_ops`),
 SwiGLU with R4 and down_proj's quantization in one (`swiglu`), ahead-of-time compilation for Orin (`aot`) and a
 self-check (`selfcheck`).
 
@@ -100,11 +100,18 @@ def nested_kv_attention_at(q, base, refine, scale, main_len, seq_len, kv8_from, 
 
 def write_kv(k, v, base, refine, scale, pos):
     """Quantize k, v [Hkv, T, D] into positions [pos, pos + T) of one layer's KV planes in place."""
-    from plugins.kernels.attention import write_kv as launch
+    from plugins.kernels.kv_write import write_kv as launch
     return launch(k, v, base, refine, scale, pos)
 
 
 def write_kv_at(k, v, base, refine, scale, end):
     """`write_kv` into positions [end - T, end), `end` a device scalar."""
-    from plugins.kernels.attention import write_kv_at as launch
+    from plugins.kernels.kv_write import write_kv_at as launch
     return launch(k, v, base, refine, scale, end)
+
+
+def rope_write_kv_at(q, k, v, cos, sin, base, refine, scale, end):
+    """RoPE of q and k and `write_kv_at` of the rotated k and v in one launch: returns q rotated ([Hq, T, D],
+    contiguous), bit for bit `rope`'s (`plugins.kernels.kv_write`)."""
+    from plugins.kernels.kv_write import rope_write_kv_at as launch
+    return launch(q, k, v, cos, sin, base, refine, scale, end)

@@ -35,7 +35,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from plugins.kernels import attention, decoder_ops, gemv, gemv_decode, swiglu
+from plugins.kernels import attention, decoder_ops, gemv, gemv_decode, kv_write, swiglu
 
 JETPACK6_PTX = 85     # PTX ISA 8.5: the newest the CUDA 12.6 driver (JetPack 6.1/6.2) loads
 BUDGETS = {"registers": 128, "spill_bytes": 0, "instructions_per_weight_byte": 4.0}   # decode GEMVs, sm_87
@@ -218,10 +218,16 @@ def kernel_specs() -> list[KernelSpec]:
                    {"q_ptr": "*fp32", "k_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "qo_ptr": "*fp32",
                     "ko_ptr": "*fp32", "T": "i32", "HQ": "i32", "sq_h": "i32", "sq_t": "i32", "sk_h": "i32",
                     "sk_t": "i32", "D": "constexpr"}, {"D": 128}),
-        KernelSpec("write_kv_d128", attention.write_kv_kernel,
+        KernelSpec("write_kv_d128", kv_write.write_kv_kernel,
                    {"k_ptr": "*fp32", "v_ptr": "*fp32", "base_ptr": "*u8", "refine_ptr": "*u8", "scale_ptr": "*fp16",
                     "end_ptr": "*i32", "T": "i32", "cap": "i32", "sk_h": "i32", "sk_t": "i32", "sv_h": "i32",
                     "sv_t": "i32", "HKV": "constexpr", "D": "constexpr"}, {"HKV": 8, "D": 128}),
+        KernelSpec("rope_write_kv_d128", kv_write.rope_write_kv_kernel,             # RoPE and the KV write, one
+                   {"q_ptr": "*fp32", "k_ptr": "*fp32", "v_ptr": "*fp32", "cos_ptr": "*fp32",   # launch (the
+                    "sin_ptr": "*fp32", "qo_ptr": "*fp32", "base_ptr": "*u8", "refine_ptr": "*u8",   # static
+                    "scale_ptr": "*fp16", "end_ptr": "*i32", "T": "i32", "cap": "i32", "HQ": "i32",   # passes')
+                    "sq_h": "i32", "sq_t": "i32", "sk_h": "i32", "sk_t": "i32", "sv_h": "i32", "sv_t": "i32",
+                    "HKV": "constexpr", "D": "constexpr"}, {"HKV": 8, "D": 128}),
     ]
 
 

@@ -1,6 +1,6 @@
-"""Triton nested-KV flash-decoding (docs/contracts.md, KV cache and ops): causal GQA attention of the T <= γ+1 newest queries over one
-layer's nested KV cache (KV4, KV8 or Recent-N), split over the context with a deterministic reduction, and the
-write path that quantizes new K/V entries into the planes.
+"""Triton nested-KV flash-decoding (docs/contracts.md, KV cache and ops): causal GQA attention of the T <= γ+1
+newest queries over one layer's nested KV cache (KV4, KV8 or Recent-N), split over the context with a deterministic
+reduction. The write path that quantizes new K/V entries into the planes is `plugins.kernels.kv_write`.
 
 Bytes read, and why no more than the format requires: each program owns one KV head and one chunk of CHUNK
 positions and serves every query head of that KV head's GQA group and every query (R*T rows) from one read, so
@@ -32,7 +32,7 @@ steps start at the chunk and at kv8_from, chunks are reduced in index order; pos
 contribute exact zeros.
 
 Lengths on the device: the kernels read main_len, seq_len, kv8_from (attention) and the write's end position
-(write_kv) from device scalars, so a pass can be captured once in a CUDA graph and replayed with new lengths
+(`kv_write`) from device scalars, so a pass can be captured once in a CUDA graph and replayed with new lengths
 (`nested_kv_attention_at`, `write_kv_at`: the grid then covers the planes' whole capacity, and a chunk past seq_len
 runs no iteration), and a TensorRT plugin never reads them to the host. Garbage lengths are clamped inside the
 kernels (0 <= main_len <= C, main_len <= seq_len <= main_len + scratch capacity, T <= write end <= C), so no value of
@@ -45,7 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
-from plugins.kernels.common import INTERPRET, interp_dot, round_half_even
+from plugins.kernels.common import INTERPRET, interp_dot
 from plugins.kernels.gemv import quantize_decode_buffers, split_counters
 from plugins.kernels.gemv_decode import DECODE_MAX_M, MAX_SLOTS, last_quantizes, tail_block
 
@@ -283,43 +283,7 @@ def chunk_reduce_kernel(m_ws, l_ws, acc_ws, out_ptr, T, n_chunks, s_h, s_t, xq_p
                        hq * D, M, G, BLOCK_K)
 
 
-@triton.jit
-def write_kv_kernel(k_ptr, v_ptr, base_ptr, refine_ptr, scale_ptr, end_ptr, T, cap, sk_h, sk_t, sv_h, sv_t,
-                    HKV: tl.constexpr, D: tl.constexpr):
-    """One program per (K-or-V, head, token) of k and v [Hkv, T, D] (strided, unit stride along D: the views the
-    decoder splits out of the projections, read in place): s = fp16(max|x|/7), q4 = clip(rne(x/s)),
-    qr = clip(rne((x - q4 s)/(s/16))) written at position end - T + t (the semantics of `plugins.kv.quantize_kv`),
-    `end` read from a device scalar and clamped to [T, cap] (the launcher checks T <= cap).
-    Bytes: the D floats of the vector in, D/2 bytes per plane and one float16 scale out; nothing is read back."""
-    end = tl.minimum(tl.maximum(tl.load(end_ptr).to(tl.int64), T), cap)
-    pos0 = (end - T).to(tl.int32)
-    pid = tl.program_id(0)
-    kv = pid // (HKV * T)
-    h = (pid // T) % HKV
-    t = pid % T
-    HALF: tl.constexpr = D // 2
-    j = tl.arange(0, HALF)
-    if kv == 0:
-        src = k_ptr + h * sk_h + t * sk_t + 2 * j
-    else:
-        src = v_ptr + h * sv_h + t * sv_t + 2 * j
-    x_e = tl.load(src).to(tl.float32)                                   # [HALF] dims 2j
-    x_o = tl.load(src + 1).to(tl.float32)                               # [HALF] dims 2j+1
-    amax = tl.maximum(tl.max(tl.abs(x_e), axis=0), tl.max(tl.abs(x_o), axis=0))
-    s = tl.maximum(tl.math.div_rn(amax, 7.0), 2.0 ** -24).to(tl.float16).to(tl.float32)
-    q_e = tl.minimum(tl.maximum(round_half_even(tl.math.div_rn(x_e, s)), -8.0), 7.0)
-    q_o = tl.minimum(tl.maximum(round_half_even(tl.math.div_rn(x_o, s)), -8.0), 7.0)
-    step = s / 16.0
-    r_e = tl.minimum(tl.maximum(round_half_even(tl.math.div_rn(x_e - q_e * s, step)), -8.0), 7.0)
-    r_o = tl.minimum(tl.maximum(round_half_even(tl.math.div_rn(x_o - q_o * s, step)), -8.0), 7.0)
-    plane = kv * HKV + h
-    dst = (plane * cap + pos0 + t) * HALF + j
-    tl.store(base_ptr + dst, ((q_e.to(tl.int32) & 15) | ((q_o.to(tl.int32) & 15) << 4)).to(tl.uint8))
-    tl.store(refine_ptr + dst, ((r_e.to(tl.int32) & 15) | ((r_o.to(tl.int32) & 15) << 4)).to(tl.uint8))
-    tl.store(scale_ptr + plane * cap + pos0 + t, s.to(tl.float16))
-
-
-def _check_planes(base, refine, scale, d):
+def check_planes(base, refine, scale, d):
     if base.dtype != torch.uint8 or refine.dtype != torch.uint8 or scale.dtype != torch.float16:
         raise ValueError("KV planes must be uint8 and their scales float16")
     if base.dim() != 4 or base.shape[0] != 2 or base.shape[-1] * 2 != d or refine.shape != base.shape \
@@ -339,13 +303,13 @@ def _attend(q, base, refine, scale, scratch, main_ptr, seq_ptr, kv8_ptr, n_chunk
     `quantize` (a group size; T <= 8) also its rows' decode-layout activations (module docstring)."""
     hq, t, d = q.shape
     hkv = base.shape[1]
-    _check_planes(base, refine, scale, d)
+    check_planes(base, refine, scale, d)
     if hq % hkv or d & (d - 1) or d < 32:
         raise ValueError(f"q [{hq}, {t}, {d}] does not fit {hkv} KV heads (head dim must be a power of two >= 32)")
     sb, sr, ss = scratch if scratch is not None else (base, refine, scale)
     scap = 0
     if scratch is not None:
-        _check_planes(sb, sr, ss, d)
+        check_planes(sb, sr, ss, d)
         scap = sb.shape[2]
     r = hq // hkv
     block_m = rows_per_tile(r)                                          # never a function of t
@@ -402,27 +366,3 @@ def nested_kv_attention_at(q: torch.Tensor, base: torch.Tensor, refine: torch.Te
     scap = scratch[0].shape[2] if scratch is not None else 0
     return _attend(q, base, refine, scale, scratch, main_len, seq_len, kv8_from,
                    triton.cdiv(base.shape[2] + scap, CHUNK), out, quantize)
-
-
-def write_kv_at(k: torch.Tensor, v: torch.Tensor, base: torch.Tensor, refine: torch.Tensor, scale: torch.Tensor,
-                end: torch.Tensor) -> None:
-    """Quantize k, v [Hkv, T, D] into positions [end - T, end) of the planes in place; `end` is a device scalar
-    (int32 or int64), clamped by the kernel to [T, C]."""
-    hkv, t, d = k.shape
-    _check_planes(base, refine, scale, d)
-    if v.shape != k.shape or base.shape[1] != hkv or not 0 < t <= base.shape[2]:
-        raise ValueError(f"K/V {tuple(k.shape)} do not fit planes {tuple(base.shape)}")
-    if k.stride(2) != 1 or v.stride(2) != 1:
-        k, v = k.contiguous(), v.contiguous()
-    write_kv_kernel[(2 * hkv * t,)](k, v, base, refine, scale, end, t, base.shape[2], k.stride(0), k.stride(1),
-                                    v.stride(0), v.stride(1), HKV=hkv, D=d,
-                                    enable_fp_fusion=False)   # x - q4*s rounded as torch rounds it
-
-
-def write_kv(k: torch.Tensor, v: torch.Tensor, base: torch.Tensor, refine: torch.Tensor, scale: torch.Tensor,
-             pos: int) -> None:
-    """Quantize k, v [Hkv, T, D] into positions [pos, pos + T) of the planes, in place."""
-    t = k.shape[1]
-    if not 0 <= pos <= base.shape[2] - t:
-        raise ValueError(f"K/V {tuple(k.shape)} at position {pos} do not fit planes {tuple(base.shape)}")
-    write_kv_at(k, v, base, refine, scale, device_scalar(pos + t, k.device))

@@ -98,6 +98,7 @@ def plugin_library_unavailable() -> str | None:
     try:
         import plugins.kernels.attention  # noqa: F401
         import plugins.kernels.gemv  # noqa: F401
+        import plugins.kernels.kv_write  # noqa: F401
     except ImportError as e:
         return (f"the plugins' kernel library plugins.kernels does not import ({e}): reinstall the project with its "
                 "kernels and the jetson extra (pip install -e .[jetson])")
