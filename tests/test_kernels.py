@@ -154,6 +154,25 @@ def test_nested_kv_attention_over_scratch_slots(gen):
         assert rel_err(got, want) < 5e-5
 
 
+def test_the_capacity_wide_launch_reads_no_chunk_past_seq_len(gen, monkeypatch):
+    """The CUDA graphs' launch covers the planes' whole capacity (8 chunks here) where 2 hold visible positions: the
+    chunks past seq_len store nothing and the reduction combines the 2 only, in the order the 2-chunk launch uses, so
+    the output is that launch's bit for bit with every workspace float poisoned (NaN) before the launch."""
+    from plugins.kernels import nested_kv_attention_at
+    from plugins.kernels.attention import device_scalar
+
+    def nan(t):
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+    real_empty, real_like = torch.empty, torch.empty_like
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: nan(real_empty(*a, **kw)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: nan(real_like(*a, **kw)))
+    planes = to_dev(*kv_planes(gen, 2, 1000, 32))
+    q = torch.randn(4, 3, 32, generator=gen).to(DEV)
+    want = nested_kv_attention(q, *planes, 150, 60)
+    got = nested_kv_attention_at(q, *planes, *(device_scalar(v, DEV) for v in (150, 150, 60)))
+    assert torch.equal(got, want) and not got.isnan().any()
+
+
 def test_kv4_positions_never_read_the_refinement_plane(gen):
     """Garbage in the refinement plane before kv8_from changes nothing, bit for bit."""
     base, refine, scale = to_dev(*kv_planes(gen, 2, 150, 32))

@@ -144,9 +144,11 @@ def _swiglu(name, n, factors, m=5, g=128):
 def _reduce(name, quant, d=128):
     """Flash decoding's chunk reduction (`attention._attend`), with `quant` also writing o_proj's decode activations
     (5 queries, group 128: Llama-2-7B's Hq*D of 4096)."""
-    const = {"R": 4, "D": d, "QUANT": quant, "M": 5 if quant else 1, "G": 128 if quant else 1,
+    const = {"R": 4, "D": d, "CHUNK": attention.CHUNK, "NC": attention.REDUCE_CHUNKS, "QUANT": quant,
+             "M": 5 if quant else 1, "G": 128 if quant else 1,
              "BLOCK_K": gemv_decode.tail_block(32 * d, 128) if quant else 1}
-    sig = {"m_ws": "*fp32", "l_ws": "*fp32", "acc_ws": "*fp32", "out_ptr": "*fp32", "T": "i32", "n_chunks": "i32",
+    sig = {"m_ws": "*fp32", "l_ws": "*fp32", "acc_ws": "*fp32", "out_ptr": "*fp32", "main_ptr": "*i64",
+           "seq_ptr": "*i64", "kv8_ptr": "*i64", "T": "i32", "n_chunks": "i32", "cap": "i32", "scap": "i32",
            "s_h": "i32", "s_t": "i32", "xq_ptr": "*i8", "xsum_ptr": "*i32", "sx_ptr": "*fp32", "count_ptr": "*i32"}
     return KernelSpec(name, attention.chunk_reduce_kernel, sig | {k: "constexpr" for k in const}, const)
 

@@ -28,15 +28,15 @@ ratio only, never on T, so every pass of a layer runs the same compiled program 
 scores and outputs are reductions of that row alone in a fixed order (tensor-core MMAs on the GPU; in the
 interpreter a broadcast product and a sum, `common.interp_dot`, never numpy's BLAS, whose AVX2 kernels make a
 row's result depend on its position); chunk boundaries are absolute positions (multiples of CHUNK), a chunk's
-steps start at the chunk and at kv8_from, chunks are reduced in index order; positions a query cannot see
-contribute exact zeros.
+steps start at the chunk and at kv8_from, chunks are reduced in a fixed order set by seq_len alone; positions a
+query cannot see contribute exact zeros.
 
 Lengths on the device: the kernels read main_len, seq_len, kv8_from (attention) and the write's end position
 (`kv_write`) from device scalars, so a pass can be captured once in a CUDA graph and replayed with new lengths
 (`nested_kv_attention_at`, `write_kv_at`: the grid then covers the planes' whole capacity, and a chunk past seq_len
-runs no iteration), and a TensorRT plugin never reads them to the host. Garbage lengths are clamped inside the
-kernels (0 <= main_len <= C, main_len <= seq_len <= main_len + scratch capacity, T <= write end <= C), so no value of
-them makes a kernel touch memory outside its planes.
+runs no iteration, stores nothing and is not reduced), and a TensorRT plugin never reads them to the host. Garbage
+lengths are clamped inside the kernels (0 <= main_len <= C, main_len <= seq_len <= main_len + scratch capacity,
+T <= write end <= C), so no value of them makes a kernel touch memory outside its planes.
 """
 
 import math
@@ -57,6 +57,8 @@ STAGES = 1           # software-pipelining stages of the attention loops: with 1
 MAXNREG = 128        # registers a thread may hold (ptxas's cap): d128 GQA 4 takes 153 uncapped, 120 capped, with no
                      # spill and the same instructions (`bitnest compile-kernels`); 128 keeps 4 programs of 4 warps
                      # (or 2 of 8) resident on an SM for the loads in flight
+REDUCE_CHUNKS = 16   # chunks the reduction combines a step ([16, D] partials in one load: a 4K context's 32
+                     # chunks in 2 steps where a chunk a step made 64 dependent loads a row; its sums' order is fixed)
 QUERY_SLOTS = 5      # queries per row tile for any GQA ratio (γ + 1 <= 5, the default γ = 4, verifies in one read
                      # of the KV; 8 slots gave d64 GQA 3 a 32-row tile that spills on sm_87 at 4 or 8 warps)
 
@@ -243,36 +245,47 @@ def flash_decode_kernel(
                                scale_ptr, sbase_ptr, srefine_ptr, sscale_ptr, main_len, cap, scap, sm_scale, HKV, W,
                                BLOCK_S, True, INTERP)
     slot = (h * R * T + rows) * n_chunks + c                             # [BM]
-    tl.store(m_ws + slot, m_i, mask=live)
-    tl.store(l_ws + slot, l_i, mask=live)
-    tl.store(acc_ws + slot[:, None] * D + d[None, :], acc, mask=live[:, None])
+    kept = live & (rows * 0 + c0 < seq_len)       # a chunk past seq_len stores nothing: the reduction never reads it
+    tl.store(m_ws + slot, m_i, mask=kept)
+    tl.store(l_ws + slot, l_i, mask=kept)
+    tl.store(acc_ws + slot[:, None] * D + d[None, :], acc, mask=kept[:, None])
 
 
 @triton.jit
-def chunk_reduce_kernel(m_ws, l_ws, acc_ws, out_ptr, T, n_chunks, s_h, s_t, xq_ptr, xsum_ptr, sx_ptr, count_ptr,
-                        R: tl.constexpr, D: tl.constexpr, QUANT: tl.constexpr, M: tl.constexpr, G: tl.constexpr,
+def chunk_reduce_kernel(m_ws, l_ws, acc_ws, out_ptr, main_ptr, seq_ptr, kv8_ptr, T, n_chunks, cap, scap, s_h, s_t,
+                        xq_ptr, xsum_ptr, sx_ptr, count_ptr, R: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr,
+                        NC: tl.constexpr, QUANT: tl.constexpr, M: tl.constexpr, G: tl.constexpr,
                         BLOCK_K: tl.constexpr):
-    """One program per (kv head, row): combine the chunks in index order (deterministic) into out [Hq, T, D] (strides
-    s_h, s_t: the launcher's token-major buffer, or a caller's). With QUANT (out token-major, T = M <= 8), each
-    program counts itself in on its token's counter, with the max of its D values, and the token's last (of Hq)
-    quantizes the token's row of Hq*D values into the decode layout at group size G (`gemv_decode.last_quantizes`):
-    o_proj's activations, what `quantize_decode` of the row gives, bit for bit, where a launch of its own made them.
-    Bytes: (2 + D) * 4 per chunk and row of partials, D * 4 out: no KV bytes."""
+    """One program per (kv head, row): combine the chunks before seq_len (the lengths as `flash_decode_kernel` reads
+    them; the chunks past it hold nothing) into out [Hq, T, D] (strides s_h, s_t: the launcher's token-major buffer,
+    or a caller's), NC chunks a step in one load each of m, l and the [NC, D] partial outputs: a step's sums are trees
+    over its NC lanes (chunk c in lane c % NC), added in step order, so the order depends on seq_len alone, never on
+    T or on how many chunks the grid covered. With QUANT (out token-major, T = M <= 8), each program counts itself
+    in on its token's counter, with the max of its D values, and the token's last (of Hq) quantizes the token's row
+    of Hq*D values into the decode layout at group size G (`gemv_decode.last_quantizes`): o_proj's activations, what
+    `quantize_decode` of the row gives, bit for bit, where a launch of its own made them.
+    Bytes: (2 + D) * 4 per visible chunk and row of partials, D * 4 out: no KV bytes."""
     h = tl.program_id(0)
     row = tl.program_id(1)
+    _, seq_len, _ = _lengths(main_ptr, seq_ptr, kv8_ptr, cap, scap)
+    chunks = tl.minimum((seq_len + CHUNK - 1) // CHUNK, n_chunks)
     base = (h * R * T + row) * n_chunks
     d = tl.arange(0, D)
-    one = tl.zeros([1], tl.int32)
-    m = tl.full([1], float("-inf"), tl.float32)
-    for c in range(n_chunks):
-        m = tl.maximum(m, tl.load(m_ws + base + c + one))
-    m_safe = tl.where(m == float("-inf"), 0.0, m)                      # [1]
+    lane = tl.arange(0, NC)
+    m = float("-inf")
+    for c0 in range(0, chunks, NC):
+        m = tl.maximum(m, tl.max(tl.load(m_ws + base + c0 + lane, mask=c0 + lane < chunks, other=float("-inf")),
+                                 axis=0))
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
     num = tl.zeros([D], tl.float32)
-    den = tl.zeros([1], tl.float32)
-    for c in range(n_chunks):
-        w = tl.exp(tl.load(m_ws + base + c + one) - m_safe)           # [1]; exactly 0 for an unseen chunk
-        den += w * tl.load(l_ws + base + c + one)
-        num += w * tl.load(acc_ws + (base + c) * D + d)
+    den = 0.0
+    for c0 in range(0, chunks, NC):
+        c = c0 + lane
+        seen = c < chunks
+        w = tl.exp(tl.load(m_ws + base + c, mask=seen, other=float("-inf")) - m_safe)   # [NC]; 0 for an unseen chunk
+        den += tl.sum(w * tl.load(l_ws + base + c, mask=seen, other=0.0), axis=0)
+        part = tl.load(acc_ws + (base + c)[:, None] * D + d[None, :], mask=seen[:, None], other=0.0)   # [NC, D]
+        num += tl.sum(w[:, None] * part, axis=0)
     head = h * R + row // T
     t = row % T
     y = num / den
@@ -327,18 +340,19 @@ def _attend(q, base, refine, scale, scratch, main_ptr, seq_ptr, kv8_ptr, n_chunk
         num_warps=warps_for(d, r), num_stages=STAGES, maxnreg=MAXNREG, enable_fp_fusion=False,
     )
     y = out if out is not None else torch.empty(t, hq, d, dtype=torch.float32, device=dev).transpose(0, 1)
+    lens = (main_ptr, seq_ptr, kv8_ptr, t, n_chunks, base.shape[2], scap, y.stride(0), y.stride(1))
+    fixed = {"R": r, "D": d, "CHUNK": CHUNK, "NC": REDUCE_CHUNKS, "enable_fp_fusion": False}
     if quantize is None:
-        chunk_reduce_kernel[(hkv, r * t)](m_ws, l_ws, acc_ws, y, t, n_chunks, y.stride(0), y.stride(1), y, y, y, y,
-                                          R=r, D=d, QUANT=False, M=1, G=1, BLOCK_K=1, enable_fp_fusion=False)
+        chunk_reduce_kernel[(hkv, r * t)](m_ws, l_ws, acc_ws, y, *lens, y, y, y, y, QUANT=False, M=1, G=1, BLOCK_K=1,
+                                          **fixed)
         return y
     if out is not None or t > DECODE_MAX_M or (hq * d) % quantize:
         raise ValueError(f"attention's fused quantization serves T <= {DECODE_MAX_M} queries into its own output "
                          f"with Hq*D a multiple of the group ({t} queries, Hq*D {hq * d}, group {quantize})")
     acts = quantize_decode_buffers(t, hq * d, quantize, dev)
-    chunk_reduce_kernel[(hkv, r * t)](m_ws, l_ws, acc_ws, y, t, n_chunks, y.stride(0), y.stride(1),
-                                      acts[0].view(torch.int8), acts[1], acts[2], split_counters(dev, MAX_SLOTS + t),
-                                      R=r, D=d, QUANT=True, M=t, G=quantize, BLOCK_K=tail_block(hq * d, quantize),
-                                      enable_fp_fusion=False)
+    chunk_reduce_kernel[(hkv, r * t)](m_ws, l_ws, acc_ws, y, *lens, acts[0].view(torch.int8), acts[1], acts[2],
+                                      split_counters(dev, MAX_SLOTS + t), QUANT=True, M=t, G=quantize,
+                                      BLOCK_K=tail_block(hq * d, quantize), **fixed)
     return y, acts
 
 
