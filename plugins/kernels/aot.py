@@ -7,7 +7,8 @@ float16-activation GEMV variants take float16), so the registers reported are th
 
 The bandwidth proxy (`sass_proxy`, what a developer without a GPU holds every change to): the number of 128-bit
 global loads (`LDG.E.128`: a weight chunk of 16 bytes per instruction), and the lane instructions per weight byte of
-the main loop: the SASS instructions between the loop's head and its backward branch, times the threads of a
+the main loop (`main_loop`: the weight stream, the loop with the dot instructions): the SASS instructions between
+the loop's head and its backward branch, times the threads of a
 program, over the plane bytes a program reads per iteration (one group of its rows). Decode GEMVs are held to
 BUDGETS (`budget_failures`): on Orin NX (8 SMs x 128 lanes at 918 MHz, 102 GB/s) the issue rate allows ~9 lane
 instructions per byte at the roofline, so <= 4 leaves the memory system the bound with room for latency.
@@ -282,8 +283,12 @@ def load_loops(sass: str) -> list[list[str]]:
 
 
 def main_loop(sass: str) -> list[str]:
-    """The largest loop of `sass` holding a global load (`load_loops`); empty where there is none."""
-    return max(load_loops(sass), key=len, default=[])
+    """The largest loop of `sass` holding a global load (`load_loops`) and a dot instruction (dp4a, IMMA, HMMA: a
+    GEMV's weight stream, not its split reduction's loop over partials), or holding a global load where no loop
+    has a dot; empty where there is none."""
+    loops = load_loops(sass)
+    dots = [loop for loop in loops if any(re.search(r"\b(IDP\.4A|IMMA|HMMA)\b", o) for o in loop)]
+    return max(dots or loops, key=len, default=[])
 
 
 def _plane_loads(loop: list[str]) -> int:

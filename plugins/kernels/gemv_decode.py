@@ -311,19 +311,28 @@ def _last_split_reduces(sx_ptr, part_ptr, y_ptr, count_ptr, res_ptr, N, M: tl.co
     acq_rel atomic, after a barrier so every thread's partial store precedes it); the last to arrive sums the tile's
     partials over the splits in index order, scales by s_x and stores y, as `gemv.split_reduce_kernel` did in a
     launch of its own (the same float32 additions in the same order: the same bits), then zeroes its counter for
-    the next launch. Partials are read past L1 (.cg): a replayed graph's SM may hold the last replay's lines."""
+    the next launch. Partials are read past L1 (.cg): a replayed graph's SM may hold the last replay's lines. The
+    loads of SB splits are issued together before their adds (one memory round trip for SB splits, where a split a
+    step waited on each load: at M = 1, 16 splits in one, 64 partials a thread at most)."""
     tl.debug_barrier()
     tile = tl.program_id(0)
     splits = tl.num_programs(1)
     if tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu") == splits - 1:
         MP: tl.constexpr = triton.next_power_of_2(M)
+        SB: tl.constexpr = max(1, min(16, 32 // (MP * ROWS)))
         m = tl.arange(0, MP)
         n = tile * (ROWS * BLOCK_S) + tl.arange(0, ROWS * BLOCK_S)                       # the tile's rows
         at = m[:, None] * N + n[None, :]                                                 # [MP, ROWS * BS]
         live = (m[:, None] < M) & (n[None, :] < N)
         total = tl.zeros([MP, ROWS * BLOCK_S], tl.float32)
-        for s in range(0, splits):
-            total += tl.load(part_ptr + s * M * N + at, mask=live, other=0.0, cache_modifier=".cg")
+        for s0 in range(0, splits, SB):
+            parts = ()
+            for j in tl.static_range(SB):
+                ok = at * 0 + s0 + j < splits                                            # [MP, ROWS * BS]
+                parts = parts + ((tl.load(part_ptr + (s0 + j) * M * N + at, mask=live & ok, other=0.0,
+                                          cache_modifier=".cg"), ok),)
+            for j in tl.static_range(SB):
+                total = tl.where(parts[j][1], total + parts[j][0], total)               # in split order, exactly
         sx = tl.load(sx_ptr + m, mask=m < M, other=0.0)
         total = total * sx[:, None]
         if HAS_RES:
