@@ -139,7 +139,7 @@ def _swiglu(name, n, factors, m=5, g=128):
     ptrs = ("gate_ptr", "up_ptr", "h1_ptr", "h2_ptr", "out_ptr", "xq_ptr", "xsum_ptr", "sx_ptr", "count_ptr")
     sig = dict(zip(ptrs, ("*fp32",) * 5 + ("*i8", "*i32", "*fp32", "*i32"))) | \
         {"ROWS": "i32", "stride_g": "i32", "stride_u": "i32"} | {k: "constexpr" for k in const}
-    return KernelSpec(name, swiglu.swiglu_decode_kernel, sig, const)
+    return KernelSpec(name, swiglu.swiglu_decode_kernel, sig, const, swiglu.WARPS)
 
 
 def _reduce(name, quant, d=128):

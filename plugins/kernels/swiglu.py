@@ -31,9 +31,12 @@ from plugins.hadamard import check_factors, factor_on
 from plugins.kernels.gemv import quantize_decode_buffers, split_counters
 from plugins.kernels.gemv_decode import DECODE_MAX_M, MAX_SLOTS, last_quantizes, tail_block
 
-TILE = 8192          # floats of a program's broadcast product per step of its dense-factor loop (few steps: each
-#                      waits on L2 for its block of gate/up rows)
-LOAD = 4096          # floats of gate (and of up) a step loads
+WARPS = 8            # a program's warps: a step's floats spread over 256 threads
+STEP_FLOATS = 20480  # floats a step of the dense-factor loop holds, its broadcast product [C, KB, P] and its gate and
+#                      up rows [KB, P]: 80 a thread. Few, wide steps: each waits on L2 for its rows (11 steps of 32
+#                      rows at Llama-2-7B's (344, 32) in 4 warps, 6 of 64 in 8; at 4 warps and 64 rows Qwen2.5-1.5B's
+#                      (140, 64) spilled on sm_87: its gate/up rows are twice 7B's a row)
+LOAD = 4096          # floats of the dense factor's product a step of the H_p loop holds
 ROW_FLOATS = 256     # floats of the result a program owns (C rows of p): more programs at the small factors
 MAX_FACTORS = 2      # R4 layouts served: none, (p,), (h, p)
 
@@ -89,6 +92,10 @@ def swiglu_decode_kernel(gate_ptr, up_ptr, h1_ptr, h2_ptr, out_ptr, xq_ptr, xsum
     last_quantizes(out_row, amax, count_ptr, xq_ptr, xsum_ptr, sx_ptr, m, tl.num_programs(1), n, M, G, BLOCK_K)
 
 
+def _floor_pow2(x: int) -> int:
+    return 1 << (max(1, x).bit_length() - 1)
+
+
 def plan(n: int, factors, g: int) -> dict:
     """The launch's view of a row of n values as [ROWS, P] and its tiling, for R4 `factors` (() for none: rows of
     one group g) and group size g; ValueError where the layout is not served here (three or more factors)."""
@@ -98,7 +105,7 @@ def plan(n: int, factors, g: int) -> dict:
     p_pad = triton.next_power_of_2(p)
     rows_pad = triton.next_power_of_2(n // p)
     c = max(1, min(rows_pad, ROW_FLOATS // p_pad))                                # rows a program computes
-    kb = max(1, min(rows_pad, TILE // (c * p_pad), LOAD // p_pad))                # rows of gate/up a step reads
+    kb = min(rows_pad, _floor_pow2(STEP_FLOATS // (p_pad * (c + 2))))            # rows of gate/up a step reads
     return {"ROWS": n // p, "P": p, "P_PAD": p_pad, "C": c, "KB": kb,
             "JB": max(1, min(p_pad, LOAD // (c * p_pad))), "DENSE1": len(factors) == 2, "DENSE2": len(factors) >= 1}
 
@@ -123,5 +130,5 @@ def swiglu_decode(gate: torch.Tensor, up: torch.Tensor, factors, g: int) -> tupl
     counters = split_counters(gate.device, MAX_SLOTS + m)                             # tokens' counters, maxima
     swiglu_decode_kernel[grid](gate, up, h1, h2, out, xq.view(torch.int8), xsum, sx, counters, cfg.pop("ROWS"),
                                gate.stride(0), up.stride(0), M=m, G=g, BLOCK_K=tail_block(n, g),
-                               enable_fp_fusion=False, **cfg)
+                               num_warps=WARPS, enable_fp_fusion=False, **cfg)
     return out, (xq, xsum, sx)
