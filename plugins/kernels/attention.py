@@ -245,7 +245,8 @@ def flash_decode_kernel(
                                scale_ptr, sbase_ptr, srefine_ptr, sscale_ptr, main_len, cap, scap, sm_scale, HKV, W,
                                BLOCK_S, True, INTERP)
     slot = (h * R * T + rows) * n_chunks + c                             # [BM]
-    kept = live & (rows * 0 + c0 < seq_len)       # a chunk past seq_len stores nothing: the reduction never reads it
+    kept = live & (rows * 0 + c0 < seq_len)       # a chunk past seq_len stores nothing: the reduction never reads
+    #                                               it (the test a [BM] tensor: the interpreter takes no scalar)
     tl.store(m_ws + slot, m_i, mask=kept)
     tl.store(l_ws + slot, l_i, mask=kept)
     tl.store(acc_ws + slot[:, None] * D + d[None, :], acc, mask=kept[:, None])

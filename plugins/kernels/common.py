@@ -66,10 +66,16 @@ def row_scale(x_ptr, K, BLOCK_K: tl.constexpr, CG: tl.constexpr):
     for k0 in range(0, K, BLOCK_K):
         v = load_row(x_ptr + k0 + offs, k0 + offs < K, CG)
         amax = tl.maximum(amax, tl.abs(v))
-    return scale_of(amax)
+    return scale_for_max(tl.max(amax, axis=0))
 
 
 @triton.jit
 def scale_of(v):
     """max|v|/127, at least 1e-12, of a block of floats held in registers (0 past the row): `row_scale`'s value."""
-    return tl.maximum(tl.math.div_rn(tl.max(tl.abs(v), axis=0), 127.0), 1e-12)
+    return scale_for_max(tl.max(tl.abs(v), axis=0))
+
+
+@triton.jit
+def scale_for_max(amax):
+    """The per-token INT8 scale of a row whose max|x| is amax: amax/127, at least 1e-12."""
+    return tl.maximum(tl.math.div_rn(amax, 127.0), 1e-12)

@@ -29,7 +29,7 @@ a verification pass computes bit for bit what single-token steps compute.
 import triton
 import triton.language as tl
 
-from plugins.kernels.common import load_row, round_half_even, row_scale
+from plugins.kernels.common import load_row, round_half_even, row_scale, scale_for_max
 
 DECODE_MAX_M = 8                      # tokens a decode launch serves; larger M runs the tensor-core kernel
 # The interpreter's two forms of the group sums (the kernel's INTERP): INTERP_GROUPS, whole-group numpy operations
@@ -65,13 +65,19 @@ def quantize_decode_row(x_row, xq_ptr, xsum_ptr, sx_ptr, m, K, M: tl.constexpr, 
     """Token m's row of K floats at x_row: s_x = max|x|/127 (at least 1e-12), x_q = clip(rne(x/s_x), -127, 127), as
     `gemv.quantize_rows_kernel`, written in the decode layout (`store_decode_codes`). The bits do not depend on
     BLOCK_K (a max, elementwise codes, exact integer sums). CG: the row read past L1 (`common.load_row`)."""
-    offs = tl.arange(0, BLOCK_K)
-    s = row_scale(x_row, K, BLOCK_K, CG)
+    write_decode_row(x_row, row_scale(x_row, K, BLOCK_K, CG), xq_ptr, xsum_ptr, sx_ptr, m, K, M, G, BLOCK_K, CG)
+
+
+@triton.jit
+def write_decode_row(x_row, s, xq_ptr, xsum_ptr, sx_ptr, m, K, M: tl.constexpr, G: tl.constexpr,
+                     BLOCK_K: tl.constexpr, CG: tl.constexpr):
+    """Token m's row of K floats at x_row quantized at scale s: s to sx[m], the codes and group sums
+    (`store_decode_codes`) BLOCK_K columns a step (CG: the row read past L1, `common.load_row`)."""
     tl.store(sx_ptr + m, s)
+    offs = tl.arange(0, BLOCK_K)
     for k0 in range(0, K, BLOCK_K):
-        k = k0 + offs
-        live = k < K
-        store_decode_codes(load_row(x_row + k, live, CG), k0, s, xq_ptr, xsum_ptr, m, K, M, G, BLOCK_K)
+        store_decode_codes(load_row(x_row + k0 + offs, k0 + offs < K, CG), k0, s, xq_ptr, xsum_ptr, m, K, M, G,
+                           BLOCK_K)
 
 
 TAIL_BLOCK = 2048     # floats a `last_quantizes` step reads: 6 steps for a 7B MLP row (11008), 2 for o_proj's (4096);
@@ -97,12 +103,8 @@ def last_quantizes(row_ptr, amax, count_ptr, xq_ptr, xsum_ptr, sx_ptr, m, progra
     tl.atomic_max(count_ptr + MAX_SLOTS + m, amax.to(tl.int32, bitcast=True), sem="relaxed", scope="gpu")
     if tl.atomic_add(count_ptr + m, 1, sem="acq_rel", scope="gpu") == programs - 1:
         bits = tl.atomic_xchg(count_ptr + MAX_SLOTS + m, 0, sem="relaxed", scope="gpu")
-        s = tl.maximum(tl.math.div_rn(bits.to(tl.float32, bitcast=True), 127.0), 1e-12)
-        tl.store(sx_ptr + m, s)
-        offs = tl.arange(0, BLOCK_K)
-        for k0 in range(0, K, BLOCK_K):
-            v = load_row(row_ptr + k0 + offs, k0 + offs < K, True)
-            store_decode_codes(v, k0, s, xq_ptr, xsum_ptr, m, K, M, G, BLOCK_K)
+        s = scale_for_max(bits.to(tl.float32, bitcast=True))
+        write_decode_row(row_ptr, s, xq_ptr, xsum_ptr, sx_ptr, m, K, M, G, BLOCK_K, True)
         tl.atomic_xchg(count_ptr + m, 0, sem="relaxed", scope="gpu")
 
 
@@ -328,7 +330,7 @@ def _last_split_reduces(sx_ptr, part_ptr, y_ptr, count_ptr, res_ptr, N, M: tl.co
         for s0 in range(0, splits, SB):
             parts = ()
             for j in tl.static_range(SB):
-                ok = at * 0 + s0 + j < splits                                            # [MP, ROWS * BS]
+                ok = at * 0 + s0 + j < splits          # [MP, ROWS * BS] (a tensor: the interpreter's masks)
                 parts = parts + ((tl.load(part_ptr + (s0 + j) * M * N + at, mask=live & ok, other=0.0,
                                           cache_modifier=".cg"), ok),)
             for j in tl.static_range(SB):
