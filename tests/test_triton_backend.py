@@ -101,13 +101,17 @@ def test_cuda_graph_replays_equal_eager_passes_gpu(small_llama_checkpoint):
     graphed = make_engine("triton", load_checkpoint(small_llama_checkpoint), 64, scratch=8, prefill_chunk=8)
     eager.prefill(PROMPT)
     graphed.prefill(PROMPT)
+    kept = []
     for i, token in enumerate((42, 7, 99, 5, 1096)):            # first pass captures, the rest replay
         a = eager.forward([token], "target", KVRead("kv8"))
         b = graphed.forward([token], "target", KVRead("kv8"))
         eager.commit(eager.length + 1)
         graphed.commit(graphed.length + 1)
         assert rel(b, a) < 1e-6, (i, rel(b, a))
+        assert b.device.type == "cpu" and b.is_pinned()          # one DMA into page-locked memory (to_host)
+        kept.append((b.clone(), b))
     assert graphed.graph_count == 1
+    assert all(torch.equal(copy, b) for copy, b in kept)         # a later pass never overwrote an earlier one's logits
 
 
 @pytest.mark.gpu
