@@ -53,10 +53,12 @@ def test_compile_kernels_for_sm87(tmp_path):
     assert rows["mma_draft_w4a16"]["hmma"] > 0 and rows["flash_decode_d128_gqa4"]["hmma"] > 0
     assert json.loads((tmp_path / "summary.json").read_text())["arch"] == "sm_87" and result["budgets_met"]
     for name in ("flash_decode_d128_mha", "flash_decode_d128_gqa4", "flash_decode_d64_gqa3"):
-        r = rows[name]       # a KV4 loop (base plane) then a KV8 loop (both planes), within the attention budgets
-        assert r["budget_failures"] == [] and r["attention_loops"] == 2, (name, r)
+        r = rows[name]       # KV4 loops (base plane) then KV8 loops (both planes), whole steps then edge steps
+        assert r["budget_failures"] == [] and r["attention_loops"] == 4, (name, r)
         assert 0 < 2 * r["kv4_loop_plane_loads"] == r["kv8_loop_plane_loads"], (name, r)
-        assert r["instructions_per_kv8_byte"] <= ATTENTION_BUDGETS["instructions_per_kv8_byte"] and r["registers"] <= 128
+        assert r["kv8_loop_instructions"] < r["kv8_edge_loop_instructions"], (name, r)
+        assert r["instructions_per_kv8_byte"] <= ATTENTION_BUDGETS["instructions_per_kv8_byte"]
+        assert r["registers"] <= 128, (name, r)
 
 
 def test_the_budget_check_catches_a_decode_kernel_without_128_bit_loads(tmp_path):
@@ -79,27 +81,34 @@ def test_the_budget_check_catches_a_decode_kernel_without_128_bit_loads(tmp_path
     assert loose["instructions_per_weight_byte"] > aligned["instructions_per_weight_byte"]
 
 
-def test_the_attention_budget_catches_a_refinement_load_in_the_kv4_loop(tmp_path):
-    """The flash-decoding kernel with the defect the KV4 loop exists to avoid put back (its code unpacking loading
-    the refinement plane at KV4 positions too, a copy of attention.py with that one line changed): the proxy counts
-    as many plane loads in the KV4 loop as in the KV8 loop, and the budget check names it."""
+def test_the_attention_budget_catches_a_refinement_load_in_the_kv4_loop_and_masked_whole_steps(tmp_path):
+    """The flash-decoding kernel with each defect its loops exist to avoid put back, a copy of attention.py with a
+    line or two changed: its code unpacking loading the refinement plane at KV4 positions too (the proxy counts as
+    many plane loads in the KV4 loops as in the KV8 loops), and its whole steps run as edge steps (clamp, plane
+    choice and mask back in the loops of whole steps: as many instructions there as in the edge loops). The budget
+    check names each."""
     source = (ROOT / "plugins" / "kernels" / "attention.py").read_text()
-    assert source.count("    if KV8:\n        qx = ") == 1
-    (tmp_path / "attention_planted.py").write_text(source.replace("    if KV8:\n        qx = ", "    if True:\n        qx = "))
-    code = ("import json, sys; from dataclasses import replace; from pathlib import Path; import attention_planted; "
+    refine, whole = "    if KV8:\n        qx = ", ("INTERP, True)", "INTERP, False)")
+    assert source.count(refine) == 1 and source.count(whole[0]) == 2
+    (tmp_path / "planted_refine.py").write_text(source.replace(refine, "    if True:\n        qx = "))
+    (tmp_path / "planted_whole.py").write_text(source.replace(*whole))
+    code = ("import json, sys; from dataclasses import replace; from pathlib import Path; "
+            "import planted_refine, planted_whole; "
             "from plugins.kernels.aot import compile_spec, kernel_specs; out = Path(sys.argv[1]); "
             "spec = next(s for s in kernel_specs() if s.name == 'flash_decode_d128_mha'); "
-            "print(json.dumps([compile_spec(spec, out), "
-            "compile_spec(replace(spec, name='planted', fn=attention_planted.flash_decode_kernel), out)]))")
+            "print(json.dumps([compile_spec(spec, out)] + [compile_spec(replace(spec, name=m.__name__, "
+            "fn=m.flash_decode_kernel), out) for m in (planted_refine, planted_whole)]))")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
     run = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env,
                          cwd=ROOT, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
-    shipped, planted = json.loads(run.stdout.strip().splitlines()[-1])
+    shipped, planted, masked = json.loads(run.stdout.strip().splitlines()[-1])
     assert shipped["budget_failures"] == []
     assert planted["kv4_loop_plane_loads"] == planted["kv8_loop_plane_loads"] > 0, planted
     assert any("KV4 loop" in f for f in planted["budget_failures"]), planted
+    assert masked["kv4_loop_instructions"] >= masked["kv4_edge_loop_instructions"], masked
+    assert any("whole steps" in f for f in masked["budget_failures"]), masked
 
 
 def test_compile_kernels_exits_1_naming_a_kernel_over_budget():

@@ -4,9 +4,12 @@ every run (the seed is printed on failure), outputs poisoned before each launch,
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from plugins import reference
 from plugins.kernels import dual_plane_linear, nested_kv_attention
+from plugins.kernels.attention import _whole_end
 from plugins.kv import quantize_kv
 from plugins.nesting import nest_rtn, nest_top4of8
 from plugins.packing import pack_nibbles
@@ -173,14 +176,38 @@ def test_the_capacity_wide_launch_reads_no_chunk_past_seq_len(gen, monkeypatch):
     assert torch.equal(got, want) and not got.isnan().any()
 
 
-def test_kv4_positions_never_read_the_refinement_plane(gen):
+@triton.jit
+def whole_end_probe(args_ptr, out_ptr, BLOCK_S: tl.constexpr):
+    """Program i: `attention._whole_end` of the (start, end, seen) at args[3i:3i+3], to out[i]."""
+    i = tl.program_id(0)
+    start, end, seen = tl.load(args_ptr + 3 * i), tl.load(args_ptr + 3 * i + 1), tl.load(args_ptr + 3 * i + 2)
+    tl.store(out_ptr + i, _whole_end(start, end, seen, BLOCK_S))
+
+
+@pytest.mark.parametrize("seq,kv8_from", [(150, 100), (300, 280)])     # edge steps only; whole KV4 steps too
+def test_kv4_positions_never_read_the_refinement_plane(gen, seq, kv8_from):
     """Garbage in the refinement plane before kv8_from changes nothing, bit for bit."""
-    base, refine, scale = to_dev(*kv_planes(gen, 2, 150, 32))
+    base, refine, scale = to_dev(*kv_planes(gen, 2, seq, 32))
     q = torch.randn(4, 2, 32, generator=gen).to(DEV)
     junk = refine.clone()
-    junk[:, :, :100] = torch.randint(0, 256, junk[:, :, :100].shape, generator=gen, dtype=torch.uint8).to(DEV)
-    assert torch.equal(nested_kv_attention(q, base, refine, scale, 150, 100),
-                       nested_kv_attention(q, base, junk, scale, 150, 100))
+    junk[:, :, :kv8_from] = torch.randint(0, 256, junk[:, :, :kv8_from].shape, generator=gen,
+                                          dtype=torch.uint8).to(DEV)
+    assert torch.equal(nested_kv_attention(q, base, refine, scale, seq, kv8_from),
+                       nested_kv_attention(q, base, junk, scale, seq, kv8_from))
+
+
+def test_whole_steps_are_the_prefix_of_a_views_steps_before_the_seen_position():
+    """`attention._whole_end`: where a view's steps from `start` stop being whole (every position before the view's
+    end and before what every query sees), a whole number of steps from `start`; the steps after it are the edge
+    steps. Run in the interpreter through a one-program kernel."""
+    cases = {(0, 128, 1000): 128, (0, 128, 127): 64, (0, 120, 1000): 64, (128, 256, 200): 128 + 64,
+             (120, 128, 1000): 120, (256, 200, 1000): 256, (64, 128, 64): 64, (0, 300, 300): 256}
+    args = torch.tensor([v for c in cases for v in c], dtype=torch.int32)
+    out = torch.zeros(len(cases), dtype=torch.int32)
+    if DEV != "cpu":
+        args, out = args.to(DEV), out.to(DEV)
+    whole_end_probe[(len(cases),)](args, out, BLOCK_S=64)
+    assert out.cpu().tolist() == list(cases.values())
 
 
 def _run_ptx(asm: str, inputs: list[int]) -> list[int]:
@@ -232,8 +259,11 @@ def test_attention_unpacking_ptx_gives_the_interpreters_codes(gen):
 
 
 # GQA 3 over two chunks; GQA 4 with 9 queries (36 rows: two row tiles); MHA with a Recent-N split.
+# The last two: chunk 0 is an edge step of the 5-query pass (its last position is past what its first query sees)
+# and a whole step of the later queries' single-query passes.
 @pytest.mark.parametrize("hq,hkv,d,seq,n_queries,kv8_from", [(9, 3, 64, 133, (5, 2), 0), (8, 2, 32, 70, (9,), 0),
-                                                             (4, 4, 32, 150, (5,), 120)])
+                                                             (4, 4, 32, 150, (5,), 120), (4, 4, 32, 130, (5,), 0),
+                                                             (8, 2, 64, 131, (5,), 0)])
 def test_nested_kv_attention_is_batch_invariant(gen, hq, hkv, d, seq, n_queries, kv8_from):
     """Query t of a verification pass of T queries over S positions equals, bit for bit, a single-query pass
     over its own S - T + t + 1 positions: exact, because the kernel's arithmetic never depends on T."""

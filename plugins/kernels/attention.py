@@ -7,7 +7,9 @@ positions and serves every query head of that KV head's GQA group and every quer
 each base byte and each float16 scale of the S visible positions is read once per pass. A chunk runs two loops:
 its positions before `kv8_from` in a KV4 loop whose program holds no load of the refinement plane, then its
 positions from `kv8_from` on in a KV8 loop that loads both planes (a KV4 or Recent-N pass reads half the plane
-bytes of a KV8 one, and spends no instruction on the other half). Positions past S are never loaded: a step's
+bytes of a KV8 one, and spends no instruction on the other half). Each view's steps run in two loops: whole steps
+(every position a main one that every query of the pass sees: no clamp, no choice of planes, no mask) then edge
+steps; the same steps, codes and sums either way (`_whole_end`). Positions past S are never loaded: an edge step's
 positions past its loop's end load the loop's last position (no masked load) and score -inf. Partial results (m, l
 and a D-vector per row and chunk, float32) are a few KB per chunk.
 
@@ -122,18 +124,25 @@ def _halves(lo, hi, KV8: tl.constexpr, INTERP: tl.constexpr):
 
 @triton.jit
 def _codes(base_ptr, refine_ptr, sbase_ptr, srefine_ptr, plane, at, main_len, cap, scap, W: tl.constexpr,
-           KV8: tl.constexpr, INTERP: tl.constexpr):
+           KV8: tl.constexpr, INTERP: tl.constexpr, MAIN: tl.constexpr = False):
     """Nested codes of positions `at` [BS] (each inside the sequence): float16 [BS, D], dims in order, 16*q4 + qr
     (KV8) or 16*q4 (KV4, the refinement plane never loaded). plane = kv * Hkv + head; main positions read the main
     planes, later ones the scratch planes: one pointer per position, so one 128-bit load per 16 bytes whatever
-    the position's plane. base/refine are int32 words [.., W] of the uint8 [.., D/2] rows (8 nibbles a word)."""
+    the position's plane (MAIN: every position is a main one, no choice made). base/refine are int32 words [.., W]
+    of the uint8 [.., D/2] rows (8 nibbles a word)."""
     w = tl.arange(0, W)
-    in_main = (at < main_len)[:, None]                                                     # [BS, 1]
     moff = (plane * cap + at)[:, None] * W + w[None, :]                                    # [BS, W]
-    soff = (plane * scap + (at - main_len))[:, None] * W + w[None, :]
-    bx = tl.load(tl.where(in_main, base_ptr + moff, sbase_ptr + soff)) ^ EIGHTS           # nibbles q4 + 8
+    if MAIN:
+        bptr = base_ptr + moff
+        rptr = refine_ptr + moff
+    else:
+        in_main = (at < main_len)[:, None]                                                 # [BS, 1]
+        soff = (plane * scap + (at - main_len))[:, None] * W + w[None, :]
+        bptr = tl.where(in_main, base_ptr + moff, sbase_ptr + soff)
+        rptr = tl.where(in_main, refine_ptr + moff, srefine_ptr + soff)
+    bx = tl.load(bptr) ^ EIGHTS                                                            # nibbles q4 + 8
     if KV8:
-        qx = tl.load(tl.where(in_main, refine_ptr + moff, srefine_ptr + soff)) ^ EIGHTS    # nibbles qr + 8
+        qx = tl.load(rptr) ^ EIGHTS                                                        # nibbles qr + 8
         lo = ((bx << 4) & HIGH) | (qx & LOW)         # even dims: bytes 16*(q4 + 8) + qr + 8 = code + 136
         hi = (bx & HIGH) | ((qx >> 4) & LOW)         # odd dims
     else:
@@ -146,10 +155,13 @@ def _codes(base_ptr, refine_ptr, sbase_ptr, srefine_ptr, plane, at, main_len, ca
 
 
 @triton.jit
-def _scales(scale_ptr, sscale_ptr, plane, at, main_len, cap, scap):
-    """KV scales / 16 of positions `at` [BS] (each inside the sequence) as float32."""
-    in_main = at < main_len
-    s = tl.load(tl.where(in_main, scale_ptr + plane * cap + at, sscale_ptr + plane * scap + (at - main_len)))
+def _scales(scale_ptr, sscale_ptr, plane, at, main_len, cap, scap, MAIN: tl.constexpr = False):
+    """KV scales / 16 of positions `at` [BS] (each inside the sequence; MAIN: each a main one) as float32."""
+    if MAIN:
+        s = tl.load(scale_ptr + plane * cap + at)
+    else:
+        in_main = at < main_len
+        s = tl.load(tl.where(in_main, scale_ptr + plane * cap + at, sscale_ptr + plane * scap + (at - main_len)))
     return s.to(tl.float32) * 0.0625                 # s/16, exactly (a division would call a slow path)
 
 
@@ -161,11 +173,12 @@ def _split16(a):
 
 
 @triton.jit
-def _dot(a_hi, a_lo, b, INTERP: tl.constexpr):
-    """(a_hi + a_lo) @ b for float16 codes b (exact), accumulated in float32."""
+def _dot(a_hi, a_lo, b, acc, INTERP: tl.constexpr):
+    """acc + (a_hi + a_lo) @ b for float16 codes b (exact), accumulated in float32 by the MMAs themselves (the high
+    half's products into acc, then the low half's: no float add of a result tile a step)."""
     if INTERP:   # numpy's matmul is neither IEEE for float16 nor row-invariant on every CPU: a fixed-order sum
-        return interp_dot(a_hi, b) + interp_dot(a_lo, b)
-    return tl.dot(a_hi, b, out_dtype=tl.float32) + tl.dot(a_lo, b, out_dtype=tl.float32)
+        return (acc + interp_dot(a_hi, b)) + interp_dot(a_lo, b)
+    return tl.dot(a_lo, b, acc=tl.dot(a_hi, b, acc=acc, out_dtype=tl.float32), out_dtype=tl.float32)
 
 
 @triton.jit
@@ -180,27 +193,41 @@ def _lengths(main_ptr, seq_ptr, kv8_ptr, cap, scap):
 @triton.jit
 def _block(m_i, l_i, acc, q_hi, q_lo, qpos, live, s0, end, h, base_ptr, refine_ptr, scale_ptr, sbase_ptr,
            srefine_ptr, sscale_ptr, main_len, cap, scap, sm_scale, HKV: tl.constexpr, W: tl.constexpr,
-           BLOCK_S: tl.constexpr, KV8: tl.constexpr, INTERP: tl.constexpr):
+           BLOCK_S: tl.constexpr, KV8: tl.constexpr, INTERP: tl.constexpr, WHOLE: tl.constexpr = False):
     """One online-softmax step over positions [s0, s0 + BLOCK_S) of a range ending at `end` (one view: KV8 or
     KV4): returns the new (m, l, acc). Positions at or past `end` load position end - 1 (no masked load) and
-    score -inf, so they add exact zeros."""
+    score -inf, so they add exact zeros. WHOLE: the caller knows every position of the step is a main one, before
+    `end` and visible to every query of the pass: no clamp, no choice of planes, no mask (the same codes, scores and
+    sums as the general step's; the rows of no query, never stored, then score their zero q)."""
     pos = s0 + tl.arange(0, BLOCK_S)                                    # [BS]
-    at = tl.minimum(pos, end - 1)
-    k = _codes(base_ptr, refine_ptr, sbase_ptr, srefine_ptr, h, at, main_len, cap, scap, W, KV8, INTERP)  # [BS, D]
-    sk = _scales(scale_ptr, sscale_ptr, h, at, main_len, cap, scap)
-    scores = _dot(q_hi, q_lo, tl.trans(k), INTERP) * (sk * sm_scale)[None, :]                        # [BM, BS]
-    visible = (pos[None, :] <= qpos[:, None]) & (pos < end)[None, :] & live[:, None]
-    scores = tl.where(visible, scores, float("-inf"))
+    at = pos if WHOLE else tl.minimum(pos, end - 1)
+    k = _codes(base_ptr, refine_ptr, sbase_ptr, srefine_ptr, h, at, main_len, cap, scap, W, KV8, INTERP,
+               WHOLE)                                                                                # [BS, D]
+    sk = _scales(scale_ptr, sscale_ptr, h, at, main_len, cap, scap, WHOLE)
+    scores = _dot(q_hi, q_lo, tl.trans(k), tl.zeros([q_hi.shape[0], BLOCK_S], tl.float32), INTERP) * \
+        (sk * sm_scale)[None, :]                                                                   # [BM, BS]
+    if not WHOLE:
+        visible = (pos[None, :] <= qpos[:, None]) & (pos < end)[None, :] & live[:, None]
+        scores = tl.where(visible, scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    m_safe = m_new if WHOLE else tl.where(m_new == float("-inf"), 0.0, m_new)      # (every row scored: finite)
     p = tl.exp(scores - m_safe[:, None])                                # [BM, BS], 0 where masked
     alpha = tl.exp(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    v = _codes(base_ptr, refine_ptr, sbase_ptr, srefine_ptr, HKV + h, at, main_len, cap, scap, W, KV8, INTERP)
-    sv = _scales(scale_ptr, sscale_ptr, HKV + h, at, main_len, cap, scap)
+    v = _codes(base_ptr, refine_ptr, sbase_ptr, srefine_ptr, HKV + h, at, main_len, cap, scap, W, KV8, INTERP,
+               WHOLE)
+    sv = _scales(scale_ptr, sscale_ptr, HKV + h, at, main_len, cap, scap, WHOLE)
     pv_hi, pv_lo = _split16(p * sv[None, :])
-    acc = acc * alpha[:, None] + _dot(pv_hi, pv_lo, v, INTERP)          # [BM, D]
+    acc = _dot(pv_hi, pv_lo, v, acc * alpha[:, None], INTERP)          # [BM, D]
     return m_new, l_i, acc
+
+
+@triton.jit
+def _whole_end(start, end, seen, BLOCK_S: tl.constexpr):
+    """Where a view's steps from `start` (a step a BLOCK_S positions, the last ending at `end`) stop being whole
+    (`_block`'s WHOLE: every position before `end` and before `seen`): start plus the whole steps' positions. The
+    steps themselves start where they would anyway: the whole ones are a prefix of the same sequence."""
+    return start + tl.maximum(tl.minimum(end, seen) - start, 0) // BLOCK_S * BLOCK_S
 
 
 @triton.jit(do_not_specialize=["T"])   # T == 1 would otherwise compile a program of its own
@@ -236,11 +263,21 @@ def flash_decode_kernel(
     c0 = c * CHUNK
     c1 = tl.minimum(c0 + CHUNK, seq_len)
     kv4_end = tl.minimum(c1, kv8_from)
-    for s0 in range(c0, kv4_end, BLOCK_S):                              # KV4 positions: base plane only
+    seen = tl.minimum(main_len, seq_len - T + 1)       # positions before it: main ones every query of the pass sees
+    for s0 in range(c0, _whole_end(c0, kv4_end, seen, BLOCK_S), BLOCK_S):     # KV4 positions: base plane only
+        m_i, l_i, acc = _block(m_i, l_i, acc, q_hi, q_lo, qpos, live, s0, kv4_end, h, base_ptr, refine_ptr,
+                               scale_ptr, sbase_ptr, srefine_ptr, sscale_ptr, main_len, cap, scap, sm_scale, HKV, W,
+                               BLOCK_S, False, INTERP, True)
+    for s0 in range(_whole_end(c0, kv4_end, seen, BLOCK_S), kv4_end, BLOCK_S):
         m_i, l_i, acc = _block(m_i, l_i, acc, q_hi, q_lo, qpos, live, s0, kv4_end, h, base_ptr, refine_ptr,
                                scale_ptr, sbase_ptr, srefine_ptr, sscale_ptr, main_len, cap, scap, sm_scale, HKV, W,
                                BLOCK_S, False, INTERP)
-    for s0 in range(tl.maximum(c0, kv8_from), c1, BLOCK_S):            # KV8 positions: both planes
+    k0 = tl.maximum(c0, kv8_from)
+    for s0 in range(k0, _whole_end(k0, c1, seen, BLOCK_S), BLOCK_S):           # KV8 positions: both planes
+        m_i, l_i, acc = _block(m_i, l_i, acc, q_hi, q_lo, qpos, live, s0, c1, h, base_ptr, refine_ptr,
+                               scale_ptr, sbase_ptr, srefine_ptr, sscale_ptr, main_len, cap, scap, sm_scale, HKV, W,
+                               BLOCK_S, True, INTERP, True)
+    for s0 in range(_whole_end(k0, c1, seen, BLOCK_S), c1, BLOCK_S):
         m_i, l_i, acc = _block(m_i, l_i, acc, q_hi, q_lo, qpos, live, s0, c1, h, base_ptr, refine_ptr,
                                scale_ptr, sbase_ptr, srefine_ptr, sscale_ptr, main_len, cap, scap, sm_scale, HKV, W,
                                BLOCK_S, True, INTERP)

@@ -88,7 +88,9 @@ def sm87_table(d: dict) -> str:
     """Per kernel variant: resources, instructions, 128-bit loads; GEMVs' and attention's proxy and budget verdict."""
     head = ["kernel variant", "registers", "shared bytes", "spill bytes", "IMMA", "HMMA", "DP4A", "128-bit loads",
             "instructions / plane byte", "budget"]
-    verdict, kv = {True: "met", False: "missed"}, "KV4 {instructions_per_kv4_byte}, KV8 {instructions_per_kv8_byte}"
+    verdict = {True: "met", False: "missed"}
+    kv = ("KV4 {instructions_per_kv4_byte}, KV8 {instructions_per_kv8_byte} "
+          "(edge steps {instructions_per_kv4_byte_edge}, {instructions_per_kv8_byte_edge})")
     return _table(head, [[f"`{k['kernel']}`", *(str(k[c]) for c in ("registers", "shared_bytes", "spill_store_bytes",
                           "imma", "hmma", "idp4a", "ldg128")), kv.format(**k) if "instructions_per_kv8_byte" in k
                           else str(k.get("instructions_per_weight_byte", "")),
