@@ -130,3 +130,28 @@ def test_speculation_near_a_full_context_shrinks_gamma_and_stays_lossless(cpu_ru
     assert spec["tokens"] == target["tokens"]
     assert s.target_passes == s.rounds and s.draft_passes == s.drafted          # every step was a round
     assert s.drafted < s.rounds * 4                                             # some round drafted fewer than γ
+
+
+@pytest.mark.parametrize("policy,sampling,draft_on_device,verify_on_device", [
+    ("target", SamplingConfig(), None, True), ("speculative", SamplingConfig(), True, True),
+    ("adaptive", SamplingConfig(), False, True), ("speculative", SamplingConfig(0.8, seed=3), False, False)])
+def test_greedy_passes_leave_their_logits_on_the_engines_device(rtn_checkpoint, monkeypatch, policy, sampling,
+                                                                draft_on_device, verify_on_device):
+    """A policy asks for logits on the engine's device (`on_device`: only argmaxes cross to the host on a GPU
+    engine) exactly where it reads nothing but argmaxes: greedy target steps, draft proposals and verification;
+    not where adaptive speculation reads the draft's distribution, nor anywhere a sampler draws from one. Every pass
+    is the real engine's (the flag only recorded on its way through)."""
+    from edge.decode.generate import generate
+    ck = load_checkpoint(rtn_checkpoint)
+    eng = PassEngine(ck, make_backend("torch", ck), 128, scratch=8)
+    seen, real = {"draft": set(), "target": set()}, eng.forward
+
+    def forward(ids, view, *a, on_device=False, **kw):
+        seen[view].add(on_device)
+        return real(ids, view, *a, on_device=on_device, **kw)
+    monkeypatch.setattr(eng, "forward", forward)
+    ids = list(range(300, 340))
+    tokens, _ = generate(eng, ids, GenerateConfig(policy=policy, gamma=3, max_new_tokens=8, sampling=sampling), set())
+    assert len(tokens) == 8
+    assert seen["target"] == {verify_on_device}
+    assert seen["draft"] == (set() if draft_on_device is None else {draft_on_device})

@@ -112,6 +112,11 @@ def test_cuda_graph_replays_equal_eager_passes_gpu(small_llama_checkpoint):
         kept.append((b.clone(), b))
     assert graphed.graph_count == 1
     assert all(torch.equal(copy, b) for copy, b in kept)         # a later pass never overwrote an earlier one's logits
+    a = graphed.forward([11], "target", KVRead("kv8"), on_device=True)        # a replay whose logits stay on the GPU
+    first = a.clone()
+    b = graphed.forward([12], "target", KVRead("kv8"), on_device=True)        # the same graph's next replay
+    assert a.is_cuda and torch.equal(a, first) and not torch.equal(a, b)      # its own tensor, not the graph's buffer
+    assert torch.equal(graphed.forward([12], "target", KVRead("kv8")), b.cpu())
 
 
 @pytest.mark.gpu

@@ -65,8 +65,9 @@ class Policy(ABC):
 
 
 def ar_step(eng: Engine, pending: int, view: str, sampler: Sampler, kv=KV8) -> torch.Tensor:
-    """One autoregressive pass: run the pending token with `view`, commit its entry; logits [V]."""
-    logits = eng.forward([pending], view, kv)[-1]
+    """One autoregressive pass: run the pending token with `view`, commit its entry; logits [V] (left on a GPU
+    engine's device where the sampler reads only their argmax)."""
+    logits = eng.forward([pending], view, kv, on_device=sampler.argmax_only)[-1]
     eng.commit(eng.length + 1)
     return logits
 
@@ -97,6 +98,7 @@ class Speculative(Policy):
     """BitNest's speculative round with γ proposals (fewer where the context has no room for γ + 1)."""
 
     name = "speculative"
+    reads_draft_logits: ClassVar[bool] = False    # `keep_drafting` reads the draft's distribution (not its argmax)
 
     @classmethod
     def most_proposals(cls, cfg):
@@ -119,14 +121,16 @@ class Speculative(Policy):
         base = eng.length
         draft_kv = self.cfg.draft_kv.read(base)
         draft, draft_q, token = [], [], pending
+        greedy = self.sampler.argmax_only        # logits left on a GPU engine's device: only argmaxes cross
         for slot in range(limit):
-            logits = eng.forward([token], DRAFT, draft_kv, draft_slot=slot)[-1]
+            logits = eng.forward([token], DRAFT, draft_kv, draft_slot=slot,
+                                 on_device=greedy and not self.reads_draft_logits)[-1]
             token, q = self.sampler.propose(logits)
             draft.append(token)
             draft_q.append(q)
             if not self.keep_drafting(len(draft), logits):
                 break
-        target_logits = eng.forward([pending] + draft, TARGET, KV8)             # [γ+1, V]
+        target_logits = eng.forward([pending] + draft, TARGET, KV8, on_device=greedy)   # [γ+1, V]
         a, nxt = self.sampler.accept(draft, draft_q, target_logits)
         eng.commit(base + 1 + a)
         return Step(draft[:a] + [nxt], drafted=len(draft), accepted=a)
@@ -137,6 +141,7 @@ class Adaptive(Speculative):
     extends it past γ. The rule reads only the draft's distributions, so verification keeps it lossless."""
 
     name = "adaptive"
+    reads_draft_logits = True
 
     def __init__(self, cfg, sampler, decode=None):
         super().__init__(cfg, sampler, decode)

@@ -81,6 +81,11 @@ class Sampler:
         self.cfg = cfg
         self.gen = torch.Generator().manual_seed(cfg.seed)
 
+    @property
+    def argmax_only(self) -> bool:
+        """Greedy: every choice reads only the logits' argmax (so they may stay on a GPU engine's device)."""
+        return self.cfg.greedy
+
     def choose(self, logits: torch.Tensor) -> int:
         """The next token from logits [V]."""
         return choose(logits, self.cfg, self.gen)

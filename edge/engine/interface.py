@@ -28,6 +28,19 @@ if TYPE_CHECKING:
     from edge.engine.cost_table import CostTable
 
 
+def to_host(logits: torch.Tensor) -> torch.Tensor:
+    """A pass's logits on the CPU: from a CUDA device through page-locked memory (torch's caching host allocator, no
+    allocation a pass once warm), one DMA at the link's rate where `.cpu()` staged through pageable memory
+    (Qwen2.5-1.5B's 151,936-token rows are 0.6 MB a token, 3 MB a verification pass); CPU and meta tensors (the
+    planner's shape-only dry run) as they are."""
+    if logits.device.type != "cuda":
+        return logits
+    host = torch.empty(logits.shape, dtype=logits.dtype, pin_memory=True)
+    host.copy_(logits, non_blocking=True)
+    torch.cuda.current_stream().synchronize()
+    return host
+
+
 class Engine(ABC):
     """Runs passes of the nested model for one sequence. `length` is the committed length: a real pass writes
     its entries at [length, length + T), a draft-time pass (`draft_slot`) at draft slots past it; `commit`
@@ -111,16 +124,18 @@ class Engine(ABC):
         return kv8 * self.kv_position_bytes[True] + (positions - kv8) * self.kv_position_bytes[False]
 
     def forward(self, ids: list[int], view: str, kv: KVRead = KV8, draft_slot: int | None = None,
-                last_only: bool = False) -> torch.Tensor:
+                last_only: bool = False, on_device: bool = False) -> torch.Tensor:
         """One counted pass over `ids` at positions length + (draft_slot or 0) + i: real entries or, with
-        `draft_slot`, draft-time ones. Returns logits [T, V] ([1, V] with `last_only`) on the CPU."""
+        `draft_slot`, draft-time ones. Returns logits [T, V] ([1, V] with `last_only`) on the CPU, or with
+        `on_device` where the engine computed them (a GPU engine's device: for a caller that takes only their
+        argmaxes, which then cross to the host as a few ids where a row of V floats would)."""
         start = self._check_pass(ids, view, draft_slot)
         if self.on_phase is not None:
             self.on_phase("draft" if view == DRAFT else "verify")
         logits = self._forward(ids, view, start, kv, draft_slot, last_only)
         self.stats.record_pass(view, self.pass_weight_bytes[view] + len(ids) * self.token_weight_bytes[view],
                                self.kv_bytes(start + len(ids), kv))
-        return logits
+        return logits if on_device else to_host(logits)
 
     def _check_pass(self, ids: list[int], view: str, draft_slot: int | None) -> int:
         check_view(view)
@@ -153,7 +168,7 @@ class Engine(ABC):
             logits = self._forward(chunk, view, self._check_pass(chunk, view, None), KV8, None, True)
             self.commit(self.length + len(chunk))
         self.stats.record_prefill(len(ids), time.perf_counter() - t0)
-        return logits[-1]
+        return to_host(logits[-1])
 
     def numerics(self) -> dict:
         """What the stats report about the engine's arithmetic beyond its activations (e.g. GEMMs run row by row)."""
@@ -162,7 +177,8 @@ class Engine(ABC):
     @abstractmethod
     def _forward(self, ids: list[int], view: str, start: int, kv: KVRead, draft_slot: int | None,
                  last_only: bool) -> torch.Tensor:
-        """The pass itself (room already checked): write its KV entries, return logits [T, V] or [1, V]."""
+        """The pass itself (room already checked): write its KV entries, return logits [T, V] or [1, V] on the CPU
+        or the engine's device, in a tensor no later pass overwrites."""
 
 
 class PassBackend(WeightStore, Protocol):
@@ -205,5 +221,4 @@ class PassEngine(Engine):
 
     def _forward(self, ids, view, start, kv, draft_slot, last_only):
         att = CachedAttention(self.cache, start, kv, draft_slot)
-        logits = self.decoder.forward(torch.tensor(ids, dtype=torch.long), view, att, start, last_only)
-        return logits if logits.is_meta else logits.cpu()    # meta: the planner's shape-only dry run
+        return self.decoder.forward(torch.tensor(ids, dtype=torch.long), view, att, start, last_only)

@@ -297,16 +297,18 @@ def _at_shapes(opts: DeviceCheckOptions, dev: str):
 
 
 def _passes(eng) -> dict:
-    """The three passes a speculative round runs, on a prefilled engine: {"draft", "target", "verify"} -> a call."""
+    """The three passes a speculative round runs, on a prefilled engine, as a greedy round runs them (logits left on
+    the device, their argmaxes to the host): {"draft", "target", "verify"} -> a call."""
     from edge.engine.kv_cache import KV8
-    return {"draft": lambda: eng.forward([7], "draft", KV8, draft_slot=0),
-            "target": lambda: eng.forward([7], "target", KV8),
-            "verify": lambda: eng.forward([7] * (GAMMA + 1), "target", KV8)}
+    return {"draft": lambda: eng.forward([7], "draft", KV8, draft_slot=0, on_device=True).argmax(-1).tolist(),
+            "target": lambda: eng.forward([7], "target", KV8, on_device=True).argmax(-1).tolist(),
+            "verify": lambda: eng.forward([7] * (GAMMA + 1), "target", KV8, on_device=True).argmax(-1).tolist()}
 
 
 def pass_times(opts: DeviceCheckOptions, dev: str) -> dict:
-    """Median wall time (ms, host included: what a decode step waits for) of a draft pass (1 token into a draft
-    slot), a target pass (1 token) and a verification pass (γ+1 tokens) for each engine form."""
+    """Median wall time (ms, host included: what a greedy decode step waits for, its argmaxes on the host) of a draft
+    pass (1 token into a draft slot), a target pass (1 token) and a verification pass (γ+1 tokens) for each engine
+    form."""
     from edge.analysis.pass_profile import median_ms
     from edge.backends.triton_graphs import GraphedEngine
     from edge.engine.interface import PassEngine

@@ -27,12 +27,13 @@ def replay_round(eng: Engine, pending: int, gamma: int, accepted: int, sampler: 
     base = eng.length
     kv = draft_kv.read(base)
     draft, draft_q, token = [], [], pending
+    greedy = sampler.argmax_only                           # as the policy's round: logits left on a GPU engine
     for slot in range(gamma):
-        logits = eng.forward([token], DRAFT, kv, draft_slot=slot)[-1]
+        logits = eng.forward([token], DRAFT, kv, draft_slot=slot, on_device=greedy)[-1]
         token, q = sampler.propose(logits)
         draft.append(token)
         draft_q.append(q)
-    target_logits = eng.forward([pending] + draft, TARGET, KV8)               # [γ+1, V]
+    target_logits = eng.forward([pending] + draft, TARGET, KV8, on_device=greedy)  # [γ+1, V]
     sampler.accept(draft, draft_q, target_logits)                            # the real rule's cost; its verdict unused
     a = min(accepted, len(draft))
     eng.commit(base + 1 + a)
