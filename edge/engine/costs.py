@@ -28,7 +28,8 @@ from edge.model.checkpoint import manifest_seal
 from plugins.contracts import DRAFT, TARGET
 
 COSTS_FORMAT = "bitnest-pass-costs"
-COSTS_VERSION = 3            # bump when what is measured or how changes: every cached table is then re-measured
+COSTS_VERSION = 4            # bump when what is measured or how changes: every cached table is then re-measured
+#                              (4: passes timed as a greedy round runs them, argmaxes to the host, not full logits)
 MAX_GAMMA = 8                # the most proposals `auto` may choose: target passes of 1..MAX_GAMMA + 1 tokens
 CONTEXT = 192                # committed positions the passes are timed at (a modest real context)
 WARMUP, REPEATS = 2, 9       # interleaved sweeps over every (view, width): discarded, then kept (medians; 5 left
@@ -125,9 +126,10 @@ def read_table(path: Path, fp: dict, width: int) -> tuple[Optional[CostTable], O
 def _timed(eng: Engine, text: list[int], passes: list[tuple[str, int]], width: int, repeats: int,
            warmup: int) -> tuple[dict, int]:
     """Median seconds of each (view, width) in `passes` at a context of up to CONTEXT positions of `text` (repeated to
-    length where short), exactly as a round runs them (full logits, KV8, the draft in scratch slot 0, nothing
-    committed), over `repeats` interleaved sweeps after `warmup`; and the context. The engine is reset before and
-    after (nothing leaks into a sequence; its stats are fresh) and its phase callback is off meanwhile."""
+    length where short), exactly as a greedy round runs them (logits left on a GPU engine's device, their argmaxes
+    taken to the host; KV8, the draft in scratch slot 0, nothing committed), over `repeats` interleaved sweeps after
+    `warmup`; and the context. The engine is reset before and after (nothing leaks into a sequence; its stats are
+    fresh) and its phase callback is off meanwhile."""
     if not text:
         raise ValueError("measuring pass costs needs at least one token of context")
     context = max(1, min(CONTEXT, eng.capacity - width))
@@ -140,7 +142,8 @@ def _timed(eng: Engine, text: list[int], passes: list[tuple[str, int]], width: i
         for sweep in range(warmup + repeats):
             for view, w in passes:
                 t0 = time.perf_counter()
-                eng.forward(tokens[context:context + w], view, KV8, draft_slot=0 if view == DRAFT else None)
+                eng.forward(tokens[context:context + w], view, KV8, draft_slot=0 if view == DRAFT else None,
+                            on_device=True).argmax(-1).tolist()
                 if sweep >= warmup:
                     seconds[(view, w)].append(time.perf_counter() - t0)
     finally:
