@@ -115,7 +115,8 @@ def test_compile_kernels_exits_1_naming_a_kernel_over_budget():
     """Without --out the kernels go to a new temporary folder; a budget the shipped kernels cannot meet (a register
     cap of 16, set in the module's table) makes the command exit 1 with one line naming the kernel over it."""
     code = ("import sys; from plugins.kernels import aot; from export.commands.compile_kernels import main; "
-            "real = aot.kernel_specs; aot.kernel_specs = lambda: [s for s in real() if s.name == 'decode_draft_m1']; "
+            "real = aot.kernel_specs; "
+            "aot.kernel_specs = lambda *a: [s for s in real(*a) if s.name == 'decode_draft_m1']; "
             "aot.BUDGETS['registers'] = int(sys.argv[1]); sys.exit(main(['--json']))")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     runs = {cap: subprocess.run([sys.executable, "-c", code, str(cap)], capture_output=True, text=True, env=env,

@@ -41,6 +41,7 @@ lengths are clamped inside the kernels (0 <= main_len <= C, main_len <= seq_len 
 T <= write end <= C), so no value of them makes a kernel touch memory outside its planes.
 """
 
+import functools
 import math
 
 import torch
@@ -56,13 +57,27 @@ MAX_ROWS = 64        # query rows (GQA group x queries) per program; larger grou
 STAGES = 1           # software-pipelining stages of the attention loops: with 16-byte-aligned planes (what the
                      # launcher specializes) 3 stages staged 94-106 KB of shared memory per program on sm_87 and
                      # spilled the d128 MHA tile; one stage: 16-41 KB, no spill (`bitnest compile-kernels`)
-MAXNREG = 128        # registers a thread may hold (ptxas's cap): d128 GQA 4 takes 153 uncapped, 120 capped, with no
-                     # spill and the same instructions (`bitnest compile-kernels`); 128 keeps 4 programs of 4 warps
-                     # (or 2 of 8) resident on an SM for the loads in flight
+MAXNREG = 128        # registers a thread may hold (ptxas's cap) on Orin (sm_87) and below: d128 GQA 4 takes 153
+                     # uncapped, 120 capped, with no spill and the same instructions (`bitnest compile-kernels`); 128
+                     # keeps 4 programs of 4 warps (or 2 of 8) resident on an SM for the loads in flight
+MAXNREG_SM90 = 168   # from Hopper on: Triton 3.6 for sm_90 spills the d128 MHA tile 68 + 72 bytes and d64 GQA 3's
+                     # 16 + 16 at 128, nothing at 168 (166 / 144 / 149 held, the same instructions a byte within 2%:
+                     # `bitnest compile-kernels --arch sm_90`); 3 programs of 4 warps still fit an SM's registers
 REDUCE_CHUNKS = 16   # chunks the reduction combines a step ([16, D] partials in one load: a 4K context's 32
                      # chunks in 2 steps where a chunk a step made 64 dependent loads a row; its sums' order is fixed)
 QUERY_SLOTS = 5      # queries per row tile for any GQA ratio (γ + 1 <= 5, the default γ = 4, verifies in one read
                      # of the KV; 8 slots gave d64 GQA 3 a 32-row tile that spills on sm_87 at 4 or 8 warps)
+
+
+def register_cap(cc: int) -> int:
+    """ptxas's register cap for flash decoding at compute capability cc (87: sm_87)."""
+    return MAXNREG_SM90 if cc >= 90 else MAXNREG
+
+
+@functools.lru_cache(maxsize=None)
+def _device_cap(index: int) -> int:
+    major, minor = torch.cuda.get_device_capability(index)
+    return register_cap(10 * major + minor)
 
 
 def block_s_for(d: int) -> int:
@@ -375,7 +390,9 @@ def _attend(q, base, refine, scale, scratch, main_ptr, seq_ptr, kv8_ptr, n_chunk
         kv8_ptr,
         t, base.shape[2], scap, n_chunks, 1.0 / math.sqrt(d),
         HKV=hkv, R=r, D=d, CHUNK=CHUNK, BLOCK_S=block_s_for(d), BLOCK_M=block_m, INTERP=INTERPRET,
-        num_warps=warps_for(d, r), num_stages=STAGES, maxnreg=MAXNREG, enable_fp_fusion=False,
+        num_warps=warps_for(d, r), num_stages=STAGES, enable_fp_fusion=False,
+        maxnreg=_device_cap(torch.cuda.current_device() if dev.index is None else dev.index) if dev.type == "cuda"
+        else MAXNREG,
     )
     y = out if out is not None else torch.empty(t, hq, d, dtype=torch.float32, device=dev).transpose(0, 1)
     lens = (main_ptr, seq_ptr, kv8_ptr, t, n_chunks, base.shape[2], scap, y.stride(0), y.stride(1))
