@@ -134,13 +134,13 @@ def test_speculation_near_a_full_context_shrinks_gamma_and_stays_lossless(cpu_ru
 
 @pytest.mark.parametrize("policy,sampling,draft_on_device,verify_on_device", [
     ("target", SamplingConfig(), None, True), ("speculative", SamplingConfig(), True, True),
-    ("adaptive", SamplingConfig(), False, True), ("speculative", SamplingConfig(0.8, seed=3), False, False)])
+    ("adaptive", SamplingConfig(), True, True), ("speculative", SamplingConfig(0.8, seed=3), False, False)])
 def test_greedy_passes_leave_their_logits_on_the_engines_device(rtn_checkpoint, monkeypatch, policy, sampling,
                                                                 draft_on_device, verify_on_device):
-    """A policy asks for logits on the engine's device (`on_device`: only argmaxes cross to the host on a GPU
-    engine) exactly where it reads nothing but argmaxes: greedy target steps, draft proposals and verification;
-    not where adaptive speculation reads the draft's distribution, nor anywhere a sampler draws from one. Every pass
-    is the real engine's (the flag only recorded on its way through)."""
+    """A policy asks for logits on the engine's device (`on_device`: only argmaxes, and adaptive speculation's two
+    signals, cross to the host on a GPU engine) wherever its sampler is greedy: target steps, draft proposals and
+    verification; nowhere a sampler draws from a distribution. Every pass is the real engine's (the flag only
+    recorded on its way through)."""
     from edge.decode.generate import generate
     ck = load_checkpoint(rtn_checkpoint)
     eng = PassEngine(ck, make_backend("torch", ck), 128, scratch=8)

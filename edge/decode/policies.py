@@ -98,7 +98,6 @@ class Speculative(Policy):
     """BitNest's speculative round with γ proposals (fewer where the context has no room for γ + 1)."""
 
     name = "speculative"
-    reads_draft_logits: ClassVar[bool] = False    # `keep_drafting` reads the draft's distribution (not its argmax)
 
     @classmethod
     def most_proposals(cls, cfg):
@@ -121,10 +120,9 @@ class Speculative(Policy):
         base = eng.length
         draft_kv = self.cfg.draft_kv.read(base)
         draft, draft_q, token = [], [], pending
-        greedy = self.sampler.argmax_only        # logits left on a GPU engine's device: only argmaxes cross
-        for slot in range(limit):
-            logits = eng.forward([token], DRAFT, draft_kv, draft_slot=slot,
-                                 on_device=greedy and not self.reads_draft_logits)[-1]
+        greedy = self.sampler.argmax_only        # logits left on a GPU engine's device: only argmaxes cross (and
+        for slot in range(limit):                # adaptive's two signals, computed where the logits are)
+            logits = eng.forward([token], DRAFT, draft_kv, draft_slot=slot, on_device=greedy)[-1]
             token, q = self.sampler.propose(logits)
             draft.append(token)
             draft_q.append(q)
@@ -141,7 +139,6 @@ class Adaptive(Speculative):
     extends it past γ. The rule reads only the draft's distributions, so verification keeps it lossless."""
 
     name = "adaptive"
-    reads_draft_logits = True
 
     def __init__(self, cfg, sampler, decode=None):
         super().__init__(cfg, sampler, decode)
