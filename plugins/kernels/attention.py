@@ -279,20 +279,22 @@ def flash_decode_kernel(
     c1 = tl.minimum(c0 + CHUNK, seq_len)
     kv4_end = tl.minimum(c1, kv8_from)
     seen = tl.minimum(main_len, seq_len - T + 1)       # positions before it: main ones every query of the pass sees
-    for s0 in range(c0, _whole_end(c0, kv4_end, seen, BLOCK_S), BLOCK_S):     # KV4 positions: base plane only
+    k0 = tl.maximum(c0, kv8_from)
+    whole4 = _whole_end(c0, kv4_end, seen, BLOCK_S)
+    whole8 = _whole_end(k0, c1, seen, BLOCK_S)
+    for s0 in range(c0, whole4, BLOCK_S):                                # KV4 positions: base plane only
         m_i, l_i, acc = _block(m_i, l_i, acc, q_hi, q_lo, qpos, live, s0, kv4_end, h, base_ptr, refine_ptr,
                                scale_ptr, sbase_ptr, srefine_ptr, sscale_ptr, main_len, cap, scap, sm_scale, HKV, W,
                                BLOCK_S, False, INTERP, True)
-    for s0 in range(_whole_end(c0, kv4_end, seen, BLOCK_S), kv4_end, BLOCK_S):
+    for s0 in range(whole4, kv4_end, BLOCK_S):
         m_i, l_i, acc = _block(m_i, l_i, acc, q_hi, q_lo, qpos, live, s0, kv4_end, h, base_ptr, refine_ptr,
                                scale_ptr, sbase_ptr, srefine_ptr, sscale_ptr, main_len, cap, scap, sm_scale, HKV, W,
                                BLOCK_S, False, INTERP)
-    k0 = tl.maximum(c0, kv8_from)
-    for s0 in range(k0, _whole_end(k0, c1, seen, BLOCK_S), BLOCK_S):           # KV8 positions: both planes
+    for s0 in range(k0, whole8, BLOCK_S):                                # KV8 positions: both planes
         m_i, l_i, acc = _block(m_i, l_i, acc, q_hi, q_lo, qpos, live, s0, c1, h, base_ptr, refine_ptr,
                                scale_ptr, sbase_ptr, srefine_ptr, sscale_ptr, main_len, cap, scap, sm_scale, HKV, W,
                                BLOCK_S, True, INTERP, True)
-    for s0 in range(_whole_end(k0, c1, seen, BLOCK_S), c1, BLOCK_S):
+    for s0 in range(whole8, c1, BLOCK_S):
         m_i, l_i, acc = _block(m_i, l_i, acc, q_hi, q_lo, qpos, live, s0, c1, h, base_ptr, refine_ptr,
                                scale_ptr, sbase_ptr, srefine_ptr, sscale_ptr, main_len, cap, scap, sm_scale, HKV, W,
                                BLOCK_S, True, INTERP)
