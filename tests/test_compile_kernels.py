@@ -1,5 +1,5 @@
 """Every kernel compiles for Orin (sm_87) without a GPU, with PTX that JetPack 6's CUDA 12.6 driver loads; the decode
-GEMVs and the flash-decoding kernels meet their bandwidth-proxy budgets (plugins/kernels/aot.py), and the checks
+GEMVs, the prefill GEMMs and the flash-decoding kernels meet their proxy budgets (plugins/kernels/aot.py), and the checks
 fail where a regression is planted."""
 
 import json
@@ -32,7 +32,9 @@ def test_compile_kernels_for_sm87(tmp_path):
               "decode_runtime_view_m5", "decode_runtime_view_canonical_m5", "decode_target_m1_residual",
               "decode_target_m8_residual", "decode_draft_m1_g64", "decode_target_m5_g64", "decode_target_m8_g64",
               "decode_draft_m1_g32", "decode_target_m5_g32"}
-    assert decode | {"mma_target_w8a8", "flash_decode_d128_gqa4", "write_kv_d128", "quantize_decode"} <= rows.keys()
+    prefill = {"gemm_draft_m64", "gemm_target_m64", "gemm_target_m64_g64_nosplit", "gemm_runtime_view_m64",
+               "gemm_target_m64_canonical"}
+    assert decode | prefill | {"flash_decode_d128_gqa4", "write_kv_d128", "quantize_decode"} <= rows.keys()
     for name in ("swiglu_r4_344x32", "swiglu_r4_28x512", "swiglu_r4_140x64"):   # the MLP's one launch a layer
         assert rows[name]["registers"] <= 128 and rows[name]["spill_load_bytes"] == 0, rows[name]
     for name, r in rows.items():
@@ -47,10 +49,14 @@ def test_compile_kernels_for_sm87(tmp_path):
             # reduction's counter read, one scalar broadcast through shared memory), no tensor cores
     # the target's loop loads both planes: twice the draft's 128-bit plane loads per row at one token
     assert rows["decode_target_m1"]["loop_ldg128"] - rows["decode_draft_m1"]["loop_ldg128"] == 4
-    mma = budget_failures(rows["mma_target_w8a8"])
+    mma = budget_failures(rows["gemm_target_m64"])      # a tensor-core tile of 64 tokens is no decode kernel
     assert any("registers" in f for f in mma) and any("per weight byte" in f for f in mma), mma
-    assert rows["mma_target_w8a8"]["imma"] > rows["mma_draft_w4a8"]["imma"] > 0
-    assert rows["mma_draft_w4a16"]["hmma"] > 0 and rows["flash_decode_d128_gqa4"]["hmma"] > 0
+    for name in prefill:   # a prefill chunk: tensor cores, and per token a fraction of the decode kernel's issue
+        r = rows[name]
+        assert r["budget_failures"] == [] and r["held"] and r["loop_imma"] > 0 and r["loop_tokens"] == 64, (name, r)
+        assert r["instructions_per_weight_byte_token"] < rows["decode_target_m8"]["instructions_per_weight_byte"] / 16
+    assert rows["gemm_target_m64"]["loop_imma"] == 2 * rows["gemm_draft_m64"]["loop_imma"] > 0   # the second plane
+    assert rows["gemm_draft_w4a16_m16"]["hmma"] > 0 and rows["flash_decode_d128_gqa4"]["hmma"] > 0
     assert json.loads((tmp_path / "summary.json").read_text())["arch"] == "sm_87" and result["budgets_met"]
     for name in ("flash_decode_d128_mha", "flash_decode_d128_gqa4", "flash_decode_d64_gqa3"):
         r = rows[name]       # KV4 loops (base plane) then KV8 loops (both planes), whole steps then edge steps
@@ -109,6 +115,30 @@ def test_the_attention_budget_catches_a_refinement_load_in_the_kv4_loop_and_mask
     assert any("KV4 loop" in f for f in planted["budget_failures"]), planted
     assert masked["kv4_loop_instructions"] >= masked["kv4_edge_loop_instructions"], masked
     assert any("whole steps" in f for f in masked["budget_failures"]), masked
+
+
+def test_the_prefill_budget_catches_plane_bytes_unpacked_one_at_a_time(tmp_path):
+    """The prefill GEMM with its nibble unpacking put back as Triton's int8 shifts (a byte at a time, the form the
+    interpreter runs), a copy of gemm.py with one line changed: the proxy counts over twice the lane instructions
+    per weight byte and the budget check names it."""
+    source = (ROOT / "plugins" / "kernels" / "gemm.py").read_text()
+    fast = "    if INTERP:\n        return (p << 4)"
+    assert source.count(fast) == 1
+    (tmp_path / "planted_bytes.py").write_text(source.replace(fast, "    if True:\n        return (p << 4)"))
+    code = ("import json, sys; from dataclasses import replace; from pathlib import Path; import planted_bytes; "
+            "from plugins.kernels.aot import compile_spec, kernel_specs; out = Path(sys.argv[1]); "
+            "spec = next(s for s in kernel_specs() if s.name == 'gemm_target_m64'); "
+            "print(json.dumps([compile_spec(spec, out), compile_spec(replace(spec, name='planted', "
+            "fn=planted_bytes.gemm_kernel), out)]))")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
+    run = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env,
+                         cwd=ROOT, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    shipped, planted = json.loads(run.stdout.strip().splitlines()[-1])
+    assert shipped["budget_failures"] == []
+    assert planted["instructions_per_weight_byte"] > 2 * shipped["instructions_per_weight_byte"], planted
+    assert any("per weight byte" in f for f in planted["budget_failures"]), planted
 
 
 def test_compile_kernels_exits_1_naming_a_kernel_over_budget():

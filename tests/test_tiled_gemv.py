@@ -1,5 +1,6 @@
 """The warp-tiled plane layout (plugins/kernels/tiling.py) and the decode GEMV on it: the layout round-trips, the rows
-are bit for bit the canonical launch's at every M (the `triton` backend's prefill chunks included), and, what the
+are bit for bit the canonical launch's at every M (the `triton` backend's prefill chunks included, through the
+tensor-core kernel), and, what the
 SASS proxy cannot see, every 128-bit load a warp issues on it reads 512 contiguous bytes (recorded from the loads
 the compiled form's code issues, run in the interpreter), where the canonical layout's touch 32 rows."""
 
@@ -71,27 +72,42 @@ def test_stacked_planes_hold_each_linears_rows_as_a_view(gen):
 
 
 @pytest.mark.parametrize("n,k,g,method", [(300, 1024, 128, "rtn"), (100, 576, 64, "top4of8"), (40, 256, 32, "rtn")])
-def test_tiled_rows_equal_the_canonical_decode_rows_bit_for_bit(gen, n, k, g, method):
-    """Every M (1, 5, and 12: two decode launches, as a prefill chunk), both views, offsets of a top-4-of-8 nest:
-    the tiled launch gives each row exactly what the canonical decode launch gives that token alone."""
+def test_tiled_rows_equal_the_canonical_decode_rows_bit_for_bit(gen, monkeypatch, n, k, g, method):
+    """Every M (1 and 5: the decode kernel; 12 and 70: a prefill chunk through the tensor-core kernel, 70 in two
+    tiles of 64 tokens, and through the decode kernel in passes of 8 where PREFILL_GEMM is off), both views,
+    offsets of a top-4-of-8 nest: the tiled launch gives each row exactly what the canonical decode launch gives
+    that token alone."""
+    from plugins.kernels import gemv
     base, refine, scale, offset = nested_planes(gen, n, k, g, method)
     tiled = tile_planes(*to_dev(base, refine, scale, offset))
     cb, cr, cs, co = to_dev(base, refine, scale, offset)
-    x = torch.randn(12, k, generator=gen).to(DEV)
+    x = torch.randn(70, k, generator=gen).to(DEV)
     for view in ("draft", "target"):      # canonical decode launches of <= 8 tokens: rows equal to single tokens'
-        want = torch.cat([dual_plane_linear(x[i:i + 8], cb, cr, cs, view, co) for i in (0, 8)])
+        want = torch.cat([dual_plane_linear(x[i:i + 8], cb, cr, cs, view, co) for i in range(0, 70, 8)])
         assert torch.equal(dual_plane_linear_tiled(x, tiled, view), want), view
+        assert torch.equal(dual_plane_linear_tiled(x[:12], tiled, view), want[:12]), view
         assert torch.equal(dual_plane_linear_tiled(x[:5], tiled, view), want[:5]), view
         assert torch.equal(dual_plane_linear_tiled(x[7:8], tiled, view), want[7:8]), view
+        monkeypatch.setattr(gemv, "PREFILL_GEMM", False)
+        assert torch.equal(dual_plane_linear_tiled(x[:12], tiled, view), want[:12]), view
+        monkeypatch.setattr(gemv, "PREFILL_GEMM", True)
 
 
-def test_tiled_draft_never_reads_the_refinement_plane(gen):
+@pytest.mark.parametrize("m", [3, 12])
+def test_tiled_draft_never_reads_the_refinement_plane(gen, m):
+    """A decode pass (3 tokens) and a prefill chunk (12: the tensor-core kernel) of the draft view: junk in the
+    refinement plane, or none, changes no bit (the run-time view's draft code too)."""
+    from plugins.kernels import dual_plane_linear_tiled_coded
     base, refine, scale, _ = nested_planes(gen, 64, 256, 64, "rtn")
     tiled = tile_planes(*to_dev(base, refine, scale))
-    x = torch.randn(3, 256, generator=gen).to(DEV)
+    x = torch.randn(m, 256, generator=gen).to(DEV)
     want = dual_plane_linear_tiled(x, tiled, "draft")
+    target = dual_plane_linear_tiled(x, tiled, "target")
+    code = torch.ones(1, dtype=torch.int32, device=DEV)
+    assert torch.equal(dual_plane_linear_tiled_coded(x, tiled, code), target)
     tiled.refine = torch.full_like(tiled.refine, 0x77)            # junk: a draft that read it would change
     assert torch.equal(dual_plane_linear_tiled(x, tiled, "draft"), want)
+    assert torch.equal(dual_plane_linear_tiled_coded(x, tiled, code - 1), want)
     tiled.refine = None
     assert torch.equal(dual_plane_linear_tiled(x, tiled, "draft"), want)
     with pytest.raises(ValueError, match="refinement plane"):

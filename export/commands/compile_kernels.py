@@ -5,10 +5,11 @@
 Writes DIR/NAME.ptx and DIR/NAME.cubin per kernel variant and DIR/summary.json (DIR: a new temporary folder unless
 --out names one); prints a table (or, with --json, one object last: {"arch", "ptx_version", "out", "budgets_met",
 "kernels": [{"kernel", "ptx_isa", "registers", "shared_bytes", "spill_store_bytes", "spill_load_bytes", "imma",
-"hmma", "idp4a", "ldg128", the bandwidth proxy of the GEMVs (instructions_per_weight_byte, loop_ldg128) and of
-attention (instructions_per_kv4_byte, instructions_per_kv8_byte, the loops' plane loads), "budget_failures"}]}).
-Exit 1 where a decode GEMV or attention kernel held to a budget misses it (plugins/kernels/aot.py), naming each
-miss; --decode-sweep compiles the decode GEMV at every M, view and group size instead. The
+"hmma", "idp4a", "ldg128", the bandwidth proxy of the GEMVs (instructions_per_weight_byte, loop_ldg128; for the
+prefill GEMMs also loop_tokens, loop_imma, instructions_per_weight_byte_token) and of attention
+(instructions_per_kv4_byte, instructions_per_kv8_byte, the loops' plane loads), "budget_failures"}]}).
+Exit 1 where a decode GEMV, prefill GEMM or attention kernel held to a budget misses it (plugins/kernels/aot.py),
+naming each miss; --decode-sweep compiles the decode GEMV at every M, view and group size instead. The
 PTX ISA is pinned to 8.5 by default so it loads on the CUDA 12.6 driver of JetPack 6.1/6.2.
 """
 

@@ -39,13 +39,16 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from plugins.kernels import attention, decoder_ops, gemv, gemv_decode, kv_write, swiglu
+from plugins.kernels import attention, decoder_ops, gemm, gemv, gemv_decode, kv_write, swiglu
 
 JETPACK6_PTX = 85     # PTX ISA 8.5: the newest the CUDA 12.6 driver (JetPack 6.1/6.2) loads
 BUDGETS = {"registers": 128, "spill_bytes": 0, "instructions_per_weight_byte": 4.0}   # decode GEMVs, sm_87
 ATTENTION_BUDGETS = {"spill_bytes": 0, "instructions_per_kv8_byte": 10.0,
                      "instructions_per_kv4_byte": 20.0, "instructions_per_kv8_byte_edge": 12.0,
                      "instructions_per_kv4_byte_edge": 24.0}                               # flash decoding, sm_87
+PREFILL_BUDGETS = {"registers": 168, "spill_bytes": 0, "instructions_per_weight_byte": 10.0}   # prefill GEMMs, sm_87:
+# per weight byte of a loop iteration that serves 64 tokens (the decode kernel's 8 tokens: ~3.5); ~9 is Orin's issue
+# rate per byte of bandwidth, so a chunk waits on its weight bytes and tensor cores, not on instruction issue
 ATTENTION_LOOPS = (("kv4", "", 1), ("kv4", "_edge", 1), ("kv8", "", 2), ("kv8", "_edge", 2))   # in code order
 
 
@@ -65,26 +68,34 @@ class KernelSpec:
     aligned: bool = True            # pointers specialized as 16-byte aligned (False: what a misaligned call gets)
     maxnreg: int | None = None      # ptxas's register cap, as the launcher passes it
     kv_step_bytes: int = 0          # attention: KV4 plane bytes (K and V) a position loop step streams (KV8: twice)
+    prefill: bool = False           # a tensor-core GEMM of a prefill chunk: its budget_failures listed (PREFILL_BUDGETS)
+    divisible: tuple = ()           # integer arguments the launcher sees as multiples of 16 (Triton specializes them)
+    loop_tokens: int = 1            # tokens each weight byte of a main-loop iteration serves (a GEMM's BLOCK_M)
 
     def attrs(self) -> dict:
         """Every pointer argument 16-byte aligned, as Triton's launcher specializes torch's allocations at run time
         (without it the compiler cannot prove a 128-bit load aligned and the SASS would not be what runs)."""
         if not self.aligned:
             return {}
-        return {(i,): [["tt.divisibility", 16]] for i, t in enumerate(self.signature.values()) if t.startswith("*")}
+        return {(i,): [["tt.divisibility", 16]] for i, (name, t) in enumerate(self.signature.items())
+                if t.startswith("*") or name in self.divisible}
 
 
-def _gemv(name, target, float_act, split, g=128, runtime_view=False):
-    """The tensor-core kernel (prefill tiles of 16 tokens): one group of 64 rows per loop iteration."""
-    sig = {"x_ptr": "*fp16" if float_act else "*i8", "sx_ptr": "*fp32", "base_ptr": "*u8", "refine_ptr": "*u8",
-           "scale_ptr": "*fp16", "offset_ptr": "*fp16", "out_ptr": "*fp32", "view_ptr": "*i64", "M": "i32",
-           "N": "i32", "K": "i32", "GROUPS_PER_SPLIT": "i32"}
-    const = {"TARGET": target, "HAS_OFFSET": False, "FLOAT_ACT": float_act, "SPLIT": split, "G": g,
-             "DOT_K": gemv.dot_k(g), "BLOCK_N": 64, "BLOCK_M": gemv.BLOCK_M, "INTERP": False,
+def _gemm(name, target, split, g=128, runtime_view=False, float_act=False, tiled=True, m=64, held=True,
+          offset=False):
+    """The tensor-core kernel (`plugins.kernels.gemm`) for a pass of m tokens: one group of BLOCK_N rows a loop
+    iteration, for every BLOCK_M tokens. N and K are multiples of 16, as in every real linear (Triton's launcher
+    specializes such integers: what lets the compiler prove the plane and activation rows 16-byte aligned)."""
+    sig = {"x_ptr": "*fp16" if float_act else "*i8", "sx_ptr": "*fp32", "xsum_ptr": "*i32", "base_ptr": "*u8",
+           "refine_ptr": "*u8", "scale_ptr": "*fp16", "offset_ptr": "*fp16", "out_ptr": "*fp32", "view_ptr": "*i64",
+           "M": "i32", "N": "i32", "K": "i32", "GROUPS_PER_SPLIT": "i32"}
+    const = {"TARGET": target, "HAS_OFFSET": offset, "FLOAT_ACT": float_act, "SPLIT": split, "G": g,
+             "DOT_K": gemm.dot_k(g), "BLOCK_N": 64, "BLOCK_M": gemm.block_m(m), "INTERP": False, "TILED": tiled,
              "RUNTIME_VIEW": runtime_view}
     planes = 2 if target or runtime_view else 1
-    return KernelSpec(name, gemv.dual_plane_kernel, sig | {k: "constexpr" for k in const}, const,
-                      loop_weight_bytes=64 * planes * g // 2)
+    return KernelSpec(name, gemm.gemm_kernel, sig | {k: "constexpr" for k in const}, const, gemm.GEMM_WARPS,
+                      loop_weight_bytes=64 * planes * g // 2, prefill=True, held=held, divisible=("N", "K"),
+                      loop_tokens=gemm.block_m(m))
 
 
 def _decode(name, target, m, g=128, runtime_view=False, held=True, tiled=True, residual=False):
@@ -176,9 +187,9 @@ def kernel_specs(arch: int = 87) -> list[KernelSpec]:
     """Every kernel at the decode shapes the runtime launches (group 128, 64 and 32; head dims 64 and 128), with the
     launch options the runtime passes on sm_`arch`."""
     return [
-        KernelSpec("quantize_rows", gemv.quantize_rows_kernel,
-                   {"x_ptr": "*fp32", "xq_ptr": "*i8", "sx_ptr": "*fp32", "K": "i32", "stride_x": "i32",
-                    "BLOCK_K": "constexpr"}, {"BLOCK_K": 1024}),
+        KernelSpec("quantize_rows", gemm.quantize_rows_kernel,
+                   {"x_ptr": "*fp32", "xq_ptr": "*i8", "sx_ptr": "*fp32", "xsum_ptr": "*i32", "K": "i32",
+                    "stride_x": "i32", "G": "constexpr", "BLOCK_K": "constexpr"}, {"G": 128, "BLOCK_K": 1024}),
         KernelSpec("quantize_decode", gemv_decode.quantize_decode_kernel,
                    {"x_ptr": "*fp32", "xq_ptr": "*i8", "xsum_ptr": "*i32", "sx_ptr": "*fp32", "K": "i32",
                     "stride_x": "i32", "M": "constexpr", "G": "constexpr", "BLOCK_K": "constexpr"},
@@ -197,13 +208,15 @@ def kernel_specs(arch: int = 87) -> list[KernelSpec]:
         _decode("decode_target_m8_g64", True, 8, g=64),
         _decode("decode_draft_m1_g32", False, 1, g=32),       # a 16-byte group: ptxas unrolls its loop 4 times
         _decode("decode_target_m5_g32", True, 5, g=32),
-        _gemv("mma_draft_w4a8", False, False, 4),             # prefill tiles (M > 8): tensor cores
-        _gemv("mma_target_w8a8", True, False, 4),
-        _gemv("mma_target_w8a8_g64_nosplit", True, False, 1, g=64),
-        _gemv("mma_target_w8a8_g32", True, False, 4, g=32),   # a group of 16 bytes: below int8 MMA's K of 32
-        _gemv("mma_runtime_view_w8a8", False, False, 4, runtime_view=True),
-        _gemv("mma_draft_w4a16", False, True, 4),             # float16 activations, any M
-        _gemv("mma_target_w8a16", True, True, 4),
+        _gemm("gemm_draft_m64", False, 4),                    # prefill chunks (M > 8) on the tiled planes: 64
+        _gemm("gemm_target_m64", True, 4),                    # tokens a program, tensor cores
+        _gemm("gemm_target_m64_g64_nosplit", True, 1, g=64),
+        _gemm("gemm_target_m64_g32", True, 4, g=32, held=False),   # a group of 16 bytes: half of each MMA's K
+        _gemm("gemm_target_m64_offset", True, 4, offset=True, held=False),   # a top-4-of-8 nest's offsets
+        _gemm("gemm_runtime_view_m64", False, 4, runtime_view=True),   # the TensorRT plugin's prefill
+        _gemm("gemm_target_m64_canonical", True, 4, tiled=False),      # canonical planes (a node that does not tile)
+        _gemm("gemm_draft_w4a16_m16", False, 4, float_act=True, tiled=False, m=16, held=False),   # float16
+        _gemm("gemm_target_w8a16_m16", True, 4, float_act=True, tiled=False, m=16, held=False),   # activations
         KernelSpec("gemv_split_reduce", gemv.split_reduce_kernel,
                    {"part_ptr": "*fp32", "sx_ptr": "*fp32", "out_ptr": "*fp32", "M": "i32", "N": "i32",
                     "SPLIT": "i32", "SCALE_X": "constexpr", "BLOCK": "constexpr"},
@@ -315,9 +328,13 @@ def sass_proxy(sass: str, spec: KernelSpec) -> dict:
         c = spec.constexprs
         unroll = max(1, sum(bool(re.search(r"\bIDP\.4A\b", o)) for o in loop) // (c["ROWS"] * c["M"] * c["G"] // 4))
     per_byte = len(loop) * 32 * spec.num_warps / (unroll * spec.loop_weight_bytes)
-    return {"loop_instructions": len(loop), "loop_weight_bytes": unroll * spec.loop_weight_bytes,
-            "loop_unroll": unroll, "loop_ldg128": sum(bool(re.search(r"\bLDG\.E\S*\.128\b", o)) for o in loop),
-            "instructions_per_weight_byte": round(per_byte, 3)}
+    out = {"loop_instructions": len(loop), "loop_weight_bytes": unroll * spec.loop_weight_bytes,
+           "loop_unroll": unroll, "loop_ldg128": sum(bool(re.search(r"\bLDG\.E\S*\.128\b", o)) for o in loop),
+           "instructions_per_weight_byte": round(per_byte, 3)}
+    if spec.prefill:          # a GEMM's weight byte serves its BLOCK_M tokens: what a token of a chunk costs
+        out |= {"loop_tokens": spec.loop_tokens, "loop_imma": sum(bool(re.search(r"\bIMMA\b", o)) for o in loop),
+                "instructions_per_weight_byte_token": round(per_byte / spec.loop_tokens, 4)}
+    return out
 
 
 def attention_proxy(sass: str, spec: KernelSpec) -> dict:
@@ -367,6 +384,23 @@ def attention_budget_failures(row: dict) -> list[str]:
     return out
 
 
+def prefill_budget_failures(row: dict) -> list[str]:
+    """What a compiled prefill GEMM (64 tokens a program) misses of PREFILL_BUDGETS; [] where it meets them. Its main
+    loop must run on the tensor cores (IMMA)."""
+    out = []
+    if row["registers"] is None or row["registers"] > PREFILL_BUDGETS["registers"]:
+        out.append(f"{row['registers']} registers > {PREFILL_BUDGETS['registers']}")
+    if row["spill_store_bytes"] + row["spill_load_bytes"] > PREFILL_BUDGETS["spill_bytes"]:
+        out.append(f"spills {row['spill_store_bytes']} + {row['spill_load_bytes']} bytes")
+    per_byte = row.get("instructions_per_weight_byte")
+    if per_byte is None or per_byte > PREFILL_BUDGETS["instructions_per_weight_byte"]:
+        out.append(f"{per_byte} lane instructions per weight byte of {row.get('loop_tokens')} tokens > "
+                   f"{PREFILL_BUDGETS['instructions_per_weight_byte']}")
+    if not row.get("loop_imma"):
+        out.append("no IMMA in the main loop")
+    return out
+
+
 def budget_failures(row: dict) -> list[str]:
     """What a compiled decode GEMV (a `compile_all` row) misses of BUDGETS, each in a few words; [] where it meets
     them. It must also dot on CUDA cores (dp4a, no matrix instructions) and load its planes 128 bits at a time."""
@@ -407,6 +441,8 @@ def compile_spec(spec: KernelSpec, out_dir: Path, arch: int = 87, ptx_version: i
            **sass_proxy(sass, spec), **attention_proxy(sass, spec)}
     if spec.decode:
         row["budget_failures"] = budget_failures(row)
+    elif spec.prefill:
+        row["budget_failures"] = prefill_budget_failures(row)
     elif spec.kv_step_bytes:
         row["budget_failures"] = attention_budget_failures(row)
     if "budget_failures" in row:

@@ -1,22 +1,23 @@
-"""Triton dual-plane GEMV/GEMM (docs/contracts.md, weights, activations, ops): y[M, N] = x[M, K] @ W_view^T straight from the packed planes.
-`dual_plane_linear` launches the decode kernel of `plugins.kernels.gemv_decode` (CUDA cores, 128-bit plane loads,
-dp4a) for M <= DECODE_MAX_M tokens with INT8 activations, and the tensor-core kernel below for larger M (prefill
-tiles of BLOCK_M tokens) and for float16 activations; both give the same rows bit for bit (INT8 activations).
+"""Triton dual-plane GEMV/GEMM launchers (docs/contracts.md, weights, activations, ops): y[M, N] = x[M, K] @ W_view^T
+straight from the packed planes. `dual_plane_linear` launches the decode kernel of `plugins.kernels.gemv_decode`
+(CUDA cores, 128-bit plane loads, dp4a) for M <= DECODE_MAX_M tokens with INT8 activations, and the tensor-core
+kernel of `plugins.kernels.gemm` for larger M (prefill chunks, 64 tokens a program) and for float16 activations;
+both give the same rows bit for bit (INT8 activations).
 
-Bytes read, and why no more than the format requires: each program owns BLOCK_N rows and a contiguous range of
+Bytes read, and why no more than the format requires: each program owns a tile of rows and a contiguous range of
 whole groups; it reads every byte of `base` (and, for the target view only, of `refine`) in that tile exactly once,
 one float16 scale per (row, group), and the M x K int8 activations (kilobytes, shared through L2). The draft view
 never issues a load of the refinement plane: its pointer is not even dereferenced (the branch is a compile-time
 constant). With split-K the partial sums ([SPLIT, M, N] float32, M*N*4 bytes per split, tiny next to the planes)
-are reduced by a second kernel in a fixed order.
+are reduced in a fixed order (by the decode launch's last program, or by `split_reduce_kernel`).
 
 Arithmetic (W4A8 draft / W8A8 target): activations are quantized per token to INT8 (s_x = max|x|/127, round half
 to even, as `plugins.nesting.quantize_activations`); each group's dot product is an exact int32 sum of int8 x int8
-products (tensor-core int8 MMA: the nibbles are sign-extended to int8, the activations split into the even and odd
-columns that the low and high nibbles hold); the target code 16*q4 + qr is formed as 16*dot(x, q4) + dot(x, qr), so
-it is exact even where it leaves int8 (top-4-of-8: [-136, 119]). The group sum is then scaled by s (draft) or s/16
-(target) in float32, and by s_x at the end. Results do not depend on M or on the other rows of x (the split depends
-only on N, K and the device), so a verification pass computes bit for bit what single-token steps compute.
+products (the nibbles sign-extended to int8, the activations split into the even and odd columns that the low and
+high nibbles hold); the target code 16*q4 + qr is formed as 16*dot(x, q4) + dot(x, qr), so it is exact even where
+it leaves int8 (top-4-of-8: [-136, 119]). The group sum is then scaled by s (draft) or s/16 (target) in float32,
+and by s_x at the end. Results do not depend on M or on the other rows of x (the split depends only on N, K and
+the device), so a verification pass computes bit for bit what single-token steps compute.
 
 A float-activation variant (`act="float16"`) feeds float16 activations and the exactly representable codes to
 float16 MMAs with float32 accumulation, and skips the quantization launch.
@@ -26,16 +27,19 @@ view captures) or read from a device scalar at run time (`dual_plane_linear_code
 the draft, so a TensorRT plugin serves both views of one engine without reading the view to the host); in the
 run-time form the refinement loads sit inside a branch on that code, so a draft pass still never issues them.
 """
-
 import torch
 import triton
 import triton.language as tl
 
-from plugins.kernels.common import INTERPRET, interp_dot, round_half_even, row_scale
+from plugins.kernels import gemm
+from plugins.kernels.common import INTERPRET
 import plugins.kernels.gemv_decode as gemv_decode
 from plugins.kernels.gemv_decode import DECODE_MAX_M, XSUM_SLOTS, decode_gemv_kernel, quantize_decode_kernel
 
-BLOCK_M = 16          # rows of x per program of the tensor-core kernel: the MMA's minimum M
+# Prefill chunks (M > DECODE_MAX_M) on tiled planes run the tensor-core kernel (`plugins.kernels.gemm`: the planes
+# read once per 64 tokens); False runs the decode kernel in passes of DECODE_MAX_M tokens (the same bits): what
+# `bitnest device-check` times against it.
+PREFILL_GEMM = True
 PLAN_ROWS = 128       # rows per program in the split plan (plan_split)
 DECODE_WARPS = 4      # the decode kernel's warps: one row per thread, BLOCK_S = 32 * DECODE_WARPS rows per row tile
 # The decode launch reduces its split-K partials itself (the last program of a row tile; gemv_decode
@@ -46,109 +50,6 @@ COUNTER_SLOTS = 4096  # row tiles the counters cover at first (a 262,144-row hea
 _COUNTERS: dict = {}
 _RETIRED: list = []   # counters outgrown, kept alive for the graphs that captured them
 ACTS = ("int8", "float16")
-
-
-@triton.jit
-def quantize_rows_kernel(x_ptr, xq_ptr, sx_ptr, K, stride_x, BLOCK_K: tl.constexpr):
-    """One program per token: s_x = max|x|/127 (at least 1e-12), x_q = clip(round(x/s_x), -127, 127).
-    Bytes: the row of x twice (max, then quantize; the second read hits L1/L2), K bytes of codes and 4 of scale out."""
-    row = tl.program_id(0)
-    offs = tl.arange(0, BLOCK_K)
-    s = row_scale(x_ptr + row * stride_x, K, BLOCK_K, False)
-    tl.store(sx_ptr + row, s)
-    for k0 in range(0, K, BLOCK_K):
-        m = k0 + offs < K
-        v = tl.load(x_ptr + row * stride_x + k0 + offs, mask=m, other=0.0).to(tl.float32)
-        q = tl.minimum(tl.maximum(round_half_even(tl.math.div_rn(v, s)), -127.0), 127.0)
-        tl.store(xq_ptr + row * K + k0 + offs, q.to(tl.int8), mask=m)
-
-
-@triton.jit
-def _nibbles(p):
-    """uint8 [R, C] -> (low, high) int8 nibbles sign-extended (two's complement, docs/contracts.md, weights)."""
-    lo = (p << 4).to(tl.int8, bitcast=True) >> 4
-    hi = p.to(tl.int8, bitcast=True) >> 4
-    return lo, hi
-
-
-@triton.jit
-def _mma(a, b, INTERP: tl.constexpr):
-    """a [BM, C] @ b [C, BN] with int32 (int8 operands) or float32 (float16 operands) accumulation. The Triton
-    interpreter wraps int8 products and mis-rounds low-precision dots, so there the operands go through float32,
-    where every product and group sum here is exact (|x| <= 127, |code| <= 8, C <= 128: sums < 2^24), in a fixed
-    order (`interp_dot`) so that float16 activations are row-invariant too."""
-    if INTERP:
-        out = interp_dot(a, b)
-    elif a.dtype == tl.int8:
-        out = tl.dot(a, b, out_dtype=tl.int32)
-    else:
-        out = tl.dot(a, b, out_dtype=tl.float32)
-    return out.to(tl.float32)
-
-
-@triton.jit(do_not_specialize=["M"])   # M == 1 would otherwise compile a program of its own
-def dual_plane_kernel(
-    x_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, view_ptr,
-    M, N, K, GROUPS_PER_SPLIT,
-    TARGET: tl.constexpr, HAS_OFFSET: tl.constexpr, FLOAT_ACT: tl.constexpr, SPLIT: tl.constexpr,
-    G: tl.constexpr, DOT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, INTERP: tl.constexpr,
-    RUNTIME_VIEW: tl.constexpr = False,
-):
-    """Program (n-tile, split): rows [n0, n0+BLOCK_N), groups [split*GPS, (split+1)*GPS) of K.
-    x: int8 [M, K] with scales sx float32 [M] (or float16 [M, K] with FLOAT_ACT); base/refine uint8 [N, K/2];
-    scale/offset float16 [N, K/G]. out: float32 [M, N] (SPLIT == 1) or partials [SPLIT, M, N] (unscaled by s_x).
-    Bytes: each plane byte of the tile once (the refinement plane only when TARGET), one scale per row and group,
-    the tile's x columns (M*K bytes in all, L2-resident), and the output tile once; no weight is re-read per token.
-    RUNTIME_VIEW: the view is read from view_ptr (1 = target) instead of TARGET. DOT_K (`dot_k`): the MMAs' K, a
-    group's G/2 bytes padded with masked-off lanes (no load issued) up to the int8 MMA's minimum of 32."""
-    if RUNTIME_VIEW:
-        target = tl.load(view_ptr) == 1
-    else:
-        target = TARGET
-    pid_n = tl.program_id(0)
-    split = tl.program_id(1)
-    HALF: tl.constexpr = G // 2
-    n_offs = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)              # [BN]
-    m_offs = tl.arange(0, BLOCK_M)                               # [BM]
-    j = tl.arange(0, DOT_K)                                      # [DOT_K] byte within a group (>= G/2: masked)
-    n_mask = n_offs < N
-    m_mask = m_offs < M
-    n_groups = K // G
-    g_begin = split * GROUPS_PER_SPLIT
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for gi in range(0, GROUPS_PER_SPLIT):
-        g = g_begin + gi
-        col = g * G + 2 * j                                      # [DOT_K] even columns of this group
-        lane = (j < HALF)[None, :] & (col[None, :] < K)                          # [1, DOT_K]
-        xm = m_mask[:, None] & lane                                              # [BM, DOT_K]
-        x_even = tl.load(x_ptr + m_offs[:, None] * K + col[None, :], mask=xm, other=0)        # [BM, DOT_K]
-        x_odd = tl.load(x_ptr + m_offs[:, None] * K + col[None, :] + 1, mask=xm, other=0)     # [BM, DOT_K]
-        wm = n_mask[:, None] & lane                                              # [BN, DOT_K]
-        gm = n_mask & (n_offs * 0 + g < n_groups)                                            # [BN]
-        byte = n_offs[:, None] * (K // 2) + g * HALF + j[None, :]                            # [BN, DOT_K]
-        lo, hi = _nibbles(tl.load(base_ptr + byte, mask=wm, other=0))                        # [BN, DOT_K] int8
-        if FLOAT_ACT:
-            lo, hi = lo.to(tl.float16), hi.to(tl.float16)
-        part = _mma(x_even, tl.trans(lo), INTERP) + _mma(x_odd, tl.trans(hi), INTERP)        # [BM, BN]
-        step = tl.load(scale_ptr + n_offs * n_groups + g, mask=gm, other=0.0).to(tl.float32)  # [BN]
-        if target:
-            rlo, rhi = _nibbles(tl.load(refine_ptr + byte, mask=wm, other=0))
-            if FLOAT_ACT:
-                rlo, rhi = rlo.to(tl.float16), rhi.to(tl.float16)
-            part = 16.0 * part + (_mma(x_even, tl.trans(rlo), INTERP) + _mma(x_odd, tl.trans(rhi), INTERP))
-            step = step / 16.0
-        acc += part * step[None, :]
-        if HAS_OFFSET:
-            xsum = tl.sum(x_even.to(tl.float32) + x_odd.to(tl.float32), axis=1)              # [BM]
-            off = tl.load(offset_ptr + n_offs * n_groups + g, mask=gm, other=0.0).to(tl.float32)
-            acc += xsum[:, None] * off[None, :]
-    out_mask = m_mask[:, None] & n_mask[None, :]
-    if SPLIT == 1:
-        if not FLOAT_ACT:
-            acc = acc * tl.load(sx_ptr + m_offs, mask=m_mask, other=0.0)[:, None]
-        tl.store(out_ptr + m_offs[:, None] * N + n_offs[None, :], acc, mask=out_mask)
-    else:
-        tl.store(out_ptr + (split * M + m_offs[:, None]) * N + n_offs[None, :], acc, mask=out_mask)
 
 
 @triton.jit(do_not_specialize=["SPLIT"])   # one compiled reduction for every split count
@@ -180,26 +81,6 @@ def plan_split(n: int, k: int, g: int, sms: int, rows: int = PLAN_ROWS, per_sm: 
     split = max(1, min(triton.cdiv(int(per_sm * sms), triton.cdiv(n, rows)), groups // 2 or 1, 32))
     per = triton.cdiv(groups, split)
     return triton.cdiv(groups, per), per
-
-
-def dot_k(g: int) -> int:
-    """The MMAs' K for group size g: its G/2 bytes, at least 32 (int8 MMA's minimum K on sm_80+, Orin's sm_87 and
-    Hopper: a group of 32 is padded with masked lanes)."""
-    return max(g // 2, 32)
-
-
-def block_n_for(n: int) -> int:
-    return 64 if n >= 64 else max(16, triton.next_power_of_2(n))
-
-
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (int8 [M, K], float32 [M]) per-token INT8 activations on the device of x."""
-    m, k = x.shape
-    xq = torch.empty(m, k, dtype=torch.int8, device=x.device)
-    sx = torch.empty(m, dtype=torch.float32, device=x.device)
-    quantize_rows_kernel[(m,)](x, xq, sx, k, x.stride(0), BLOCK_K=min(1024, triton.next_power_of_2(k)),
-                                    enable_fp_fusion=False)
-    return xq, sx
 
 
 def _check(x, base, scale, act):
@@ -297,27 +178,22 @@ def quantize_decode(x: torch.Tensor, g: int) -> tuple[torch.Tensor, torch.Tensor
 
 
 def _launch(x, base, refine, scale, offset, y, act, target, view_code, acts=None):
-    """One launch (M <= BLOCK_M) of the view `target` (bool) or of the view in device scalar `view_code`: the
-    decode kernel for M <= DECODE_MAX_M with INT8 activations (on `acts` where given), the tensor-core kernel
-    otherwise."""
+    """One launch of the view `target` (bool) or of the view in device scalar `view_code` over canonical planes:
+    the decode kernel for M <= DECODE_MAX_M with INT8 activations (on `acts` where given), the tensor-core kernel
+    (`plugins.kernels.gemm`) otherwise."""
     m, k, n, g = _check(x, base, scale, act)
     split, per = plan_split(n, k, g, _sm_count(x.device))
     float_act = act == "float16"
     if not float_act and m <= DECODE_MAX_M:
         return _launch_decode(x, base, refine, scale, offset, y, target, view_code, split, per, acts)
-    if float_act:
-        xk, sx = x.to(torch.float16).contiguous(), y     # sx unused
-    else:
-        xk, sx = quantize_rows(x.contiguous())
-    bn = block_n_for(n)
+    return _launch_gemm(x, base, refine, scale, offset, y, target, view_code, split, per, n, g, float_act, False)
+
+
+def _launch_gemm(x, base, refine, scale, offset, y, target, view_code, split, per, n, g, float_act, tiled):
+    """One tensor-core launch (`gemm.launch_gemm`) and the ordered reduction of its split partials into y."""
+    m = x.shape[0]
     dest = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
-    dual_plane_kernel[(triton.cdiv(n, bn), split)](
-        xk, sx, base, refine if refine is not None else base, scale, offset if offset is not None else scale, dest,
-        view_code if view_code is not None else scale, m, n, k, per,
-        TARGET=bool(target), HAS_OFFSET=offset is not None, FLOAT_ACT=float_act, SPLIT=split,
-        G=g, BLOCK_N=bn, BLOCK_M=BLOCK_M, INTERP=INTERPRET, RUNTIME_VIEW=view_code is not None, DOT_K=dot_k(g),
-        enable_fp_fusion=False,
-    )
+    sx = gemm.launch_gemm(x, base, refine, scale, offset, dest, view_code, n, g, split, per, target, float_act, tiled)
     _reduce(dest, sx, y, m, n, split, not float_act)
     return y
 
@@ -330,13 +206,11 @@ def _check_acts(acts, m: int, k: int, g: int, act: str = "int8") -> None:
 
 
 def _tiles(x, base, refine, scale, offset, out, act, target, view_code, acts=None):
-    """y [M, N] in tiles of BLOCK_M tokens (prefill chunks), each the same computation as a decode pass."""
+    """y [M, N] of a canonical launch (`_launch`), checked."""
     m, k, n, g = _check(x, base, scale, act)
     _check_acts(acts, m, k, g, act)
     y = out if out is not None else torch.empty(m, n, dtype=torch.float32, device=x.device)
-    for i in range(0, m, BLOCK_M):
-        _launch(x[i:i + BLOCK_M], base, refine, scale, offset, y[i:i + BLOCK_M], act, target, view_code, acts)
-    return y
+    return _launch(x, base, refine, scale, offset, y, act, target, view_code, acts)
 
 
 def dual_plane_linear(x: torch.Tensor, base: torch.Tensor, refine, scale: torch.Tensor, view: str,
@@ -362,9 +236,9 @@ def dual_plane_linear_coded(x: torch.Tensor, base: torch.Tensor, refine: torch.T
 
 def dual_plane_linear_tiled(x: torch.Tensor, planes, view: str, out=None, acts=None, residual=None) -> torch.Tensor:
     """y float32 [M, N] = x [M, K] @ W_view^T from planes in the warp-tiled layout (`plugins.kernels.tiling.
-    TiledPlanes`: what the `triton` backend holds), INT8 activations, any M: the decode kernel in passes of up to
-    DECODE_MAX_M tokens (a prefill chunk reads the planes once per DECODE_MAX_M tokens, at the decode kernel's
-    bandwidth). Each row is bit for bit what `dual_plane_linear` computes from the canonical planes at M <= 8.
+    TiledPlanes`: what the `triton` backend holds), INT8 activations, any M: the decode kernel up to DECODE_MAX_M
+    tokens, the tensor-core kernel for a prefill chunk (the planes read once per 64 tokens; `PREFILL_GEMM`). Each
+    row is bit for bit what `dual_plane_linear` computes from the canonical planes at M <= 8.
     `acts`: x's activations from `quantize_decode` at the planes' group size (M <= DECODE_MAX_M). `residual`
     (float32 [M, N]): returns residual + x @ W^T, the add done in the GEMV's own launch (torch's bits)."""
     if view not in ("draft", "target"):
@@ -396,6 +270,10 @@ def _tiled(x, planes, target: bool, view_code, out, acts, residual=None) -> torc
     y = out if out is not None else torch.empty(m, planes.n, dtype=torch.float32, device=x.device)
     split, per = plan_split(planes.n, k, planes.g, _sm_count(x.device))
     refine = planes.refine if target or view_code is not None else None
+    if m > DECODE_MAX_M and PREFILL_GEMM:
+        _launch_gemm(x, planes.base, refine, planes.scale, planes.offset, y, target, view_code, split, per, planes.n,
+                     planes.g, False, True)
+        return y if residual is None else torch.add(residual, y, out=y)
     for i in range(0, m, DECODE_MAX_M):
         _launch_decode(x[i:i + DECODE_MAX_M], planes.base, refine, planes.scale, planes.offset,
                        y[i:i + DECODE_MAX_M], target, view_code, split, per, acts, planes.n, planes.g, tiled=True,
