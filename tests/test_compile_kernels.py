@@ -32,8 +32,8 @@ def test_compile_kernels_for_sm87(tmp_path):
               "decode_runtime_view_m5", "decode_runtime_view_canonical_m5", "decode_target_m1_residual",
               "decode_target_m8_residual", "decode_draft_m1_g64", "decode_target_m5_g64", "decode_target_m8_g64",
               "decode_draft_m1_g32", "decode_target_m5_g32"}
-    prefill = {"gemm_draft_m64", "gemm_target_m64", "gemm_target_m64_g64_nosplit", "gemm_runtime_view_m64",
-               "gemm_target_m64_canonical"}
+    prefill = {"gemm_draft_m64", "gemm_target_m64", "gemm_target_m64_g64", "gemm_target_m64_runs",
+               "gemm_runtime_view_m64", "gemm_target_m64_canonical"}
     assert decode | prefill | {"flash_decode_d128_gqa4", "write_kv_d128", "quantize_decode"} <= rows.keys()
     for name in ("swiglu_r4_344x32", "swiglu_r4_28x512", "swiglu_r4_140x64"):   # the MLP's one launch a layer
         assert rows[name]["registers"] <= 128 and rows[name]["spill_load_bytes"] == 0, rows[name]

@@ -36,6 +36,9 @@ def test_device_check_script_runs_dry(tmp_path):
         {(m, v, "int8") for m in (1, 5, 8) for v in ("draft", "target")}        # the decode kernel's widths
     assert {(g["M"], g["view"]) for g in r["bandwidth"]["gemv"] if g["kernel"] == "dual_plane_linear_tiled"} == \
         {(m, v) for m in (1, 5, 8) for v in ("draft", "target")}                # and on the backend's tiled planes
+    pre = r["bandwidth"]["prefill"]          # a prefill chunk: tensor cores against the decode kernel, both views
+    assert [(p["M"], p["view"]) for p in pre] == [(12, "draft"), (12, "target")], pre
+    assert all(p["gemm_us"] > 0 and p["decode_us"] > 0 and p["speedup"] > 0 and p["gemm_TOPS"] > 0 for p in pre)
     steps = r["step_bandwidth"]["tiny"]
     assert steps["bytes"]["verify"] == steps["bytes"]["target"] > steps["bytes"]["draft"] > 0   # weights read once a pass
     for form, t in r["pass_times"]["tiny"].items():          # bytes / pass time / copy bandwidth, per pass
@@ -48,6 +51,7 @@ def test_device_check_script_runs_dry(tmp_path):
         assert "TensorRT is not installed here" in out.stderr
     md = (tmp_path / "device_check.md").read_text()
     assert "| tiny | static |" in md and "Kernels against the oracle: all passed" in md
+    assert "Prefill chunk of 12 tokens, tensor-core kernel against the decode kernel" in md
     assert "Whole passes, weight bytes over pass time" in md and "GEMV (tiled planes, the triton backend's) at the other shapes M = 5 target" in md
     prof = r["profile"]["tiny"]                    # the interpreter: the host's ops stand in for kernels
     assert prof["form"] == "static" and {"draft", "target", "verify"} <= set(prof)

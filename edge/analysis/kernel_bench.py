@@ -3,6 +3,9 @@ device's measured copy bandwidth (both taken in the same run).
 
     python scripts/bench_kernels.py [--repeats 7] [--contexts 4096,8192,16384,32768] [--out FILE] [--json]
 
+Prefill (`prefill_rows`): a chunk of 256 tokens through the tensor-core kernel against the decode kernel in passes
+of 8, at Llama-2-7B's and Qwen2.5-1.5B's shapes.
+
 GEMV: K x N = 4096 x 4096, 4096 x 11008 and 11008 x 4096 (Llama-7B q/o, gate/up and down), the shapes beyond any
 L2 (8192 x 28672 and 28672 x 8192: 117-235 MB of planes a matrix) and the real shapes of Qwen2.5-1.5B and Llama-3-8B,
 M = 1, 5 and 8, draft (W4A8: base + scales) and target (W8A8: both planes): the decode kernel on the warp-tiled planes
@@ -32,6 +35,8 @@ REAL_SHAPES = {"qwen2.5-1.5b": [(1536, 1536), (1536, 256), (1536, 8960), (8960, 
                "llama-3-8b": [(4096, 4096), (4096, 1024), (4096, 14336), (14336, 4096)]}
 DEVICE_CHECK_SHAPES = BEYOND_L2 + [s for shapes in REAL_SHAPES.values() for s in shapes]
 GEMV_TOKENS = (1, 5, 8)
+PREFILL_SHAPES = [(4096, 4096), (4096, 11008), (11008, 4096), (1536, 8960), (8960, 1536)]   # Llama-2-7B, Qwen2.5-1.5B
+PREFILL_TOKENS = 256                 # the triton backend's prefill chunk
 ATTENTION_LAYOUTS = [("llama2-7b mha", 32, 32, 128), ("gqa 32/8", 32, 8, 128)]   # (name, Hq, Hkv, D)
 LAUNCHES = 20
 
@@ -171,6 +176,36 @@ def gemv_rows(repeats: int, copy_bw: float, shapes=GEMV_SHAPES, device: str = "c
     return rows
 
 
+def prefill_rows(repeats: int, shapes=PREFILL_SHAPES, device: str = "cuda", timer=time_graph,
+                 tokens: int = PREFILL_TOKENS) -> list[dict]:
+    """One row per (shape, view) of a prefill chunk of `tokens` through the tiled planes (`dual_plane_linear_tiled`):
+    the tensor-core kernel (gemv.PREFILL_GEMM, the backend's path) and the decode kernel in passes of DECODE_MAX_M
+    tokens (what ran before it), their times, the speed-up and the GEMM's int8 tera-operations a second (2 M N K,
+    twice that for the target's two planes). Both paths give the same bits (tests/test_tiled_gemv.py)."""
+    from plugins.kernels import dual_plane_linear_tiled, gemv
+    from plugins.kernels.tiling import tile_planes
+    rows = []
+    for k, n in shapes:
+        g = 128 if k % 128 == 0 else 64
+        planes = tile_planes(torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=device),
+                             torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=device),
+                             (torch.rand(n, k // g, device=device) * 1e-2).half())
+        x = torch.randn(tokens, k, device=device)
+        out = torch.empty(tokens, n, dtype=torch.float32, device=device)
+        for view, nplanes in (("draft", 1), ("target", 2)):
+            sec = {}
+            for path, gemm in (("gemm", True), ("decode", False)):
+                gemv.PREFILL_GEMM = gemm
+                try:
+                    sec[path] = timer(lambda: dual_plane_linear_tiled(x, planes, view, out=out), repeats)
+                finally:
+                    gemv.PREFILL_GEMM = True
+            rows.append({"kernel": "prefill", "K": k, "N": n, "M": tokens, "view": view, "gemm_us": sec["gemm"] * 1e6,
+                         "decode_us": sec["decode"] * 1e6, "speedup": sec["decode"] / sec["gemm"],
+                         "gemm_TOPS": 2 * nplanes * tokens * n * k / sec["gemm"] / 1e12})
+    return rows
+
+
 def attention_rows(repeats: int, copy_bw: float, contexts: list[int], layouts=ATTENTION_LAYOUTS, device: str = "cuda",
                    timer=time_graph) -> list[dict]:
     from plugins.kernels import nested_kv_attention_at
@@ -206,7 +241,7 @@ def run(a) -> dict:
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "triton": __import__("triton").__version__, "repeats": a.repeats, "copy_GBps": copy_bw / 1e9,
               "l2_bytes": l2_bytes("cuda"), "gemv": gemv_rows(a.repeats, copy_bw, GEMV_SHAPES + DEVICE_CHECK_SHAPES),
-              "attention": attention_rows(a.repeats, copy_bw, contexts)}
+              "attention": attention_rows(a.repeats, copy_bw, contexts), "prefill": prefill_rows(a.repeats)}
     if a.out:
         tmp = Path(a.out + ".tmp")
         tmp.write_text(json.dumps(result, indent=1))
@@ -219,4 +254,7 @@ def run(a) -> dict:
         for r in result["attention"]:
             print(f"attention {r['layout']:13} S={r['context']:5} T={r['T']} {r['view']} {r['us']:8.1f} us "
                   f"{r['GBps']:7.1f} GB/s {100 * r['fraction_of_copy']:5.1f}%")
+        for r in result["prefill"]:
+            print(f"prefill K={r['K']:5} N={r['N']:5} M={r['M']} {r['view']:6} tensor cores {r['gemm_us']:8.1f} us, "
+                  f"decode kernel {r['decode_us']:8.1f} us: {r['speedup']:.2f}x, {r['gemm_TOPS']:.1f} int8 TOPS")
     return result

@@ -16,6 +16,7 @@ from edge.model.checkpoint import Checkpoint, draft_reads_refine
 # (D values, running max and sum, float32) are reduced afterwards (nested_kv_attention, docs/contracts.md, ops).
 FLASH_SPLITS = 32
 DECODE_ROWS = 32
+GEMM_FROM_TOKENS = 9          # passes this wide run the GEMM (plugins.kernels.gemv_decode.DECODE_MAX_M + 1)
 
 
 @dataclass(frozen=True)
@@ -58,12 +59,16 @@ def run_step(eng: Engine, step: Step):
 def fused_workspace(cfg: ModelConfig, step: Step, act_bytes: int, int8_acts: bool) -> int:
     """Bytes the GPU kernels need for one pass of T tokens (buffers reused layer after layer): the residual
     and normed stream, the larger of q/k/v + attention output and the MLP's gate/up/product, the int8 copy of
-    a linear's input (W8A8 / W4A8), attention partials, RoPE tables, float32 logits of the rows kept. The
-    nested KV is read in place by the attention kernel: no dequantized copy of the history."""
+    a linear's input (W8A8 / W4A8; a prefill chunk's GEMM also its group sums, int32 [T, K/G]), attention
+    partials, RoPE tables, float32 logits of the rows kept. The nested KV is read in place by the attention
+    kernel: no dequantized copy of the history."""
     t, h, i, d = step.tokens, cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     attn = (cfg.num_heads + 2 * cfg.num_kv_heads) * d + cfg.num_heads * d
     act = t * (2 * h + max(3 * i, attn)) * act_bytes
     quant = t * max(h, i) if int8_acts else 0
+    if int8_acts and t >= GEMM_FROM_TOKENS:     # the group sums of the widest input, at the default export's
+        k = max(h, i)                           # group size (128, or 64 where 128 does not divide K)
+        quant += t * (k // (128 if k % 128 == 0 else 64)) * 4
     # decode-sized passes split the history (flash-decoding partials); a prefill chunk tiles over its
     # queries instead and keeps only each row's running max and sum
     partials = t * cfg.num_heads * (FLASH_SPLITS * (d + 2) if t <= DECODE_ROWS else 2) * 4

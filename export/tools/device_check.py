@@ -200,7 +200,8 @@ def kernels(opts: DeviceCheckOptions) -> dict:
 def bandwidth(opts: DeviceCheckOptions) -> dict:
     """Kernel GB/s as a share of the copy bandwidth measured in the same run: the decode GEMV (INT8 activations,
     M = 1, 5, 8) at the shapes beyond L2 and the real shapes of Qwen2.5-1.5B and Llama-3-8B, each launch on its own
-    copy of the planes (edge.analysis.kernel_bench.ring), and attention at 4K and 16K positions."""
+    copy of the planes (edge.analysis.kernel_bench.ring), and attention at 4K and 16K positions; and a prefill chunk
+    of 256 tokens through the tensor-core kernel against the decode kernel in passes of 8 (`prefill`)."""
     from edge.analysis import kernel_bench as b
     if opts.dry:
         dev, timer, shapes, contexts, layouts, nbytes = "cpu", b.time_host, [(128, 64)], [256], [("tiny", 4, 2, 32)], 1 << 20
@@ -210,7 +211,9 @@ def bandwidth(opts: DeviceCheckOptions) -> dict:
     copy = b.copy_bandwidth(opts.repeats, nbytes, dev, timer)
     return {"copy_GBps": copy / 1e9, "l2_bytes": b.l2_bytes(dev),
             "gemv": b.gemv_rows(opts.repeats, copy, shapes, dev, timer, acts=("int8",)),
-            "attention": b.attention_rows(opts.repeats, copy, contexts, layouts, dev, timer)}
+            "attention": b.attention_rows(opts.repeats, copy, contexts, layouts, dev, timer),
+            "prefill": b.prefill_rows(opts.repeats, [(128, 64)], dev, timer, 12) if opts.dry else
+            b.prefill_rows(opts.repeats, device=dev, timer=timer)}
 
 
 def _pass_bytes(cfg) -> dict:

@@ -68,7 +68,7 @@ class KernelSpec:
     aligned: bool = True            # pointers specialized as 16-byte aligned (False: what a misaligned call gets)
     maxnreg: int | None = None      # ptxas's register cap, as the launcher passes it
     kv_step_bytes: int = 0          # attention: KV4 plane bytes (K and V) a position loop step streams (KV8: twice)
-    prefill: bool = False           # a tensor-core GEMM of a prefill chunk: its budget_failures listed (PREFILL_BUDGETS)
+    prefill: bool = False           # a prefill chunk's tensor-core GEMM: its budget_failures listed (PREFILL_BUDGETS)
     divisible: tuple = ()           # integer arguments the launcher sees as multiples of 16 (Triton specializes them)
     loop_tokens: int = 1            # tokens each weight byte of a main-loop iteration serves (a GEMM's BLOCK_M)
 
@@ -81,17 +81,17 @@ class KernelSpec:
                 if t.startswith("*") or name in self.divisible}
 
 
-def _gemm(name, target, split, g=128, runtime_view=False, float_act=False, tiled=True, m=64, held=True,
-          offset=False):
+def _gemm(name, target, g=128, runtime_view=False, float_act=False, tiled=True, m=64, held=True,
+          offset=False, one_run=True):
     """The tensor-core kernel (`plugins.kernels.gemm`) for a pass of m tokens: one group of BLOCK_N rows a loop
     iteration, for every BLOCK_M tokens. N and K are multiples of 16, as in every real linear (Triton's launcher
     specializes such integers: what lets the compiler prove the plane and activation rows 16-byte aligned)."""
     sig = {"x_ptr": "*fp16" if float_act else "*i8", "sx_ptr": "*fp32", "xsum_ptr": "*i32", "base_ptr": "*u8",
            "refine_ptr": "*u8", "scale_ptr": "*fp16", "offset_ptr": "*fp16", "out_ptr": "*fp32", "view_ptr": "*i64",
-           "M": "i32", "N": "i32", "K": "i32", "GROUPS_PER_SPLIT": "i32"}
-    const = {"TARGET": target, "HAS_OFFSET": offset, "FLOAT_ACT": float_act, "SPLIT": split, "G": g,
+           "M": "i32", "N": "i32", "K": "i32", "GROUPS_PER_SPLIT": "i32", "SPLITS": "i32"}
+    const = {"TARGET": target, "HAS_OFFSET": offset, "FLOAT_ACT": float_act, "G": g,
              "DOT_K": gemm.dot_k(g), "BLOCK_N": 64, "BLOCK_M": gemm.block_m(m), "INTERP": False, "TILED": tiled,
-             "RUNTIME_VIEW": runtime_view}
+             "RUNTIME_VIEW": runtime_view, "ONE_RUN": one_run}
     planes = 2 if target or runtime_view else 1
     return KernelSpec(name, gemm.gemm_kernel, sig | {k: "constexpr" for k in const}, const, gemm.GEMM_WARPS,
                       loop_weight_bytes=64 * planes * g // 2, prefill=True, held=held, divisible=("N", "K"),
@@ -208,15 +208,16 @@ def kernel_specs(arch: int = 87) -> list[KernelSpec]:
         _decode("decode_target_m8_g64", True, 8, g=64),
         _decode("decode_draft_m1_g32", False, 1, g=32),       # a 16-byte group: ptxas unrolls its loop 4 times
         _decode("decode_target_m5_g32", True, 5, g=32),
-        _gemm("gemm_draft_m64", False, 4),                    # prefill chunks (M > 8) on the tiled planes: 64
-        _gemm("gemm_target_m64", True, 4),                    # tokens a program, tensor cores
-        _gemm("gemm_target_m64_g64_nosplit", True, 1, g=64),
-        _gemm("gemm_target_m64_g32", True, 4, g=32, held=False),   # a group of 16 bytes: half of each MMA's K
-        _gemm("gemm_target_m64_offset", True, 4, offset=True, held=False),   # a top-4-of-8 nest's offsets
-        _gemm("gemm_runtime_view_m64", False, 4, runtime_view=True),   # the TensorRT plugin's prefill
-        _gemm("gemm_target_m64_canonical", True, 4, tiled=False),      # canonical planes (a node that does not tile)
-        _gemm("gemm_draft_w4a16_m16", False, 4, float_act=True, tiled=False, m=16, held=False),   # float16
-        _gemm("gemm_target_w8a16_m16", True, 4, float_act=True, tiled=False, m=16, held=False),   # activations
+        _gemm("gemm_draft_m64", False),                       # prefill chunks (M > 8) on the tiled planes: 64
+        _gemm("gemm_target_m64", True),                       # tokens a program, tensor cores
+        _gemm("gemm_target_m64_g64", True, g=64),             # the default model's group size
+        _gemm("gemm_target_m64_runs", True, one_run=False),   # K summed in the decode launch's runs (split > 1)
+        _gemm("gemm_target_m64_g32", True, g=32, held=False),      # a group of 16 bytes: half of each MMA's K
+        _gemm("gemm_target_m64_offset", True, offset=True, held=False),   # a top-4-of-8 nest's offsets
+        _gemm("gemm_runtime_view_m64", False, runtime_view=True),       # the TensorRT plugin's prefill
+        _gemm("gemm_target_m64_canonical", True, tiled=False),          # canonical planes (a node that does not tile)
+        _gemm("gemm_draft_w4a16_m16", False, float_act=True, tiled=False, m=16, held=False),   # float16
+        _gemm("gemm_target_w8a16_m16", True, float_act=True, tiled=False, m=16, held=False),   # activations
         KernelSpec("gemv_split_reduce", gemv.split_reduce_kernel,
                    {"part_ptr": "*fp32", "sx_ptr": "*fp32", "out_ptr": "*fp32", "M": "i32", "N": "i32",
                     "SPLIT": "i32", "SCALE_X": "constexpr", "BLOCK": "constexpr"},
@@ -287,27 +288,35 @@ def sass_instructions(sass: str) -> dict:
             "sass_lines": sass.count("\n")}
 
 
-def load_loops(sass: str) -> list[list[str]]:
-    """The instructions of each loop of `sass` holding a global load, in code order: from a backward branch's target
-    to the branch (cuobjdump prints each instruction as /*ADDR*/ OPCODE ...;)."""
+def _spans(sass: str) -> list[tuple[int, int, list[str]]]:
+    """(first address, last address, instructions) of each loop of `sass` holding a global load, in code order: from
+    a backward branch's target to the branch (cuobjdump prints each instruction as /*ADDR*/ OPCODE ...;)."""
     code = [(int(a, 16), op.strip()) for a, op in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
     loops = []
     for addr, op in code:
         jump = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", op)
         if jump and int(jump.group(1), 16) <= addr:
-            body = [o for a, o in code if int(jump.group(1), 16) <= a <= addr]
+            start = int(jump.group(1), 16)
+            body = [o for a, o in code if start <= a <= addr]
             if any(re.search(r"\bLDG\b", o) for o in body):
-                loops.append((int(jump.group(1), 16), body))
-    return [body for _, body in sorted(loops, key=lambda t: t[0])]
+                loops.append((start, addr, body))
+    return sorted(loops, key=lambda t: t[0])
+
+
+def load_loops(sass: str) -> list[list[str]]:
+    """The instructions of each loop of `sass` holding a global load, in code order (`_spans`)."""
+    return [body for _, _, body in _spans(sass)]
 
 
 def main_loop(sass: str) -> list[str]:
-    """The largest loop of `sass` holding a global load (`load_loops`) and a dot instruction (dp4a, IMMA, HMMA: a
-    GEMV's weight stream, not its split reduction's loop over partials), or holding a global load where no loop
-    has a dot; empty where there is none."""
-    loops = load_loops(sass)
-    dots = [loop for loop in loops if any(re.search(r"\b(IDP\.4A|IMMA|HMMA)\b", o) for o in loop)]
-    return max(dots or loops, key=len, default=[])
+    """The largest innermost loop of `sass` holding a global load (`_spans`) and a dot instruction (dp4a, IMMA, HMMA:
+    a GEMV's weight stream, not its split reduction's loop over partials, nor an outer loop around the stream, as
+    the GEMM's runs of a split of K), or the largest loop holding a global load where no loop has a dot; empty
+    where there is none."""
+    spans = _spans(sass)
+    dots = [t for t in spans if any(re.search(r"\b(IDP\.4A|IMMA|HMMA)\b", o) for o in t[2])]
+    inner = [t for t in dots if not any(o is not t and t[0] <= o[0] and o[1] <= t[1] for o in dots)]
+    return max([t[2] for t in inner] or [t[2] for t in spans], key=len, default=[])
 
 
 def _plane_loads(loop: list[str]) -> int:

@@ -16,7 +16,8 @@ Why this shape (docs/kernels.md, "Prefill: the tensor-core GEMM"):
   stride-2 gather costs a byte load each.
 - Each group's dot products are exact int32 sums chained in the MMA accumulator (target: 16 * base part, then the
   refinement part added in the same accumulator), then scaled by s (draft) or s/16 (target) in float32 and added
-  to the float32 accumulator, in the decode kernel's order: the rows are the decode kernel's bit for bit.
+  to the float32 accumulator, in the decode kernel's order, the groups in the runs of its split of K: the rows are
+  the decode kernel's bit for bit, and no split partials are written (a program sums every group of its rows).
 
 Float16 activations (`float_act`): the same program with float16 MMAs over float16 x and the exactly representable
 codes, float32 accumulation.
@@ -86,51 +87,17 @@ def _dot(a, b, acc, INTERP: tl.constexpr):
     return tl.dot(a, b, acc=acc, out_dtype=acc.dtype)
 
 
-@triton.jit(do_not_specialize=["M"])   # M == 1 would otherwise compile a program of its own
-def gemm_kernel(
-    x_ptr, sx_ptr, xsum_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, view_ptr,
-    M, N, K, GROUPS_PER_SPLIT,
-    TARGET: tl.constexpr, HAS_OFFSET: tl.constexpr, FLOAT_ACT: tl.constexpr, SPLIT: tl.constexpr,
-    G: tl.constexpr, DOT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, INTERP: tl.constexpr,
-    TILED: tl.constexpr = False, RUNTIME_VIEW: tl.constexpr = False,
-):
-    """Program (n-tile, split, m-tile): rows [n0, n0+BLOCK_N), groups [split*GPS, (split+1)*GPS) of K, tokens
-    [m0, m0+BLOCK_M). x: int8 [M, K] per-group de-interleaved (`quantize_rows`) with scales sx float32 [M] and group
-    sums xsum int32 [M, K/G] (HAS_OFFSET; or x float16 with FLOAT_ACT, its sums summed here); planes canonical (uint8 [N, K/2], float16 [N, K/G]) or with TILED warp-tiled (uint8 [N/32, K/G,
-    G/32, 32, 16], float16 [N/32, K/G, 32]). out: float32 [M, N] (SPLIT == 1) or partials [SPLIT, M, N] (unscaled by
-    s_x). Bytes: each plane byte of the tile once per m-tile (the refinement plane only for the target view), one
-    scale per row and group, the tile's x columns (L2-resident), the output tile once. RUNTIME_VIEW: the view read
-    from view_ptr (1 = target). DOT_K (`dot_k`): a group's G/2 bytes, padded with masked lanes (no load issued) up
-    to the int8 MMA's minimum K of 32."""
-    if RUNTIME_VIEW:
-        target = tl.load(view_ptr) == 1
-    else:
-        target = TARGET
-    split = tl.program_id(1)
+@triton.jit
+def _run(x_ptr, xsum_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, target, g0, groups, n_groups, K, m_offs,
+         m_mask, n_offs, n_mask, j, xm, wm, wrow, wcol, srow, wstep, sstep, HAS_OFFSET: tl.constexpr,
+         FLOAT_ACT: tl.constexpr, G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+         INTERP: tl.constexpr):
+    """y^T's tile [BN, BM] over groups [g0, g0 + groups) of K (unscaled by s_x), each group's exact int32 sum
+    scaled and added in group order (`gemm_kernel`)."""
     HALF: tl.constexpr = G // 2
-    n_offs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)           # [BN]
-    m_offs = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)           # [BM]
-    j = tl.arange(0, DOT_K)                                              # [DOT_K] byte of a group's row
-    n_mask = n_offs < N
-    m_mask = m_offs < M
-    n_groups = K // G
-    if DOT_K > HALF:                                                     # a 16-byte group (G = 32)
-        xm = m_mask[:, None] & (j < HALF)[None, :]                       # [BM, DOT_K]
-        wm = n_mask[:, None] & (j < HALF)[None, :]                       # [BN, DOT_K]
-    else:
-        xm = m_mask[:, None]
-        wm = n_mask[:, None]
-    if TILED:               # block n // 32, lane n % 32; chunk j // 16 of a group: 512 bytes a chunk of a block
-        wrow = (n_offs // 32) * (n_groups * 16 * G) + (n_offs % 32) * 16
-        wcol = (j // 16) * 512 + j % 16
-        srow = (n_offs // 32) * (n_groups * 32) + n_offs % 32
-        wstep, sstep = 16 * G, 32                                        # a group of a block: G/32 chunks
-    else:
-        wrow, wcol, srow = n_offs * (K // 2), j, n_offs * n_groups
-        wstep, sstep = HALF, 1
-    acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)                       # y^T's tile
-    for gi in range(0, GROUPS_PER_SPLIT):
-        g = split * GROUPS_PER_SPLIT + gi
+    acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    for gi in range(0, groups):
+        g = g0 + gi
         gm = n_mask & (n_offs * 0 + g < n_groups)                                            # [BN]
         xrow = x_ptr + m_offs[:, None] * K + g * G + j[None, :]                              # [BM, DOT_K]
         x_even = tl.load(xrow, mask=xm, other=0)
@@ -158,13 +125,65 @@ def gemm_kernel(
                 xsum = tl.load(xsum_ptr + m_offs * n_groups + g, mask=m_mask, other=0).to(tl.float32)
             off = tl.load(offset_ptr + srow + g * sstep, mask=gm, other=0.0).to(tl.float32)
             acc += xsum[None, :] * off[:, None]
-    out_mask = m_mask[None, :] & n_mask[:, None]
-    if SPLIT == 1:
-        if not FLOAT_ACT:
-            acc = acc * tl.load(sx_ptr + m_offs, mask=m_mask, other=0.0)[None, :]
-        tl.store(out_ptr + m_offs[None, :] * N + n_offs[:, None], acc, mask=out_mask)
+    return acc
+
+
+@triton.jit(do_not_specialize=["M", "SPLITS"])   # M == 1 or one split would otherwise compile a program of its own
+def gemm_kernel(
+    x_ptr, sx_ptr, xsum_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, view_ptr,
+    M, N, K, GROUPS_PER_SPLIT, SPLITS,
+    TARGET: tl.constexpr, HAS_OFFSET: tl.constexpr, FLOAT_ACT: tl.constexpr,
+    G: tl.constexpr, DOT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, INTERP: tl.constexpr,
+    TILED: tl.constexpr = False, RUNTIME_VIEW: tl.constexpr = False, ONE_RUN: tl.constexpr = True,
+):
+    """Program (n-tile, m-tile): rows [n0, n0+BLOCK_N), tokens [m0, m0+BLOCK_M), every group of K, summed as the
+    decode launch sums them: in SPLITS runs of GROUPS_PER_SPLIT groups (its split of K, `plan_split`), each run's
+    sum added to the total in run order, what the decode kernel's split partials and their ordered reduction give,
+    with no partials written. x: int8 [M, K] per-group de-interleaved (`quantize_rows`) with scales sx float32 [M]
+    and group sums xsum int32 [M, K/G] (HAS_OFFSET; or x float16 with FLOAT_ACT, its sums summed here). Planes
+    canonical (uint8 [N, K/2], float16 [N, K/G]) or with TILED warp-tiled (uint8 [N/32, K/G, G/32, 32, 16], float16
+    [N/32, K/G, 32]). out: float32 [M, N]. Bytes: each plane byte of the tile once per m-tile (the refinement plane
+    only for the target view), one scale per row and group, the tile's x columns (L2-resident), the output tile
+    once. RUNTIME_VIEW: the view read from view_ptr (1 = target). DOT_K (`dot_k`): a group's G/2 bytes, padded with
+    masked lanes (no load issued) up to the int8 MMA's minimum K of 32. ONE_RUN: SPLITS == 1 (the loop alone)."""
+    if RUNTIME_VIEW:
+        target = tl.load(view_ptr) == 1
     else:
-        tl.store(out_ptr + (split * M + m_offs[None, :]) * N + n_offs[:, None], acc, mask=out_mask)
+        target = TARGET
+    HALF: tl.constexpr = G // 2
+    n_offs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)           # [BN]
+    m_offs = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)           # [BM]
+    j = tl.arange(0, DOT_K)                                              # [DOT_K] byte of a group's row
+    n_mask = n_offs < N
+    m_mask = m_offs < M
+    n_groups = K // G
+    if DOT_K > HALF:                                                     # a 16-byte group (G = 32)
+        xm = m_mask[:, None] & (j < HALF)[None, :]                       # [BM, DOT_K]
+        wm = n_mask[:, None] & (j < HALF)[None, :]                       # [BN, DOT_K]
+    else:
+        xm = m_mask[:, None]
+        wm = n_mask[:, None]
+    if TILED:               # block n // 32, lane n % 32; chunk j // 16 of a group: 512 bytes a chunk of a block
+        wrow = (n_offs // 32) * (n_groups * 16 * G) + (n_offs % 32) * 16
+        wcol = (j // 16) * 512 + j % 16
+        srow = (n_offs // 32) * (n_groups * 32) + n_offs % 32
+        wstep, sstep = 16 * G, 32                                        # a group of a block: G/32 chunks
+    else:
+        wrow, wcol, srow = n_offs * (K // 2), j, n_offs * n_groups
+        wstep, sstep = HALF, 1
+    if ONE_RUN:             # one run of every group (no split of K): the loop alone
+        total = _run(x_ptr, xsum_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, target, 0, n_groups, n_groups, K,
+                     m_offs, m_mask, n_offs, n_mask, j, xm, wm, wrow, wcol, srow, wstep, sstep, HAS_OFFSET, FLOAT_ACT,
+                     G, BLOCK_N, BLOCK_M, INTERP)
+    else:                   # runs summed in order, as the decode launch's split partials and their reduction
+        total = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)                 # y^T's tile
+        for split in range(0, SPLITS):
+            total += _run(x_ptr, xsum_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, target,
+                          split * GROUPS_PER_SPLIT, GROUPS_PER_SPLIT, n_groups, K, m_offs, m_mask, n_offs, n_mask, j,
+                          xm, wm, wrow, wcol, srow, wstep, sstep, HAS_OFFSET, FLOAT_ACT, G, BLOCK_N, BLOCK_M, INTERP)
+    if not FLOAT_ACT:
+        total = total * tl.load(sx_ptr + m_offs, mask=m_mask, other=0.0)[None, :]
+    tl.store(out_ptr + m_offs[None, :] * N + n_offs[:, None], total, mask=m_mask[None, :] & n_mask[:, None])
 
 
 def dot_k(g: int) -> int:
@@ -196,25 +215,25 @@ def quantize_rows(x: torch.Tensor, g: int) -> tuple[torch.Tensor, torch.Tensor, 
 
 
 def deinterleave(x: torch.Tensor, g: int) -> torch.Tensor:
-    """x [M, K] float -> float16 [M, K] with each group's even columns, then its odd ones (`gemm_kernel`'s FLOAT_ACT)."""
+    """x [M, K] float -> float16 [M, K], each group's even columns then its odd ones (`gemm_kernel`'s FLOAT_ACT)."""
     m, k = x.shape
     return x.to(torch.float16).view(m, k // g, g // 2, 2).transpose(2, 3).reshape(m, k)
 
 
-def launch_gemm(x, base, refine, scale, offset, dest, view_code, n: int, g: int, split: int, per: int, target: bool,
+def launch_gemm(x, base, refine, scale, offset, y, view_code, n: int, g: int, split: int, per: int, target: bool,
                 float_act: bool, tiled: bool) -> torch.Tensor:
-    """One `gemm_kernel` launch over x [M, K] into dest ([M, N] where split == 1, else the partials [split, M, N]);
-    returns s_x [M] (INT8 activations; for float16 ones, dest) for the split reduction."""
+    """y [M, N] = x [M, K] @ W^T in one `gemm_kernel` launch, its groups summed in the decode launch's `split` runs
+    of `per` groups (`plan_split`): the decode kernel's rows bit for bit (INT8 activations)."""
     m, k = x.shape
     if float_act:
-        xk, sx, xsum = deinterleave(x, g), dest, dest
+        xk, sx, xsum = deinterleave(x, g), y, y                 # sx and xsum unread
     else:
         xk, sx, xsum = quantize_rows(x.contiguous(), g)
     bn, bm = block_n_for(n), block_m(m)
-    gemm_kernel[(triton.cdiv(n, bn), split, triton.cdiv(m, bm))](
-        xk, sx, xsum, base, refine if refine is not None else base, scale, offset if offset is not None else scale, dest,
-        view_code if view_code is not None else scale, m, n, k, per,
-        TARGET=bool(target), HAS_OFFSET=offset is not None, FLOAT_ACT=float_act, SPLIT=split, G=g, DOT_K=dot_k(g),
+    gemm_kernel[(triton.cdiv(n, bn), triton.cdiv(m, bm))](
+        xk, sx, xsum, base, refine if refine is not None else base, scale,
+        offset if offset is not None else scale, y, view_code if view_code is not None else scale, m, n, k, per, split,
+        TARGET=bool(target), HAS_OFFSET=offset is not None, FLOAT_ACT=float_act, G=g, DOT_K=dot_k(g),
         BLOCK_N=bn, BLOCK_M=bm, INTERP=INTERPRET, TILED=tiled, RUNTIME_VIEW=view_code is not None,
-        num_warps=GEMM_WARPS, enable_fp_fusion=False)
-    return sx
+        ONE_RUN=split == 1, num_warps=GEMM_WARPS, enable_fp_fusion=False)
+    return y

@@ -31,16 +31,16 @@ import torch
 import triton
 import triton.language as tl
 
-from plugins.kernels import gemm
+import plugins.kernels.gemm as gemm
 from plugins.kernels.common import INTERPRET
 import plugins.kernels.gemv_decode as gemv_decode
 from plugins.kernels.gemv_decode import DECODE_MAX_M, XSUM_SLOTS, decode_gemv_kernel, quantize_decode_kernel
 
+PLAN_ROWS = 128       # rows per program in the split plan (plan_split)
 # Prefill chunks (M > DECODE_MAX_M) on tiled planes run the tensor-core kernel (`plugins.kernels.gemm`: the planes
 # read once per 64 tokens); False runs the decode kernel in passes of DECODE_MAX_M tokens (the same bits): what
 # `bitnest device-check` times against it.
 PREFILL_GEMM = True
-PLAN_ROWS = 128       # rows per program in the split plan (plan_split)
 DECODE_WARPS = 4      # the decode kernel's warps: one row per thread, BLOCK_S = 32 * DECODE_WARPS rows per row tile
 # The decode launch reduces its split-K partials itself (the last program of a row tile; gemv_decode
 # `_last_split_reduces`) instead of in a launch of its own: one kernel a linear where there were two. False runs the
@@ -75,8 +75,9 @@ def _sm_count(device: torch.device) -> int:
 def plan_split(n: int, k: int, g: int, sms: int, rows: int = PLAN_ROWS, per_sm: float = 4) -> tuple[int, int]:
     """(split, groups per split) for an N x K layer: enough programs of PLAN_ROWS rows (the decode kernel's at
     M <= 4) to give every SM ~4 of them, never splitting below 2 groups of K per program. Depends on the shape and
-    device only, never on M or on which kernel runs: both kernels reduce the same splits in the same order, which is
-    what makes their rows equal bit for bit. `rows` and `per_sm` other than these: what `bitnest gemv-sweep` tries."""
+    device only, never on M or on which kernel runs: both kernels sum the same runs of groups in the same order
+    (the decode kernel in split partials, the tensor-core kernel in one program), which is what makes their rows
+    equal bit for bit. `rows` and `per_sm` other than these: what `bitnest gemv-sweep` tries."""
     groups = k // g
     split = max(1, min(triton.cdiv(int(per_sm * sms), triton.cdiv(n, rows)), groups // 2 or 1, 32))
     per = triton.cdiv(groups, split)
@@ -190,12 +191,8 @@ def _launch(x, base, refine, scale, offset, y, act, target, view_code, acts=None
 
 
 def _launch_gemm(x, base, refine, scale, offset, y, target, view_code, split, per, n, g, float_act, tiled):
-    """One tensor-core launch (`gemm.launch_gemm`) and the ordered reduction of its split partials into y."""
-    m = x.shape[0]
-    dest = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
-    sx = gemm.launch_gemm(x, base, refine, scale, offset, dest, view_code, n, g, split, per, target, float_act, tiled)
-    _reduce(dest, sx, y, m, n, split, not float_act)
-    return y
+    """One tensor-core launch (`gemm.launch_gemm`), its groups summed in the runs of this split of K."""
+    return gemm.launch_gemm(x, base, refine, scale, offset, y, view_code, n, g, split, per, target, float_act, tiled)
 
 
 def _check_acts(acts, m: int, k: int, g: int, act: str = "int8") -> None:

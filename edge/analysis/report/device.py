@@ -78,7 +78,12 @@ def bandwidth_line(bw: dict) -> str:
                       for m, v in ((1, "draft"), (1, "target"), (5, "target")) if any(r["M"] == m for r in rows)]
     parts += [f"attention T = 1 {v} {share([r for r in bw['attention'] if r['T'] == 1 and r['view'] == v])}"
               for v in ("kv8", "kv4")]
-    return f"Copy bandwidth {bw['copy_GBps']:.0f} GB/s; kernels as a share of it: {', '.join(parts)}."
+    line = f"Copy bandwidth {bw['copy_GBps']:.0f} GB/s; kernels as a share of it: {', '.join(parts)}."
+    pre = sorted(r["speedup"] for r in bw.get("prefill", []))
+    if pre:
+        line += (f" Prefill chunk of {bw['prefill'][0]['M']} tokens, tensor-core kernel against the decode kernel in "
+                 f"passes of 8: {pre[0]:.1f}–{pre[-1]:.1f}× faster.")
+    return line
 
 
 def step_line(steps: dict) -> str:
@@ -165,6 +170,11 @@ def bandwidth_table(result: dict) -> str:
     for r in bw["attention"]:
         lines.append(f"| {r['kernel']} | {r['layout']}, {r['context']} positions | {r['T']} | {r['view']} | float32 | "
                      f"{r['us']:.1f} | {r['GBps']:.0f} | {100 * r['fraction_of_copy']:.0f}% |")
+    if bw.get("prefill"):
+        lines += ["", "| prefill chunk | shape | tokens | view | tensor-core µs | decode kernel µs | speed-up | "
+                  "int8 TOPS |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [f"| dual_plane_linear_tiled | {r['K']} × {r['N']} | {r['M']} | {r['view']} | {r['gemm_us']:.1f} | "
+                  f"{r['decode_us']:.1f} | {r['speedup']:.2f}× | {r['gemm_TOPS']:.1f} |" for r in bw["prefill"]]
     return "\n".join(lines) + "\n"
 
 
