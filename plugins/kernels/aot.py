@@ -212,6 +212,7 @@ def kernel_specs(arch: int = 87) -> list[KernelSpec]:
         _gemm("gemm_target_m64", True),                       # tokens a program, tensor cores
         _gemm("gemm_target_m64_g64", True, g=64),             # the default model's group size
         _gemm("gemm_target_m64_runs", True, one_run=False),   # K summed in the decode launch's runs (split > 1)
+        _gemm("gemm_target_m16", True, m=16),                 # a verification pass of 9-16 tokens (γ >= 8)
         _gemm("gemm_target_m64_g32", True, g=32, held=False),      # a group of 16 bytes: half of each MMA's K
         _gemm("gemm_target_m64_offset", True, offset=True, held=False),   # a top-4-of-8 nest's offsets
         _gemm("gemm_runtime_view_m64", False, runtime_view=True),       # the TensorRT plugin's prefill

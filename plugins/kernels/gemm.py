@@ -3,9 +3,9 @@ M > DECODE_MAX_M) and for float16 activations, on the canonical planes or on the
 backend holds (plugins.kernels.tiling), giving the decode kernel's rows bit for bit (INT8 activations).
 
 Why this shape (docs/kernels.md, "Prefill: the tensor-core GEMM"):
-- A program owns BLOCK_N weight rows and BLOCK_M = 64 tokens (`block_m`), so a prefill chunk reads the planes once
-  per 64 tokens, where the decode kernel reads them once per 8: on Orin NX a 7B prefill is then bound by the tensor
-  cores, not by LPDDR5.
+- A program owns BLOCK_N weight rows and BLOCK_M = 64 tokens (`block_m`; 16 for a pass of 9-16), so a prefill chunk
+  reads the planes once per 64 tokens, where the decode kernel reads them once per 8: on Orin NX a 7B prefill is
+  then bound by the tensor cores, not by LPDDR5.
 - The weights are the MMA's A operand ([BLOCK_N, K] x [K, BLOCK_M]: the output is y^T's tile), so the warps split
   the weight rows and each plane byte is unpacked by one thread once; as the B operand every warp would unpack the
   whole tile again (4x the unpacking at 4 warps, what `sass_proxy` caught).
@@ -29,7 +29,7 @@ import triton.language as tl
 
 from plugins.kernels.common import INTERPRET, interp_dot, round_half_even, row_scale
 
-BLOCK_MS = (16, 64)   # tokens a program: 16 for passes of up to 16 tokens (a float16-activation decode pass), else 64
+BLOCK_MS = (16, 64)   # tokens a program: 16 up to 16 tokens (a verification pass past 8, float16 activations), else 64
 GEMM_WARPS = 4
 # (lo, hi) int8 lanes of four packed plane bytes: each nibble n as the signed value (n ^ 8) - 8, per byte
 # ((n ^ 8) + 0x78) ^ 0x80 with no carry between bytes (n ^ 8 <= 15). LOP3 0x6a is (a & b) ^ c.
