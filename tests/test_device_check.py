@@ -19,12 +19,12 @@ def test_device_check_script_runs_dry(tmp_path):
     """Every section but `plugins` (its suites run in this suite already; its own test is below)."""
     env = dict(os.environ, DRY="1", OUT=str(tmp_path))
     out = subprocess.run(["bash", str(ROOT / "scripts" / "device_check.sh"), "--repeats", "1", "--sections",
-                          "kernels,bandwidth,lossless,pass_times,profile,tensorrt"], capture_output=True,
+                          "kernels,bandwidth,prefill,lossless,pass_times,profile,tensorrt"], capture_output=True,
                          text=True, env=env, timeout=600, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads((tmp_path / "device_check.json").read_text())
     assert r["dry"] and r["environment"]["interpreter"] and r["complete"] and "running" not in r
-    for section in ("kernels", "bandwidth", "lossless", "pass_times", "profile"):
+    for section in ("kernels", "bandwidth", "prefill", "lossless", "pass_times", "profile"):
         assert "error" not in r[section], (section, r[section])
     assert r["passed"] and r["kernels"]["passed"] and r["lossless"]["identical"]
     assert r["kernels"]["unit_tests"]["counts"] == {"passed": 1}             # the dry run's one unit test, in a child
@@ -36,9 +36,10 @@ def test_device_check_script_runs_dry(tmp_path):
         {(m, v, "int8") for m in (1, 5, 8) for v in ("draft", "target")}        # the decode kernel's widths
     assert {(g["M"], g["view"]) for g in r["bandwidth"]["gemv"] if g["kernel"] == "dual_plane_linear_tiled"} == \
         {(m, v) for m in (1, 5, 8) for v in ("draft", "target")}                # and on the backend's tiled planes
-    pre = r["bandwidth"]["prefill"]          # a prefill chunk: tensor cores against the decode kernel, both views
+    pre = r["prefill"]["rows"]               # a prefill chunk: tensor cores against the decode kernel, both views
     assert [(p["M"], p["view"]) for p in pre] == [(12, "draft"), (12, "target")], pre
     assert all(p["gemm_us"] > 0 and p["decode_us"] > 0 and p["speedup"] > 0 and p["gemm_TOPS"] > 0 for p in pre)
+    assert r["prefill"]["identical"] and all(p["identical"] for p in pre)      # the same bits by both paths
     steps = r["step_bandwidth"]["tiny"]
     assert steps["bytes"]["verify"] == steps["bytes"]["target"] > steps["bytes"]["draft"] > 0   # weights read once a pass
     for form, t in r["pass_times"]["tiny"].items():          # bytes / pass time / copy bandwidth, per pass
@@ -58,7 +59,8 @@ def test_device_check_script_runs_dry(tmp_path):
     assert all(prof[k]["wall_ms"] > 0 and prof[k]["launches"] > 0 and prof[k]["families"] for k in ("draft", "target"))
     assert "| tiny | static | target |" in md and "A target pass's device time by kernel family" in md
     status = {k: v["status"] for k, v in r["sections"].items()}
-    assert status == {"kernels": "passed", "bandwidth": "measured", "lossless": "passed", "pass_times": "measured",
+    assert status == {"kernels": "passed", "bandwidth": "measured", "prefill": "passed", "lossless": "passed",
+                      "pass_times": "measured",
                       "profile": "measured", "plugins": "not run", "tensorrt": r["tensorrt"]["status"],
                       "gptq": "not run"}
 
@@ -208,7 +210,7 @@ def test_the_7b_shape_is_skipped_below_12_gib():
     orin_8gb, orin_16gb, h200 = 7.4 * 2 ** 30, 15.3 * 2 ** 30, 139 * 2 ** 30
     assert "7.4 GiB" in seven_b_skip_reason(orin_8gb)
     assert seven_b_skip_reason(orin_16gb) is None and seven_b_skip_reason(h200) is None
-    assert "llama-2-7b" not in _models(DeviceCheckOptions())              # opt-in: past the default run's 240 s
+    assert "llama-2-7b" not in _models(DeviceCheckOptions())              # opt-in: past the default run's 270 s
     assert "llama-2-7b" in _models(DeviceCheckOptions(skip_7b=False))
 
 

@@ -180,8 +180,9 @@ def prefill_rows(repeats: int, shapes=PREFILL_SHAPES, device: str = "cuda", time
                  tokens: int = PREFILL_TOKENS) -> list[dict]:
     """One row per (shape, view) of a prefill chunk of `tokens` through the tiled planes (`dual_plane_linear_tiled`):
     the tensor-core kernel (gemv.PREFILL_GEMM, the backend's path) and the decode kernel in passes of DECODE_MAX_M
-    tokens (what ran before it), their times, the speed-up and the GEMM's int8 tera-operations a second (2 M N K,
-    twice that for the target's two planes). Both paths give the same bits (tests/test_tiled_gemv.py)."""
+    tokens (what ran before it), their times, the speed-up, the GEMM's int8 tera-operations a second (2 M N K,
+    twice that for the target's two planes) and whether both paths gave the same bits here (`identical`: what
+    tests/test_tiled_gemv.py holds in the interpreter)."""
     from plugins.kernels import dual_plane_linear_tiled, gemv
     from plugins.kernels.tiling import tile_planes
     rows = []
@@ -193,16 +194,18 @@ def prefill_rows(repeats: int, shapes=PREFILL_SHAPES, device: str = "cuda", time
         x = torch.randn(tokens, k, device=device)
         out = torch.empty(tokens, n, dtype=torch.float32, device=device)
         for view, nplanes in (("draft", 1), ("target", 2)):
-            sec = {}
+            sec, y = {}, {}
             for path, gemm in (("gemm", True), ("decode", False)):
                 gemv.PREFILL_GEMM = gemm
                 try:
+                    y[path] = dual_plane_linear_tiled(x, planes, view)
                     sec[path] = timer(lambda: dual_plane_linear_tiled(x, planes, view, out=out), repeats)
                 finally:
                     gemv.PREFILL_GEMM = True
             rows.append({"kernel": "prefill", "K": k, "N": n, "M": tokens, "view": view, "gemm_us": sec["gemm"] * 1e6,
                          "decode_us": sec["decode"] * 1e6, "speedup": sec["decode"] / sec["gemm"],
-                         "gemm_TOPS": 2 * nplanes * tokens * n * k / sec["gemm"] / 1e12})
+                         "gemm_TOPS": 2 * nplanes * tokens * n * k / sec["gemm"] / 1e12,
+                         "identical": bool(torch.equal(y["gemm"], y["decode"]))})
     return rows
 
 

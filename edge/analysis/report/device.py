@@ -1,11 +1,11 @@
 """The docs table of a device-check JSON object (`bitnest device-check --table FILE.json`): the pass
 times and their projected speed-up per model and engine form, then one line per section (the kernels and their unit
-tests, lossless, bandwidth as shares of the copy bandwidth, the passes' kernels by family, the plugins, TensorRT,
+tests, lossless, bandwidth as shares of the copy bandwidth, the prefill chunk on the tensor cores, the passes' kernels by family, the plugins, TensorRT,
 GPTQ) and what did not finish; the bandwidth and profile sections also as tables of their own."""
 
 GAMMA = 4           # the device check's γ: its lossless run and the projected speed-up
 # the device check's sections, in order
-SECTIONS = ("kernels", "bandwidth", "lossless", "pass_times", "profile", "plugins", "tensorrt", "gptq")
+SECTIONS = ("kernels", "bandwidth", "prefill", "lossless", "pass_times", "profile", "plugins", "tensorrt", "gptq")
 
 
 def table(result: dict) -> str:
@@ -34,6 +34,8 @@ def table(result: dict) -> str:
     lines += ["", f"Kernels against the oracle: {verdict} ({len(k.get('checks', []))} checks; their unit tests on "
               f"this device: {tests}). Lossless (triton, γ = {GAMMA}, {ll.get('model')}): {ll.get('identical')}, "
               f"acceptance {ll.get('acceptance')}. {bandwidth_line(bw)}"]
+    if "prefill" in result:
+        lines.append(prefill_line(result["prefill"]))
     pl = result.get("plugins", missing)
     lines.append("TensorRT plugins through the 10.3 stand-in on the " + (f"{pl.get('device')}: {pl.get('summary')}"
                  if "summary" in pl else f"device: {pl.get('reason') or pl.get('error') or 'not run'}") + ".")
@@ -78,12 +80,19 @@ def bandwidth_line(bw: dict) -> str:
                       for m, v in ((1, "draft"), (1, "target"), (5, "target")) if any(r["M"] == m for r in rows)]
     parts += [f"attention T = 1 {v} {share([r for r in bw['attention'] if r['T'] == 1 and r['view'] == v])}"
               for v in ("kv8", "kv4")]
-    line = f"Copy bandwidth {bw['copy_GBps']:.0f} GB/s; kernels as a share of it: {', '.join(parts)}."
-    pre = sorted(r["speedup"] for r in bw.get("prefill", []))
-    if pre:
-        line += (f" Prefill chunk of {bw['prefill'][0]['M']} tokens, tensor-core kernel against the decode kernel in "
-                 f"passes of 8: {pre[0]:.1f}–{pre[-1]:.1f}× faster.")
-    return line
+    return f"Copy bandwidth {bw['copy_GBps']:.0f} GB/s; kernels as a share of it: {', '.join(parts)}."
+
+
+def prefill_line(pre: dict) -> str:
+    """The prefill section in a sentence: the tensor-core kernel's speed-up over the decode kernel in passes of 8 on
+    a chunk, and whether both gave the same bits (or the section's error)."""
+    if "rows" not in pre:
+        return f"Prefill: {pre.get('error', 'not run').rstrip('.')}."
+    up = sorted(r["speedup"] for r in pre["rows"])
+    tops = sorted(r["gemm_TOPS"] for r in pre["rows"])
+    return (f"Prefill chunk of {pre['rows'][0]['M']} tokens, tensor-core kernel against the decode kernel in passes "
+            f"of 8: {up[0]:.1f}–{up[-1]:.1f}× faster ({tops[0]:.1f}–{tops[-1]:.1f} int8 TOPS); rows identical: "
+            f"{pre['identical']}.")
 
 
 def step_line(steps: dict) -> str:
@@ -170,11 +179,12 @@ def bandwidth_table(result: dict) -> str:
     for r in bw["attention"]:
         lines.append(f"| {r['kernel']} | {r['layout']}, {r['context']} positions | {r['T']} | {r['view']} | float32 | "
                      f"{r['us']:.1f} | {r['GBps']:.0f} | {100 * r['fraction_of_copy']:.0f}% |")
-    if bw.get("prefill"):
+    pre = result.get("prefill", {}).get("rows")
+    if pre:
         lines += ["", "| prefill chunk | shape | tokens | view | tensor-core µs | decode kernel µs | speed-up | "
-                  "int8 TOPS |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  "int8 TOPS | identical |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         lines += [f"| dual_plane_linear_tiled | {r['K']} × {r['N']} | {r['M']} | {r['view']} | {r['gemm_us']:.1f} | "
-                  f"{r['decode_us']:.1f} | {r['speedup']:.2f}× | {r['gemm_TOPS']:.1f} |" for r in bw["prefill"]]
+                  f"{r['decode_us']:.1f} | {r['speedup']:.2f}× | {r['gemm_TOPS']:.1f} | {r['identical']} |" for r in pre]
     return "\n".join(lines) + "\n"
 
 
