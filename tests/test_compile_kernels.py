@@ -18,6 +18,17 @@ def compile_kernels(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, env=env, timeout=900)
 
 
+def compile_planted(tmp_path: Path, code: str) -> list:
+    """Run `code` (it compiles specs and prints one JSON list) in a child with the compiler, not the interpreter,
+    and the planted modules written in tmp_path importable; its JSON."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
+    run = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env,
+                         cwd=ROOT, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
 def test_compile_kernels_for_sm87(tmp_path):
     """Every kernel compiles for sm_87 with JetPack 6's PTX ISA, nothing spills, and every decode GEMV meets the
     bandwidth budgets of plugins.kernels.aot.BUDGETS (<= 128 registers, <= 4 lane instructions per weight byte in
@@ -104,12 +115,7 @@ def test_the_attention_budget_catches_a_refinement_load_in_the_kv4_loop_and_mask
             "spec = next(s for s in kernel_specs() if s.name == 'flash_decode_d128_mha'); "
             "print(json.dumps([compile_spec(spec, out)] + [compile_spec(replace(spec, name=m.__name__, "
             "fn=m.flash_decode_kernel), out) for m in (planted_refine, planted_whole)]))")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
-    run = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env,
-                         cwd=ROOT, timeout=600)
-    assert run.returncode == 0, run.stderr[-2000:]
-    shipped, planted, masked = json.loads(run.stdout.strip().splitlines()[-1])
+    shipped, planted, masked = compile_planted(tmp_path, code)
     assert shipped["budget_failures"] == []
     assert planted["kv4_loop_plane_loads"] == planted["kv8_loop_plane_loads"] > 0, planted
     assert any("KV4 loop" in f for f in planted["budget_failures"]), planted
@@ -130,12 +136,7 @@ def test_the_prefill_budget_catches_plane_bytes_unpacked_one_at_a_time(tmp_path)
             "spec = next(s for s in kernel_specs() if s.name == 'gemm_target_m64'); "
             "print(json.dumps([compile_spec(spec, out), compile_spec(replace(spec, name='planted', "
             "fn=planted_bytes.gemm_kernel), out)]))")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
-    run = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env,
-                         cwd=ROOT, timeout=600)
-    assert run.returncode == 0, run.stderr[-2000:]
-    shipped, planted = json.loads(run.stdout.strip().splitlines()[-1])
+    shipped, planted = compile_planted(tmp_path, code)
     assert shipped["budget_failures"] == []
     assert planted["instructions_per_weight_byte"] > 2 * shipped["instructions_per_weight_byte"], planted
     assert any("per weight byte" in f for f in planted["budget_failures"]), planted

@@ -394,18 +394,24 @@ def attention_budget_failures(row: dict) -> list[str]:
     return out
 
 
+def _resource_failures(row: dict, budgets: dict, per: str = "") -> list[str]:
+    """What `row` misses of `budgets`' registers, spills and lane instructions per weight byte (`per`: what a byte
+    serves, in words), each in a few words."""
+    out = []
+    if row["registers"] is None or row["registers"] > budgets["registers"]:
+        out.append(f"{row['registers']} registers > {budgets['registers']}")
+    if row["spill_store_bytes"] + row["spill_load_bytes"] > budgets["spill_bytes"]:
+        out.append(f"spills {row['spill_store_bytes']} + {row['spill_load_bytes']} bytes")
+    per_byte = row.get("instructions_per_weight_byte")
+    if per_byte is None or per_byte > budgets["instructions_per_weight_byte"]:
+        out.append(f"{per_byte} lane instructions per weight byte{per} > {budgets['instructions_per_weight_byte']}")
+    return out
+
+
 def prefill_budget_failures(row: dict) -> list[str]:
     """What a compiled prefill GEMM (64 tokens a program) misses of PREFILL_BUDGETS; [] where it meets them. Its main
     loop must run on the tensor cores (IMMA)."""
-    out = []
-    if row["registers"] is None or row["registers"] > PREFILL_BUDGETS["registers"]:
-        out.append(f"{row['registers']} registers > {PREFILL_BUDGETS['registers']}")
-    if row["spill_store_bytes"] + row["spill_load_bytes"] > PREFILL_BUDGETS["spill_bytes"]:
-        out.append(f"spills {row['spill_store_bytes']} + {row['spill_load_bytes']} bytes")
-    per_byte = row.get("instructions_per_weight_byte")
-    if per_byte is None or per_byte > PREFILL_BUDGETS["instructions_per_weight_byte"]:
-        out.append(f"{per_byte} lane instructions per weight byte of {row.get('loop_tokens')} tokens > "
-                   f"{PREFILL_BUDGETS['instructions_per_weight_byte']}")
+    out = _resource_failures(row, PREFILL_BUDGETS, f" of {row.get('loop_tokens')} tokens")
     if not row.get("loop_imma"):
         out.append("no IMMA in the main loop")
     return out
@@ -414,14 +420,7 @@ def prefill_budget_failures(row: dict) -> list[str]:
 def budget_failures(row: dict) -> list[str]:
     """What a compiled decode GEMV (a `compile_all` row) misses of BUDGETS, each in a few words; [] where it meets
     them. It must also dot on CUDA cores (dp4a, no matrix instructions) and load its planes 128 bits at a time."""
-    out = []
-    if row["registers"] is None or row["registers"] > BUDGETS["registers"]:
-        out.append(f"{row['registers']} registers > {BUDGETS['registers']}")
-    if row["spill_store_bytes"] + row["spill_load_bytes"] > BUDGETS["spill_bytes"]:
-        out.append(f"spills {row['spill_store_bytes']} + {row['spill_load_bytes']} bytes")
-    per_byte = row.get("instructions_per_weight_byte")
-    if per_byte is None or per_byte > BUDGETS["instructions_per_weight_byte"]:
-        out.append(f"{per_byte} lane instructions per weight byte > {BUDGETS['instructions_per_weight_byte']}")
+    out = _resource_failures(row, BUDGETS)
     if row["imma"] or row["hmma"] or not row["idp4a"]:
         out.append(f"matrix instructions (IMMA {row['imma']}, HMMA {row['hmma']}) or no dp4a ({row['idp4a']})")
     if not row.get("loop_ldg128"):
