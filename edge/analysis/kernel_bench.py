@@ -194,14 +194,14 @@ def prefill_rows(repeats: int, shapes=PREFILL_SHAPES, device: str = "cuda", time
         x = torch.randn(tokens, k, device=device)
         out = torch.empty(tokens, n, dtype=torch.float32, device=device)
         for view, nplanes in (("draft", 1), ("target", 2)):
-            sec, y = {}, {}
+            sec, y, before = {}, {}, gemv.PREFILL_GEMM
             for path, gemm in (("gemm", True), ("decode", False)):
                 gemv.PREFILL_GEMM = gemm
                 try:
                     y[path] = dual_plane_linear_tiled(x, planes, view)
                     sec[path] = timer(lambda: dual_plane_linear_tiled(x, planes, view, out=out), repeats)
                 finally:
-                    gemv.PREFILL_GEMM = True
+                    gemv.PREFILL_GEMM = before
             rows.append({"kernel": "prefill", "K": k, "N": n, "M": tokens, "view": view, "gemm_us": sec["gemm"] * 1e6,
                          "decode_us": sec["decode"] * 1e6, "speedup": sec["decode"] / sec["gemm"],
                          "gemm_TOPS": 2 * nplanes * tokens * n * k / sec["gemm"] / 1e12,

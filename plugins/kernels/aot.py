@@ -46,9 +46,10 @@ BUDGETS = {"registers": 128, "spill_bytes": 0, "instructions_per_weight_byte": 4
 ATTENTION_BUDGETS = {"spill_bytes": 0, "instructions_per_kv8_byte": 10.0,
                      "instructions_per_kv4_byte": 20.0, "instructions_per_kv8_byte_edge": 12.0,
                      "instructions_per_kv4_byte_edge": 24.0}                               # flash decoding, sm_87
-PREFILL_BUDGETS = {"registers": 168, "spill_bytes": 0, "instructions_per_weight_byte": 10.0}   # prefill GEMMs, sm_87:
+PREFILL_BUDGETS = {"registers": 224, "spill_bytes": 0, "instructions_per_weight_byte": 10.0}   # prefill GEMMs, sm_87:
 # per weight byte of a loop iteration that serves 64 tokens (the decode kernel's 8 tokens: ~3.5); ~9 is Orin's issue
-# rate per byte of bandwidth, so a chunk waits on its weight bytes and tensor cores, not on instruction issue
+# rate per byte of bandwidth, so a chunk waits on its weight bytes and tensor cores, not on instruction issue; 224
+# registers leave two programs of 4 warps an SM
 ATTENTION_LOOPS = (("kv4", "", 1), ("kv4", "_edge", 1), ("kv8", "", 2), ("kv8", "_edge", 2))   # in code order
 
 
@@ -95,7 +96,7 @@ def _gemm(name, target, g=128, runtime_view=False, float_act=False, tiled=True, 
     planes = 2 if target or runtime_view else 1
     return KernelSpec(name, gemm.gemm_kernel, sig | {k: "constexpr" for k in const}, const, gemm.GEMM_WARPS,
                       loop_weight_bytes=64 * planes * g // 2, prefill=True, held=held, divisible=("N", "K"),
-                      loop_tokens=gemm.block_m(m))
+                      loop_tokens=gemm.block_m(m), num_stages=gemm.GEMM_STAGES[one_run])
 
 
 def _decode(name, target, m, g=128, runtime_view=False, held=True, tiled=True, residual=False):
@@ -343,6 +344,7 @@ def sass_proxy(sass: str, spec: KernelSpec) -> dict:
            "instructions_per_weight_byte": round(per_byte, 3)}
     if spec.prefill:          # a GEMM's weight byte serves its BLOCK_M tokens: what a token of a chunk costs
         out |= {"loop_tokens": spec.loop_tokens, "loop_imma": sum(bool(re.search(r"\bIMMA\b", o)) for o in loop),
+                "loop_hmma": sum(bool(re.search(r"\bHMMA\b", o)) for o in loop),
                 "instructions_per_weight_byte_token": round(per_byte / spec.loop_tokens, 4)}
     return out
 
@@ -410,10 +412,10 @@ def _resource_failures(row: dict, budgets: dict, per: str = "") -> list[str]:
 
 def prefill_budget_failures(row: dict) -> list[str]:
     """What a compiled prefill GEMM (64 tokens a program) misses of PREFILL_BUDGETS; [] where it meets them. Its main
-    loop must run on the tensor cores (IMMA)."""
+    loop must run on the tensor cores (IMMA; HMMA for float16 activations)."""
     out = _resource_failures(row, PREFILL_BUDGETS, f" of {row.get('loop_tokens')} tokens")
-    if not row.get("loop_imma"):
-        out.append("no IMMA in the main loop")
+    if not row.get("loop_imma") and not row.get("loop_hmma"):
+        out.append("no matrix instruction (IMMA, HMMA) in the main loop")
     return out
 
 

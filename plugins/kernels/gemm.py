@@ -31,6 +31,9 @@ from plugins.kernels.common import INTERPRET, interp_dot, round_half_even, row_s
 
 BLOCK_MS = (16, 64)   # tokens a program: 16 up to 16 tokens (a verification pass past 8, float16 activations), else 64
 GEMM_WARPS = 4
+# Software-pipelining stages: Triton's 3 for one run of K; 2 where K is summed in runs (two accumulators live: at 3
+# stages ptxas for sm_87 spilled 16 bytes in 168 registers, at 2 it holds 215 with none and fewer instructions)
+GEMM_STAGES = {True: 3, False: 2}
 # (lo, hi) int8 lanes of four packed plane bytes: each nibble n as the signed value (n ^ 8) - 8, per byte
 # ((n ^ 8) + 0x78) ^ 0x80 with no carry between bytes (n ^ 8 <= 15). LOP3 0x6a is (a & b) ^ c.
 NIBBLES = tl.constexpr("""{
@@ -96,9 +99,8 @@ def _run(x_ptr, xsum_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, target, g
     scaled and added in group order (`gemm_kernel`)."""
     HALF: tl.constexpr = G // 2
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-    for gi in range(0, groups):
+    for gi in range(0, tl.minimum(groups, n_groups - g0)):       # a split's last run may hold fewer groups
         g = g0 + gi
-        gm = n_mask & (n_offs * 0 + g < n_groups)                                            # [BN]
         xrow = x_ptr + m_offs[:, None] * K + g * G + j[None, :]                              # [BM, DOT_K]
         x_even = tl.load(xrow, mask=xm, other=0)
         x_odd = tl.load(xrow + HALF, mask=xm, other=0)
@@ -110,20 +112,20 @@ def _run(x_ptr, xsum_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, target, g
         else:
             part = tl.zeros([BLOCK_N, BLOCK_M], tl.int32)
         part = _dot(hi, tl.trans(x_odd), _dot(lo, tl.trans(x_even), part, INTERP), INTERP)  # [BN, BM]
-        step = tl.load(scale_ptr + srow + g * sstep, mask=gm, other=0.0).to(tl.float32)     # [BN]
+        step = tl.load(scale_ptr + srow + g * sstep, mask=n_mask, other=0.0).to(tl.float32)     # [BN]
         if target:
             rlo, rhi = _nibbles(tl.load(refine_ptr + byte, mask=wm, other=0), INTERP)
             if FLOAT_ACT:
                 rlo, rhi = rlo.to(tl.float16), rhi.to(tl.float16)
             part = _dot(rhi, tl.trans(x_odd), _dot(rlo, tl.trans(x_even), 16 * part, INTERP), INTERP)
-            step = step / 16.0
+            step = step * 0.0625                                # s/16, exactly (the decode kernel's)
         acc += part.to(tl.float32) * step[:, None]
         if HAS_OFFSET:
             if FLOAT_ACT:
                 xsum = tl.sum(x_even.to(tl.float32) + x_odd.to(tl.float32), axis=1)          # [BM]
             else:           # exact either way: the same float32 value
                 xsum = tl.load(xsum_ptr + m_offs * n_groups + g, mask=m_mask, other=0).to(tl.float32)
-            off = tl.load(offset_ptr + srow + g * sstep, mask=gm, other=0.0).to(tl.float32)
+            off = tl.load(offset_ptr + srow + g * sstep, mask=n_mask, other=0.0).to(tl.float32)
             acc += xsum[None, :] * off[:, None]
     return acc
 
@@ -235,5 +237,5 @@ def launch_gemm(x, base, refine, scale, offset, y, view_code, n: int, g: int, sp
         offset if offset is not None else scale, y, view_code if view_code is not None else scale, m, n, k, per, split,
         TARGET=bool(target), HAS_OFFSET=offset is not None, FLOAT_ACT=float_act, G=g, DOT_K=dot_k(g),
         BLOCK_N=bn, BLOCK_M=bm, INTERP=INTERPRET, TILED=tiled, RUNTIME_VIEW=view_code is not None,
-        ONE_RUN=split == 1, num_warps=GEMM_WARPS, enable_fp_fusion=False)
+        ONE_RUN=split == 1, num_warps=GEMM_WARPS, num_stages=GEMM_STAGES[split == 1], enable_fp_fusion=False)
     return y

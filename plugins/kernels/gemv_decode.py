@@ -20,7 +20,7 @@ Why this shape (decode is bandwidth-bound: a 7B target step reads ~6.8 GB of pla
 Exact arithmetic, and why it equals the tensor-core kernel bit for bit: each (token, row, group) sum is an exact
 int32: the draft's dp4a sum is 16*dot(x, q4), shifted down by 4; the target's is 16*dot(x, q4) + dot(x, qr) +
 8*sum(x), less 8*sum(x) (the group sums of x that `quantize_decode` writes beside it). The float32 steps are then
-those of `plugins.kernels.gemv.dual_plane_kernel`, in the same order: acc += sum * s (draft) or sum * (s/16)
+those of `plugins.kernels.gemm.gemm_kernel`, in the same order: acc += sum * s (draft) or sum * (s/16)
 (target), plus sum(x) * offset where there is one, groups in index order, the same split of K (`gemv.plan_split`),
 the same ordered reduction and s_x at the end. So a row's result depends on neither M nor which kernel ran it, and
 a verification pass computes bit for bit what single-token steps compute.
@@ -63,7 +63,7 @@ def _dp4a(a, b, c, INTERP: tl.constexpr):
 def quantize_decode_row(x_row, xq_ptr, xsum_ptr, sx_ptr, m, K, M: tl.constexpr, G: tl.constexpr,
                         BLOCK_K: tl.constexpr, CG: tl.constexpr):
     """Token m's row of K floats at x_row: s_x = max|x|/127 (at least 1e-12), x_q = clip(rne(x/s_x), -127, 127), as
-    `gemv.quantize_rows_kernel`, written in the decode layout (`store_decode_codes`). The bits do not depend on
+    `gemm.quantize_rows_kernel`, written in the decode layout (`store_decode_codes`). The bits do not depend on
     BLOCK_K (a max, elementwise codes, exact integer sums). CG: the row read past L1 (`common.load_row`)."""
     write_decode_row(x_row, row_scale(x_row, K, BLOCK_K, CG), xq_ptr, xsum_ptr, sx_ptr, m, K, M, G, BLOCK_K, CG)
 
