@@ -27,6 +27,7 @@ view captures) or read from a device scalar at run time (`dual_plane_linear_code
 the draft, so a TensorRT plugin serves both views of one engine without reading the view to the host); in the
 run-time form the refinement loads sit inside a branch on that code, so a draft pass still never issues them.
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -178,23 +179,6 @@ def quantize_decode(x: torch.Tensor, g: int) -> tuple[torch.Tensor, torch.Tensor
     return xq, xsum, sx
 
 
-def _launch(x, base, refine, scale, offset, y, act, target, view_code, acts=None):
-    """One launch of the view `target` (bool) or of the view in device scalar `view_code` over canonical planes:
-    the decode kernel for M <= DECODE_MAX_M with INT8 activations (on `acts` where given), the tensor-core kernel
-    (`plugins.kernels.gemm`) otherwise."""
-    m, k, n, g = _check(x, base, scale, act)
-    split, per = plan_split(n, k, g, _sm_count(x.device))
-    float_act = act == "float16"
-    if not float_act and m <= DECODE_MAX_M:
-        return _launch_decode(x, base, refine, scale, offset, y, target, view_code, split, per, acts)
-    return _launch_gemm(x, base, refine, scale, offset, y, target, view_code, split, per, n, g, float_act, False)
-
-
-def _launch_gemm(x, base, refine, scale, offset, y, target, view_code, split, per, n, g, float_act, tiled):
-    """One tensor-core launch (`gemm.launch_gemm`), its groups summed in the runs of this split of K."""
-    return gemm.launch_gemm(x, base, refine, scale, offset, y, view_code, n, g, split, per, target, float_act, tiled)
-
-
 def _check_acts(acts, m: int, k: int, g: int, act: str = "int8") -> None:
     """ValueError unless shared activations `acts` (None: none) fit a decode pass of x [m, k] at group size g."""
     if acts is not None and (m > DECODE_MAX_M or act != "int8" or acts[1].shape[0] != k // g or acts[2].shape != (m,)):
@@ -203,11 +187,17 @@ def _check_acts(acts, m: int, k: int, g: int, act: str = "int8") -> None:
 
 
 def _tiles(x, base, refine, scale, offset, out, act, target, view_code, acts=None):
-    """y [M, N] of a canonical launch (`_launch`), checked."""
+    """y [M, N] over canonical planes, of the view `target` (bool) or of the view in device scalar `view_code`, in
+    one launch: the decode kernel for M <= DECODE_MAX_M with INT8 activations (on `acts` where given), the
+    tensor-core kernel (`plugins.kernels.gemm`) otherwise."""
     m, k, n, g = _check(x, base, scale, act)
     _check_acts(acts, m, k, g, act)
     y = out if out is not None else torch.empty(m, n, dtype=torch.float32, device=x.device)
-    return _launch(x, base, refine, scale, offset, y, act, target, view_code, acts)
+    split, per = plan_split(n, k, g, _sm_count(x.device))
+    if act == "int8" and m <= DECODE_MAX_M:
+        return _launch_decode(x, base, refine, scale, offset, y, target, view_code, split, per, acts)
+    return gemm.launch_gemm(x, base, refine, scale, offset, y, view_code, n, g, split, per, target, act == "float16",
+                            False)
 
 
 def dual_plane_linear(x: torch.Tensor, base: torch.Tensor, refine, scale: torch.Tensor, view: str,
@@ -268,8 +258,8 @@ def _tiled(x, planes, target: bool, view_code, out, acts, residual=None) -> torc
     split, per = plan_split(planes.n, k, planes.g, _sm_count(x.device))
     refine = planes.refine if target or view_code is not None else None
     if m > DECODE_MAX_M and PREFILL_GEMM:
-        _launch_gemm(x, planes.base, refine, planes.scale, planes.offset, y, target, view_code, split, per, planes.n,
-                     planes.g, False, True)
+        gemm.launch_gemm(x, planes.base, refine, planes.scale, planes.offset, y, view_code, planes.n, planes.g, split,
+                         per, target, False, True)
         return y if residual is None else torch.add(residual, y, out=y)
     for i in range(0, m, DECODE_MAX_M):
         _launch_decode(x[i:i + DECODE_MAX_M], planes.base, refine, planes.scale, planes.offset,
