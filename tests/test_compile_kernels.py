@@ -76,6 +76,14 @@ def test_compile_kernels_for_sm87(tmp_path):
         assert r["kv8_loop_instructions"] < r["kv8_edge_loop_instructions"], (name, r)
         assert r["instructions_per_kv8_byte"] <= ATTENTION_BUDGETS["instructions_per_kv8_byte"]
         assert r["registers"] <= 128, (name, r)
+    for name in ("flash_prefill_d128_mha", "flash_prefill_d128_gqa4", "flash_prefill_d64_gqa3"):
+        r = rows[name]       # a prefill chunk's tile: the same loops; per KV byte and row no more than decoding's
+        assert r["budget_failures"] == [] and r["attention_loops"] == 4 and r["prefill_tile"], (name, r)
+        assert 0 < 2 * r["kv4_loop_plane_loads"] == r["kv8_loop_plane_loads"], (name, r)
+        assert r["tile_rows"] >= 32 and r["spill_store_bytes"] == 0, (name, r)
+        decode = rows[name.replace("prefill", "decode")]
+        per_row = r["instructions_per_kv8_byte"] / r["tile_rows"]
+        assert per_row < decode["instructions_per_kv8_byte"] / decode["tile_rows"], (name, per_row, decode)
 
 
 def test_the_budget_check_catches_a_decode_kernel_without_128_bit_loads(tmp_path):
@@ -99,16 +107,20 @@ def test_the_budget_check_catches_a_decode_kernel_without_128_bit_loads(tmp_path
 
 
 def test_the_attention_budget_catches_a_refinement_load_in_the_kv4_loop_and_masked_whole_steps(tmp_path):
-    """The flash-decoding kernel with each defect its loops exist to avoid put back, a copy of attention.py with a
-    line or two changed: its code unpacking loading the refinement plane at KV4 positions too (the proxy counts as
-    many plane loads in the KV4 loops as in the KV8 loops), and its whole steps run as edge steps (clamp, plane
-    choice and mask back in the loops of whole steps: as many instructions there as in the edge loops). The budget
-    check names each."""
+    """The flash-decoding kernel with each defect its loops exist to avoid put back, copies of attention.py and
+    kv_codes.py with a line or two changed: its code unpacking loading the refinement plane at KV4 positions too
+    (the proxy counts as many plane loads in the KV4 loops as in the KV8 loops), and its whole steps run as edge
+    steps (clamp, plane choice and mask back in the loops of whole steps: as many instructions there as in the edge
+    loops). The budget check names each."""
     source = (ROOT / "plugins" / "kernels" / "attention.py").read_text()
+    codes = (ROOT / "plugins" / "kernels" / "kv_codes.py").read_text()
     refine, whole = "    if KV8:\n        qx = ", ("INTERP, True)", "INTERP, False)")
-    assert source.count(refine) == 1 and source.count(whole[0]) == 2
-    (tmp_path / "planted_refine.py").write_text(source.replace(refine, "    if True:\n        qx = "))
-    (tmp_path / "planted_whole.py").write_text(source.replace(*whole))
+    helpers = "from plugins.kernels.kv_codes "
+    assert codes.count(refine) == 1 and codes.count(whole[0]) == 2 and source.count(helpers) == 1
+    for name, planted in (("refine", codes.replace(refine, "    if True:\n        qx = ")),
+                          ("whole", codes.replace(*whole))):
+        (tmp_path / f"planted_codes_{name}.py").write_text(planted)
+        (tmp_path / f"planted_{name}.py").write_text(source.replace(helpers, f"from planted_codes_{name} "))
     code = ("import json, sys; from dataclasses import replace; from pathlib import Path; "
             "import planted_refine, planted_whole; "
             "from plugins.kernels.aot import compile_spec, kernel_specs; out = Path(sys.argv[1]); "

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from edge.analysis.report.device import bandwidth_table
 from tests.conftest import ROOT, read_until
 
 
@@ -40,6 +41,9 @@ def test_device_check_script_runs_dry(tmp_path):
     assert [(p["M"], p["view"]) for p in pre] == [(12, "draft"), (12, "target")], pre
     assert all(p["gemm_us"] > 0 and p["decode_us"] > 0 and p["speedup"] > 0 and p["gemm_TOPS"] > 0 for p in pre)
     assert r["prefill"]["identical"] and all(p["identical"] for p in pre)      # the same bits by both paths
+    attn = r["prefill"]["attention"]         # its attention: the prefill kernel against the split kernel
+    assert [(a["T"], a["context"]) for a in attn] == [(40, 200)] and r["prefill"]["attention_close"], attn
+    assert all(a["prefill_us"] > 0 and a["split_us"] > 0 and a["rel_diff"] < 5e-5 for a in attn), attn
     steps = r["step_bandwidth"]["tiny"]
     assert steps["bytes"]["verify"] == steps["bytes"]["target"] > steps["bytes"]["draft"] > 0   # weights read once a pass
     for form, t in r["pass_times"]["tiny"].items():          # bytes / pass time / copy bandwidth, per pass
@@ -53,6 +57,8 @@ def test_device_check_script_runs_dry(tmp_path):
     md = (tmp_path / "device_check.md").read_text()
     assert "| tiny | static |" in md and "Kernels against the oracle: all passed" in md
     assert "Prefill chunk of 12 tokens, tensor-core kernel against the decode kernel" in md
+    assert "Its attention at 200 positions, the prefill kernel against the split kernel" in md
+    assert "| tiny gqa 4/2 | 200 | 40 |" in bandwidth_table(r)            # the docs' table of the committed run
     assert "Whole passes, weight bytes over pass time" in md and "GEMV (tiled planes, the triton backend's) at the other shapes M = 5 target" in md
     prof = r["profile"]["tiny"]                    # the interpreter: the host's ops stand in for kernels
     assert prof["form"] == "static" and {"draft", "target", "verify"} <= set(prof)

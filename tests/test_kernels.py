@@ -9,7 +9,7 @@ import triton.language as tl
 
 from plugins import reference
 from plugins.kernels import dual_plane_linear, nested_kv_attention
-from plugins.kernels.attention import _whole_end
+from plugins.kernels.kv_codes import whole_end
 from plugins.kv import quantize_kv
 from plugins.nesting import nest_rtn, nest_top4of8
 from plugins.packing import pack_nibbles
@@ -178,10 +178,10 @@ def test_the_capacity_wide_launch_reads_no_chunk_past_seq_len(gen, monkeypatch):
 
 @triton.jit
 def whole_end_probe(args_ptr, out_ptr, BLOCK_S: tl.constexpr):
-    """Program i: `attention._whole_end` of the (start, end, seen) at args[3i:3i+3], to out[i]."""
+    """Program i: `kv_codes.whole_end` of the (start, end, seen) at args[3i:3i+3], to out[i]."""
     i = tl.program_id(0)
     start, end, seen = tl.load(args_ptr + 3 * i), tl.load(args_ptr + 3 * i + 1), tl.load(args_ptr + 3 * i + 2)
-    tl.store(out_ptr + i, _whole_end(start, end, seen, BLOCK_S))
+    tl.store(out_ptr + i, whole_end(start, end, seen, BLOCK_S))
 
 
 @pytest.mark.parametrize("seq,kv8_from", [(150, 100), (300, 280)])     # edge steps only; whole KV4 steps too
@@ -197,7 +197,7 @@ def test_kv4_positions_never_read_the_refinement_plane(gen, seq, kv8_from):
 
 
 def test_whole_steps_are_the_prefix_of_a_views_steps_before_the_seen_position():
-    """`attention._whole_end`: where a view's steps from `start` stop being whole (every position before the view's
+    """`kv_codes.whole_end`: where a view's steps from `start` stop being whole (every position before the view's
     end and before what every query sees), a whole number of steps from `start`; the steps after it are the edge
     steps. Run in the interpreter through a one-program kernel."""
     cases = {(0, 128, 1000): 128, (0, 128, 127): 64, (0, 120, 1000): 64, (128, 256, 200): 128 + 64,
@@ -247,11 +247,11 @@ def test_attention_unpacking_ptx_gives_the_interpreters_codes(gen):
     gives, run instruction by instruction as the PTX ISA defines them, the codes of the interpreter's form: every
     byte value in every lane, KV8 (u - 136) and KV4 (u - 128), dims in order (lo's byte i, then hi's)."""
     import numpy as np
-    from plugins.kernels import attention
+    from plugins.kernels import kv_codes
     u = torch.arange(256, dtype=torch.int64)
     lo = u | u.roll(1) << 8 | u.roll(2) << 16 | u.roll(3) << 24              # every byte value in every lane
     hi = u.roll(7) | u.roll(11) << 8 | u.roll(13) << 16 | u.roll(17) << 24
-    for asm, bias in ((attention.F16_LANES_KV8.value, 136), (attention.F16_LANES_KV4.value, 128)):
+    for asm, bias in ((kv_codes.F16_LANES_KV8.value, 136), (kv_codes.F16_LANES_KV4.value, 128)):
         for a, b in zip(lo.tolist(), hi.tolist()):
             got = np.array(_run_ptx(asm, [a, b]), dtype=np.uint16).view(np.float16).astype(np.float64)
             want = [((w >> (8 * (j // 2))) & 0xFF) - bias for j, w in zip(range(8), [a, b] * 4)]
@@ -278,6 +278,60 @@ def test_nested_kv_attention_is_batch_invariant(gen, hq, hkv, d, seq, n_queries,
                 single[t, pos] = nested_kv_attention(q[:, t:t + 1].contiguous(), base, refine, scale, pos + 1,
                                                      kv8_from)
             assert torch.equal(whole[:, t:t + 1], single[t, pos]), (t_all, t)
+
+
+# Prefill chunks (more than SPLIT_QUERIES queries): GQA 3 at d64 (32-row tiles of 10 queries, the last short), MHA,
+# GQA 6 (Qwen2.5-1.5B's ratio: 5 queries a tile of 30 rows); MQA with more heads than a tile holds: the split kernel.
+@pytest.mark.parametrize("hq,hkv,d,seq,t", [(9, 3, 64, 200, 70), (4, 4, 32, 150, 40), (12, 2, 32, 90, 33),
+                                            (40, 1, 32, 60, 35)])
+def test_a_prefill_chunk_matches_the_reference_and_allocates_no_workspace(gen, monkeypatch, hq, hkv, d, seq, t):
+    """A pass of more than SPLIT_QUERIES queries (a prefill chunk) runs `attention_prefill`'s kernel: the reference's
+    output (KV8, KV4, Recent-40) within the decode kernel's tolerance, every row written over a poisoned output,
+    no launch of the split kernel and no workspace allocated."""
+    from plugins.kernels import attention
+    from plugins.kernels.attention_prefill import prefill_fits
+    base, refine, scale = kv_planes(gen, hkv, seq + 3, d)
+    q = torch.randn(hq, t, d, generator=gen)
+    qd, bd, rd, sd = to_dev(q, base, refine, scale)
+    split, allocs = [], []
+    real_run, real_empty = attention.flash_decode_kernel.run, torch.empty
+    monkeypatch.setattr(attention.flash_decode_kernel, "run", lambda *a, **kw: split.append(1) or real_run(*a, **kw))
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: allocs.append(a) or real_empty(*a, **kw))
+    for kv8_from in (0, seq, seq - 40):
+        want = reference.nested_kv_attention(q, base, refine, scale, seq, kv8_from)
+        got = nested_kv_attention(qd, bd, rd, sd, seq, kv8_from, out=poisoned(hq, t, d))
+        assert rel_err(got, want) < 5e-5, kv8_from
+    fits = prefill_fits(hq // hkv, d)
+    assert t > attention.SPLIT_QUERIES and (split == [] and allocs == []) == fits and (hq // hkv > 32) != fits
+
+
+def test_a_prefill_chunk_reads_its_lengths_on_the_device_and_kv4_never_the_refinement(gen):
+    """The prefill kernel's grid depends on T alone: the launch with device-scalar lengths over planes of a larger
+    capacity (CUDA graphs, TensorRT) is the eager one bit for bit; garbage in the refinement plane before kv8_from
+    changes nothing; over draft scratch slots too (a pass whose last positions lie in the scratch planes)."""
+    from plugins.kernels import nested_kv_attention_at
+    from plugins.kernels.attention import device_scalar
+    planes = to_dev(*kv_planes(gen, 2, 400, 64))
+    q = torch.randn(6, 40, 64, generator=gen).to(DEV)
+    want = nested_kv_attention(q, *planes, 170, 100)
+    assert torch.equal(nested_kv_attention_at(q, *planes, *(device_scalar(v, DEV) for v in (170, 170, 100))), want)
+    junk = planes[1].clone()
+    junk[:, :, :100] = torch.randint(0, 256, junk[:, :, :100].shape, generator=gen, dtype=torch.uint8).to(DEV)
+    assert torch.equal(nested_kv_attention(q, planes[0], junk, planes[2], 170, 100), want)
+    main, scratch = kv_planes(gen, 2, 160, 64), kv_planes(gen, 2, 8, 64)
+    qc = torch.randn(6, 36, 64, generator=gen)
+    for kv8_from in (0, 150, 162):
+        ref = reference.nested_kv_attention(qc, *main, 158, kv8_from, scratch=scratch, scratch_len=6)
+        got = nested_kv_attention(*to_dev(qc, *main), 158, kv8_from, scratch=to_dev(*scratch), scratch_len=6)
+        assert rel_err(got, ref) < 5e-5, kv8_from
+
+
+def test_every_verification_pass_stays_on_the_batch_invariant_split_kernel():
+    """γ's ceiling (edge.engine.MAX_PROPOSALS) makes verification passes of up to 17 queries: all of them must run the
+    split kernel, whose rows equal single-query steps bit for bit (the prefill kernel's need not)."""
+    from edge.engine import MAX_PROPOSALS
+    from plugins.kernels.attention import SPLIT_QUERIES
+    assert MAX_PROPOSALS + 1 <= SPLIT_QUERIES
 
 
 @pytest.mark.parametrize("hq,hkv,d,t,g", [(8, 2, 64, 5, 128), (3, 1, 64, 1, 64), (4, 4, 32, 8, 32)])

@@ -44,6 +44,37 @@ def test_triton_passes_match_the_torch_backend(small_llama_checkpoint):
     assert e["triton"].cache.main.base.device == e["triton"].backend.device
 
 
+def test_a_prefill_chunk_past_the_split_kernels_queries_runs_the_prefill_attention(small_llama_checkpoint, monkeypatch):
+    """A 36-token prompt in one chunk (more than attention.SPLIT_QUERIES queries): each layer's attention runs the
+    prefill kernel once (no split, no partials), and the chunk's logits and the next verification-sized pass match
+    the torch backend as closely as the split kernel's chunks of 8 do (test above)."""
+    import plugins.kernels.attention as attention
+    prompt = PROMPT * 3                                                     # 36 tokens
+    e = {}
+    for name in ("torch", "triton"):
+        ck = load_checkpoint(small_llama_checkpoint)
+        e[name] = PassEngine(ck, make_backend(name, ck), 64, scratch=8, prefill_chunk=64)
+    launches, real = [], attention.flash_prefill_kernel.run
+    monkeypatch.setattr(attention.flash_prefill_kernel, "run", lambda *a, **kw: launches.append(1) or real(*a, **kw))
+    last = {n: eng.prefill(prompt) for n, eng in e.items()}
+    assert len(prompt) > attention.SPLIT_QUERIES and len(launches) == e["triton"].ckpt.config.num_layers
+    assert rel(last["triton"], last["torch"]) < 1e-3
+    got = {n: eng.forward([42, 7, 99], "target", KVRead("kv8")) for n, eng in e.items()}
+    assert len(launches) == e["triton"].ckpt.config.num_layers               # a verification pass: the split kernel
+    for i in range(3):
+        assert rel(got["triton"][i], got["torch"][i]) < 1e-2, i
+    # the static form (lengths in device scalars, what a CUDA graph captures) computes the eager chunk, and greedy
+    # speculation after such a prefill equals greedy target decoding
+    from edge.backends import make_engine
+    static = make_engine("triton", load_checkpoint(small_llama_checkpoint), 64, scratch=8, prefill_chunk=64)
+    assert rel(static.prefill(prompt), last["triton"]) < 1e-6 and len(launches) == 2 * static.ckpt.config.num_layers
+    runs = {}
+    for policy in ("target", "speculative"):
+        static.reset()
+        runs[policy], _ = generate(static, prompt, GenerateConfig(policy=policy, gamma=3, max_new_tokens=5), set())
+    assert runs["speculative"] == runs["target"] and len(runs["target"]) == 5
+
+
 def test_static_passes_compute_what_eager_passes_compute(small_llama_checkpoint):
     """The static form a CUDA graph captures (lengths, ids and positions read from device buffers; the grid over
     the whole capacity) against the eager launchers, pass for pass: prefill chunks, verification-sized passes in

@@ -38,6 +38,8 @@ GEMV_TOKENS = (1, 5, 8)
 PREFILL_SHAPES = [(4096, 4096), (4096, 11008), (11008, 4096), (1536, 8960), (8960, 1536)]   # Llama-2-7B, Qwen2.5-1.5B
 PREFILL_TOKENS = 256                 # the triton backend's prefill chunk
 ATTENTION_LAYOUTS = [("llama2-7b mha", 32, 32, 128), ("gqa 32/8", 32, 8, 128)]   # (name, Hq, Hkv, D)
+PREFILL_ATTENTION_LAYOUTS = [("llama2-7b mha", 32, 32, 128), ("qwen2.5-1.5b gqa 12/2", 12, 2, 128)]
+PREFILL_CONTEXT = 4096                # where a prefill chunk's attention ends (the chunk's last position)
 LAUNCHES = 20
 
 
@@ -209,6 +211,39 @@ def prefill_rows(repeats: int, shapes=PREFILL_SHAPES, device: str = "cuda", time
     return rows
 
 
+def prefill_attention_rows(repeats: int, layouts=PREFILL_ATTENTION_LAYOUTS, context: int = PREFILL_CONTEXT,
+                           device: str = "cuda", timer=time_graph, tokens: int = PREFILL_TOKENS) -> list[dict]:
+    """One row per layout: the attention of a prefill chunk of `tokens` queries ending at `context` positions (KV8)
+    on the prefill kernel (`attention_prefill`: query tiles over their causal range, no partials; the backend's path)
+    against the split kernel the chunks ran on before (attention.SPLIT_QUERIES raised for it): times, speed-up and
+    the two outputs' relative difference (`close`: within the interpreter tests' tolerance of the reference, 5e-5;
+    the two sum the softmax in other orders, so not bit for bit)."""
+    from plugins.kernels import attention, nested_kv_attention_at
+    rows = []
+    for layout, hq, hkv, d in layouts:
+        base = torch.randint(0, 256, (2, hkv, context, d // 2), dtype=torch.uint8, device=device)
+        refine = torch.randint(0, 256, base.shape, dtype=torch.uint8, device=device)
+        scale = (torch.rand(2, hkv, context, device=device) * 0.1).half()
+        length = torch.tensor([context], dtype=torch.int32, device=device)
+        kv8 = torch.zeros(1, dtype=torch.int32, device=device)
+        q = torch.randn(hq, tokens, d, device=device)
+        out = torch.empty(hq, tokens, d, device=device)
+        sec, y, before = {}, {}, attention.SPLIT_QUERIES
+        for path, split in (("prefill", before), ("split", tokens)):
+            attention.SPLIT_QUERIES = split
+            try:
+                y[path] = nested_kv_attention_at(q, base, refine, scale, length, length, kv8).clone()
+                sec[path] = timer(lambda: nested_kv_attention_at(q, base, refine, scale, length, length, kv8, out=out),
+                                  repeats)
+            finally:
+                attention.SPLIT_QUERIES = before
+        diff = ((y["prefill"] - y["split"]).double().norm() / y["split"].double().norm()).item()
+        rows.append({"kernel": "prefill_attention", "layout": layout, "context": context, "T": tokens,
+                     "prefill_us": sec["prefill"] * 1e6, "split_us": sec["split"] * 1e6,
+                     "speedup": sec["split"] / sec["prefill"], "rel_diff": diff, "close": diff < 5e-5})
+    return rows
+
+
 def attention_rows(repeats: int, copy_bw: float, contexts: list[int], layouts=ATTENTION_LAYOUTS, device: str = "cuda",
                    timer=time_graph) -> list[dict]:
     from plugins.kernels import nested_kv_attention_at
@@ -244,7 +279,8 @@ def run(a) -> dict:
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "triton": __import__("triton").__version__, "repeats": a.repeats, "copy_GBps": copy_bw / 1e9,
               "l2_bytes": l2_bytes("cuda"), "gemv": gemv_rows(a.repeats, copy_bw, GEMV_SHAPES + DEVICE_CHECK_SHAPES),
-              "attention": attention_rows(a.repeats, copy_bw, contexts), "prefill": prefill_rows(a.repeats)}
+              "attention": attention_rows(a.repeats, copy_bw, contexts), "prefill": prefill_rows(a.repeats),
+              "prefill_attention": prefill_attention_rows(a.repeats)}
     if a.out:
         tmp = Path(a.out + ".tmp")
         tmp.write_text(json.dumps(result, indent=1))
@@ -260,4 +296,7 @@ def run(a) -> dict:
         for r in result["prefill"]:
             print(f"prefill K={r['K']:5} N={r['N']:5} M={r['M']} {r['view']:6} tensor cores {r['gemm_us']:8.1f} us, "
                   f"decode kernel {r['decode_us']:8.1f} us: {r['speedup']:.2f}x, {r['gemm_TOPS']:.1f} int8 TOPS")
+        for r in result["prefill_attention"]:
+            print(f"prefill attention {r['layout']} S={r['context']} T={r['T']}: {r['prefill_us']:8.1f} us, split "
+                  f"kernel {r['split_us']:8.1f} us: {r['speedup']:.2f}x, relative difference {r['rel_diff']:.1e}")
     return result

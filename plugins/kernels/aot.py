@@ -21,7 +21,8 @@ loads (a KV4 loop must issue half its KV8 loop's: it never loads the refinement 
 ATTENTION_BUDGETS (`attention_budget_failures`): no more registers than the launch's cap (128 on sm_87,
 `attention.register_cap`), no spill, and per-byte ceilings that the kernel
 it replaced (20-27 lane instructions per KV8 byte, 40-53 per KV4 byte) fails, tighter for the whole steps; they are
-above the GEMV's 4 because a tensor-core row tile computes 16 rows where one decode query is live.
+above the GEMV's 4 because a tensor-core row tile computes 16 rows where one decode query is live. A prefill chunk's
+tiles (`attention_prefill`) are held per KV byte and row to PREFILL_ATTENTION_BUDGETS.
 
 PTX ISA version: Triton 3.9 bundles ptxas 12.9 and by default emits PTX ISA 8.8, which the CUDA 12.6 driver of
 JetPack 6.1/6.2 cannot JIT (12.6 reads PTX up to ISA 8.5). We pin `ptx_version=85` for sm_87, so the PTX loads on
@@ -39,7 +40,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from plugins.kernels import attention, decoder_ops, gemm, gemv, gemv_decode, kv_write, swiglu
+from plugins.kernels import attention, attention_prefill, decoder_ops, gemm, gemv, gemv_decode, kv_write, swiglu
 
 JETPACK6_PTX = 85     # PTX ISA 8.5: the newest the CUDA 12.6 driver (JetPack 6.1/6.2) loads
 BUDGETS = {"registers": 128, "spill_bytes": 0, "instructions_per_weight_byte": 4.0}   # decode GEMVs, sm_87
@@ -50,6 +51,12 @@ PREFILL_BUDGETS = {"registers": 224, "spill_bytes": 0, "instructions_per_weight_
 # per weight byte of a loop iteration that serves 64 tokens (the decode kernel's 8 tokens: ~3.5); ~9 is Orin's issue
 # rate per byte of bandwidth, so a chunk waits on its weight bytes and tensor cores, not on instruction issue; 224
 # registers leave two programs of 4 warps an SM
+PREFILL_ATTENTION_BUDGETS = {"spill_bytes": 0, "tile_rows": 32, "instructions_per_kv8_byte": 0.35,
+                             "instructions_per_kv4_byte": 0.7, "instructions_per_kv8_byte_edge": 0.45,
+                             "instructions_per_kv4_byte_edge": 0.85}
+# a prefill chunk's attention tiles, sm_87: no more registers than the launch's cap (192 there,
+# `attention_prefill.prefill_register_cap`), KV read once per 32+ rows, and per KV byte and row of the tile no more
+# lane instructions than the decode kernel's 16-row tile spends (d128 MHA: 0.34 / 0.62, edge steps 0.42 / 0.76)
 ATTENTION_LOOPS = (("kv4", "", 1), ("kv4", "_edge", 1), ("kv8", "", 2), ("kv8", "_edge", 2))   # in code order
 
 
@@ -103,7 +110,8 @@ def _decode(name, target, m, g=128, runtime_view=False, held=True, tiled=True, r
     """The decode kernel for m tokens (what `gemv._launch_decode` launches): one group per loop iteration; `tiled`,
     on the warp-tiled planes the `triton` backend and the step graph's engine hold, else on canonical ones (a graph
     node whose linear does not tile, or a graph exported before the tiled layout); `residual`, adding the residual
-    stream in the launch (o_proj and down_proj in the `triton` backend)."""
+    stream in the launch (o_proj and down_proj in the `triton` backend). N and K are multiples of 16, as Triton's
+    launcher specializes them for every real linear."""
     sig = {"x_ptr": "*i32", "xsum_ptr": "*i32", "sx_ptr": "*fp32", "base_ptr": "*i32", "refine_ptr": "*i32",
            "scale_ptr": "*fp16", "offset_ptr": "*fp16", "out_ptr": "*fp32", "view_ptr": "*i64", "y_ptr": "*fp32",
            "count_ptr": "*i32", "res_ptr": "*fp32", "N": "i32", "K": "i32", "GROUPS_PER_SPLIT": "i32"}
@@ -114,7 +122,7 @@ def _decode(name, target, m, g=128, runtime_view=False, held=True, tiled=True, r
     planes = 2 if target or runtime_view else 1       # a run-time view's largest loop is its target view's
     return KernelSpec(name, gemv_decode.decode_gemv_kernel, sig | {k: "constexpr" for k in const}, const,
                       gemv.DECODE_WARPS, loop_weight_bytes=rows * block_s * planes * g // 2, decode=True,
-                      held=held)
+                      held=held, divisible=("N", "K"))
 
 
 def held_to_budget(target: bool, m: int, g: int) -> bool:
@@ -133,19 +141,26 @@ def decode_sweep_specs() -> list[KernelSpec]:
             for t in (False, True) for g in (32, 64, 128) for m in range(1, gemv_decode.DECODE_MAX_M + 1)]
 
 
-def _attention(name, d, r, arch=87):
-    """The flash-decoding kernel for head dim d and GQA ratio r, as `attention._attend` launches it."""
-    ptrs = ["q_ptr", "base_ptr", "refine_ptr", "scale_ptr", "sbase_ptr", "srefine_ptr", "sscale_ptr",
-            "m_ws", "l_ws", "acc_ws", "main_ptr", "seq_ptr", "kv8_ptr"]
-    types = ["*fp32", "*i32", "*i32", "*fp16", "*i32", "*i32", "*fp16", "*fp32", "*fp32", "*fp32", "*i32", "*i32",
-             "*i32"]
-    sig = dict(zip(ptrs, types)) | {k: "i32" for k in ("T", "cap", "scap", "n_chunks")} | {"sm_scale": "fp32"}
+def _attention(name, d, r, arch=87, prefill=False):
+    """The flash-decoding kernel for head dim d and GQA ratio r, as `attention._attend` launches it; with `prefill`,
+    the prefill chunk's kernel (`attention_prefill`: a pass of more than SPLIT_QUERIES queries)."""
+    ptrs = ["q_ptr", "base_ptr", "refine_ptr", "scale_ptr", "sbase_ptr", "srefine_ptr", "sscale_ptr"] + \
+        (["out_ptr"] if prefill else ["m_ws", "l_ws", "acc_ws"]) + ["main_ptr", "seq_ptr", "kv8_ptr"]
+    types = ["*fp32", "*i32", "*i32", "*fp16", "*i32", "*i32", "*fp16"] + ["*fp32"] * (1 if prefill else 3) + \
+        ["*i32"] * 3
+    ints = ("T", "cap", "scap", "s_h", "s_t") if prefill else ("T", "cap", "scap", "n_chunks")
+    sig = dict(zip(ptrs, types)) | {k: "i32" for k in ints} | {"sm_scale": "fp32"}
     block_s = attention.block_s_for(d)
-    const = {"HKV": 8, "R": r, "D": d, "CHUNK": attention.CHUNK, "BLOCK_S": block_s,
-             "BLOCK_M": attention.rows_per_tile(r), "INTERP": False}
+    const = {"HKV": 8, "R": r, "D": d, "BLOCK_S": block_s, "INTERP": False} | (
+        {"BLOCK_M": attention_prefill.prefill_rows(d)} if prefill else {"CHUNK": attention.CHUNK,
+                                                                        "BLOCK_M": attention.rows_per_tile(r)})
+    if prefill:
+        return KernelSpec(name, attention_prefill.flash_prefill_kernel, sig | {k: "constexpr" for k in const}, const,
+                          attention_prefill.prefill_warps(d), num_stages=attention.STAGES,
+                          maxnreg=attention_prefill.prefill_register_cap(arch), kv_step_bytes=block_s * d)
     return KernelSpec(name, attention.flash_decode_kernel, sig | {k: "constexpr" for k in const}, const,
                       attention.warps_for(d, r), num_stages=attention.STAGES, maxnreg=attention.register_cap(arch),
-                      kv_step_bytes=2 * block_s * d // 2)
+                      kv_step_bytes=block_s * d)
 
 
 def _swiglu(name, n, factors, m=5, g=128):
@@ -227,6 +242,9 @@ def kernel_specs(arch: int = 87) -> list[KernelSpec]:
         _attention("flash_decode_d128_mha", 128, 1, arch),     # Llama-2-7B
         _attention("flash_decode_d128_gqa4", 128, 4, arch),    # Llama-3-8B
         _attention("flash_decode_d64_gqa3", 64, 3, arch),      # SmolLM2-135M
+        _attention("flash_prefill_d128_mha", 128, 1, arch, prefill=True),   # a prefill chunk: 64 queries a tile
+        _attention("flash_prefill_d128_gqa4", 128, 4, arch, prefill=True),  # 16 queries x 4 heads
+        _attention("flash_prefill_d64_gqa3", 64, 3, arch, prefill=True),    # 21 queries x 3 heads
         _reduce("flash_decode_reduce_d128", False),
         _reduce("flash_decode_reduce_d128_quantize", True),    # o_proj's activations written by the reduction
         _norm("rms_norm", 4096),                              # Llama-2-7B's rows: one block from registers
@@ -357,7 +375,8 @@ def attention_proxy(sass: str, spec: KernelSpec) -> dict:
     loops = load_loops(sass)
     if len(loops) != len(ATTENTION_LOOPS):
         return {"attention_loops": len(loops)}
-    out = {"attention_loops": len(loops)}
+    out = {"attention_loops": len(loops), "tile_rows": spec.constexprs["BLOCK_M"],
+           "prefill_tile": spec.fn is attention_prefill.flash_prefill_kernel}
     for (view, kind, planes), loop in zip(ATTENTION_LOOPS, loops):
         out |= {f"{view}{kind}_loop_instructions": len(loop), f"{view}{kind}_loop_plane_loads": _plane_loads(loop),
                 f"{view}{kind}_loop_ldg128": sum(bool(re.search(r"\bLDG\.E\S*\.128\b", o)) for o in loop),
@@ -367,22 +386,27 @@ def attention_proxy(sass: str, spec: KernelSpec) -> dict:
 
 
 def attention_budget_failures(row: dict) -> list[str]:
-    """What a compiled flash-decoding kernel misses of ATTENTION_BUDGETS; [] where it meets them. Each KV4 loop must
-    also issue half the plane loads of its KV8 loop (no refinement load where the view is KV4)."""
-    out = []
-    cap = attention.register_cap(int(re.search(r"\d+", row["target"]).group()))     # the launch's cap on that arch
+    """What a compiled flash-decoding kernel misses of ATTENTION_BUDGETS (a prefill tile's, of
+    PREFILL_ATTENTION_BUDGETS: per KV byte and row); [] where it meets them. Each KV4 loop must also issue half the
+    plane loads of its KV8 loop (no refinement load where the view is KV4)."""
+    out, prefill = [], row.get("prefill_tile")
+    budgets, rows = (PREFILL_ATTENTION_BUDGETS, row["tile_rows"]) if prefill else (ATTENTION_BUDGETS, 1)
+    cc = int(re.search(r"\d+", row["target"]).group())
+    cap = attention_prefill.prefill_register_cap(cc) if prefill else attention.register_cap(cc)   # the launch's cap
     if row["registers"] is None or row["registers"] > cap:
         out.append(f"{row['registers']} registers > {cap}")
     if row["spill_store_bytes"] + row["spill_load_bytes"] > ATTENTION_BUDGETS["spill_bytes"]:
         out.append(f"spills {row['spill_store_bytes']} + {row['spill_load_bytes']} bytes")
+    if prefill and rows < budgets["tile_rows"]:
+        out.append(f"a tile of {rows} rows < {budgets['tile_rows']}: the KV read once per fewer queries")
     if row.get("attention_loops") != len(ATTENTION_LOOPS):
         return out + [f"{row.get('attention_loops')} position loops with loads, not a KV4 and a KV8 loop of whole "
                       "steps and one each of edge steps"]
     for view, kind, _ in ATTENTION_LOOPS:
         key = f"instructions_per_{view}_byte{kind}"
-        if row[key] > ATTENTION_BUDGETS[key]:
-            out.append(f"{row[key]} lane instructions per {view.upper()} byte{kind.replace('_', ' ')} > "
-                       f"{ATTENTION_BUDGETS[key]}")
+        if row[key] / rows > budgets[key]:
+            out.append(f"{row[key] / rows:.3g} lane instructions per {view.upper()} byte{kind.replace('_', ' ')}"
+                       f"{' and row' if prefill else ''} > {budgets[key]}")
     for view in ("kv4", "kv8"):
         whole, edge = row[f"{view}_loop_instructions"], row[f"{view}_edge_loop_instructions"]
         if whole >= edge:

@@ -1,6 +1,8 @@
-"""Triton nested-KV flash-decoding (docs/contracts.md, KV cache and ops): causal GQA attention of the T <= γ+1
-newest queries over one layer's nested KV cache (KV4, KV8 or Recent-N), split over the context with a deterministic
-reduction. The write path that quantizes new K/V entries into the planes is `plugins.kernels.kv_write`.
+"""Triton nested-KV flash-decoding (docs/contracts.md, KV cache and ops): causal GQA attention of the T newest
+queries of a decode pass (T <= SPLIT_QUERIES: γ+1 of a verification) over one layer's nested KV cache (KV4, KV8 or
+Recent-N), split over the context with a deterministic reduction; the launchers here run a prefill chunk's longer
+passes on `attention_prefill`'s kernel. The code unpacking and softmax step both kernels share are `kv_codes`; the
+write path that quantizes new K/V entries into the planes is `plugins.kernels.kv_write`.
 
 Bytes read, and why no more than the format requires: each program owns one KV head and one chunk of CHUNK
 positions and serves every query head of that KV head's GQA group and every query (R*T rows) from one read, so
@@ -9,20 +11,9 @@ its positions before `kv8_from` in a KV4 loop whose program holds no load of the
 positions from `kv8_from` on in a KV8 loop that loads both planes (a KV4 or Recent-N pass reads half the plane
 bytes of a KV8 one, and spends no instruction on the other half). Each view's steps run in two loops: whole steps
 (every position a main one that every query of the pass sees: no clamp, no choice of planes, no mask) then edge
-steps; the same steps, codes and sums either way (`_whole_end`). Positions past S are never loaded: an edge step's
+steps; the same steps, codes and sums either way (`whole_end`). Positions past S are never loaded: an edge step's
 positions past its loop's end load the loop's last position (no masked load) and score -inf. Partial results (m, l
 and a D-vector per row and chunk, float32) are a few KB per chunk.
-
-Layout: base / refine uint8 [2, Hkv, C, D/2] (K then V; byte j holds dims 2j, 2j+1), scale float16 [2, Hkv, C];
-the kernel reads the planes as int32 words [2, Hkv, C, D/8] (eight nibbles a word, 128-bit loads of a position's
-row at d128). The sequence is main positions [0, main_len) then `scratch_len` draft-time slots of the scratch
-planes: one pointer per position, chosen between them, so each word is loaded once. Unpacking, per pair of base and
-refinement words (eight dims): a few 32-bit bit operations give the bytes 16*q4 + qr + 136 (KV8; 16*q4 + 128 for
-KV4), and inline PTX (`_halves`: `prmt` under the float16 exponent of 1024, `sub.f16x2`) turns them into exact
-float16 codes, two dims a register, in dim order. Codes are exact in float16 (|16*q4 + qr| <= 136); the float32
-queries and probabilities are split into float16 high and low halves, so two float16 MMAs with float32
-accumulation give ~float32 accuracy (one half alone costs ~3e-4 relative, which INT8 activation rounding
-downstream amplifies); the KV scale (s/16) is applied to the scores (K) and to the probabilities (V) in float32.
 
 Batch invariance by construction (what makes a verification pass equal single-query steps bit for bit): a query's
 arithmetic does not depend on how many queries share the pass. The row tile (`rows_per_tile`) depends on the GQA
@@ -48,9 +39,17 @@ import torch
 import triton
 import triton.language as tl
 
-from plugins.kernels.common import INTERPRET, interp_dot
+from plugins.kernels.attention_prefill import (
+    flash_prefill_kernel,
+    prefill_fits,
+    prefill_register_cap,
+    prefill_rows,
+    prefill_warps,
+)
+from plugins.kernels.common import INTERPRET
 from plugins.kernels.gemv import quantize_decode_buffers, split_counters
 from plugins.kernels.gemv_decode import DECODE_MAX_M, MAX_SLOTS, last_quantizes, tail_block
+from plugins.kernels.kv_codes import attend_range, lengths, split16
 
 CHUNK = 128          # positions per program (absolute boundaries): 32K context = 256 chunks per KV head
 MAX_ROWS = 64        # query rows (GQA group x queries) per program; larger groups tile over a grid axis
@@ -67,6 +66,9 @@ REDUCE_CHUNKS = 16   # chunks the reduction combines a step ([16, D] partials in
                      # chunks in 2 steps where a chunk a step made 64 dependent loads a row; its sums' order is fixed)
 QUERY_SLOTS = 5      # queries per row tile for any GQA ratio (γ + 1 <= 5, the default γ = 4, verifies in one read
                      # of the KV; 8 slots gave d64 GQA 3 a 32-row tile that spills on sm_87 at 4 or 8 warps)
+SPLIT_QUERIES = 32   # the most queries a pass splits over the context (this kernel, batch invariant); more run
+                     # `attention_prefill` (no partials). Every verification pass (γ + 1 <= 17: edge.engine's
+                     # MAX_PROPOSALS + 1) stays here, so it equals single-query steps bit for bit
 
 
 def register_cap(cc: int) -> int:
@@ -75,9 +77,15 @@ def register_cap(cc: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _device_cap(index: int) -> int:
+def _capability(index: int) -> int:
     major, minor = torch.cuda.get_device_capability(index)
-    return register_cap(10 * major + minor)
+    return 10 * major + minor
+
+
+def _register_cap(dev: torch.device, prefill: bool = False) -> int:
+    """The launch's ptxas register cap on `dev` (a CUDA device; the interpreter: sm_87's)."""
+    cc = _capability(torch.cuda.current_device() if dev.index is None else dev.index) if dev.type == "cuda" else 87
+    return prefill_register_cap(cc) if prefill else register_cap(cc)
 
 
 def block_s_for(d: int) -> int:
@@ -100,151 +108,6 @@ def warps_for(d: int, r: int) -> int:
     return 8 if rows_per_tile(r) * d > 2048 else 4
 
 
-# Bit patterns of the code unpacking (`_codes`): per byte lane of an int32 word of 8 nibbles.
-LOW = tl.constexpr(0x0F0F0F0F)        # the low nibble of each byte
-HIGH = tl.constexpr(-0x0F0F0F10)      # 0xF0F0F0F0 as int32: the high nibble of each byte
-EIGHTS = tl.constexpr(-0x77777778)    # 0x88888888: XOR turns a two's-complement nibble n into n + 8 in [0, 15]
-# Byte lanes to float16 codes, eight at a time (`_halves`): `lo` holds the even dims' bytes u of 4 dims, `hi` the
-# odd dims'. Two `prmt` interleave them into dim order ([lo.b0, hi.b0, lo.b1, hi.b1] and the same of bytes 2, 3);
-# four more put each byte under the exponent byte 0x64 (the float16 1024 + u, exact), two dims a register; four
-# `sub.f16x2` take 1024 + bias off (exact: integers below 2048). KV8 bytes are u = 16*q4 + qr + 136 (bias 136:
-# half 0x6488), KV4 bytes u = 16*q4 + 128 (bias 128: half 0x6480).
-_F16_LANES = ("{ .reg .b32 c, k, a, b, p, q, r, s; mov.b32 c, 0x64646464; mov.b32 k, 0x%s; "
-              "prmt.b32 a, $8, $9, 0x5140; prmt.b32 b, $8, $9, 0x7362; "
-              "prmt.b32 p, a, c, 0x4140; prmt.b32 q, a, c, 0x4342; prmt.b32 r, b, c, 0x4140; prmt.b32 s, b, c, 0x4342; "
-              "sub.f16x2 p, p, k; sub.f16x2 q, q, k; sub.f16x2 r, r, k; sub.f16x2 s, s, k; "
-              "mov.b32 {$0, $1}, p; mov.b32 {$2, $3}, q; mov.b32 {$4, $5}, r; mov.b32 {$6, $7}, s; }")
-F16_LANES_KV8 = tl.constexpr(_F16_LANES % "64886488")
-F16_LANES_KV4 = tl.constexpr(_F16_LANES % "64806480")
-F16_CONSTRAINTS = tl.constexpr("=h," * 8 + "r,r")
-
-
-@triton.jit
-def _halves(lo, hi, KV8: tl.constexpr, INTERP: tl.constexpr):
-    """The byte lanes of lo, hi (int32 [BS, W]: dims 8w + 2i and 8w + 2i + 1 in byte i) as float16 codes (u - 136
-    for KV8, u - 128 for KV4): a tuple of eight [BS, W] tensors, dims 8w .. 8w + 7 in order."""
-    if INTERP:                      # the interpreter has no inline PTX: the same values, lane by lane
-        out = ()
-        for i in tl.static_range(4):
-            for word in tl.static_range(2):
-                u = (((hi if word else lo) >> (8 * i)) & 0xFF)
-                out = out + ((u - (136 if KV8 else 128)).to(tl.float16),)
-        return out
-    if KV8:
-        return tl.inline_asm_elementwise(F16_LANES_KV8, F16_CONSTRAINTS, [lo, hi], dtype=(tl.float16,) * 8,
-                                         is_pure=True, pack=1)
-    return tl.inline_asm_elementwise(F16_LANES_KV4, F16_CONSTRAINTS, [lo, hi], dtype=(tl.float16,) * 8,
-                                     is_pure=True, pack=1)
-
-
-@triton.jit
-def _codes(base_ptr, refine_ptr, sbase_ptr, srefine_ptr, plane, at, main_len, cap, scap, W: tl.constexpr,
-           KV8: tl.constexpr, INTERP: tl.constexpr, MAIN: tl.constexpr = False):
-    """Nested codes of positions `at` [BS] (each inside the sequence): float16 [BS, D], dims in order, 16*q4 + qr
-    (KV8) or 16*q4 (KV4, the refinement plane never loaded). plane = kv * Hkv + head; main positions read the main
-    planes, later ones the scratch planes: one pointer per position, so one 128-bit load per 16 bytes whatever
-    the position's plane (MAIN: every position is a main one, no choice made). base/refine are int32 words [.., W]
-    of the uint8 [.., D/2] rows (8 nibbles a word)."""
-    w = tl.arange(0, W)
-    moff = (plane * cap + at)[:, None] * W + w[None, :]                                    # [BS, W]
-    if MAIN:
-        bptr = base_ptr + moff
-        rptr = refine_ptr + moff
-    else:
-        in_main = (at < main_len)[:, None]                                                 # [BS, 1]
-        soff = (plane * scap + (at - main_len))[:, None] * W + w[None, :]
-        bptr = tl.where(in_main, base_ptr + moff, sbase_ptr + soff)
-        rptr = tl.where(in_main, refine_ptr + moff, srefine_ptr + soff)
-    bx = tl.load(bptr) ^ EIGHTS                                                            # nibbles q4 + 8
-    if KV8:
-        qx = tl.load(rptr) ^ EIGHTS                                                        # nibbles qr + 8
-        lo = ((bx << 4) & HIGH) | (qx & LOW)         # even dims: bytes 16*(q4 + 8) + qr + 8 = code + 136
-        hi = (bx & HIGH) | ((qx >> 4) & LOW)         # odd dims
-    else:
-        lo = (bx << 4) & HIGH                        # bytes 16*(q4 + 8) = code + 128
-        hi = bx & HIGH
-    t0, t1, t2, t3, t4, t5, t6, t7 = _halves(lo, hi, KV8, INTERP)                     # [BS, W] dims 8w + j
-    # [BS, W, 8] -> [BS, D]: the outermost join pairs neighbours (dim 8w + j: j = 4a + 2b + c, c outermost)
-    x = tl.join(tl.join(tl.join(t0, t4), tl.join(t2, t6)), tl.join(tl.join(t1, t5), tl.join(t3, t7)))
-    return tl.reshape(x, [at.shape[0], W * 8])
-
-
-@triton.jit
-def _scales(scale_ptr, sscale_ptr, plane, at, main_len, cap, scap, MAIN: tl.constexpr = False):
-    """KV scales / 16 of positions `at` [BS] (each inside the sequence; MAIN: each a main one) as float32."""
-    if MAIN:
-        s = tl.load(scale_ptr + plane * cap + at)
-    else:
-        in_main = at < main_len
-        s = tl.load(tl.where(in_main, scale_ptr + plane * cap + at, sscale_ptr + plane * scap + (at - main_len)))
-    return s.to(tl.float32) * 0.0625                 # s/16, exactly (a division would call a slow path)
-
-
-@triton.jit
-def _split16(a):
-    """float32 a = hi + lo with both halves float16: two float16 MMAs then carry ~22 bits of a."""
-    hi = a.to(tl.float16)
-    return hi, (a - hi.to(tl.float32)).to(tl.float16)
-
-
-@triton.jit
-def _dot(a_hi, a_lo, b, acc, INTERP: tl.constexpr):
-    """acc + (a_hi + a_lo) @ b for float16 codes b (exact), accumulated in float32 by the MMAs themselves (the high
-    half's products into acc, then the low half's: no float add of a result tile a step)."""
-    if INTERP:   # numpy's matmul is neither IEEE for float16 nor row-invariant on every CPU: a fixed-order sum
-        return (acc + interp_dot(a_hi, b)) + interp_dot(a_lo, b)
-    return tl.dot(a_lo, b, acc=tl.dot(a_hi, b, acc=acc, out_dtype=tl.float32), out_dtype=tl.float32)
-
-
-@triton.jit
-def _lengths(main_ptr, seq_ptr, kv8_ptr, cap, scap):
-    """(main_len, seq_len, kv8_from) read from device scalars (int32 or int64) and clamped into the planes."""
-    main_len = tl.minimum(tl.maximum(tl.load(main_ptr).to(tl.int64), 0), cap)
-    seq_len = tl.minimum(tl.maximum(tl.load(seq_ptr).to(tl.int64), main_len), main_len + scap)
-    kv8_from = tl.minimum(tl.maximum(tl.load(kv8_ptr).to(tl.int64), 0), seq_len)
-    return main_len.to(tl.int32), seq_len.to(tl.int32), kv8_from.to(tl.int32)
-
-
-@triton.jit
-def _block(m_i, l_i, acc, q_hi, q_lo, qpos, live, s0, end, h, base_ptr, refine_ptr, scale_ptr, sbase_ptr,
-           srefine_ptr, sscale_ptr, main_len, cap, scap, sm_scale, HKV: tl.constexpr, W: tl.constexpr,
-           BLOCK_S: tl.constexpr, KV8: tl.constexpr, INTERP: tl.constexpr, WHOLE: tl.constexpr = False):
-    """One online-softmax step over positions [s0, s0 + BLOCK_S) of a range ending at `end` (one view: KV8 or
-    KV4): returns the new (m, l, acc). Positions at or past `end` load position end - 1 (no masked load) and
-    score -inf, so they add exact zeros. WHOLE: the caller knows every position of the step is a main one, before
-    `end` and visible to every query of the pass: no clamp, no choice of planes, no mask (the same codes, scores and
-    sums as the general step's; the rows of no query, never stored, then score their zero q)."""
-    pos = s0 + tl.arange(0, BLOCK_S)                                    # [BS]
-    at = pos if WHOLE else tl.minimum(pos, end - 1)
-    k = _codes(base_ptr, refine_ptr, sbase_ptr, srefine_ptr, h, at, main_len, cap, scap, W, KV8, INTERP,
-               WHOLE)                                                                                # [BS, D]
-    sk = _scales(scale_ptr, sscale_ptr, h, at, main_len, cap, scap, WHOLE)
-    scores = _dot(q_hi, q_lo, tl.trans(k), tl.zeros([q_hi.shape[0], BLOCK_S], tl.float32), INTERP) * \
-        (sk * sm_scale)[None, :]                                                                   # [BM, BS]
-    if not WHOLE:
-        visible = (pos[None, :] <= qpos[:, None]) & (pos < end)[None, :] & live[:, None]
-        scores = tl.where(visible, scores, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-    m_safe = m_new if WHOLE else tl.where(m_new == float("-inf"), 0.0, m_new)      # (every row scored: finite)
-    p = tl.exp(scores - m_safe[:, None])                                # [BM, BS], 0 where masked
-    alpha = tl.exp(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    v = _codes(base_ptr, refine_ptr, sbase_ptr, srefine_ptr, HKV + h, at, main_len, cap, scap, W, KV8, INTERP,
-               WHOLE)
-    sv = _scales(scale_ptr, sscale_ptr, HKV + h, at, main_len, cap, scap, WHOLE)
-    pv_hi, pv_lo = _split16(p * sv[None, :])
-    acc = _dot(pv_hi, pv_lo, v, acc * alpha[:, None], INTERP)          # [BM, D]
-    return m_new, l_i, acc
-
-
-@triton.jit
-def _whole_end(start, end, seen, BLOCK_S: tl.constexpr):
-    """Where a view's steps from `start` (a step a BLOCK_S positions, the last ending at `end`) stop being whole
-    (`_block`'s WHOLE: every position before `end` and before `seen`): start plus the whole steps' positions. The
-    steps themselves start where they would anyway: the whole ones are a prefix of the same sequence."""
-    return start + tl.maximum(tl.minimum(end, seen) - start, 0) // BLOCK_S * BLOCK_S
-
-
 @triton.jit(do_not_specialize=["T"])   # T == 1 would otherwise compile a program of its own
 def flash_decode_kernel(
     q_ptr, base_ptr, refine_ptr, scale_ptr, sbase_ptr, srefine_ptr, sscale_ptr,
@@ -263,7 +126,7 @@ def flash_decode_kernel(
     h = tl.program_id(0)
     c = tl.program_id(1)
     tile = tl.program_id(2)
-    main_len, seq_len, kv8_from = _lengths(main_ptr, seq_ptr, kv8_ptr, cap, scap)
+    main_len, seq_len, kv8_from = lengths(main_ptr, seq_ptr, kv8_ptr, cap, scap)
     W: tl.constexpr = D // 8
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)                     # [BM]
     live = rows < R * T
@@ -271,33 +134,16 @@ def flash_decode_kernel(
     qpos = seq_len - T + rows % T                                      # [BM] position of each query
     d = tl.arange(0, D)
     qoff = (head * T + rows % T)[:, None] * D + d[None, :]            # q [Hq, T, D]
-    q_hi, q_lo = _split16(tl.load(q_ptr + qoff, mask=live[:, None], other=0.0).to(tl.float32))    # [BM, D] x2
+    q_hi, q_lo = split16(tl.load(q_ptr + qoff, mask=live[:, None], other=0.0).to(tl.float32))    # [BM, D] x2
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     c0 = c * CHUNK
     c1 = tl.minimum(c0 + CHUNK, seq_len)
-    kv4_end = tl.minimum(c1, kv8_from)
     seen = tl.minimum(main_len, seq_len - T + 1)       # positions before it: main ones every query of the pass sees
-    k0 = tl.maximum(c0, kv8_from)
-    whole4 = _whole_end(c0, kv4_end, seen, BLOCK_S)
-    whole8 = _whole_end(k0, c1, seen, BLOCK_S)
-    for s0 in range(c0, whole4, BLOCK_S):                                # KV4 positions: base plane only
-        m_i, l_i, acc = _block(m_i, l_i, acc, q_hi, q_lo, qpos, live, s0, kv4_end, h, base_ptr, refine_ptr,
-                               scale_ptr, sbase_ptr, srefine_ptr, sscale_ptr, main_len, cap, scap, sm_scale, HKV, W,
-                               BLOCK_S, False, INTERP, True)
-    for s0 in range(whole4, kv4_end, BLOCK_S):
-        m_i, l_i, acc = _block(m_i, l_i, acc, q_hi, q_lo, qpos, live, s0, kv4_end, h, base_ptr, refine_ptr,
-                               scale_ptr, sbase_ptr, srefine_ptr, sscale_ptr, main_len, cap, scap, sm_scale, HKV, W,
-                               BLOCK_S, False, INTERP)
-    for s0 in range(k0, whole8, BLOCK_S):                                # KV8 positions: both planes
-        m_i, l_i, acc = _block(m_i, l_i, acc, q_hi, q_lo, qpos, live, s0, c1, h, base_ptr, refine_ptr,
-                               scale_ptr, sbase_ptr, srefine_ptr, sscale_ptr, main_len, cap, scap, sm_scale, HKV, W,
-                               BLOCK_S, True, INTERP, True)
-    for s0 in range(whole8, c1, BLOCK_S):
-        m_i, l_i, acc = _block(m_i, l_i, acc, q_hi, q_lo, qpos, live, s0, c1, h, base_ptr, refine_ptr,
-                               scale_ptr, sbase_ptr, srefine_ptr, sscale_ptr, main_len, cap, scap, sm_scale, HKV, W,
-                               BLOCK_S, True, INTERP)
+    m_i, l_i, acc = attend_range(m_i, l_i, acc, q_hi, q_lo, qpos, live, c0, c1, kv8_from, seen, h, base_ptr,
+                                 refine_ptr, scale_ptr, sbase_ptr, srefine_ptr, sscale_ptr, main_len, cap, scap,
+                                 sm_scale, HKV, W, BLOCK_S, INTERP)
     slot = (h * R * T + rows) * n_chunks + c                             # [BM]
     kept = live & (rows * 0 + c0 < seq_len)       # a chunk past seq_len stores nothing: the reduction never reads
     #                                               it (the test a [BM] tensor: the interpreter takes no scalar)
@@ -322,7 +168,7 @@ def chunk_reduce_kernel(m_ws, l_ws, acc_ws, out_ptr, main_ptr, seq_ptr, kv8_ptr,
     Bytes: (2 + D) * 4 per visible chunk and row of partials, D * 4 out: no KV bytes."""
     h = tl.program_id(0)
     row = tl.program_id(1)
-    _, seq_len, _ = _lengths(main_ptr, seq_ptr, kv8_ptr, cap, scap)
+    _, seq_len, _ = lengths(main_ptr, seq_ptr, kv8_ptr, cap, scap)
     chunks = tl.minimum((seq_len + CHUNK - 1) // CHUNK, n_chunks)
     base = (h * R * T + row) * n_chunks
     d = tl.arange(0, D)
@@ -368,7 +214,8 @@ def device_scalar(value: int, device) -> torch.Tensor:
 def _attend(q, base, refine, scale, scratch, main_ptr, seq_ptr, kv8_ptr, n_chunks, out, quantize=None):
     """Check shapes, allocate the chunk workspace and launch (lengths are device scalars); the output, where the
     caller gives none, is a token-major buffer's [Hq, T, D] view (so [T, Hq*D] is a view of it, no copy); with
-    `quantize` (a group size; T <= 8) also its rows' decode-layout activations (module docstring)."""
+    `quantize` (a group size; T <= 8) also its rows' decode-layout activations (module docstring). A pass of more
+    than SPLIT_QUERIES queries (a prefill chunk) runs `attention_prefill` instead: no workspace."""
     hq, t, d = q.shape
     hkv = base.shape[1]
     check_planes(base, refine, scale, d)
@@ -380,23 +227,29 @@ def _attend(q, base, refine, scale, scratch, main_ptr, seq_ptr, kv8_ptr, n_chunk
         check_planes(sb, sr, ss, d)
         scap = sb.shape[2]
     r = hq // hkv
+    dev = q.device
+    words = [p.view(torch.int32) for p in (base, refine, sb, sr)]        # [2, Hkv, C, D/8] words of 8 nibbles
+    y = out if out is not None else torch.empty(t, hq, d, dtype=torch.float32, device=dev).transpose(0, 1)
+    options = {"INTERP": INTERPRET, "num_stages": STAGES, "enable_fp_fusion": False}
+    if t > SPLIT_QUERIES and quantize is None and prefill_fits(r, d):   # a prefill chunk: no split, no partials
+        rows = prefill_rows(d)
+        flash_prefill_kernel[(hkv, triton.cdiv(t, rows // r))](
+            q.contiguous(), words[0], words[1], scale, words[2], words[3], ss, y, main_ptr, seq_ptr, kv8_ptr,
+            t, base.shape[2], scap, y.stride(0), y.stride(1), 1.0 / math.sqrt(d),
+            HKV=hkv, R=r, D=d, BLOCK_S=block_s_for(d), BLOCK_M=rows, num_warps=prefill_warps(d),
+            maxnreg=_register_cap(dev, prefill=True), **options)
+        return y
     block_m = rows_per_tile(r)                                          # never a function of t
     tiles = triton.cdiv(r * t, block_m)
-    dev = q.device
     m_ws = torch.empty(hkv * r * t * n_chunks, dtype=torch.float32, device=dev)
     l_ws = torch.empty_like(m_ws)
     acc_ws = torch.empty(hkv * r * t * n_chunks, d, dtype=torch.float32, device=dev)
-    words = [p.view(torch.int32) for p in (base, refine, sb, sr)]        # [2, Hkv, C, D/8] words of 8 nibbles
     flash_decode_kernel[(hkv, n_chunks, tiles)](
         q.contiguous(), words[0], words[1], scale, words[2], words[3], ss, m_ws, l_ws, acc_ws, main_ptr, seq_ptr,
         kv8_ptr,
         t, base.shape[2], scap, n_chunks, 1.0 / math.sqrt(d),
-        HKV=hkv, R=r, D=d, CHUNK=CHUNK, BLOCK_S=block_s_for(d), BLOCK_M=block_m, INTERP=INTERPRET,
-        num_warps=warps_for(d, r), num_stages=STAGES, enable_fp_fusion=False,
-        maxnreg=_device_cap(torch.cuda.current_device() if dev.index is None else dev.index) if dev.type == "cuda"
-        else MAXNREG,
-    )
-    y = out if out is not None else torch.empty(t, hq, d, dtype=torch.float32, device=dev).transpose(0, 1)
+        HKV=hkv, R=r, D=d, CHUNK=CHUNK, BLOCK_S=block_s_for(d), BLOCK_M=block_m, num_warps=warps_for(d, r),
+        maxnreg=_register_cap(dev), **options)
     lens = (main_ptr, seq_ptr, kv8_ptr, t, n_chunks, base.shape[2], scap, y.stride(0), y.stride(1))
     fixed = {"R": r, "D": d, "CHUNK": CHUNK, "NC": REDUCE_CHUNKS, "enable_fp_fusion": False}
     if quantize is None:

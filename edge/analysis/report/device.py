@@ -90,9 +90,15 @@ def prefill_line(pre: dict) -> str:
         return f"Prefill: {pre.get('error', 'not run').rstrip('.')}."
     up = sorted(r["speedup"] for r in pre["rows"])
     tops = sorted(r["gemm_TOPS"] for r in pre["rows"])
-    return (f"Prefill chunk of {pre['rows'][0]['M']} tokens, tensor-core kernel against the decode kernel in passes "
+    line = (f"Prefill chunk of {pre['rows'][0]['M']} tokens, tensor-core kernel against the decode kernel in passes "
             f"of 8: {up[0]:.1f}–{up[-1]:.1f}× faster ({tops[0]:.1f}–{tops[-1]:.1f} int8 TOPS); rows identical: "
             f"{pre['identical']}.")
+    attn = pre.get("attention")
+    if attn:
+        up = sorted(r["speedup"] for r in attn)
+        line += (f" Its attention at {attn[0]['context']} positions, the prefill kernel against the split kernel: "
+                 f"{up[0]:.1f}–{up[-1]:.1f}× faster; outputs within 5e-5: {pre['attention_close']}.")
+    return line
 
 
 def step_line(steps: dict) -> str:
@@ -166,6 +172,11 @@ def trt_summary(trt: dict) -> str:
             f"{trt['tokens_equal']})" + (f": {trt['reason']}" if trt.get("reason") else ""))
 
 
+def _subtable(header: str, rows: list[str]) -> list[str]:
+    """A table of its own after a blank line (header and rows as markdown lines); nothing where there are no rows."""
+    return ["", header, "|" + " --- |" * header.count(" | ") + " --- |", *rows] if rows else []
+
+
 def bandwidth_table(result: dict) -> str:
     """The device check's bandwidth section as a table: each kernel's time and GB/s at Llama-7B's decode shapes, as
     a share of the copy bandwidth of the same run (the GEMV beside cuBLAS float16 at the same shape)."""
@@ -179,12 +190,16 @@ def bandwidth_table(result: dict) -> str:
     for r in bw["attention"]:
         lines.append(f"| {r['kernel']} | {r['layout']}, {r['context']} positions | {r['T']} | {r['view']} | float32 | "
                      f"{r['us']:.1f} | {r['GBps']:.0f} | {100 * r['fraction_of_copy']:.0f}% |")
-    pre = result.get("prefill", {}).get("rows")
-    if pre:
-        lines += ["", "| prefill chunk | shape | tokens | view | tensor-core µs | decode kernel µs | speed-up | "
-                  "int8 TOPS | identical |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-        lines += [f"| dual_plane_linear_tiled | {r['K']} × {r['N']} | {r['M']} | {r['view']} | {r['gemm_us']:.1f} | "
-                  f"{r['decode_us']:.1f} | {r['speedup']:.2f}× | {r['gemm_TOPS']:.1f} | {r['identical']} |" for r in pre]
+    pre = result.get("prefill", {})
+    lines += _subtable("| prefill chunk | shape | tokens | view | tensor-core µs | decode kernel µs | speed-up | int8 "
+                       "TOPS | identical |", [f"| dual_plane_linear_tiled | {r['K']} × {r['N']} | {r['M']} | "
+                                             f"{r['view']} | {r['gemm_us']:.1f} | {r['decode_us']:.1f} | "
+                                             f"{r['speedup']:.2f}× | {r['gemm_TOPS']:.1f} | {r['identical']} |"
+                                             for r in pre.get("rows", [])])
+    lines += _subtable("| prefill attention | context | queries | prefill kernel µs | split kernel µs | speed-up | "
+                       "relative difference |", [f"| {r['layout']} | {r['context']} | {r['T']} | "
+                                                 f"{r['prefill_us']:.1f} | {r['split_us']:.1f} | {r['speedup']:.2f}× | "
+                                                 f"{r['rel_diff']:.1e} |" for r in pre.get("attention", [])])
     return "\n".join(lines) + "\n"
 
 
