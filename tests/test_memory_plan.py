@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from edge.backends import make_backend
-from edge.engine.kv_cache import NestedKVCache
+from edge.engine.kv_cache import KVRead, NestedKVCache
 from edge.errors import BitNestError
 from edge.memory.alloc_trace import storage_bytes
 from edge.memory.devices import PRESETS, get_profile, meminfo
@@ -21,6 +21,7 @@ from edge.memory.plan import (
     nested_weight_bytes,
     plan,
 )
+from edge.memory.workspace import FLASH_CHUNK, PREFILL_MIN_ROWS, SPLIT_QUERIES, Step, fused_workspace
 from edge.model.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,10 +60,32 @@ def test_orin_nx_16gb_llama2_32k_ordering():
     assert elastic.ring_slots == 256 + 256 and elastic.to_dict()["memory_max_context"] == elastic.memory_max_context
     assert plans["bitnest-base"].limited_by == "positions"        # the base planes leave room past 32K positions
     for p in plans.values():
-        m = p.memory_max_context           # the GPU kernels' workspace does not grow with the context
-        assert p.total_bytes() <= dev.usable_bytes and p.total_bytes(m) <= dev.usable_bytes < p.total_bytes(m + 1)
+        # the GPU kernels' workspace grows with the context by the decode passes' flash-decoding partials (a row and
+        # chunk of 128 positions each; a prefill chunk keeps none): where the widest pass is one of them
+        m = p.memory_max_context
+        assert p.total_bytes() <= dev.usable_bytes and p.total_bytes(m) <= dev.usable_bytes
+        if p.limited_by == "memory":
+            assert dev.usable_bytes < p.total_bytes(m + 1)
         cap = f", capped at {p.max_context:,} by the model's positions" if p.limited_by == "positions" else ""
-        assert p.arithmetic()[-1].endswith(f"= {m:,}{cap}")
+        assert p.workspace_growth > 0 and f"C = {m:,} (planned" in p.arithmetic()[-1], p.arithmetic()[-1]
+        assert p.arithmetic()[-1].endswith(f"{cap}")
+    verify = fused_workspace(MODEL_PRESETS["llama-2-7b-32k"], Step("verify", 25_000, 5, "target", KVRead("kv8")), 2,
+                             True, scratch=4)    # 196 chunks of 128: 5 queries x 32 heads x 130 floats each
+    chunk = fused_workspace(MODEL_PRESETS["llama-2-7b-32k"], Step("prefill_chunk", 25_000, 256, "target",
+                                                                  KVRead("kv8"), last_only=True), 2, True)
+    assert verify - fused_workspace(MODEL_PRESETS["llama-2-7b-32k"], Step("verify", 0, 5, "target", KVRead("kv8")), 2,
+                                    True, scratch=4) == 5 * 32 * 130 * 4 * (196 - 1)
+    assert chunk == fused_workspace(MODEL_PRESETS["llama-2-7b-32k"], Step("prefill_chunk", 0, 256, "target",
+                                                                          KVRead("kv8"), last_only=True), 2, True)
+
+
+def test_the_workspace_formula_follows_the_attention_kernels():
+    """edge.memory cannot import the kernels (triton is optional at run time): the constants it plans them by are
+    theirs."""
+    from plugins.kernels import attention
+    from plugins.kernels.attention_prefill import prefill_rows
+    assert (FLASH_CHUNK, SPLIT_QUERIES) == (attention.CHUNK, attention.SPLIT_QUERIES)
+    assert PREFILL_MIN_ROWS == min(prefill_rows(d) for d in (32, 64, 128, 256))
 
 
 def test_every_preset_on_every_jetson_plans():

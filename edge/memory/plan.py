@@ -158,7 +158,7 @@ class MemoryPlan:
     limited_by: str
     workspace: dict[str, int] = field(default_factory=dict)   # per step, at max_context
     draft_read_per_position: int | None = None                # KV bytes a draft pass reads per position
-    workspace_growth: float = 0.0                             # workspace bytes per extra position (dry runs)
+    workspace_growth: float = 0.0                             # workspace bytes per extra position (secant)
     memory_max_context: int = 0                               # the largest context memory allows (before the cap)
     ring_slots: int = 0                                       # elastic KV: refinement ring slots (window + G)
     refine_per_position: int = 0                              # elastic KV: ring bytes per slot
@@ -207,7 +207,8 @@ class MemoryPlan:
             plus, minus = f"{plus} + {mb(self.ring_bytes)}", f"{minus} - {mb(self.ring_bytes)}"
         free = self.device.usable_bytes - self.weight_bytes - fixed - self.workspace_bytes
         cap = f", capped at {self.max_context:,} by the model's positions" if self.limited_by == "positions" else ""
-        if self.workspace_growth:       # a dry-run workspace grows with the context: no closed form
+        # a workspace that grows with the context (dry runs; the GPU kernels' flash partials): no closed form
+        if self.workspace_growth:
             lines.append(f"max context = largest C with {mb(self.weight_bytes)} + {plus} + C x "
                          f"{self.kv_per_position:,} B + workspace(C) <= {mb(d.usable_bytes)}, the workspace growing "
                          f"~{self.workspace_growth:,.0f} B per position: C = {self.memory_max_context:,}"
@@ -292,7 +293,7 @@ def plan(model: str, cfg: ModelConfig, config: RunConfig, device: DeviceProfile,
                                     shortlist=draft_head_setting(ckpt)[1] if ckpt is not None else 0)
             return {"native_step": sum(parts.values())}     # all held at once, unlike the passes above
         act = 2 if device.compute == "gpu" else 4
-        return {s.name: fused_workspace(cfg, s, act, config.weights != "fp16") for s in steps}
+        return {s.name: fused_workspace(cfg, s, act, config.weights != "fp16", slots) for s in steps}
 
     peak: dict[int, int] = {}          # context -> the largest step's workspace (each dry run once)
 
@@ -329,7 +330,8 @@ def plan(model: str, cfg: ModelConfig, config: RunConfig, device: DeviceProfile,
     ws = workspace(max(min(best, cap), shortest))
     return MemoryPlan(model, config, device, workload, backend, weights, per_pos, slots, min(best, cap),
                       "positions" if best >= cap else "memory", ws, draft_read(cfg, config),
-                      slope if dry is not None else 0.0, best, min(ring, best) if ring and best else ring, refine,
+                      slope if dry is not None or backend == "gpu-kernels" else 0.0, best,
+                      min(ring, best) if ring and best else ring, refine,
                       workload.kv_window if config.elastic else 0, cap)
 
 

@@ -12,10 +12,13 @@ from edge.memory.synthetic import exported_shapes
 from edge.model.arch import ModelConfig
 from edge.model.checkpoint import Checkpoint, draft_reads_refine
 
-# Flash-decoding splits the history of each query row over this many blocks whose partial outputs
-# (D values, running max and sum, float32) are reduced afterwards (nested_kv_attention, docs/contracts.md, ops).
-FLASH_SPLITS = 32
-DECODE_ROWS = 32
+# Flash decoding (plugins.kernels.attention) splits the history of each query row into chunks of FLASH_CHUNK
+# positions whose partial outputs (D values, running max and sum, float32) are reduced afterwards; a pass of more
+# than SPLIT_QUERIES queries (a prefill chunk) runs the prefill kernel (attention_prefill), which keeps none.
+FLASH_CHUNK = 128             # plugins.kernels.attention.CHUNK
+SPLIT_QUERIES = 32            # plugins.kernels.attention.SPLIT_QUERIES
+PREFILL_MIN_ROWS = 32         # the fewest rows a prefill tile holds (attention_prefill.prefill_rows): a GQA group
+                              # wider than a tile (MQA) runs the split kernel, counted here from past 32
 GEMM_FROM_TOKENS = 9          # passes this wide run the GEMM (plugins.kernels.gemv_decode.DECODE_MAX_M + 1)
 
 
@@ -56,12 +59,13 @@ def run_step(eng: Engine, step: Step):
     return eng.forward([1] * step.tokens, step.view, step.kv, draft_slot=step.draft_slot, last_only=step.last_only)
 
 
-def fused_workspace(cfg: ModelConfig, step: Step, act_bytes: int, int8_acts: bool) -> int:
+def fused_workspace(cfg: ModelConfig, step: Step, act_bytes: int, int8_acts: bool, scratch: int = 0) -> int:
     """Bytes the GPU kernels need for one pass of T tokens (buffers reused layer after layer): the residual
     and normed stream, the larger of q/k/v + attention output and the MLP's gate/up/product, the int8 copy of
     a linear's input (W8A8 / W4A8; a prefill chunk's GEMM also its group sums, int32 [T, K/G]), attention
     partials, RoPE tables, float32 logits of the rows kept. The nested KV is read in place by the attention
-    kernel: no dequantized copy of the history."""
+    kernel: no dequantized copy of the history. A decode pass's partials cover every chunk of the context and
+    the `scratch` draft slots (what the CUDA graphs' launch, sized for the whole capacity, allocates)."""
     t, h, i, d = step.tokens, cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     attn = (cfg.num_heads + 2 * cfg.num_kv_heads) * d + cfg.num_heads * d
     act = t * (2 * h + max(3 * i, attn)) * act_bytes
@@ -69,9 +73,11 @@ def fused_workspace(cfg: ModelConfig, step: Step, act_bytes: int, int8_acts: boo
     if int8_acts and t >= GEMM_FROM_TOKENS:     # the group sums of the widest input, at the default export's
         k = max(h, i)                           # group size (128, or 64 where 128 does not divide K)
         quant += t * (k // (128 if k % 128 == 0 else 64)) * 4
-    # decode-sized passes split the history (flash-decoding partials); a prefill chunk tiles over its
-    # queries instead and keeps only each row's running max and sum
-    partials = t * cfg.num_heads * (FLASH_SPLITS * (d + 2) if t <= DECODE_ROWS else 2) * 4
+    # decode-sized passes split the history (flash-decoding partials, a row and chunk each); a prefill chunk's
+    # query tiles each run their whole causal range in registers and keep none
+    chunks = -(-(step.committed + t + scratch) // FLASH_CHUNK)
+    split = t <= SPLIT_QUERIES or cfg.num_heads // cfg.num_kv_heads > PREFILL_MIN_ROWS
+    partials = t * cfg.num_heads * chunks * (d + 2) * 4 if split else 0
     rope = 2 * t * d * 4
     logits = (1 if step.last_only else t) * cfg.vocab_size * 4
     return act + quant + partials + rope + logits
