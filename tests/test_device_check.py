@@ -57,7 +57,7 @@ def test_device_check_script_runs_dry(tmp_path):
     md = (tmp_path / "device_check.md").read_text()
     assert "| tiny | static |" in md and "Kernels against the oracle: all passed" in md
     assert "Prefill chunk of 12 tokens, tensor-core kernel against the decode kernel" in md
-    assert "Its attention at 200 positions, the prefill kernel against the split kernel" in md
+    assert "Its attention (a chunk of 40 at 200 positions first), the prefill kernel against the split kernel" in md
     assert "| tiny gqa 4/2 | 200 | 40 |" in bandwidth_table(r)            # the docs' table of the committed run
     assert "Whole passes, weight bytes over pass time" in md and "GEMV (tiled planes, the triton backend's) at the other shapes M = 5 target" in md
     prof = r["profile"]["tiny"]                    # the interpreter: the host's ops stand in for kernels

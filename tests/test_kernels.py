@@ -289,7 +289,7 @@ def test_a_prefill_chunk_matches_the_reference_and_allocates_no_workspace(gen, m
     output (KV8, KV4, Recent-40) within the decode kernel's tolerance, every row written over a poisoned output,
     no launch of the split kernel and no workspace allocated."""
     from plugins.kernels import attention
-    from plugins.kernels.attention_prefill import prefill_fits
+    from plugins.kernels.attention_prefill import prefill_fits, prefill_rows
     base, refine, scale = kv_planes(gen, hkv, seq + 3, d)
     q = torch.randn(hq, t, d, generator=gen)
     qd, bd, rd, sd = to_dev(q, base, refine, scale)
@@ -302,7 +302,8 @@ def test_a_prefill_chunk_matches_the_reference_and_allocates_no_workspace(gen, m
         got = nested_kv_attention(qd, bd, rd, sd, seq, kv8_from, out=poisoned(hq, t, d))
         assert rel_err(got, want) < 5e-5, kv8_from
     fits = prefill_fits(hq // hkv, d)
-    assert t > attention.SPLIT_QUERIES and (split == [] and allocs == []) == fits and (hq // hkv > 32) != fits
+    assert t > attention.SPLIT_QUERIES and (split == [] and allocs == []) == fits
+    assert fits == (hq // hkv <= prefill_rows(d)) and fits == (hq // hkv < 40)         # MQA at 40 heads: split
 
 
 def test_a_prefill_chunk_reads_its_lengths_on_the_device_and_kv4_never_the_refinement(gen):

@@ -60,15 +60,16 @@ def test_orin_nx_16gb_llama2_32k_ordering():
     assert elastic.ring_slots == 256 + 256 and elastic.to_dict()["memory_max_context"] == elastic.memory_max_context
     assert plans["bitnest-base"].limited_by == "positions"        # the base planes leave room past 32K positions
     for p in plans.values():
-        # the GPU kernels' workspace grows with the context by the decode passes' flash-decoding partials (a row and
-        # chunk of 128 positions each; a prefill chunk keeps none): where the widest pass is one of them
+        # the GPU kernels' workspace grows with the context by the split attention's flash-decoding partials (a row
+        # and chunk of 128 positions each, in passes of up to 17 queries; a prefill chunk's kernel keeps none)
         m = p.memory_max_context
         assert p.total_bytes() <= dev.usable_bytes and p.total_bytes(m) <= dev.usable_bytes
         if p.limited_by == "memory":
             assert dev.usable_bytes < p.total_bytes(m + 1)
         cap = f", capped at {p.max_context:,} by the model's positions" if p.limited_by == "positions" else ""
         assert p.workspace_growth > 0 and f"C = {m:,} (planned" in p.arithmetic()[-1], p.arithmetic()[-1]
-        assert p.arithmetic()[-1].endswith(f"{cap}")
+        assert p.arithmetic()[-1].endswith(cap if cap else "MiB)"), p.arithmetic()[-1]
+    assert plans["bitnest"].workspace["prefill_tail"] == plans["bitnest"].workspace_bytes   # the widest pass at 25K
     verify = fused_workspace(MODEL_PRESETS["llama-2-7b-32k"], Step("verify", 25_000, 5, "target", KVRead("kv8")), 2,
                              True, scratch=4)    # 196 chunks of 128: 5 queries x 32 heads x 130 floats each
     chunk = fused_workspace(MODEL_PRESETS["llama-2-7b-32k"], Step("prefill_chunk", 25_000, 256, "target",

@@ -53,6 +53,13 @@ def test_every_kernel_a_triton_pass_launches_has_a_family(small_llama_checkpoint
         assert list(got) == [f for f, _ in FAMILIES if f in got]             # in FAMILIES order
 
 
+def test_a_prefill_chunks_kernels_have_their_families():
+    """A prefill chunk launches kernels no decode pass does (the tensor-core GEMM, its activations' quantization, the
+    prefill attention): each is counted with its kind, none left in OTHER."""
+    assert [family(k) for k in ("gemm_kernel", "quantize_rows_kernel", "flash_prefill_kernel")] == \
+        ["gemv", "quantize", "attention"]
+
+
 def test_breakdown_is_per_pass_in_family_order_with_the_longest_kernels():
     recs = [("decode_gemv_kernel", 30.0), ("rms_norm_decode_kernel", 4.0), ("Memcpy DtoH (Device -> Pinned)", 2.0),
             ("decode_gemv_kernel", 50.0), ("void at::native::index_elementwise_kernel<128, 4>", 6.0)] * 2

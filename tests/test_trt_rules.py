@@ -118,11 +118,12 @@ GARBAGE = [-(2 ** 62), -5, 0, 2, 10 ** 6, 2 ** 40 + 3, 2 ** 63 - 1]
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered")   # an empty clamped pass divides 0 by 0
 @pytest.mark.parametrize("seq_len,kv8_from", [(GARBAGE[i], GARBAGE[-1 - i]) for i in range(len(GARBAGE))])
-def test_attention_enqueue_on_garbage_lengths_stays_in_its_planes(gen, seq_len, kv8_from):
+@pytest.mark.parametrize("t,cap", [(3, 24), (40, 48)])               # a decode pass; a prefill chunk's kernel
+def test_attention_enqueue_on_garbage_lengths_stays_in_its_planes(gen, seq_len, kv8_from, t, cap):
     """Run time: lengths TensorRT's fake data (or a caller's bug) could hold. The kernels clamp them; nothing is
     written outside the planes, and positions outside the clamped pass keep their bytes."""
     from plugins.trt.plugins import enqueue_op
-    ins, outs = _attention_io(gen)
+    ins, outs = _attention_io(gen, cap=cap, t=t)
     ins[6][0], ins[7][0] = seq_len, kv8_from
     before = [p.clone() for p in ins[3:6]]
     guarded = [_guarded(x) for x in ins]

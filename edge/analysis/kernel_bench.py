@@ -38,8 +38,10 @@ GEMV_TOKENS = (1, 5, 8)
 PREFILL_SHAPES = [(4096, 4096), (4096, 11008), (11008, 4096), (1536, 8960), (8960, 1536)]   # Llama-2-7B, Qwen2.5-1.5B
 PREFILL_TOKENS = 256                 # the triton backend's prefill chunk
 ATTENTION_LAYOUTS = [("llama2-7b mha", 32, 32, 128), ("gqa 32/8", 32, 8, 128)]   # (name, Hq, Hkv, D)
-PREFILL_ATTENTION_LAYOUTS = [("llama2-7b mha", 32, 32, 128), ("qwen2.5-1.5b gqa 12/2", 12, 2, 128)]
-PREFILL_CONTEXT = 4096                # where a prefill chunk's attention ends (the chunk's last position)
+# (name, Hq, Hkv, D, context: where the chunk ends, queries): a whole chunk at 4K, and a short one at 16K (few
+# programs stream the whole context: where the split kernel may still win)
+PREFILL_ATTENTION_CASES = [("llama2-7b mha", 32, 32, 128, 4096, 256), ("qwen2.5-1.5b gqa 12/2", 12, 2, 128, 4096, 256),
+                           ("qwen2.5-1.5b gqa 12/2", 12, 2, 128, 16384, 32)]
 LAUNCHES = 20
 
 
@@ -211,16 +213,16 @@ def prefill_rows(repeats: int, shapes=PREFILL_SHAPES, device: str = "cuda", time
     return rows
 
 
-def prefill_attention_rows(repeats: int, layouts=PREFILL_ATTENTION_LAYOUTS, context: int = PREFILL_CONTEXT,
-                           device: str = "cuda", timer=time_graph, tokens: int = PREFILL_TOKENS) -> list[dict]:
-    """One row per layout: the attention of a prefill chunk of `tokens` queries ending at `context` positions (KV8)
+def prefill_attention_rows(repeats: int, cases=PREFILL_ATTENTION_CASES, device: str = "cuda",
+                           timer=time_graph) -> list[dict]:
+    """One row per case: the attention of a prefill chunk of `tokens` queries ending at `context` positions (KV8)
     on the prefill kernel (`attention_prefill`: query tiles over their causal range, no partials; the backend's path)
     against the split kernel the chunks ran on before (attention.SPLIT_QUERIES raised for it): times, speed-up and
     the two outputs' relative difference (`close`: within the interpreter tests' tolerance of the reference, 5e-5;
     the two sum the softmax in other orders, so not bit for bit)."""
     from plugins.kernels import attention, nested_kv_attention_at
     rows = []
-    for layout, hq, hkv, d in layouts:
+    for layout, hq, hkv, d, context, tokens in cases:
         base = torch.randint(0, 256, (2, hkv, context, d // 2), dtype=torch.uint8, device=device)
         refine = torch.randint(0, 256, base.shape, dtype=torch.uint8, device=device)
         scale = (torch.rand(2, hkv, context, device=device) * 0.1).half()

@@ -16,12 +16,12 @@ from typing import Callable
 
 # family -> substrings of the kernel names it holds (first match wins, in this order)
 FAMILIES = (
-    ("gemv", ("decode_gemv", "dual_plane", "split_reduce")),        # every linear and the nested head
+    ("gemv", ("decode_gemv", "dual_plane", "split_reduce", "gemm_kernel")),   # every linear and the nested head
     ("norm", ("rms_norm",)),                                        # with the next linear's INT8 activations
     ("rope_kv_write", ("rope_write_kv",)),                          # RoPE in the KV write's launch
     ("rope", ("rope",)),
     ("kv_write", ("write_kv",)),
-    ("attention", ("flash_decode", "chunk_reduce")),                # with o_proj's activations
+    ("attention", ("flash_decode", "chunk_reduce", "flash_prefill")),   # (o_proj's activations in the reduction)
     ("gated", ("swiglu",)),                                         # SwiGLU, R4 and down_proj's activations
     ("rotate", ("rotate_decode",)),                                 # R1 at the embedding and before the head
     ("quantize", ("quantize",)),                                    # a linear's own activations (none expected)

@@ -9,7 +9,7 @@ from edge.engine.kv_cache import ElasticKV, KVRead
 from edge.errors import BitNestError
 from edge.memory.devices import DeviceProfile, MiB
 from edge.memory.synthetic import exported_shapes
-from edge.memory.workspace import DryRun, fused_workspace, steps_at_end
+from edge.memory.workspace import DryRun, fused_workspace, split_prefill_tail, steps_at_end
 from edge.model.arch import ModelConfig
 from edge.model.checkpoint import HEAD, Checkpoint, draft_reads_refine
 from plugins.kernels.tiling import WARP_ROWS
@@ -158,7 +158,8 @@ class MemoryPlan:
     limited_by: str
     workspace: dict[str, int] = field(default_factory=dict)   # per step, at max_context
     draft_read_per_position: int | None = None                # KV bytes a draft pass reads per position
-    workspace_growth: float = 0.0                             # workspace bytes per extra position (secant)
+    workspace_growth: float = 0.0                             # workspace bytes per extra position (a dry run:
+    #                                                           the secant; the GPU formula: near the answer)
     memory_max_context: int = 0                               # the largest context memory allows (before the cap)
     ring_slots: int = 0                                       # elastic KV: refinement ring slots (window + G)
     refine_per_position: int = 0                              # elastic KV: ring bytes per slot
@@ -235,6 +236,7 @@ class MemoryPlan:
 
 
 LOCAL = 64    # positions between the two contexts whose workspaces give the line near an answer
+GROWTH_SPAN = 1024   # positions below a GPU plan's answer over which its reported workspace growth is measured
 
 
 def _largest(lo: int, hi: int, ok) -> int:
@@ -293,6 +295,7 @@ def plan(model: str, cfg: ModelConfig, config: RunConfig, device: DeviceProfile,
                                     shortlist=draft_head_setting(ckpt)[1] if ckpt is not None else 0)
             return {"native_step": sum(parts.values())}     # all held at once, unlike the passes above
         act = 2 if device.compute == "gpu" else 4
+        steps += split_prefill_tail(context, workload.prefill_chunk, steps[0].view)
         return {s.name: fused_workspace(cfg, s, act, config.weights != "fp16", slots) for s in steps}
 
     peak: dict[int, int] = {}          # context -> the largest step's workspace (each dry run once)
@@ -328,6 +331,9 @@ def plan(model: str, cfg: ModelConfig, config: RunConfig, device: DeviceProfile,
             best = _largest(shortest, upper, fits)
     cap = cfg.max_position_embeddings
     ws = workspace(max(min(best, cap), shortest))
+    if dry is None and backend == "gpu-kernels" and best > shortest:    # the formula's growth near the answer (its
+        near = max(shortest, best - GROWTH_SPAN)                        # partials step every 128 positions)
+        slope = (widest(best) - widest(near)) / (best - near)
     return MemoryPlan(model, config, device, workload, backend, weights, per_pos, slots, min(best, cap),
                       "positions" if best >= cap else "memory", ws, draft_read(cfg, config),
                       slope if dry is not None or backend == "gpu-kernels" else 0.0, best,

@@ -16,7 +16,7 @@ from edge.model.checkpoint import Checkpoint, draft_reads_refine
 # positions whose partial outputs (D values, running max and sum, float32) are reduced afterwards; a pass of more
 # than SPLIT_QUERIES queries (a prefill chunk) runs the prefill kernel (attention_prefill), which keeps none.
 FLASH_CHUNK = 128             # plugins.kernels.attention.CHUNK
-SPLIT_QUERIES = 32            # plugins.kernels.attention.SPLIT_QUERIES
+SPLIT_QUERIES = 17            # plugins.kernels.attention.SPLIT_QUERIES
 PREFILL_MIN_ROWS = 32         # the fewest rows a prefill tile holds (attention_prefill.prefill_rows): a GQA group
                               # wider than a tile (MQA) runs the split kernel, counted here from past 32
 GEMM_FROM_TOKENS = 9          # passes this wide run the GEMM (plugins.kernels.gemv_decode.DECODE_MAX_M + 1)
@@ -51,6 +51,16 @@ def steps_at_end(context: int, speculative: bool, gamma: int, prefill_chunk: int
     else:
         steps.append(Step("ar_step", context - 1, 1, view, kv8 if view == "target" else draft_kv))
     return steps
+
+
+def split_prefill_tail(context: int, prefill_chunk: int, view: str = "target") -> list[Step]:
+    """The widest prefill pass the GPU kernels split over the context, at its end: a prompt's last chunk or a short
+    chat turn of SPLIT_QUERIES tokens (its flash-decoding partials, a row and chunk each, can outweigh a whole chunk's
+    workspace at long contexts); none where the prefill chunk itself is that narrow (`steps_at_end` plans it)."""
+    tail = min(SPLIT_QUERIES, context - 1)
+    if prefill_chunk <= SPLIT_QUERIES or tail < 1:
+        return []
+    return [Step("prefill_tail", context - tail, tail, view, KVRead("kv8"), last_only=True)]
 
 
 def run_step(eng: Engine, step: Step):

@@ -225,7 +225,7 @@ def prefill(opts: DeviceCheckOptions) -> dict:
     from edge.analysis import kernel_bench as b
     if opts.dry:
         rows = b.prefill_rows(opts.repeats, [(128, 64)], "cpu", b.time_host, 12)
-        attn = b.prefill_attention_rows(opts.repeats, [("tiny gqa 4/2", 4, 2, 32)], 200, "cpu", b.time_host, 40)
+        attn = b.prefill_attention_rows(opts.repeats, [("tiny gqa 4/2", 4, 2, 32, 200, 40)], "cpu", b.time_host)
     else:
         rows = b.prefill_rows(opts.repeats, device="cuda", timer=b.time_graph)
         attn = b.prefill_attention_rows(opts.repeats, device="cuda", timer=b.time_graph)

@@ -244,7 +244,7 @@ def kernel_specs(arch: int = 87) -> list[KernelSpec]:
         _attention("flash_decode_d64_gqa3", 64, 3, arch),      # SmolLM2-135M
         _attention("flash_prefill_d128_mha", 128, 1, arch, prefill=True),   # a prefill chunk: 64 queries a tile
         _attention("flash_prefill_d128_gqa4", 128, 4, arch, prefill=True),  # 16 queries x 4 heads
-        _attention("flash_prefill_d64_gqa3", 64, 3, arch, prefill=True),    # 21 queries x 3 heads
+        _attention("flash_prefill_d64_gqa3", 64, 3, arch, prefill=True),    # 10 queries x 3 heads (32 rows)
         _reduce("flash_decode_reduce_d128", False),
         _reduce("flash_decode_reduce_d128_quantize", True),    # o_proj's activations written by the reduction
         _norm("rms_norm", 4096),                              # Llama-2-7B's rows: one block from registers

@@ -66,9 +66,11 @@ REDUCE_CHUNKS = 16   # chunks the reduction combines a step ([16, D] partials in
                      # chunks in 2 steps where a chunk a step made 64 dependent loads a row; its sums' order is fixed)
 QUERY_SLOTS = 5      # queries per row tile for any GQA ratio (γ + 1 <= 5, the default γ = 4, verifies in one read
                      # of the KV; 8 slots gave d64 GQA 3 a 32-row tile that spills on sm_87 at 4 or 8 warps)
-SPLIT_QUERIES = 32   # the most queries a pass splits over the context (this kernel, batch invariant); more run
-                     # `attention_prefill` (no partials). Every verification pass (γ + 1 <= 17: edge.engine's
-                     # MAX_PROPOSALS + 1) stays here, so it equals single-query steps bit for bit
+SPLIT_QUERIES = 17   # the most queries a pass splits over the context (this kernel, batch invariant): every
+                     # verification pass (γ + 1 <= 17, edge.engine's MAX_PROPOSALS + 1), so it equals single-query
+                     # steps bit for bit; wider passes (prefill chunks) run `attention_prefill`, which keeps no
+                     # partials (a split pass's grow with its queries: 17 of them at Llama-2-7B's 25K positions hold
+                     # 56 MB, which the memory plan counts)
 
 
 def register_cap(cc: int) -> int:

@@ -59,7 +59,7 @@ def halves(lo, hi, KV8: tl.constexpr, INTERP: tl.constexpr):
 
 @triton.jit
 def codes(base_ptr, refine_ptr, sbase_ptr, srefine_ptr, plane, at, main_len, cap, scap, W: tl.constexpr,
-           KV8: tl.constexpr, INTERP: tl.constexpr, MAIN: tl.constexpr = False):
+          KV8: tl.constexpr, INTERP: tl.constexpr, MAIN: tl.constexpr = False):
     """Nested codes of positions `at` [BS] (each inside the sequence): float16 [BS, D], dims in order, 16*q4 + qr
     (KV8) or 16*q4 (KV4, the refinement plane never loaded). plane = kv * Hkv + head; main positions read the main
     planes, later ones the scratch planes: one pointer per position, so one 128-bit load per 16 bytes whatever
@@ -127,8 +127,8 @@ def lengths(main_ptr, seq_ptr, kv8_ptr, cap, scap):
 
 @triton.jit
 def softmax_step(m_i, l_i, acc, q_hi, q_lo, qpos, live, s0, end, h, base_ptr, refine_ptr, scale_ptr, sbase_ptr,
-           srefine_ptr, sscale_ptr, main_len, cap, scap, sm_scale, HKV: tl.constexpr, W: tl.constexpr,
-           BLOCK_S: tl.constexpr, KV8: tl.constexpr, INTERP: tl.constexpr, WHOLE: tl.constexpr = False):
+                 srefine_ptr, sscale_ptr, main_len, cap, scap, sm_scale, HKV: tl.constexpr, W: tl.constexpr,
+                 BLOCK_S: tl.constexpr, KV8: tl.constexpr, INTERP: tl.constexpr, WHOLE: tl.constexpr = False):
     """One online-softmax step over positions [s0, s0 + BLOCK_S) of a range ending at `end` (one view: KV8 or
     KV4): returns the new (m, l, acc). Positions at or past `end` load position end - 1 (no masked load) and
     score -inf, so they add exact zeros. WHOLE: the caller knows every position of the step is a main one, before
@@ -137,7 +137,7 @@ def softmax_step(m_i, l_i, acc, q_hi, q_lo, qpos, live, s0, end, h, base_ptr, re
     pos = s0 + tl.arange(0, BLOCK_S)                                    # [BS]
     at = pos if WHOLE else tl.minimum(pos, end - 1)
     k = codes(base_ptr, refine_ptr, sbase_ptr, srefine_ptr, h, at, main_len, cap, scap, W, KV8, INTERP,
-               WHOLE)                                                                                # [BS, D]
+              WHOLE)                                                                                 # [BS, D]
     sk = scales(scale_ptr, sscale_ptr, h, at, main_len, cap, scap, WHOLE)
     scores = split_dot(q_hi, q_lo, tl.trans(k), tl.zeros([q_hi.shape[0], BLOCK_S], tl.float32), INTERP) * \
         (sk * sm_scale)[None, :]                                                                   # [BM, BS]
@@ -150,7 +150,7 @@ def softmax_step(m_i, l_i, acc, q_hi, q_lo, qpos, live, s0, end, h, base_ptr, re
     alpha = tl.exp(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, axis=1)
     v = codes(base_ptr, refine_ptr, sbase_ptr, srefine_ptr, HKV + h, at, main_len, cap, scap, W, KV8, INTERP,
-               WHOLE)
+              WHOLE)
     sv = scales(scale_ptr, sscale_ptr, HKV + h, at, main_len, cap, scap, WHOLE)
     pv_hi, pv_lo = split16(p * sv[None, :])
     acc = split_dot(pv_hi, pv_lo, v, acc * alpha[:, None], INTERP)          # [BM, D]

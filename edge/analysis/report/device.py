@@ -96,8 +96,9 @@ def prefill_line(pre: dict) -> str:
     attn = pre.get("attention")
     if attn:
         up = sorted(r["speedup"] for r in attn)
-        line += (f" Its attention at {attn[0]['context']} positions, the prefill kernel against the split kernel: "
-                 f"{up[0]:.1f}–{up[-1]:.1f}× faster; outputs within 5e-5: {pre['attention_close']}.")
+        line += (f" Its attention (a chunk of {attn[0]['T']} at {attn[0]['context']} positions first), the prefill "
+                 f"kernel against the split kernel: {up[0]:.2f}–{up[-1]:.2f}×; outputs within 5e-5: "
+                 f"{pre['attention_close']}.")
     return line
 
 
