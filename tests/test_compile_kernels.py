@@ -114,7 +114,7 @@ def test_the_attention_budget_catches_a_refinement_load_in_the_kv4_loop_and_mask
     loops). The budget check names each."""
     source = (ROOT / "plugins" / "kernels" / "attention.py").read_text()
     codes = (ROOT / "plugins" / "kernels" / "kv_codes.py").read_text()
-    refine, whole = "    if KV8:\n        qx = ", ("INTERP, True)", "INTERP, False)")
+    refine, whole = "    if KV8:\n        qx = ", ("WHOLE=True)", "WHOLE=False)")
     helpers = "from plugins.kernels.kv_codes "
     assert codes.count(refine) == 1 and codes.count(whole[0]) == 2 and source.count(helpers) == 1
     for name, planted in (("refine", codes.replace(refine, "    if True:\n        qx = ")),

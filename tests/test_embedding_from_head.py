@@ -109,22 +109,20 @@ def test_speculation_stays_lossless_and_counts_row_bytes(head_checkpoint):
 
 def test_native_step_rows_from_the_head(head_checkpoint):
     """The native step looks rows up in the head's planes too: two real layers agree with the torch reference
-    (whose rows are the target view, tested above) up to float32 summation order, and speculation stays lossless."""
-    from edge.backends.native import NativeEngine, native_unavailable
-    from edge.backends.torch_ref import TorchBackend
-    from edge.engine.interface import PassEngine
-    from tests.test_native_engine import IDS, _layers
+    (whose rows are the target view, tested above) at float32 rounding, or by a shown flip of an INT8 activation
+    code at a rounding tie (tests/reference_pairs.py: on an AVX2-only CPU the draft view's rows moved 2.3e-3 so),
+    and speculation stays lossless."""
+    from edge.backends.native import native_unavailable
+    from tests.reference_pairs import bound_after, engines, explain, row_errors, run_traced
+    from tests.test_native_engine import _agreement_scenario
     if native_unavailable() is not None:
         pytest.skip(f"native backend: {native_unavailable()}")
-    native = NativeEngine(_layers(head_checkpoint, 2), 64)
-    ck = _layers(head_checkpoint, 2)
-    ref = PassEngine(ck, TorchBackend(ck), 64)
     for view in ("target", "draft"):
-        native.reset(), ref.reset()
-        native.prefill(IDS[:6])
-        ref.prefill(IDS[:6])
-        got, want = native.forward(IDS[6:], view), ref.forward(IDS[6:], view)
-        assert float((got - want).norm() / want.norm()) < 1e-4, view
+        native, ref = engines(head_checkpoint, 2)
+        scenario = _agreement_scenario(view)
+        got = list(scenario(native))
+        rows = row_errors(got, run_traced(ref, scenario)[0])[0]
+        assert max(rows) < bound_after(explain(head_checkpoint, 2, scenario, got)), (view, rows)
     rt = Runtime(head_checkpoint, backend="native", max_context=256)
     ids = rt.encode("Write two sentences about the sea.")
     target = rt.generate(ids, GenerateConfig(policy="target", max_new_tokens=24))

@@ -10,6 +10,8 @@ format: every GEMM here goes through `RowInvariance`, which checks each (GEMM, M
 falls back to row-by-row calls where rows differ, reporting it in the stats (`gemm_row_by_row`).
 """
 
+import functools
+
 import torch
 
 from edge.backends.row_check import RowInvariance
@@ -20,7 +22,8 @@ from plugins.contracts import REFINE_DIVISOR
 from plugins.packing import unpack_nibbles
 
 _INNER_K_TILES = 2
-_ROW_BLOCK = 64     # rows per block of the op's packed layout
+_ROW_BLOCKS = (64, 32, 16)   # rows per block of the op's packed layout: torch 2.13 packs 64 where it dispatches
+                             # AVX-512 and 32 on an AVX2-only CPU (`row_block` finds which, on this machine)
 
 
 def cpu_int4_available() -> bool:
@@ -31,25 +34,41 @@ def cpu_int4_available() -> bool:
 _RELAY_ROWS = 4096  # rows converted at a time: the int32 codes of a 49152-row head would be 113 MB at once
 
 
+@functools.lru_cache(maxsize=None)
+def row_block() -> int:
+    """Rows per block of `_convert_weight_to_int4pack_for_cpu`'s layout where this process runs (a property of the
+    kernel torch dispatches, not of the format): found by packing 128 rows of known codes and reading them back."""
+    n, k = 128, 64
+    codes = ((torch.arange(n)[:, None] * 7 + torch.arange(k)[None, :] * 3) % 16).to(torch.int32)     # [n, K]
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, _INNER_K_TILES)
+    for block in _ROW_BLOCKS:
+        if packed.numel() == n * k // 2 and torch.equal(_relaid_rows(packed, torch.arange(n), k, block), codes):
+            return block
+    raise BitNestError("this torch build packs int4 weights in a layout the cpu backend cannot read rows from "
+                       "(not blocks of 64, 32 or 16 rows): use --backend torch")
+
+
 def _relay(plane: torch.Tensor) -> torch.Tensor:
     """Canonical signed-nibble plane uint8 [N, K/2] -> the op's packed layout (same byte count), in blocks of rows
     (the layout is row-block-major: blocks converted apart concatenate to the whole, tests/test_embedding_from_head)."""
     def convert(rows: torch.Tensor) -> torch.Tensor:
         codes = unpack_nibbles(rows).to(torch.int32) + 8                    # [n, K] in [0, 15]
         return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, _INNER_K_TILES)
-    if plane.shape[0] <= _RELAY_ROWS or plane.shape[0] % _ROW_BLOCK:
+    if plane.shape[0] <= _RELAY_ROWS or plane.shape[0] % row_block():
         return convert(plane)
     return torch.cat([convert(plane[i:i + _RELAY_ROWS]) for i in range(0, plane.shape[0], _RELAY_ROWS)])
 
 
-def _relaid_rows(packed: torch.Tensor, ids: torch.Tensor, k: int) -> torch.Tensor:
+def _relaid_rows(packed: torch.Tensor, ids: torch.Tensor, k: int, block: int | None = None) -> torch.Tensor:
     """Codes [T, K] in [0, 15] of rows `ids` read back from the op's packed layout (torch 2.13's CPU layout: blocks
-    of 64 rows as [N/64, K, 32] bytes, row 64b + j in the low nibble of byte j, row 64b + 32 + j in the high one;
-    tests/test_embedding_from_head.py checks it against the canonical planes bit for bit)."""
-    blocks = packed.view(-1, k, _ROW_BLOCK // 2)                            # [N/64, K, 32]
-    j = ids % _ROW_BLOCK
-    b = blocks[ids // _ROW_BLOCK, :, j % (_ROW_BLOCK // 2)]                 # [T, K] bytes
-    return torch.where((j < _ROW_BLOCK // 2).unsqueeze(1), b & 0xF, b >> 4).to(torch.int32)
+    of `block` rows (`row_block`: 64 or 32) as [N/block, K, block/2] bytes, row block*b + j in the low nibble of
+    byte j, row block*b + block/2 + j in the high one; tests/test_embedding_from_head.py checks it against the
+    canonical planes bit for bit)."""
+    block = block or row_block()
+    blocks = packed.view(torch.uint8).reshape(-1, k, block // 2)            # [N/block, K, block/2]
+    j = ids % block
+    b = blocks[ids // block, :, j % (block // 2)]                           # [T, K] bytes
+    return torch.where((j < block // 2).unsqueeze(1), b & 0xF, b >> 4).to(torch.int32)
 
 
 def _scales_and_zeros(scale: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
@@ -81,9 +100,9 @@ class CpuInt4Backend:
             self.layout[name] = (_relay(base), None if refine is None else _relay(refine), sz_base,
                                  None if refine is None else sz_ref, spec.group_size)
         rows_read = ckpt.embedding_from_head or ckpt.draft_head == DRAFT_HEAD_SHORTLIST
-        if rows_read and ckpt.linears[HEAD].shape[0] % _ROW_BLOCK:
+        if rows_read and ckpt.linears[HEAD].shape[0] % row_block():
             raise BitNestError(f"the cpu backend reads rows of the head's planes (embedding, shortlist) in blocks of "
-                               f"{_ROW_BLOCK} rows, and this vocabulary is not a multiple of it: use --backend torch")
+                               f"{row_block()} rows, and this vocabulary is not a multiple of it: use --backend torch")
         self.head_w = None if ckpt.head_nested else \
             t[EMBED if ckpt.config.tie_word_embeddings else "lm_head.weight"]
         self.rows = RowInvariance()

@@ -166,6 +166,19 @@ def whole_end(start, end, seen, BLOCK_S: tl.constexpr):
 
 
 @triton.jit
+def _steps(m_i, l_i, acc, q_hi, q_lo, qpos, live, lo, hi, end, h, base_ptr, refine_ptr, scale_ptr, sbase_ptr,
+           srefine_ptr, sscale_ptr, main_len, cap, scap, sm_scale, HKV: tl.constexpr, W: tl.constexpr,
+           BLOCK_S: tl.constexpr, KV8: tl.constexpr, INTERP: tl.constexpr, WHOLE: tl.constexpr):
+    """One loop of `softmax_step`s, a step at each of lo, lo + BLOCK_S, .. below hi, of a view's range ending at
+    `end`."""
+    for s0 in range(lo, hi, BLOCK_S):
+        m_i, l_i, acc = softmax_step(m_i, l_i, acc, q_hi, q_lo, qpos, live, s0, end, h, base_ptr, refine_ptr,
+                                     scale_ptr, sbase_ptr, srefine_ptr, sscale_ptr, main_len, cap, scap, sm_scale,
+                                     HKV, W, BLOCK_S, KV8, INTERP, WHOLE)
+    return m_i, l_i, acc
+
+
+@triton.jit
 def attend_range(m_i, l_i, acc, q_hi, q_lo, qpos, live, start, end, kv8_from, seen, h, base_ptr, refine_ptr,
                  scale_ptr, sbase_ptr, srefine_ptr, sscale_ptr, main_len, cap, scap, sm_scale, HKV: tl.constexpr,
                  W: tl.constexpr, BLOCK_S: tl.constexpr, INTERP: tl.constexpr):
@@ -177,20 +190,17 @@ def attend_range(m_i, l_i, acc, q_hi, q_lo, qpos, live, start, end, kv8_from, se
     k0 = tl.maximum(start, kv8_from)
     whole4 = whole_end(start, kv4_end, seen, BLOCK_S)
     whole8 = whole_end(k0, end, seen, BLOCK_S)
-    for s0 in range(start, whole4, BLOCK_S):                             # KV4 positions: base plane only
-        m_i, l_i, acc = softmax_step(m_i, l_i, acc, q_hi, q_lo, qpos, live, s0, kv4_end, h, base_ptr, refine_ptr,
-                                     scale_ptr, sbase_ptr, srefine_ptr, sscale_ptr, main_len, cap, scap, sm_scale,
-                                     HKV, W, BLOCK_S, False, INTERP, True)
-    for s0 in range(whole4, kv4_end, BLOCK_S):
-        m_i, l_i, acc = softmax_step(m_i, l_i, acc, q_hi, q_lo, qpos, live, s0, kv4_end, h, base_ptr, refine_ptr,
-                                     scale_ptr, sbase_ptr, srefine_ptr, sscale_ptr, main_len, cap, scap, sm_scale,
-                                     HKV, W, BLOCK_S, False, INTERP)
-    for s0 in range(k0, whole8, BLOCK_S):                                # KV8 positions: both planes
-        m_i, l_i, acc = softmax_step(m_i, l_i, acc, q_hi, q_lo, qpos, live, s0, end, h, base_ptr, refine_ptr,
-                                     scale_ptr, sbase_ptr, srefine_ptr, sscale_ptr, main_len, cap, scap, sm_scale,
-                                     HKV, W, BLOCK_S, True, INTERP, True)
-    for s0 in range(whole8, end, BLOCK_S):
-        m_i, l_i, acc = softmax_step(m_i, l_i, acc, q_hi, q_lo, qpos, live, s0, end, h, base_ptr, refine_ptr,
-                                     scale_ptr, sbase_ptr, srefine_ptr, sscale_ptr, main_len, cap, scap, sm_scale,
-                                     HKV, W, BLOCK_S, True, INTERP)
+    # KV4 positions (base plane only): whole steps, then edge steps; KV8 positions (both planes) likewise
+    m_i, l_i, acc = _steps(m_i, l_i, acc, q_hi, q_lo, qpos, live, start, whole4, kv4_end, h, base_ptr, refine_ptr,
+                           scale_ptr, sbase_ptr, srefine_ptr, sscale_ptr, main_len, cap, scap, sm_scale, HKV, W,
+                           BLOCK_S, INTERP=INTERP, KV8=False, WHOLE=True)
+    m_i, l_i, acc = _steps(m_i, l_i, acc, q_hi, q_lo, qpos, live, whole4, kv4_end, kv4_end, h, base_ptr, refine_ptr,
+                           scale_ptr, sbase_ptr, srefine_ptr, sscale_ptr, main_len, cap, scap, sm_scale, HKV, W,
+                           BLOCK_S, INTERP=INTERP, KV8=False, WHOLE=False)
+    m_i, l_i, acc = _steps(m_i, l_i, acc, q_hi, q_lo, qpos, live, k0, whole8, end, h, base_ptr, refine_ptr,
+                           scale_ptr, sbase_ptr, srefine_ptr, sscale_ptr, main_len, cap, scap, sm_scale, HKV, W,
+                           BLOCK_S, INTERP=INTERP, KV8=True, WHOLE=True)
+    m_i, l_i, acc = _steps(m_i, l_i, acc, q_hi, q_lo, qpos, live, whole8, end, end, h, base_ptr, refine_ptr,
+                           scale_ptr, sbase_ptr, srefine_ptr, sscale_ptr, main_len, cap, scap, sm_scale, HKV, W,
+                           BLOCK_S, INTERP=INTERP, KV8=True, WHOLE=False)
     return m_i, l_i, acc
