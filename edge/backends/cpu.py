@@ -35,17 +35,19 @@ _RELAY_ROWS = 4096  # rows converted at a time: the int32 codes of a 49152-row h
 
 
 @functools.lru_cache(maxsize=None)
-def row_block() -> int:
+def row_block() -> int | None:
     """Rows per block of `_convert_weight_to_int4pack_for_cpu`'s layout where this process runs (a property of the
-    kernel torch dispatches, not of the format): found by packing 128 rows of known codes and reading them back."""
+    kernel torch dispatches, not of the format), found by packing 128 rows of known codes on the CPU and reading them
+    back; None where the layout is none of `_ROW_BLOCKS` (torch's scalar `default` dispatch: the GEMMs still run, but
+    no row of the planes can be read back)."""
     n, k = 128, 64
-    codes = ((torch.arange(n)[:, None] * 7 + torch.arange(k)[None, :] * 3) % 16).to(torch.int32)     # [n, K]
+    cols, rows = torch.arange(k, device="cpu"), torch.arange(n, device="cpu")
+    codes = ((rows[:, None] * 7 + cols[None, :] * 3) % 16).to(torch.int32)                        # [n, K]
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, _INNER_K_TILES)
     for block in _ROW_BLOCKS:
-        if packed.numel() == n * k // 2 and torch.equal(_relaid_rows(packed, torch.arange(n), k, block), codes):
+        if packed.numel() == n * k // 2 and torch.equal(_relaid_rows(packed, rows, k, block), codes):
             return block
-    raise BitNestError("this torch build packs int4 weights in a layout the cpu backend cannot read rows from "
-                       "(not blocks of 64, 32 or 16 rows): use --backend torch")
+    return None
 
 
 def _relay(plane: torch.Tensor) -> torch.Tensor:
@@ -54,7 +56,8 @@ def _relay(plane: torch.Tensor) -> torch.Tensor:
     def convert(rows: torch.Tensor) -> torch.Tensor:
         codes = unpack_nibbles(rows).to(torch.int32) + 8                    # [n, K] in [0, 15]
         return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, _INNER_K_TILES)
-    if plane.shape[0] <= _RELAY_ROWS or plane.shape[0] % row_block():
+    block = row_block()
+    if plane.shape[0] <= _RELAY_ROWS or block is None or plane.shape[0] % block:
         return convert(plane)
     return torch.cat([convert(plane[i:i + _RELAY_ROWS]) for i in range(0, plane.shape[0], _RELAY_ROWS)])
 
@@ -100,7 +103,7 @@ class CpuInt4Backend:
             self.layout[name] = (_relay(base), None if refine is None else _relay(refine), sz_base,
                                  None if refine is None else sz_ref, spec.group_size)
         rows_read = ckpt.embedding_from_head or ckpt.draft_head == DRAFT_HEAD_SHORTLIST
-        if rows_read and ckpt.linears[HEAD].shape[0] % row_block():
+        if rows_read and row_block() is not None and ckpt.linears[HEAD].shape[0] % row_block():
             raise BitNestError(f"the cpu backend reads rows of the head's planes (embedding, shortlist) in blocks of "
                                f"{row_block()} rows, and this vocabulary is not a multiple of it: use --backend torch")
         self.head_w = None if ckpt.head_nested else \
@@ -115,6 +118,9 @@ class CpuInt4Backend:
     def _head_target_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """float32 [T, K]: target-view rows `ids` [T] of the nested head from the re-laid planes, as this backend's
         target linear computes them: (q4 s + zero) + qr s/16 with its bfloat16 scales."""
+        if row_block() is None:     # checked where rows are read: the GEMMs run under any dispatch
+            raise BitNestError("the cpu backend reads rows of the head's planes (embedding, shortlist), and this "
+                               "torch dispatch packs them in a layout it cannot read rows from: use --backend torch")
         base, refine, sz_base, sz_ref, g = self.layout[HEAD]
         k = self.ckpt.linears[HEAD].shape[1]
         q4 = (_relaid_rows(base, ids, k) - 8).float()                           # [T, K]
