@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install everything BitNest Edge needs on a fresh machine (idempotent; safe to rerun).
-#  - torch: the CPU wheel 2.13.0 (an unpinned torch pulls a multi-GB CUDA build); kept if already importable
-#    (a Jetson's NVIDIA wheel, a CUDA machine's own build).
+#  - torch 2.13.0, kept if already importable (a Jetson's NVIDIA wheel, a CUDA machine's own build): a wheel in pip's
+#    find-links (this project's machines keep the CPU wheel on disk), else on a machine with no NVIDIA GPU the CPU
+#    wheel from PyTorch's CPU index (BITNEST_TORCH_CPU_INDEX overrides it; the package index's torch is a multi-GB
+#    CUDA build), else (a CUDA machine; BITNEST_TORCH_BUILD=cpu or cuda overrides the detection) the package index's.
 #  - the project itself (editable) with its test extra (pytest, hypothesis, triton for the kernel tests), its
 #    analysis extra (matplotlib, scipy: the research tools and figures; the runtime never imports them) and its bench
 #    extra (xllamacpp: llama.cpp, the benchmark's peer), its serve extra (starlette and uvicorn: `bitnest serve`);
@@ -47,12 +49,35 @@ print('system' if sys.prefix == sys.base_prefix else 'shared' if cfg.is_file() a
 if [ "$JETSON" = 1 ]; then
   jetpack_preflight || exit 1
 fi
+install_torch() {
+  # A wheel pip's own find-links hold (a local copy of the CPU wheel) first, asking no index for it; then, on a
+  # machine with no NVIDIA GPU, PyTorch's CPU wheel index: the package index's Linux torch is the multi-GB CUDA build
+  # (and its triton pin), which only a CUDA machine should get.
+  local build=${BITNEST_TORCH_BUILD:-}
+  if "${PIP[@]}" --no-index --no-deps "torch==$TORCH" >/dev/null 2>&1; then
+    "${PIP[@]}" "torch==$TORCH"          # torch is in: its dependencies from the index
+    return
+  fi
+  if [ -z "$build" ]; then
+    build=cpu
+    if [ -e /dev/nvidiactl ] || nvidia-smi -L >/dev/null 2>&1; then build=cuda; fi
+  fi
+  if [ "$build" = cuda ]; then
+    "${PIP[@]}" "torch==$TORCH"
+  elif ! "${PIP[@]}" --index-url "$TORCH_CPU_INDEX" "torch==$TORCH"; then
+    echo "setup.sh: no CPU wheel of torch $TORCH for $("$PY" -c 'import sys; print("Python %d.%d" % sys.version_info[:2])') from $TORCH_CPU_INDEX (the package index's torch is a multi-GB CUDA build): install one yourself (pip install torch==$TORCH --index-url $TORCH_CPU_INDEX), then rerun" >&2
+    return 1
+  fi
+}
+
+TORCH=2.13.0
+TORCH_CPU_INDEX=${BITNEST_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
 if ! "$PY" -c "import torch" >/dev/null 2>&1; then
   if [ "$JETSON" = 1 ]; then   # the index's aarch64 torch is a server CUDA build: it does not run on a Jetson
     echo "setup.sh: install NVIDIA's torch wheel for this JetPack first (NVIDIA's JetPack wheel index), then rerun" >&2
     exit 1
   fi
-  "${PIP[@]}" "torch==2.13.0"
+  install_torch || exit 1
 fi
 EXTRAS="test,analysis,bench,serve"
 if [ "$JETSON" = 1 ]; then

@@ -154,18 +154,19 @@ def test_the_prefill_budget_catches_plane_bytes_unpacked_one_at_a_time(tmp_path)
     assert any("per weight byte" in f for f in planted["budget_failures"]), planted
 
 
-def test_compile_kernels_exits_1_naming_a_kernel_over_budget():
+def test_compile_kernels_exits_1_naming_a_kernel_over_budget(tmp_path):
     """Without --out the kernels go to a new temporary folder; a budget the shipped kernels cannot meet (a register
     cap of 16, set in the module's table) makes the command exit 1 with one line naming the kernel over it."""
     code = ("import sys; from plugins.kernels import aot; from export.commands.compile_kernels import main; "
             "real = aot.kernel_specs; "
             "aot.kernel_specs = lambda *a: [s for s in real(*a) if s.name == 'decode_draft_m1']; "
             "aot.BUDGETS['registers'] = int(sys.argv[1]); sys.exit(main(['--json']))")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TMPDIR": str(tmp_path)}
     runs = {cap: subprocess.run([sys.executable, "-c", code, str(cap)], capture_output=True, text=True, env=env,
                                 cwd=ROOT, timeout=600) for cap in (128, 16)}
     met = json.loads(runs[128].stdout.strip().splitlines()[-1])
     assert runs[128].returncode == 0 and met["budgets_met"] and Path(met["out"], "summary.json").is_file()
+    assert Path(met["out"]).parent == tmp_path
     assert runs[16].returncode == 1 and json.loads(runs[16].stdout.strip().splitlines()[-1])["budgets_met"] is False
     over = [ln for ln in runs[16].stderr.splitlines() if "over budget" in ln]
     assert len(over) == 1 and re.fullmatch(r"compile_kernels\.py: over budget: decode_draft_m1: \d+ registers > 16",

@@ -18,7 +18,8 @@ from tests.conftest import ROOT, read_until
 
 def test_device_check_script_runs_dry(tmp_path):
     """Every section but `plugins` (its suites run in this suite already; its own test is below)."""
-    env = dict(os.environ, DRY="1", OUT=str(tmp_path))
+    (tmp_path / "tmp").mkdir(exist_ok=True)      # a section stopped at its limit leaves its temporary folder here
+    env = dict(os.environ, DRY="1", OUT=str(tmp_path), TMPDIR=str(tmp_path / "tmp"))
     out = subprocess.run(["bash", str(ROOT / "scripts" / "device_check.sh"), "--repeats", "1", "--sections",
                           "kernels,bandwidth,prefill,lossless,pass_times,profile,tensorrt"], capture_output=True,
                          text=True, env=env, timeout=600, cwd=ROOT)
@@ -150,7 +151,8 @@ def test_device_check_without_a_gpu_says_so():
 
 
 def _dry(tmp_path, *args):
-    env = dict(os.environ, DRY="1", OUT=str(tmp_path))
+    (tmp_path / "tmp").mkdir(exist_ok=True)      # a section stopped at its limit leaves its temporary folder here
+    env = dict(os.environ, DRY="1", OUT=str(tmp_path), TMPDIR=str(tmp_path / "tmp"))
     out = subprocess.run(["bash", str(ROOT / "scripts" / "device_check.sh"), "--repeats", "1", *args],
                          capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
     r = json.loads((tmp_path / "device_check.json").read_text())

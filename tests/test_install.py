@@ -114,3 +114,30 @@ def test_readme_and_tensorrt_doc_give_the_same_two_command_jetson_setup():
     assert len(readme) == 1 and [b.strip() for b in doc] == [readme[0].strip()], (readme, doc)
     commands = readme[0].strip().splitlines()
     assert len(commands) == 2 and "python3-dev" in commands[0] and "scripts/setup.sh" in commands[1]
+
+
+# -- torch on a CPU machine: never the package index's CUDA build --------------------------------------------------
+
+def test_setup_on_a_cpu_machine_without_a_cpu_wheel_stops_instead_of_taking_the_cuda_build(tmp_path):
+    """A Python without torch on a machine with no NVIDIA GPU, no wheel in pip's find-links and no CPU wheel at the
+    CPU index (here an empty local index): setup.sh stops in one line naming the CPU index's install command (exit 1)
+    and installs no torch. It never falls back to the package index's torch, the multi-GB CUDA build a plain
+    `pip install torch==2.13.0` takes on Linux (which pulled 2.14.1+cu130 and 6 GB of CUDA wheels into a Python 3.10
+    venv, whose version has no CPU wheel on this machine's disk). Every index here is the empty one, so a fallback put
+    back fails in pip's own words, not the one line."""
+    import venv
+    venv.create(tmp_path / "venv", with_pip=True)
+    python = tmp_path / "venv" / "bin" / "python"
+    empty = tmp_path / "index"
+    (empty / "torch").mkdir(parents=True)
+    env = {**os.environ, "PYTHON": str(python), "BITNEST_JETSON": "0", "BITNEST_TORCH_BUILD": "cpu",
+           "BITNEST_TORCH_CPU_INDEX": empty.as_uri(), "PIP_INDEX_URL": empty.as_uri(),
+           "PIP_EXTRA_INDEX_URL": empty.as_uri(), "PIP_FIND_LINKS": str(empty / "torch")}
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "setup.sh")], env=env, capture_output=True, text=True,
+                       timeout=300)
+    ours = [ln for ln in r.stderr.splitlines() if ln.startswith("setup.sh:")]
+    assert r.returncode == 1 and len(ours) == 1, r.stderr[-2000:]
+    assert "no CPU wheel of torch 2.13.0" in ours[0] and f"--index-url {empty.as_uri()}" in ours[0], ours
+    installed = subprocess.run([str(python), "-c", "import importlib.util; print(importlib.util.find_spec('torch'))"],
+                               capture_output=True, text=True)
+    assert installed.stdout.strip() == "None", installed.stdout

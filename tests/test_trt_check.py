@@ -46,9 +46,11 @@ def test_the_section_passes_an_engine_that_agrees(small_llama_checkpoint, graphs
     assert all(v >= 0 for v in r["phase_seconds"].values())
 
 
-def test_a_section_stopped_at_its_limit_names_the_phase_it_was_in(small_llama_checkpoint, graphs, tmp_path):
+def test_a_section_stopped_at_its_limit_names_the_phase_it_was_in(small_llama_checkpoint, graphs, tmp_path,
+                                                                   monkeypatch):
     """The child stopped in a phase that never ends (a cold build, simulated): the section fails naming that phase,
     within its limit, and the checks after it would still run (the section returns, no alarm fires)."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))          # the stopped child's temporary folder stays here
     from edge.analysis.report.device import table
     from export.tools.device_check import TRT_HANG_PHASE, DeviceCheckOptions, run_device_check
     opts = DeviceCheckOptions(dry=True, sections=("tensorrt",), checkpoint=str(small_llama_checkpoint),
