@@ -45,6 +45,11 @@ def test_device_check_script_runs_dry(tmp_path):
     attn = r["prefill"]["attention"]         # its attention: the prefill kernel against the split kernel
     assert [(a["T"], a["context"]) for a in attn] == [(40, 200)] and r["prefill"]["attention_close"], attn
     assert all(a["prefill_us"] > 0 and a["split_us"] > 0 and a["rel_diff"] < 5e-5 for a in attn), attn
+    # 4 query heads over 2 KV heads at d32: 32-row tiles of 16 queries, 40 queries in 3 tiles a KV head; one read of
+    # the planes (K and V, 16 base + 16 refinement bytes a position and head) and their float16 scales
+    assert [a["programs"] for a in attn] == [2 * 3] and all(a["prefill_GBps"] > 0 for a in attn), attn
+    kv_bytes = 2 * 2 * 200 * (32 + 2)
+    assert all(abs(a["prefill_GBps"] * a["prefill_us"] * 1e3 - kv_bytes) < 1e-6 * kv_bytes for a in attn), attn
     steps = r["step_bandwidth"]["tiny"]
     assert steps["bytes"]["verify"] == steps["bytes"]["target"] > steps["bytes"]["draft"] > 0   # weights read once a pass
     for form, t in r["pass_times"]["tiny"].items():          # bytes / pass time / copy bandwidth, per pass

@@ -20,6 +20,7 @@ and the copy bandwidth is a device-to-device copy of 512 MiB counted as read + w
 """
 
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -219,8 +220,10 @@ def prefill_attention_rows(repeats: int, cases=PREFILL_ATTENTION_CASES, device: 
     on the prefill kernel (`attention_prefill`: query tiles over their causal range, no partials; the backend's path)
     against the split kernel the chunks ran on before (attention.SPLIT_QUERIES raised for it): times, speed-up and
     the two outputs' relative difference (`close`: within the interpreter tests' tolerance of the reference, 5e-5;
-    the two sum the softmax in other orders, so not bit for bit)."""
+    the two sum the softmax in other orders, so not bit for bit), the prefill kernel's programs (a chunk of few
+    queries at a long context is few programs) and its GB/s over one read of the context's KV8 planes and scales."""
     from plugins.kernels import attention, nested_kv_attention_at
+    from plugins.kernels.attention_prefill import prefill_grid
     rows = []
     for layout, hq, hkv, d, context, tokens in cases:
         base = torch.randint(0, 256, (2, hkv, context, d // 2), dtype=torch.uint8, device=device)
@@ -242,7 +245,9 @@ def prefill_attention_rows(repeats: int, cases=PREFILL_ATTENTION_CASES, device: 
         diff = ((y["prefill"] - y["split"]).double().norm() / y["split"].double().norm()).item()
         rows.append({"kernel": "prefill_attention", "layout": layout, "context": context, "T": tokens,
                      "prefill_us": sec["prefill"] * 1e6, "split_us": sec["split"] * 1e6,
-                     "speedup": sec["split"] / sec["prefill"], "rel_diff": diff, "close": diff < 5e-5})
+                     "speedup": sec["split"] / sec["prefill"], "rel_diff": diff, "close": diff < 5e-5,
+                     "programs": math.prod(prefill_grid(hkv, hq // hkv, d, tokens)),
+                     "prefill_GBps": (2 * base.numel() + 2 * scale.numel()) / sec["prefill"] / 1e9})
     return rows
 
 

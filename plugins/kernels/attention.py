@@ -42,6 +42,7 @@ import triton.language as tl
 from plugins.kernels.attention_prefill import (
     flash_prefill_kernel,
     prefill_fits,
+    prefill_grid,
     prefill_register_cap,
     prefill_rows,
     prefill_warps,
@@ -235,7 +236,7 @@ def _attend(q, base, refine, scale, scratch, main_ptr, seq_ptr, kv8_ptr, n_chunk
     options = {"INTERP": INTERPRET, "num_stages": STAGES, "enable_fp_fusion": False}
     if t > SPLIT_QUERIES and quantize is None and prefill_fits(r, d):   # a prefill chunk: no split, no partials
         rows = prefill_rows(d)
-        flash_prefill_kernel[(hkv, triton.cdiv(t, rows // r))](
+        flash_prefill_kernel[prefill_grid(hkv, r, d, t)](
             q.contiguous(), words[0], words[1], scale, words[2], words[3], ss, y, main_ptr, seq_ptr, kv8_ptr,
             t, base.shape[2], scap, y.stride(0), y.stride(1), 1.0 / math.sqrt(d),
             HKV=hkv, R=r, D=d, BLOCK_S=block_s_for(d), BLOCK_M=rows, num_warps=prefill_warps(d),

@@ -59,6 +59,11 @@ def prefill_fits(r: int, d: int) -> bool:
     return r <= prefill_rows(d)
 
 
+def prefill_grid(hkv: int, r: int, d: int, t: int) -> tuple[int, int]:
+    """The launch's programs for t queries: one per KV head and tile of prefill_rows(d) // r queries."""
+    return hkv, triton.cdiv(t, prefill_rows(d) // r)
+
+
 @triton.jit(do_not_specialize=["T"])
 def flash_prefill_kernel(
     q_ptr, base_ptr, refine_ptr, scale_ptr, sbase_ptr, srefine_ptr, sscale_ptr, out_ptr,

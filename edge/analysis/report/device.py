@@ -197,10 +197,11 @@ def bandwidth_table(result: dict) -> str:
                                              f"{r['view']} | {r['gemm_us']:.1f} | {r['decode_us']:.1f} | "
                                              f"{r['speedup']:.2f}× | {r['gemm_TOPS']:.1f} | {r['identical']} |"
                                              for r in pre.get("rows", [])])
-    lines += _subtable("| prefill attention | context | queries | prefill kernel µs | split kernel µs | speed-up | "
-                       "relative difference |", [f"| {r['layout']} | {r['context']} | {r['T']} | "
-                                                 f"{r['prefill_us']:.1f} | {r['split_us']:.1f} | {r['speedup']:.2f}× | "
-                                                 f"{r['rel_diff']:.1e} |" for r in pre.get("attention", [])])
+    lines += _subtable("| prefill attention | context | queries | prefill kernel µs | its programs | its GB/s (one KV "
+                       "read) | split kernel µs | speed-up | relative difference |",
+                       [f"| {r['layout']} | {r['context']} | {r['T']} | {r['prefill_us']:.1f} | {r['programs']} | "
+                        f"{r['prefill_GBps']:.0f} | {r['split_us']:.1f} | {r['speedup']:.2f}× | {r['rel_diff']:.1e} |"
+                        for r in pre.get("attention", [])])
     return "\n".join(lines) + "\n"
 
 
