@@ -29,7 +29,7 @@ from edge.memory.devices import release_freed_heap
 from edge.memory.plan import DEFAULT_KV_WINDOW, check_request, elastic_kv, fit_context, plan_for_runtime
 from edge.model.checkpoint import WEIGHTS_BASE, WEIGHTS_NESTED, check_weights, load_checkpoint, set_draft_head
 from edge.model.tokenizer import encode, end_of_generation_ids, load_tokenizer
-from edge.text_stream import HeldText, TextStream
+from edge.text_stream import HeldText, TextStream, cut_at_stop, first_stop
 
 STOP, LENGTH, CANCELLED = "stop", "length", "cancelled"     # finish reasons (OpenAI's names, and ours)
 GAMMA_ROOM = 7      # the fewest proposals an LLM's cache holds a round of, so a call's config may raise γ that far
@@ -87,7 +87,8 @@ class Runtime:
         gamma = gamma if self.ckpt.has_target else 0        # base planes: the draft policy drafts nothing ahead
         self.plan = None
         window = kv_window or None
-        if device is not None:  # allocate from the memory plan (docs/memory.md): max_context None = the largest that fits
+        # with a device, allocate from the memory plan (docs/memory.md): max_context None = the largest that fits
+        if device is not None:
             self.plan = plan_for_runtime(self.ckpt, device, backend, prefill_chunk, gamma)   # bitnest or bitnest-base
             if self.ckpt.has_target and kv_window is None and max_context is not None \
                     and 0 < self.plan.max_context < max_context:
@@ -124,16 +125,21 @@ class Runtime:
         """Generate after `prompt_ids`; stream decoded text deltas to `on_text` (edge.text_stream: each token
         decoded a bounded number of times; concatenated, the text of every token written, stop strings included)
         and new token ids to `on_tokens` (first called with the prefill's token); `cancelled()` true ends the
-        generation at its next round. Returns {"text", "tokens", "stats"} with the stop token (EOS) left out of the
-        text."""
+        generation at its next round. Returns {"text", "tokens", "stats", "stopped"} with the stop token (EOS) left
+        out of the text; where a stop string occurs, the tokens and text a token-by-token decode ends with there
+        (`cut_at_stop`: the tokens through the one that completes it, the text before it) and `stopped` true."""
         check_policy(cfg.policy, self.ckpt.weights)
         if self.plan is not None:
             check_request(self.plan, self.engine.capacity, len(prompt_ids), cfg.max_new_tokens)
         tok = self.tokenizer
         text_stream = TextStream(lambda ids: tok.decode(ids, skip_special_tokens=True))
 
+        def answer_text(ids: list[int]) -> str:
+            return tok.decode([t for t in ids if t not in self.eos], skip_special_tokens=True)
+
         def stop(out: list[int]) -> bool:
-            return (cancelled is not None and cancelled()) or any(s in tok.decode(out[-16:]) for s in stop_strings)
+            return (cancelled is not None and cancelled()) or \
+                first_stop(answer_text(out[-16:]), stop_strings) is not None
 
         def stream(new: list[int]) -> None:
             if on_tokens is not None:
@@ -148,12 +154,9 @@ class Runtime:
         rest = text_stream.finish() if on_text is not None else ""
         if rest:
             on_text(rest)
-        text = tok.decode([t for t in tokens if t not in self.eos], skip_special_tokens=True)
-        for s in stop_strings:
-            if s in text:
-                text = text[: text.index(s)]
+        tokens, text, stopped = cut_at_stop(tokens, answer_text, stop_strings)
         stats.extra.update(self.describe())
-        return {"text": text, "tokens": tokens, "stats": stats}
+        return {"text": text, "tokens": tokens, "stats": stats, "stopped": stopped}
 
     def cost_table(self, remeasure: bool = False) -> CostTable:
         """The engine's pass costs for the auto policy (edge.engine.costs): kept on the engine, else read from the
@@ -305,10 +308,9 @@ class LLM:
         tokens = r["tokens"]
         if cancelled is not None and cancelled():
             reason = CANCELLED
-        elif tokens and tokens[-1] in self.runtime.eos:
+        elif r["stopped"] or tokens and tokens[-1] in self.runtime.eos:
             reason = STOP
-        elif stats.extra.get("stopped") == CONTEXT_FULL or len(tokens) >= cfg.max_new_tokens and not \
-                any(s in self.runtime.tokenizer.decode(tokens, skip_special_tokens=True) for s in stops):
+        elif stats.extra.get("stopped") == CONTEXT_FULL or len(tokens) >= cfg.max_new_tokens:
             reason = LENGTH
         else:
             reason = STOP

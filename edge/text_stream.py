@@ -1,7 +1,10 @@
 """Streaming detokenization: the text deltas of an answer whose tokens arrive a few at a time, each token decoded
-a bounded number of times (decoding the whole answer again at every new token is quadratic in its length)."""
+a bounded number of times (decoding the whole answer again at every new token is quadratic in its length); and
+stop strings, the one place an answer is cut at one (held back from a stream: HeldText; its tokens and text:
+cut_at_stop)."""
 
-from typing import Callable
+from bisect import bisect_left
+from typing import Callable, Optional
 
 REPLACEMENT = "\ufffd"      # what a decoder writes for an incomplete UTF-8 sequence at the end of its bytes
 
@@ -55,9 +58,9 @@ class HeldText:
             return
         self.text += delta
         cut = len(self.text)
-        hits = [i for i in (self.text.find(s) for s in self.stops) if i >= 0]
-        if hits:
-            cut, self.stopped = min(hits), True
+        hit = first_stop(self.text, self.stops)
+        if hit is not None:
+            cut, self.stopped = hit, True
         else:
             for s in self.stops:     # the longest tail that is a proper prefix of a stop string
                 k = next((k for k in range(min(len(s) - 1, cut), 0, -1) if self.text.endswith(s[:k])), 0)
@@ -74,3 +77,24 @@ class HeldText:
         if cut > self.sent:
             self.emit(self.text[self.sent:cut])
             self.sent = cut
+
+
+def first_stop(text: str, stops: tuple[str, ...]) -> Optional[int]:
+    """Where the earliest stop string in `text` begins (None where it holds none; empty stops never match)."""
+    hits = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    return min(hits) if hits else None
+
+
+def cut_at_stop(tokens: list[int], decode: Callable[[list[int]], str],
+                stops: tuple[str, ...]) -> tuple[list[int], str, bool]:
+    """(tokens, text, stopped) of an answer as a token-by-token decode ends it at a stop string: the shortest
+    prefix of `tokens` whose text holds one (the token that completes it kept, those a speculative round or the
+    next round's check drew past it dropped) and that prefix's text up to its earliest stop string; where no stop
+    string occurs, (tokens, decode(tokens), False). Binary search over the prefixes (a prefix's text is a prefix
+    of a longer one's), so O(log n) decodes."""
+    text = decode(tokens)
+    if first_stop(text, stops) is None:
+        return tokens, text, False
+    n = bisect_left(range(len(tokens) + 1), True, key=lambda k: first_stop(decode(tokens[:k]), stops) is not None)
+    text = decode(tokens[:n])
+    return tokens[:n], text[:first_stop(text, stops)], True

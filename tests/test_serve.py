@@ -204,8 +204,9 @@ def test_text_completions_models_health_and_metrics(server, rtn_checkpoint):
 
 
 def test_a_stop_string_of_many_tokens_ends_the_generation(server, rtn_checkpoint):
-    """A stop string spanning 30 tokens (the runtime's own check reads the last 16) ends the generation within a
-    round of where it completes, whole and streamed, and is cut from the text."""
+    """A stop string spanning 30 tokens (the runtime's own check reads the last 16) ends the generation, whole and
+    streamed, as a token-by-token decode would: its text cut before the stop string, its tokens (usage, token_ids)
+    through the one that completes it, none that a round drew past it."""
     from edge.model.tokenizer import load_tokenizer
     decode = load_tokenizer(rtn_checkpoint).decode
     ask = {"prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 60, "temperature": 0}
@@ -214,9 +215,10 @@ def test_a_stop_string_of_many_tokens_ends_the_generation(server, rtn_checkpoint
     assert len(ids) == 60, full
     start, end = len(decode(ids[:5])), len(decode(ids[:35]))
     stop = text[start:end]
-    whole = server.post("/v1/completions", json={**ask, "stop": [stop]}).json()
+    through = next(k for k in range(len(ids) + 1) if stop in decode(ids[:k]))       # the token that completes it
+    whole = server.post("/v1/completions", json={**ask, "stop": [stop], "return_token_ids": True}).json()
     assert whole["choices"][0]["text"] == text[:start] and whole["choices"][0]["finish_reason"] == "stop", whole
-    assert whole["usage"]["completion_tokens"] <= 35 + 8, whole["usage"]          # at most a round past the stop
+    assert whole["choices"][0]["token_ids"] == ids[:through] and whole["usage"]["completion_tokens"] == through
     with httpx.stream("POST", f"{server.url}/v1/completions", timeout=300, headers=server.headers,
                       json={**ask, "stop": [stop], "stream": True, "stream_options": {"include_usage": True}}) as r:
         chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
@@ -371,6 +373,9 @@ def test_the_python_api_answers_and_streams_as_the_chat(rtn_checkpoint, chat):
         with llm.stream(PROMPT, max_tokens=TOKENS, temperature=0, stop=[word]) as s:
             text = "".join(s)
         assert text == s.answer.text == chat["text"][:chat["text"].index(word)] and s.answer.finish_reason == "stop"
+        n = len(s.answer.tokens)            # through the token that completes the stop string, none past it
+        assert s.answer.tokens == chat["tokens"][:n] and word in llm.tokenizer.decode(chat["tokens"][:n]) and \
+            word not in llm.tokenizer.decode(chat["tokens"][:n - 1])
         with llm.stream(PROMPT, max_tokens=200, temperature=0) as s:
             next(s)
         assert s.answer.finish_reason == "cancelled" and len(s.answer.tokens) < 200

@@ -1,6 +1,7 @@
 """Streaming text (edge.text_stream, used by Runtime.generate): the streamed pieces, concatenated, equal the final
 text on long answers whose tokens split multi-byte characters, and the stream decodes each token a bounded number
-of times (the chat used to decode the whole answer again at every new token)."""
+of times (the chat used to decode the whole answer again at every new token); an answer is cut at a stop string
+where a token-by-token decode would have ended it."""
 
 import random
 
@@ -10,7 +11,7 @@ from edge.decode.config import GenerateConfig
 from edge.decode.sampling import SamplingConfig
 from edge.llm import Runtime
 from edge.model.tokenizer import load_tokenizer
-from edge.text_stream import TextStream
+from edge.text_stream import TextStream, cut_at_stop
 
 # Real text with characters of 2, 3 and 4 UTF-8 bytes, which SmolLM2's byte-level tokens split across tokens.
 TEXT = ("To be, or not to be, that is the question: naïve café owners in Zürich — “quoted” — 東京と大阪の天気は晴れ。"
@@ -67,3 +68,20 @@ def test_a_long_generated_answer_streams_exactly_its_text(small_llama_checkpoint
     assert n >= 200, n
     assert "".join(pieces) == r["text"] and len(pieces) >= 20
     assert decoded[0] <= 6 * n, (decoded[0], n)    # ~4n measured; decoding the answer again each round: ~n^2 / 9
+
+
+def test_an_answer_is_cut_where_a_token_by_token_decode_ends_it(tokenizer):
+    """Tokens through the one that completes the first stop string to complete (a speculative round's tokens past
+    it dropped), text before that stop string: a long one that begins earlier but completes later does not cut
+    the text sooner; a stop string split inside a multi-byte character; none, nothing cut."""
+    ids = tokenizer(TEXT)["input_ids"]
+    decode = tokenizer.decode
+    text = decode(ids)
+    for stops, at in ((("question",), "question"), (("not to be, that is the question", "that"), "that"),
+                      (("大阪",), "大阪"), (("東京と大阪の天気は晴れ。 Emoji 😀", "天気"), "天気")):
+        tokens, cut, stopped = cut_at_stop(ids, decode, stops)
+        n = len(tokens)
+        assert stopped and tokens == ids[:n] and cut == text[:text.index(at)], (stops, cut)
+        assert at in decode(ids[:n]) and not any(s in decode(ids[:n - 1]) for s in stops), (stops, n)
+    assert cut_at_stop(ids, decode, ("no such text",)) == (ids, text, False)
+    assert cut_at_stop(ids, decode, ()) == (ids, text, False)

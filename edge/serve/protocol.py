@@ -23,6 +23,10 @@ NOT_HONOURED = {
     "modalities": (["text"],), "frequency_penalty": (0,), "presence_penalty": (0,), "repetition_penalty": (1,),
     "repeat_penalty": (1,), "min_p": (0,), "typical_p": (1,), "min_tokens": (0,), "ignore_eos": (False,),
     "stop_token_ids": ([],), "continue_final_message": (False,), "logprobs": (False, 0),
+    # vLLM's template switches (the template always ends with the assistant's turn opened, and takes no arguments);
+    # tool choices and a service tier other than what no tools and no tiers mean
+    "add_generation_prompt": (True,), "chat_template_kwargs": ({},), "tool_choice": ("none", "auto"),
+    "parallel_tool_calls": (True, False), "service_tier": ("auto", "default"),
 }
 
 
@@ -111,7 +115,8 @@ def _text(s: str, param: str) -> str:
 
 
 def _content(m: dict, i: int) -> str:
-    """A message's text: a string, or a list of text parts (no images or audio here)."""
+    """A message's text: a string, or a list of text parts (no images or audio here), one line each (as vLLM joins
+    them: ["Hello", "world"] is not "Helloworld")."""
     c, param = m.get("content"), f"messages[{i}].content"
     if isinstance(c, str):
         return _text(c, param)
@@ -119,7 +124,7 @@ def _content(m: dict, i: int) -> str:
         return ""
     if isinstance(c, list) and all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
                                    for p in c):
-        return _text("".join(p["text"] for p in c), param)
+        return _text("\n".join(p["text"] for p in c), param)
     raise invalid(param, f"{param} must be a string or a list of text parts", "invalid_type")
 
 
