@@ -294,7 +294,7 @@ def test_llamacpp_loads_and_decodes_the_synthetic_gguf(gguf_cache, cfg, name):
     from edge.analysis.bench.peers import LlamaCpp
     llm = LlamaCpp(synthetic_gguf(cfg, name, shipped_gguf(), gguf_cache), threads=1, n_ctx=256)
     tokens, seconds = llm.decode([{"role": "user", "content": "Name three rivers."}], 8)
-    assert tokens == 8 and seconds > 0
+    assert tokens == 7 and seconds > 0            # 8 generated, the prompt pass's first not a decode step
     assert llm.timings["prompt_n"] > 0
 
 
@@ -344,7 +344,18 @@ def test_a_shape_bench_measures_replays_and_projects_in_separate_processes(small
                              "runs": {"speculative": {"acceptance": 0.5, "tokens_per_round": 2.0}}}))
     d = shape_mod.bench_shape(_shape_args(acceptance_from=str(f), peer=["none"]), TINY, "tiny", str(small), "test")
     assert d["speculative_method"] == "projected" and set(d["runs"]) == {"target", "draft"}
-    assert d["projection"]["alpha"] == 0.5 and "replayed_speculative_vs_target" not in d["ratios"]
+    assert "replayed_speculative_vs_target" not in d["ratios"]     # α from its 2.0 tokens a round at γ = 4, not 0.5
+    assert d["projection"]["alpha"] == alpha_from_tokens_per_round(2.0, 4) > 0.5, d["projection"]
+
+
+def test_the_projection_takes_the_judged_acceptance_and_never_drafted_where_the_round_length_is_known():
+    """Rounds: their judged acceptance; no rounds but tokens per round: the α that round length implies
+    (E(α) = (1 - α^(γ+1)) / (1 - α)); neither: accepted / drafted, and its kind says so."""
+    assert shape_mod.projection_alpha({"judged_acceptance": 0.8, "acceptance": 0.6, "tokens_per_round": 3.0}, 4) == \
+        (0.8, "accepted / judged")
+    alpha, kind = shape_mod.projection_alpha({"judged_acceptance": None, "acceptance": 0.6, "tokens_per_round": 3.0}, 4)
+    assert abs(expected_tokens(alpha, 4) - 3.0) < 1e-3 and alpha > 0.6 and "tokens per round" in kind
+    assert shape_mod.projection_alpha({"judged_acceptance": None, "acceptance": 0.6, "tokens_per_round": None}, 4)[0] == 0.6
 
 
 def test_passes_only_times_each_r4_layout_in_a_process_of_its_own():

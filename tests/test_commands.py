@@ -87,6 +87,8 @@ def test_bench_beside_llamacpp(rtn_checkpoint, capsys):
     assert all(out["runs"][r]["system_info"]["wheel"].startswith("xllamacpp ") and out["runs"][r]["system_info"]["features"]
                for r in ("llamacpp_q4_1", "llamacpp_q8_0"))         # what the wheel was built for, on record
     assert all(r["tok_s"] > 0 for r in out["runs"].values()) and out["threads"] >= 1 and out["read_gbps"] > 0
+    # both sides count the decode steps' tokens: llama.cpp's predicted_n also counts the prompt pass's token
+    assert out["runs"]["llamacpp_q8_0"]["tokens"] == out["runs"]["target"]["tokens"] == 3, out["runs"]
     assert {"speculative_vs_target", "target_vs_llamacpp_q8", "target_vs_llamacpp_q4_1",
             "verification_pass_vs_target_pass", "draft_pass_vs_target_pass"} <= set(out["ratios"])
     assert ("auto_vs_target" in out["ratios"]) == ("auto" in POLICIES)

@@ -18,7 +18,7 @@ RATIO_PEERS = {"target": "target", "llamacpp_q8_0": "llamacpp_q8", "llamacpp_q4_
                "llamacpp_native_q8_0": "llamacpp_native_q8", "llamacpp_native_q4_1": "llamacpp_native_q4_1",
                "llamacpp_native_q4_k_m": "llamacpp_native_q4_k_m", "hf_fp32": "hf_fp32"}
 ISOLATION = "process per runner"
-STAT_KEYS = ("acceptance", "drafted", "tokens_per_round", "weight_bytes_per_token", "kv_bytes_per_token",
+STAT_KEYS = ("tokens", "acceptance", "drafted", "tokens_per_round", "weight_bytes_per_token", "kv_bytes_per_token",
              "draft_passes", "target_passes", "policy_stats", "prefill_tokens", "prefill_tok_s", "system_info",
              "tg_depth", "outputs")
 

@@ -27,7 +27,7 @@ from edge.analysis.bench.common import (
     run_entry,
 )
 from edge.analysis.bench.process import Workers
-from edge.analysis.bench.replay import judged_acceptance, projected
+from edge.analysis.bench.replay import alpha_from_tokens_per_round, judged_acceptance, projected
 from edge.analysis.bench.machine import load_average, machine
 from edge.analysis.bench.peers import shipped_gguf
 from edge.options.groups import draft_head_options
@@ -67,6 +67,18 @@ def acceptance_from(path: str, a, prompts: list) -> dict:
     return {"source": str(path), "checkpoint": d.get("checkpoint"), "gamma": a.gamma, "acceptance": alpha,
             "judged_acceptance": judged_acceptance(rounds), "tokens_per_round": spec.get("tokens_per_round"),
             "rounds": rounds if same else None}
+
+
+def projection_alpha(acc: dict, gamma: int) -> tuple[float, str]:
+    """(α, what it is) for the projection: the judged acceptance of the recorded rounds; without rounds, the one
+    the recorded tokens per round imply (`alpha_from_tokens_per_round`); only without either, accepted / drafted
+    (below the judged acceptance the formula means, so the projection reads low)."""
+    if acc.get("judged_acceptance") is not None:
+        return acc["judged_acceptance"], "accepted / judged"
+    if acc.get("tokens_per_round"):
+        return alpha_from_tokens_per_round(acc["tokens_per_round"], gamma), \
+            "accepted / judged, solved from the recorded tokens per round (no rounds recorded)"
+    return acc["acceptance"], "accepted / drafted (no rounds recorded: below the judged acceptance the formula means)"
 
 
 def synthetic_spec(a, cfg: ModelConfig, mode: str, prompts: list, threads: int, rounds=None) -> dict:
@@ -111,8 +123,7 @@ def bench_shape(a, cfg: ModelConfig, name: str, checkpoint: str, command: str = 
     mach["load_average_after"] = load_average()
     read_gbps, probe = probe_entry(samples.pop("probe"), loaded["probe"])
     runs = {run: run_entry(s, loaded[run], read_gbps) for run, s in samples.items()}
-    alpha, kind = (acc["judged_acceptance"], "accepted / judged") if acc.get("judged_acceptance") is not None else \
-        (acc["acceptance"], "accepted / drafted (no rounds recorded: below the judged acceptance the formula means)")
+    alpha, kind = projection_alpha(acc, a.gamma)
     proj = dict(projected(passes["ms"], alpha), gamma=a.gamma, alpha_kind=kind)
     proj["speculative_tok_s"] = proj["tok_s_by_gamma"][str(a.gamma)]
     tok = {k: v["tok_s"] for k, v in runs.items()}
