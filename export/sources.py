@@ -4,12 +4,11 @@ and any GGUF file, each loaded offline as float32 tensors with HF names; `open_s
 tensor instead (export.stream_source)."""
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
+from edge.atomic import staged_folder
 from edge.cache import cache_root
 from edge.errors import BitNestError
 from edge.model.arch import ModelConfig
@@ -24,9 +23,7 @@ def _convert_gguf(gguf: Path, dest: Path) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    try:
+    with staged_folder(dest, _whole) as tmp:
         try:
             with transformers_reads_fast():
                 tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -38,19 +35,18 @@ def _convert_gguf(gguf: Path, dest: Path) -> None:
             del model.config.quantization_config
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _whole(folder: Path) -> bool:
+    """A converted folder is whole once its config.json is there (it only ever appears by the staged rename)."""
+    return (folder / "config.json").is_file()
 
 
 def gguf_cache_folder(gguf: Path) -> Path:
     """The cached HF folder for a GGUF file, converting it on first use (~30 s for the default)."""
     st = gguf.stat()
     dest = cache_root() / f"{gguf.stem}-{st.st_size}-f32"
-    if not (dest / "config.json").is_file():
+    if not _whole(dest):
         _convert_gguf(gguf, dest)
     return dest
 

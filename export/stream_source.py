@@ -5,8 +5,6 @@ import json
 import math
 import os
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Protocol
@@ -16,6 +14,7 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
+from edge.atomic import staged_folder
 from edge.cache import cache_root
 from edge.errors import BitNestError
 from edge.model.arch import ATTN_LINEARS, BLOCK_NORMS, ModelConfig, config_from_hf
@@ -299,9 +298,7 @@ def gguf_meta_folder(path: Path) -> Path:
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    try:
+    with staged_folder(dest, lambda d: (d / "config.json").is_file()) as tmp:
         try:
             with transformers_reads_fast():
                 cfg = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
@@ -315,16 +312,6 @@ def gguf_meta_folder(path: Path) -> Path:
         cfg.save_pretrained(tmp)
         GenerationConfig.from_model_config(cfg).save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        if dest.exists() and not (dest / "config.json").is_file():
-            shutil.rmtree(dest, ignore_errors=True)                           # a folder left half-written by hand
-        try:
-            os.replace(tmp, dest)
-        except OSError:
-            if not (dest / "config.json").is_file():                          # else another process wrote it first
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return dest
 
 

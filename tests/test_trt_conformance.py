@@ -223,6 +223,7 @@ def test_methods_with_a_10_3_default_may_be_absent(gen, name):
     ins = _attention_io(gen)[0]
     ins[6][0] = 10
     r = drive(creator_cls(cls), [t.to(KERNEL_DEVICE) for t in ins])
+    assert name in r["calls"], r["calls"]          # asked for (destroy, which the plugins leave to 10.3, included)
     assert r["aliases"] == ({} if name == "get_aliased_input" else PLUGIN_IO["NestedKvAttention"].aliases)
 
 
