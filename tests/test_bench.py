@@ -355,7 +355,8 @@ def test_the_projection_takes_the_judged_acceptance_and_never_drafted_where_the_
         (0.8, "accepted / judged")
     alpha, kind = shape_mod.projection_alpha({"judged_acceptance": None, "acceptance": 0.6, "tokens_per_round": 3.0}, 4)
     assert abs(expected_tokens(alpha, 4) - 3.0) < 1e-3 and alpha > 0.6 and "tokens per round" in kind
-    assert shape_mod.projection_alpha({"judged_acceptance": None, "acceptance": 0.6, "tokens_per_round": None}, 4)[0] == 0.6
+    none = {"judged_acceptance": None, "acceptance": 0.6, "tokens_per_round": None}
+    assert shape_mod.projection_alpha(none, 4)[0] == 0.6
 
 
 def test_passes_only_times_each_r4_layout_in_a_process_of_its_own():
