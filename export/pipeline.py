@@ -121,7 +121,7 @@ def default_export_options(model: str = "default") -> ExportOptions:
 def ensure_default_checkpoint(model: str = "default") -> Path:
     """The export of `model` (`default` or a packaged preset) with every default option, made first if it is absent
     (once: a few minutes for the default model, ~16 min on 2 cores for qwen2.5-coder-0.5b)."""
-    from edge.model.checkpoint import is_checkpoint_dir
+    from edge.model.manifest import is_checkpoint_dir
     from edge.model.packaged import PACKAGED_MODELS
     if model != "default" and model not in PACKAGED_MODELS:
         raise BitNestError(f"--model {model}: not a model preset: use default or {', '.join(PACKAGED_MODELS)} "

@@ -10,7 +10,7 @@ from typing import Iterable
 import torch
 
 from edge.errors import BitNestError
-from edge.model.checkpoint import sha256_file
+from edge.model.manifest import sha256_file
 
 DTYPE_NAMES = {torch.uint8: "U8", torch.int8: "I8", torch.int32: "I32", torch.int64: "I64", torch.float16: "F16",
                torch.bfloat16: "BF16", torch.float32: "F32", torch.float64: "F64"}

@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from edge.model.checkpoint import sha256_file
+from edge.model.manifest import sha256_file
 from edge.model.tensor_file import read_tensors
 from export.shard_writer import fsync_path, write_shard
 

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 from edge.errors import BitNestError
-from edge.model.checkpoint import INDEX, MANIFEST, SEAL, is_checkpoint_dir, manifest_seal, sha256_file
+from edge.model.manifest import INDEX, MANIFEST, SEAL, is_checkpoint_dir, manifest_seal, sha256_file
 from edge.model.tensor_file import read_header
 from export.shard_writer import fsync_path
 

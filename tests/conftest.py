@@ -135,7 +135,7 @@ def small_llama_checkpoint(tmp_path_factory, small_llama_folder):
 def manifest_copy(src: Path, dst: Path, edit) -> Path:
     """`src` with its manifest edited by `edit(manifest)` (and sealed again) beside links to its other files."""
     import json
-    from edge.model.checkpoint import MANIFEST, SEAL, manifest_seal
+    from edge.model.manifest import MANIFEST, SEAL, manifest_seal
     dst.mkdir()
     for f in src.iterdir():
         if f.name != MANIFEST:

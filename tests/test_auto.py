@@ -29,7 +29,8 @@ from edge.decode.generate import generate
 from edge.decode.registry import most_proposals
 from edge.decode.sampling import SamplingConfig
 from edge.engine.stats import DecodeStats
-from edge.model.checkpoint import load_checkpoint, manifest_seal, read_manifest
+from edge.model.checkpoint import load_checkpoint
+from edge.model.manifest import manifest_seal, read_manifest
 from edge.llm import Runtime
 
 PROMPTS = ["Write a short poem about the sea.", "List three uses of a paperclip."]

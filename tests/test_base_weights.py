@@ -18,7 +18,8 @@ from edge.errors import BitNestError
 from edge.memory.devices import MiB, PRESETS, get_profile
 from edge.memory.model_shapes import MODEL_PRESETS
 from edge.memory.plan import CONFIGS, Workload, plan
-from edge.model.checkpoint import INDEX, MANIFEST, load_checkpoint
+from edge.model.checkpoint import load_checkpoint
+from edge.model.manifest import INDEX, MANIFEST
 from edge.llm import Runtime
 from tests.conftest import ROOT
 

@@ -452,7 +452,7 @@ def test_the_memory_plan_groups_runners_that_do_not_fit_together_and_skips_one_t
     with its reason; a budget no policy fits is one error."""
     from edge.analysis.bench.memory import MARGIN, WORKER_BYTES, memory_plan, resident_bytes
     from edge.errors import BitNestError
-    from edge.model.checkpoint import read_manifest, weight_files
+    from edge.model.manifest import read_manifest, weight_files
     from export.sources import default_gguf
     policy = {"kind": "policy", "checkpoint": str(small)}
     specs = {"probe": {"kind": "probe", "nbytes": 64 << 20}, "target": policy, "speculative": policy,

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from edge.errors import BitNestError, CheckpointError
-from edge.model.checkpoint import (INDEX, MANIFEST, SEAL, WEIGHTS, check_checkpoint, load_checkpoint, manifest_seal,
-                                   sha256_file)
+from edge.model.checkpoint import check_checkpoint, load_checkpoint
+from edge.model.manifest import INDEX, MANIFEST, SEAL, WEIGHTS, manifest_seal, sha256_file
 from export.writer import check_output_dir
 from plugins.packing import unpack_nibbles
 from plugins.reference import dequantized_weight

@@ -215,7 +215,7 @@ def test_the_fuzzer_mutates_a_sealed_copy(small, tmp_path):
     a mutated manifest that keeps the exported seal must be refused (run on an unsealed subject, it counted a
     dropped `offset` field as a wrong load), and it leaves the subject's ONNX graph out of the copy."""
     from edge.analysis.fuzz.readers import fuzz_copy
-    from edge.model.checkpoint import SEAL, manifest_seal
+    from edge.model.manifest import SEAL, manifest_seal
     old = tmp_path / "old"
     shutil.copytree(small, old)
     m = json.loads((old / "manifest.json").read_text())

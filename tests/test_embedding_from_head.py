@@ -12,7 +12,8 @@ from edge.backends import make_backend
 from edge.decode.config import GenerateConfig
 from edge.engine.stats import embedding_row_bytes
 from edge.errors import CheckpointError
-from edge.model.checkpoint import EMBED, HEAD, INDEX, MANIFEST, SEAL, load_checkpoint, manifest_seal, sha256_file
+from edge.model.checkpoint import EMBED, HEAD, load_checkpoint
+from edge.model.manifest import INDEX, MANIFEST, SEAL, manifest_seal, sha256_file
 from edge.llm import Runtime
 from plugins.packing import unpack_nibbles
 from plugins.reference import dequantized_weight

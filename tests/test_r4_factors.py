@@ -16,7 +16,8 @@ from edge.backends.native import NativeEngine, native_unavailable
 from edge.backends.torch_ref import TorchBackend
 from edge.engine.interface import PassEngine
 from edge.model.arch import ModelConfig
-from edge.model.checkpoint import MANIFEST, SEAL, load_checkpoint, manifest_seal
+from edge.model.checkpoint import load_checkpoint
+from edge.model.manifest import MANIFEST, SEAL, manifest_seal
 from edge.model.decoder import Decoder, OnlineRotations
 from edge.model.float_store import FloatWeights
 from export.rotation.ops import apply_r4

@@ -318,7 +318,7 @@ SLOW_TEMPLATE = "{% if messages[0]['content'] == 'slow' %}{% for i in range(1000
 def strict_checkpoint(rtn_checkpoint, tmp_path):
     """The default export with a chat template that refuses two turns of one role, as Mistral's and Llama 2's do, and
     that renders one conversation slowly (its other files linked)."""
-    from edge.model.checkpoint import MANIFEST, SEAL, manifest_seal, sha256_file
+    from edge.model.manifest import MANIFEST, SEAL, manifest_seal, sha256_file
     folder = tmp_path / "strict"
     folder.mkdir()
     for f in rtn_checkpoint.iterdir():

@@ -40,7 +40,8 @@ def read_chars() -> tuple[int, int]:
 def unread_refinement_bytes(checkpoint) -> dict:
     """The weight files' size, every refinement plane's bytes, and those a `base` load leaves out (the draft reads
     the rest: edge.model.checkpoint.draft_reads_refine)."""
-    from edge.model.checkpoint import draft_reads_refine, read_manifest, weight_files
+    from edge.model.checkpoint import draft_reads_refine
+    from edge.model.manifest import read_manifest, weight_files
     from edge.model.tensor_file import read_header
     m = read_manifest(Path(checkpoint))
     refine, size = {}, 0

@@ -9,7 +9,8 @@ import numpy as np
 
 from edge.engine.step_engine import StepEngine, check_graph_draft_head
 from edge.errors import BitNestError
-from edge.model.checkpoint import Checkpoint, weights_sha256
+from edge.model.checkpoint import Checkpoint
+from edge.model.manifest import weights_sha256
 from plugins.contracts import view_code
 from plugins.step_contract import (
     INPUT_IDS,

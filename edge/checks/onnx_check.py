@@ -153,7 +153,7 @@ def matching_onnx(checkpoint) -> str | None:
     """CHECKPOINT/decoder_step.onnx where it exists and was exported from these weights, else None."""
     import onnx
 
-    from edge.model.checkpoint import read_manifest, weights_sha256
+    from edge.model.manifest import read_manifest, weights_sha256
     from plugins.step_contract import ONNX_FILE
 
     beside = Path(checkpoint) / ONNX_FILE

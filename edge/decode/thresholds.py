@@ -12,7 +12,8 @@ from edge.atomic import write_atomic
 from edge.decode.config import GateConfig
 from edge.decode.registry import policy_class
 from edge.errors import BitNestError
-from edge.model.checkpoint import Checkpoint, weights_sha256
+from edge.model.checkpoint import Checkpoint
+from edge.model.manifest import weights_sha256
 from edge.model.draft_head import DRAFT_HEAD_UNRECORDED
 
 RATES = (0.03, 0.07, 0.15, 0.30)

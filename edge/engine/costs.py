@@ -24,7 +24,7 @@ from edge.engine.cost_table import CostTable
 from edge.engine.interface import Engine
 from edge.engine.kv_cache import KV8
 from edge.engine.stats import draft_head_summary
-from edge.model.checkpoint import manifest_seal
+from edge.model.manifest import manifest_seal
 from plugins.contracts import DRAFT, TARGET
 
 COSTS_FORMAT = "bitnest-pass-costs"

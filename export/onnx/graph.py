@@ -18,7 +18,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edge.atomic import write_atomic
 from edge.errors import BitNestError
-from edge.model.checkpoint import HEAD, Checkpoint, load_checkpoint, set_draft_head, weights_sha256
+from edge.model.checkpoint import HEAD, Checkpoint, load_checkpoint, set_draft_head
+from edge.model.manifest import weights_sha256
 from edge.model.decoder import rope_tables
 from edge.model.draft_head import DRAFT_HEAD_8BIT, DRAFT_HEAD_SHORTLIST, graph_draft_head
 from export.onnx.functions import (

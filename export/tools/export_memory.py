@@ -16,7 +16,7 @@ import torch
 from edge.analysis.bench.machine import machine
 from edge.errors import BitNestError
 from edge.model.arch import ModelConfig
-from edge.model.checkpoint import INDEX
+from edge.model.manifest import INDEX
 from export.export_plan import plan_export
 from export.shard_writer import ShardWriter
 

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 from edge.analysis.evaluate import EvalOptions, evaluate
 from edge.analysis.report.tables import DEFAULT_ROW, update_tables
 from edge.atomic import write_atomic
-from edge.model.checkpoint import is_checkpoint_dir, read_manifest
+from edge.model.manifest import is_checkpoint_dir, read_manifest
 from export.pipeline import ExportOptions, run_export
 from export.quantize import QuantOptions
 from export.sources import float_reference

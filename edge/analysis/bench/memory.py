@@ -34,7 +34,7 @@ def available_bytes() -> int:
 
 
 def _checkpoint_bytes(folder: str) -> int:
-    from edge.model.checkpoint import read_manifest, weight_files
+    from edge.model.manifest import read_manifest, weight_files
     path = Path(folder)
     return sum((path / f).stat().st_size for f in weight_files(path, read_manifest(path)))
 
@@ -42,7 +42,7 @@ def _checkpoint_bytes(folder: str) -> int:
 def _float32_bytes(checkpoint: str) -> int:
     """The float32 model transformers builds of the checkpoint's source: every parameter at 4 bytes."""
     from edge.memory.plan import dense_weight_bytes
-    from edge.model.checkpoint import read_manifest
+    from edge.model.manifest import read_manifest
     from edge.model.arch import ModelConfig
     cfg = ModelConfig.from_dict(read_manifest(Path(checkpoint))["config"])
     return 2 * sum(dense_weight_bytes(cfg, "fp16").values())

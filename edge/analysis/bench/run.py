@@ -54,7 +54,7 @@ from edge.analysis.bench.memory import MiB, memory_plan
 from edge.analysis.bench.machine import load_average, machine
 from edge.analysis.bench.peers import q8_0_gguf, quant_label, source_gguf
 from edge.errors import BitNestError
-from edge.model.checkpoint import read_manifest
+from edge.model.manifest import read_manifest
 from edge.memory.model_shapes import BENCH_SHAPES
 
 PEERS = ("llamacpp", "llamacpp-native", "llamacpp-speculative", "hf", "none")

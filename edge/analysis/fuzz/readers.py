@@ -12,7 +12,8 @@ import numpy as np
 
 from edge.analysis.fuzz.mutations import JUNK, Tally, attempt, case_dir, json_text, mutate_bytes, quiet, write_text
 from edge.analysis.fuzz.oracle import checkpoint_differs, expected_tensors, parse_safetensors
-from edge.model.checkpoint import MANIFEST, SEAL, load_checkpoint, manifest_seal, sha256_file, weight_files, weights_sha256
+from edge.model.checkpoint import load_checkpoint
+from edge.model.manifest import MANIFEST, SEAL, manifest_seal, sha256_file, weight_files, weights_sha256
 from plugins.step_contract import ONNX_FILE
 
 
