@@ -37,6 +37,7 @@ else
   unset TRITON_INTERPRET                    # the compiler on the GPU, never the interpreter
 fi
 WHOLE=270
+if [ "${DRY:-0}" = "1" ]; then WHOLE=540; fi  # the interpreter on a CPU: its sections' limits are 4x (DRY_LIMIT_SCALE)
 if ! "$PY" -c "import tensorrt" >/dev/null 2>&1; then
   echo "device_check: TensorRT is not installed here: the engine build and the tensorrt backend are skipped" >&2
 else

@@ -236,3 +236,12 @@ def test_bad_section_options_are_one_line_errors(args, says):
     out = subprocess.run([sys.executable, "-m", "export.commands", "device-check", *args], capture_output=True,
                          text=True, env=env, timeout=120, cwd=ROOT)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and says in out.stderr, out.stderr
+
+
+def test_a_dry_runs_limits_are_scaled_and_given_limits_are_not():
+    """LIMITS budget a GPU's work; a dry run (the interpreter on a CPU, ~4x slower sections on a busy 2-core machine)
+    gets DRY_LIMIT_SCALE times them, so a slow CI machine does not time a dry section out; --limits stay as given."""
+    from export.tools.device_check import DRY_LIMIT_SCALE, LIMITS, DeviceCheckOptions
+    assert DeviceCheckOptions().limit("lossless") == LIMITS["lossless"]
+    assert DeviceCheckOptions(dry=True).limit("lossless") == DRY_LIMIT_SCALE * LIMITS["lossless"] >= 60
+    assert DeviceCheckOptions(dry=True, limits=(("lossless", 2),)).limit("lossless") == 2

@@ -8,7 +8,8 @@ from edge.argtypes import Parser, count
 from edge.options.run import run_cli
 from edge.errors import BitNestError
 from edge.analysis.report.device import SECTIONS, table
-from export.tools.device_check import DeviceCheckOptions, LIMITS, __doc__ as _TOOL_DOC, run_device_check
+from export.tools.device_check import (DRY_LIMIT_SCALE, DeviceCheckOptions, LIMITS, __doc__ as _TOOL_DOC,
+                                      run_device_check)
 from pathlib import Path
 
 
@@ -26,7 +27,7 @@ def parser() -> argparse.ArgumentParser:
                    f"{LIMITS['gptq']} s more)")
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {', '.join(SECTIONS)}")
     p.add_argument("--limits", default="", help="per-section seconds, e.g. kernels=200,lossless=60 (default: "
-                   + ",".join(f"{k}={v}" for k, v in LIMITS.items()) + ")")
+                   + ",".join(f"{k}={v}" for k, v in LIMITS.items()) + f"; x{DRY_LIMIT_SCALE} with --dry)")
     p.add_argument("--hang", help="dry runs only: make this section hang (a simulated timeout)")
     p.add_argument("--checkpoint", help="tensorrt section: an exported checkpoint (default: an RTN export of the "
                    "default model; in a dry run the section runs only with one)")

@@ -83,6 +83,10 @@ OPT_IN = {"gptq": "--with-gptq"}   # sections that run only when asked, past the
 # on the H200, but over 15 s in the dry run on a busy 2-core CPU).
 LIMITS = {"kernels": 45, "bandwidth": 75, "prefill": 40, "lossless": 20, "pass_times": 35, "profile": 25,
           "plugins": 20, "tensorrt": 300, "gptq": 300}
+# A dry run's default limits are these times DRY_LIMIT_SCALE: LIMITS budget a GPU's work, a dry run is the Triton
+# interpreter on whatever CPU runs it (its lossless section took 15-20 s on a busy 2-core CPU against 3-5 s on the
+# H200, and past 20 on a slower one). Limits given with --limits are taken as given (the timeout tests rely on them).
+DRY_LIMIT_SCALE = 4
 # The sections whose result passes or fails the run, where they ran (the others measure): a section that raised or
 # timed out holds only {"error"} and fails its verdict; a skipped one (its reason recorded) fails nothing.
 VERDICTS = {"kernels": lambda r: bool(r.get("passed")), "lossless": lambda r: bool(r.get("identical")),
@@ -120,7 +124,8 @@ class DeviceCheckOptions:
             raise ValueError("--hang simulates a timeout in a dry run only (--dry)")
 
     def limit(self, section: str) -> float:
-        return dict(self.limits).get(section, LIMITS[section])
+        """The section's time limit in seconds: --limits where given, else LIMITS (x DRY_LIMIT_SCALE in a dry run)."""
+        return dict(self.limits).get(section, LIMITS[section] * (DRY_LIMIT_SCALE if self.dry else 1))
 
     @property
     def chosen(self) -> tuple:
