@@ -5,7 +5,6 @@ file is put in place by an atomic rename once complete, so a shard on disk is al
 import json
 import os
 from pathlib import Path
-from typing import Iterable
 
 import torch
 
