@@ -1,8 +1,10 @@
 """Shared fixtures: the real default model (converted once into the cache) and small real exports."""
 
 import fcntl
+import math
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -151,7 +153,6 @@ def command_here(capsys, name: str, *args) -> "subprocess.CompletedProcess":
     """`bitnest NAME ARGS` through its scripts' own entry point (export.commands.run_command) in this process: its exit
     status and stderr as a run of `python scripts/NAME.py` gives them, without a fresh interpreter's 2-3 s of imports.
     The process-level contract (no traceback past the entry point) needs one real run per command beside it."""
-    import subprocess
     from export.commands import run_command
     capsys.readouterr()
     try:
@@ -217,3 +218,19 @@ def method_exports(small_llama_folder, tmp_path_factory):
             export_onnx(root / name)
     for root in made_once(tmp_path_factory, "methods", make):
         yield {name: root / name for name in ("top4of8", "nested-head")}
+
+
+def stored_tensor_bytes(folder: Path) -> dict[str, int]:
+    """Bytes of every tensor a checkpoint's shards store, by name, from the safetensors headers alone (an oracle for
+    byte counts that shares no code with edge.model or edge.engine.stats)."""
+    import json
+    import struct
+    width = {"U8": 1, "I8": 1, "F16": 2, "BF16": 2, "F32": 4, "I32": 4, "I64": 8}
+    out = {}
+    for shard in sorted(Path(folder).glob("*.safetensors")):
+        with open(shard, "rb") as f:
+            header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+        for name, t in header.items():
+            if name != "__metadata__":
+                out[name] = width[t["dtype"]] * math.prod(t["shape"])
+    return out

@@ -261,7 +261,6 @@ def test_a_qwen2_shape_is_a_qwen2_gguf_with_biases_and_its_own_head(gguf_cache):
 
 
 def test_a_llama3_shape_has_its_vocabulary_of_128256(gguf_cache):
-    import gguf
     cfg = replace(TINY, hidden_size=64, num_heads=1, vocab_size=128256)
     r = GGUFReader(str(synthetic_gguf(cfg, "tiny-llama3", shipped_gguf(), gguf_cache)))
     value = lambda k: r.fields[k].contents()

@@ -18,6 +18,7 @@ from edge.engine.stats import embedding_row_bytes
 from edge.errors import BitNestError
 from edge.model.checkpoint import load_checkpoint, set_draft_head
 from edge.llm import Runtime
+from tests.conftest import stored_tensor_bytes
 from tests.reference_pairs import bound_after, engines, explain, first_layers, row_errors, run_traced
 
 pytestmark = pytest.mark.skipif(native_unavailable() is not None, reason=f"native backend: {native_unavailable()}")
@@ -182,11 +183,15 @@ def test_a_draft_vocabulary_is_lossless_on_real_prompts(rtn_checkpoint):
         assert spec["stats"].summary()["draft_vocab"] == 2048
 
 
-def test_bytes_are_counted_by_the_engine_interface(native_rt):
+def test_bytes_are_counted_by_the_engine_interface(native_rt, rtn_checkpoint):
+    """A target pass reads every stored tensor once (the default head nested at 8 bits, the embedding read from its
+    rows: one row of both planes and its scales a token), counted from the shards' headers, not by the engine."""
     s = native_rt.generate(native_rt.encode("Name three colours."), GenerateConfig(policy="target", max_new_tokens=6))
-    eng, stats = native_rt.engine, s["stats"]
-    emb = embedding_row_bytes(native_rt.ckpt)          # a row of the default nested head's planes and scales
-    assert stats.weight_bytes == stats.target_passes * (eng.pass_weight_bytes["target"] + emb) > 0
+    stats, stored = s["stats"], stored_tensor_bytes(rtn_checkpoint)
+    vocab = native_rt.ckpt.config.vocab_size
+    emb = sum(stored[f"lm_head.{p}"] for p in ("base", "refine", "scale")) // vocab
+    assert native_rt.ckpt.embedding_from_head and emb == embedding_row_bytes(native_rt.ckpt)
+    assert stats.weight_bytes == stats.target_passes * (sum(stored.values()) + emb) > 0
     assert stats.kv_bytes > 0 and stats.summary()["backend"] == "native"
 
 
