@@ -154,6 +154,18 @@ def test_the_prefill_budget_catches_plane_bytes_unpacked_one_at_a_time(tmp_path)
     assert any("per weight byte" in f for f in planted["budget_failures"]), planted
 
 
+def test_a_hopper_gemm_counts_its_warpgroup_mmas(tmp_path):
+    """For sm_90 Triton runs a prefill GEMM's tl.dot on the warpgroup MMAs (IGMMA in the SASS, where sm_87 has IMMA):
+    the proxy counts them as the main loop's matrix instructions, so `--arch sm_90` does not report a tensor-core
+    kernel as having none (what it reported while only IMMA and HMMA were matched)."""
+    code = ("import json, sys; from pathlib import Path; from plugins.kernels.aot import compile_spec, kernel_specs; "
+            "spec = next(s for s in kernel_specs(90) if s.name == 'gemm_target_m64_canonical'); "
+            "print(json.dumps([compile_spec(spec, Path(sys.argv[1]), 90)]))")
+    (row,) = compile_planted(tmp_path, code)
+    assert row["target"].startswith("sm_90") and row["imma"] == row["loop_imma"] > 0 and row["hmma"] == 0, row
+    assert row["budget_failures"] == [], row
+
+
 def test_compile_kernels_exits_1_naming_a_kernel_over_budget(tmp_path):
     """Without --out the kernels go to a new temporary folder; a budget the shipped kernels cannot meet (a register
     cap of 16, set in the module's table) makes the command exit 1 with one line naming the kernel over it."""

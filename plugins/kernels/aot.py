@@ -1,6 +1,7 @@
 """Ahead-of-time compilation of every kernel for a GPU architecture without a GPU (`triton.compile` with an explicit
 target), and the resource summary of each: registers and spills (from the bundled ptxas), shared memory (Triton's
-metadata), and which matrix instructions the SASS holds (int8 IMMA, float16 HMMA, dp4a).
+metadata), and which matrix instructions the SASS holds (int8 IMMA, float16 HMMA, dp4a; from Hopper on a tensor-core
+kernel may issue the warpgroup forms IGMMA / HGMMA instead, counted with them).
 
 Argument types are the ones the launchers pass at run time (activations, queries and new K/V are float32; the
 float16-activation GEMV variants take float16), so the registers reported are those of the kernels that run.
@@ -43,6 +44,8 @@ from triton.compiler import ASTSource
 from plugins.kernels import attention, attention_prefill, decoder_ops, gemm, gemv, gemv_decode, kv_write, swiglu
 
 JETPACK6_PTX = 85     # PTX ISA 8.5: the newest the CUDA 12.6 driver (JetPack 6.1/6.2) loads
+IMMA = r"\bIG?MMA\b"   # int8 tensor-core instructions in SASS: IMMA, or from sm_90 on the warpgroup IGMMA (wgmma)
+HMMA = r"\bHG?MMA\b"   # float16 ones: HMMA, or HGMMA
 BUDGETS = {"registers": 128, "spill_bytes": 0, "instructions_per_weight_byte": 4.0}   # decode GEMVs, sm_87
 ATTENTION_BUDGETS = {"spill_bytes": 0, "instructions_per_kv8_byte": 10.0,
                      "instructions_per_kv4_byte": 20.0, "instructions_per_kv8_byte_edge": 12.0,
@@ -303,7 +306,7 @@ def _sass(cubin_file: Path) -> str:
 
 def sass_instructions(sass: str) -> dict:
     """Counts of the matrix / dot-product instructions and of 128-bit global loads in `sass` (cuobjdump -sass)."""
-    return {"imma": len(re.findall(r"\bIMMA\b", sass)), "hmma": len(re.findall(r"\bHMMA\b", sass)),
+    return {"imma": len(re.findall(IMMA, sass)), "hmma": len(re.findall(HMMA, sass)),
             "idp4a": len(re.findall(r"\bIDP\.4A\b", sass)), "ldg128": len(re.findall(r"\bLDG\.E\S*\.128\b", sass)),
             "sass_lines": sass.count("\n")}
 
@@ -334,7 +337,7 @@ def main_loop(sass: str) -> list[str]:
     the GEMM's runs of a split of K), or the largest loop holding a global load where no loop has a dot; empty
     where there is none."""
     spans = _spans(sass)
-    dots = [t for t in spans if any(re.search(r"\b(IDP\.4A|IMMA|HMMA)\b", o) for o in t[2])]
+    dots = [t for t in spans if any(re.search(rf"\bIDP\.4A\b|{IMMA}|{HMMA}", o) for o in t[2])]
     inner = [t for t in dots if not any(o is not t and t[0] <= o[0] and o[1] <= t[1] for o in dots)]
     return max([t[2] for t in inner] or [t[2] for t in spans], key=len, default=[])
 
@@ -361,8 +364,8 @@ def sass_proxy(sass: str, spec: KernelSpec) -> dict:
            "loop_unroll": unroll, "loop_ldg128": sum(bool(re.search(r"\bLDG\.E\S*\.128\b", o)) for o in loop),
            "instructions_per_weight_byte": round(per_byte, 3)}
     if spec.prefill:          # a GEMM's weight byte serves its BLOCK_M tokens: what a token of a chunk costs
-        out |= {"loop_tokens": spec.loop_tokens, "loop_imma": sum(bool(re.search(r"\bIMMA\b", o)) for o in loop),
-                "loop_hmma": sum(bool(re.search(r"\bHMMA\b", o)) for o in loop),
+        out |= {"loop_tokens": spec.loop_tokens, "loop_imma": sum(bool(re.search(IMMA, o)) for o in loop),
+                "loop_hmma": sum(bool(re.search(HMMA, o)) for o in loop),
                 "instructions_per_weight_byte_token": round(per_byte / spec.loop_tokens, 4)}
     return out
 
