@@ -379,3 +379,48 @@ def test_the_python_api_answers_and_streams_as_the_chat(rtn_checkpoint, chat):
         with llm.stream(PROMPT, max_tokens=200, temperature=0) as s:
             next(s)
         assert s.answer.finish_reason == "cancelled" and len(s.answer.tokens) < 200
+
+
+def test_a_queued_stream_gets_sse_comments_until_its_first_token(rtn_checkpoint):
+    """A stream queued behind a generation (`--sse-ping 0.1`: a comment after 0.1 s without a byte) receives `: ping`
+    lines while it waits, then its events; the openai client's stream, queued the same way, skips them and its text
+    is the whole answer's. A stream that keeps flowing (the module's server, 15 s) carries none (test above)."""
+    s = start_server(rtn_checkpoint, "--policy", "target", "--max-queue", 1, "--sse-ping", 0.1)
+    busy = {"prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 80, "temperature": 0, "stream": True}
+    ask = {"model": "bitnest", "prompt": "To be, or not to be,", "max_tokens": 6, "temperature": 0}
+
+    def behind_a_generation(queued):
+        """Run `queued()` once a long stream has sent its first token (so it waits its whole generation)."""
+        started = threading.Event()
+
+        def hold():
+            with httpx.stream("POST", f"{s.url}/v1/completions", json=busy, timeout=300) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: {"):
+                        started.set()
+            started.set()
+
+        t = threading.Thread(target=hold, daemon=True)
+        t.start()
+        assert started.wait(300)
+        try:
+            return queued()
+        finally:
+            t.join(300)
+
+    def raw():
+        with httpx.stream("POST", f"{s.url}/v1/completions", json={**ask, "stream": True}, timeout=300) as r:
+            return [line for line in r.iter_lines() if line]
+
+    try:
+        lines = behind_a_generation(raw)
+        first = next(i for i, line in enumerate(lines) if line.startswith("data: "))
+        assert first >= 2 and set(lines[:first]) == {": ping"}, lines[:first + 1]
+        assert lines[-1] == "data: [DONE]" and all(x.startswith("data: ") or x == ": ping" for x in lines)
+        text = "".join(json.loads(x[6:])["choices"][0]["text"] for x in lines if x.startswith("data: {"))
+        client = s.client()
+        streamed = behind_a_generation(lambda: list(client.completions.create(**ask, stream=True)))
+        whole = client.completions.create(**ask)
+        assert "".join(c.choices[0].text for c in streamed) == text == whole.choices[0].text and text
+    finally:
+        s.stop()

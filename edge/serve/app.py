@@ -244,10 +244,18 @@ class Server:
         event = lambda text, **kw: protocol.sse(protocol.chunk(rid, created, name, req, text, **kw))
 
         async def events():
+            getter = None                  # the pending read of the next delta, kept across pings (none is lost)
             try:
                 if req.kind == CHAT:
                     yield event(None, role=True)
-                while (text := await deltas.get()) is not _END:
+                while True:
+                    getter = getter or asyncio.ensure_future(deltas.get())
+                    if not (await asyncio.wait({getter}, timeout=self.config.sse_ping))[0]:
+                        yield protocol.SSE_PING        # nothing for sse_ping seconds: a comment keeps proxies open
+                        continue
+                    text, getter = getter.result(), None
+                    if text is _END:
+                        break
                     yield event(text)
                 try:
                     out = await result
@@ -266,6 +274,8 @@ class Server:
                     yield protocol.sse(protocol.usage_chunk(rid, created, name, req, a, served))
                 yield protocol.sse("[DONE]")
             finally:
+                if getter is not None:
+                    getter.cancel()
                 cancel.set()               # a client that left ends the generation at its next round
                 self.active.discard(cancel)
 

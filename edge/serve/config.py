@@ -45,7 +45,9 @@ class ServeConfig:
     any; `ip`: any IP literal), else 421. `cors_origins`: browser origins allowed to call (none by default).
     `max_tokens`: a cap on every request's new tokens; `time_limit`: seconds a generation may run (it then ends with
     finish reason `length`). Timeouts in seconds: `header_timeout` for a request's headers, `body_timeout` for its
-    body, `keep_alive` for an idle connection between requests; `max_connections` open at once (503 past them)."""
+    body, `keep_alive` for an idle connection between requests; `max_connections` open at once (503 past them).
+    `sse_ping`: seconds a stream may go without a byte (queued behind other generations, or in a long prompt's
+    prefill) before the server sends an SSE comment, so a proxy's idle timeout does not cut it."""
 
     max_queue: int = 8
     retry_after: int = 1
@@ -58,6 +60,7 @@ class ServeConfig:
     body_timeout: float = 30.0
     keep_alive: float = 5.0
     max_connections: int = 64
+    sse_ping: float = 15.0
 
     def __post_init__(self):
         if self.max_queue < 0 or self.retry_after < 0:
@@ -68,7 +71,7 @@ class ServeConfig:
             raise ValueError("--max-tokens must be at least 1")
         if self.time_limit is not None and not self.time_limit > 0:
             raise ValueError("--time-limit must be more than 0 seconds")
-        if min(self.header_timeout, self.body_timeout, self.keep_alive) <= 0 or self.max_connections < 1:
+        if min(self.header_timeout, self.body_timeout, self.keep_alive, self.sse_ping) <= 0 or self.max_connections < 1:
             raise ValueError("timeouts must be more than 0 seconds and the connection limit at least 1")
         object.__setattr__(self, "allowed_hosts", tuple(h.lower() for h in self.allowed_hosts))
 

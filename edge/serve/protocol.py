@@ -308,3 +308,6 @@ def usage_chunk(rid: str, created: int, model: str, req: Request, a: Answer, ser
 def sse(obj) -> str:
     """One server-sent event."""
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
+
+
+SSE_PING = ": ping\n\n"    # an SSE comment: clients skip it (the SSE spec; OpenAI's SDK), a proxy sees bytes flow

@@ -45,6 +45,9 @@ def parser(prog: str = "serve.py") -> argparse.ArgumentParser:
                    help="seconds for a request's body to arrive (then 408)")
     g.add_argument("--keep-alive", type=positive(), default=5.0, metavar="S",
                    help="seconds an idle connection stays open between requests")
+    g.add_argument("--sse-ping", type=positive(), default=15.0, metavar="S",
+                   help="seconds a stream may go without a byte (queued, or in a long prefill) before an SSE comment "
+                   "line is sent, so proxies' idle timeouts keep it")
     g.add_argument("--max-connections", type=count(1), default=64,
                    help="connections open at once; one more gets 503 and is closed")
     g.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
@@ -62,7 +65,7 @@ def serve_config(a):
                        allowed_hosts=default_hosts(a.host) + tuple(a.allowed_host),
                        cors_origins=tuple(a.cors_origin), max_tokens=a.max_tokens, time_limit=a.time_limit,
                        header_timeout=a.header_timeout, body_timeout=a.body_timeout, keep_alive=a.keep_alive,
-                       max_connections=a.max_connections)
+                       max_connections=a.max_connections, sse_ping=a.sse_ping)
 
 
 class _Stopped(Exception):
