@@ -28,16 +28,18 @@ def test_nest_views_is_the_rtn_nest_bit_for_bit(gen, shape, g):
 
 
 def _reference_views(w, g):
-    """The same nest written with autograd: straight-through rounding, float16 scale passed straight through."""
+    """The same nest written with autograd: rounding and clipping passed straight through (the codes' gradient is 1,
+    as nest_views defines it: no clamp of autograd's, whose gradient at a bound is 1 up to torch 2.13 and 0 from
+    2.14), the float16 scale passed straight through."""
     n, k = w.shape
     wg = w.reshape(n, k // g, g)
     s = wg.abs().amax(-1, keepdim=True) / 7
     s = s + (s.half().float() - s).detach()
-    ste = lambda x: x + (torch.round(x) - x).detach()
-    q4 = torch.clamp(ste(wg / s), -8, 7)
+    ste = lambda x, code: x + (code(torch.round(x.detach())) - x).detach()
+    q4 = ste(wg / s, lambda r: torch.clamp(r, -8, 7))
     draft = q4 * s
     lo = torch.where(q4.detach() == -8, 0.0, -8.0)
-    qr = torch.clamp(torch.maximum(ste((wg - draft) / (s / 16)), lo), max=7.0)
+    qr = ste((wg - draft) / (s / 16), lambda r: torch.clamp(torch.maximum(r, lo), max=7.0))
     return draft.reshape(n, k), ((16 * q4 + qr) * (s / 16)).reshape(n, k)
 
 
