@@ -62,9 +62,24 @@ def source_hash() -> str:
     return h.hexdigest()[:16]
 
 
+def _cpp_extension():
+    """torch.utils.cpp_extension, imported without the warning a CUDA build of torch logs at that import where it finds
+    a CUDA_HOME but no CUDA runtime (a CPU machine): the native step is CPU code, and the line would break every
+    command's one-line error there."""
+    import logging
+    log = logging.getLogger("torch.utils.cpp_extension")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        from torch.utils import cpp_extension
+    finally:
+        log.setLevel(level)
+    return cpp_extension
+
+
 def _preflight() -> Optional[str]:
     """The reason the library cannot be built here, or None."""
-    from torch.utils import cpp_extension
+    cpp_extension = _cpp_extension()
     cxx = os.environ.get("CXX", "c++")
     if shutil.which(cxx) is None:
         return f"no C++ compiler ({cxx} not found): install g++ (apt-get install g++)"
@@ -115,7 +130,7 @@ def _clear_stale_baton(folder: Path) -> None:
 
 def _build_and_load(folder: Path) -> Optional[str]:
     """Under the build lock: build if needed, load, log a build that made a new library; the failure's reason or None."""
-    from torch.utils import cpp_extension
+    cpp_extension = _cpp_extension()
     _clear_stale_baton(folder)
     lib = folder / "bitnest_native.so"
     before = lib.stat().st_mtime_ns if lib.is_file() else None  # built before: no compiler needed unless sources changed
