@@ -96,7 +96,9 @@ def test_default_gguf_metadata_folder_is_the_converted_config_and_tokenizer(stre
 
     conv = json.loads((converted / "config.json").read_text())
     assert streamed.config == config_from_hf(conv)
-    assert streamed.hf_config == conv
+    writer = "transformers_version"          # which transformers wrote each (the converted folder is cached across
+    assert {k: v for k, v in streamed.hf_config.items() if k != writer} == \
+        {k: v for k, v in conv.items() if k != writer}                     # installs): not part of the config
     assert streamed.config.tie_word_embeddings and streamed.config.eos_token_ids == (2,)
     assert [p.name for p in streamed.tokenizer_files()] == [f for f in TOKENIZER_FILES if (converted / f).is_file()]
     assert not list(streamed.folder.glob("*.safetensors")) and not list(streamed.folder.glob("*.bin"))
