@@ -30,13 +30,22 @@ NORM_READERS = {"input_layernorm": "self_attn.q_proj", "post_attention_layernorm
 
 
 def kernel_device() -> torch.device:
-    """The device the kernels run on: the GPU, or the CPU under the Triton interpreter; else a one-line error."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    """The device the kernels run on: the GPU, or the CPU under the Triton interpreter or a launch capture (the
+    kernels compiled for a GPU, none run: plugins.kernels.launches); else a one-line error."""
+    if os.environ.get("TRITON_INTERPRET") == "1" or _capturing():
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise BitNestError("the triton backend needs a CUDA GPU (none found): use --backend cpu, or set "
                            "TRITON_INTERPRET=1 to run its kernels in the (slow) Triton interpreter")
     return torch.device("cuda")   # the kernel modules point Triton at the system ptxas (plugins.kernels.common)
+
+
+def _capturing() -> bool:
+    try:
+        from plugins.kernels.common import capture_arch
+    except ImportError:          # no triton: no capture either (`_kernels` says what to install)
+        return False
+    return capture_arch() is not None
 
 
 def _kernels():

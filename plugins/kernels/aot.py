@@ -33,7 +33,6 @@ PTX version follows the installed CUDA).
 """
 
 import re
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,10 +41,11 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from plugins.kernels import attention, attention_prefill, decoder_ops, gemm, gemv, gemv_decode, kv_write, swiglu
+from plugins.kernels.sass import (  # noqa: F401  (ptxas_usage, sass_instructions: read through aot by tests)
+    HMMA, IMMA, _plane_loads, _sass, load_loops, main_loop, ptxas_usage, sass_instructions,
+)
 
 JETPACK6_PTX = 85     # PTX ISA 8.5: the newest the CUDA 12.6 driver (JetPack 6.1/6.2) loads
-IMMA = r"\bIG?MMA\b"   # int8 tensor-core instructions in SASS: IMMA, or from sm_90 on the warpgroup IGMMA (wgmma)
-HMMA = r"\bHG?MMA\b"   # float16 ones: HMMA, or HGMMA
 BUDGETS = {"registers": 128, "spill_bytes": 0, "instructions_per_weight_byte": 4.0}   # decode GEMVs, sm_87
 ATTENTION_BUDGETS = {"spill_bytes": 0, "instructions_per_kv8_byte": 10.0,
                      "instructions_per_kv4_byte": 20.0, "instructions_per_kv8_byte_edge": 12.0,
@@ -125,10 +125,16 @@ def _decode(name, target, m, g=128, runtime_view=False, held=True, tiled=True, r
     const = {"M": m, "TARGET": target, "HAS_OFFSET": False, "PARTIAL": True, "G": g, "ROWS": rows, "BLOCK_S": block_s,
              "INTERP": 0, "RUNTIME_VIEW": runtime_view, "TILED": tiled, "FUSED_REDUCE": gemv.FUSED_SPLIT_REDUCE,
              "HAS_RES": residual}
-    planes = 2 if target or runtime_view else 1       # a run-time view's largest loop is its target view's
     return KernelSpec(name, gemv_decode.decode_gemv_kernel, sig | {k: "constexpr" for k in const}, const,
-                      gemv.DECODE_WARPS, loop_weight_bytes=rows * block_s * planes * g // 2, decode=True,
-                      held=held, divisible=("N", "K"))
+                      gemv.DECODE_WARPS, loop_weight_bytes=decode_loop_bytes(const), decode=True, held=held,
+                      divisible=("N", "K"))
+
+
+def decode_loop_bytes(const: dict) -> int:
+    """Plane bytes a decode GEMV program reads a main-loop iteration (one group of its rows), from its constants:
+    both planes for the target view and a run-time view (whose largest loop is its target view's)."""
+    planes = 2 if const["TARGET"] or const["RUNTIME_VIEW"] else 1
+    return const["ROWS"] * const["BLOCK_S"] * planes * const["G"] // 2
 
 
 def held_to_budget(target: bool, m: int, g: int) -> bool:
@@ -280,77 +286,6 @@ def kernel_specs(arch: int = 87) -> list[KernelSpec]:
     ]
 
 
-def _tool(name: str) -> str:
-    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
-
-
-def ptxas_usage(ptx_file: Path, arch: int) -> dict:
-    """Registers and spill bytes as the bundled ptxas reports them for `ptx_file`, compiled for the target its PTX
-    names (sm_90a where Triton targets Hopper's arch-specific features; else sm_`arch`); ValueError with ptxas's own
-    line where it refuses."""
-    target = re.search(r"^\.target (sm_\w+)", ptx_file.read_text(), re.M)
-    run = subprocess.run([_tool("ptxas"), "-v", f"--gpu-name={target.group(1) if target else f'sm_{arch}'}",
-                          str(ptx_file), "-o", "/dev/null"], capture_output=True, text=True)
-    out = run.stderr
-    if run.returncode:
-        fatal = [ln for ln in out.splitlines() if "fatal" in ln or "error" in ln] or ["no message"]
-        raise ValueError(f"ptxas refused {ptx_file.name} for sm_{arch}: {fatal[0].strip()[:200]}")
-    regs = re.search(r"Used (\d+) registers", out)
-    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out)
-    return {"registers": int(regs.group(1)) if regs else None,
-            "spill_store_bytes": int(spill.group(1)) if spill else 0,
-            "spill_load_bytes": int(spill.group(2)) if spill else 0}
-
-
-def _sass(cubin_file: Path) -> str:
-    return subprocess.run([_tool("cuobjdump"), "-sass", str(cubin_file)], capture_output=True, text=True,
-                          check=True).stdout
-
-
-def sass_instructions(sass: str) -> dict:
-    """Counts of the matrix / dot-product instructions and of 128-bit global loads in `sass` (cuobjdump -sass)."""
-    return {"imma": len(re.findall(IMMA, sass)), "hmma": len(re.findall(HMMA, sass)),
-            "idp4a": len(re.findall(r"\bIDP\.4A\b", sass)), "ldg128": len(re.findall(r"\bLDG\.E\S*\.128\b", sass)),
-            "sass_lines": sass.count("\n")}
-
-
-def _spans(sass: str) -> list[tuple[int, int, list[str]]]:
-    """(first address, last address, instructions) of each loop of `sass` holding a global load, in code order: from
-    a backward branch's target to the branch (cuobjdump prints each instruction as /*ADDR*/ OPCODE ...;)."""
-    code = [(int(a, 16), op.strip()) for a, op in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-    loops = []
-    for addr, op in code:
-        jump = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", op)
-        if jump and int(jump.group(1), 16) <= addr:
-            start = int(jump.group(1), 16)
-            body = [o for a, o in code if start <= a <= addr]
-            if any(re.search(r"\bLDG\b", o) for o in body):
-                loops.append((start, addr, body))
-    return sorted(loops, key=lambda t: t[0])
-
-
-def load_loops(sass: str) -> list[list[str]]:
-    """The instructions of each loop of `sass` holding a global load, in code order (`_spans`)."""
-    return [body for _, _, body in _spans(sass)]
-
-
-def main_loop(sass: str) -> list[str]:
-    """The largest innermost loop of `sass` holding a global load (`_spans`) and a dot instruction (dp4a, IMMA, HMMA:
-    a GEMV's weight stream, not its split reduction's loop over partials, nor an outer loop around the stream, as
-    the GEMM's runs of a split of K), or the largest loop holding a global load where no loop has a dot; empty
-    where there is none."""
-    spans = _spans(sass)
-    dots = [t for t in spans if any(re.search(rf"\bIDP\.4A\b|{IMMA}|{HMMA}", o) for o in t[2])]
-    inner = [t for t in dots if not any(o is not t and t[0] <= o[0] and o[1] <= t[1] for o in dots)]
-    return max([t[2] for t in inner] or [t[2] for t in spans], key=len, default=[])
-
-
-def _plane_loads(loop: list[str]) -> int:
-    """Global loads of 32 bits or more in `loop` (plane words; the float16 scales are 16-bit loads)."""
-    ops = [o.split()[1] if o.startswith("@") else o.split()[0] for o in loop]
-    return sum(op.startswith("LDG") and not re.search(r"\.[US](8|16)\b", op) for op in ops)
-
-
 def sass_proxy(sass: str, spec: KernelSpec) -> dict:
     """The bandwidth proxy of a GEMV (module docstring): its main loop's instructions and the lane instructions
     per weight byte they cost. ptxas may unroll a decode GEMV's loop (it does at group 32): the loop then covers
@@ -469,6 +404,11 @@ def compile_spec(spec: KernelSpec, out_dir: Path, arch: int = 87, ptx_version: i
         options["maxnreg"] = spec.maxnreg
     k = triton.compile(ASTSource(spec.fn, spec.signature, spec.constexprs, spec.attrs()),
                        target=GPUTarget("cuda", arch, 32), options=options)
+    return summarize(k, spec, out_dir, arch)
+
+
+def summarize(k, spec: KernelSpec, out_dir: Path, arch: int) -> dict:
+    """`compile_spec`'s summary of k, the spec compiled (Triton's CompiledKernel), its PTX and cubin written."""
     ptx, cubin = out_dir / f"{spec.name}.ptx", out_dir / f"{spec.name}.cubin"
     ptx.write_text(k.asm["ptx"])
     cubin.write_bytes(k.asm["cubin"])

@@ -47,7 +47,7 @@ from plugins.kernels.attention_prefill import (
     prefill_rows,
     prefill_warps,
 )
-from plugins.kernels.common import INTERPRET
+from plugins.kernels.common import INTERPRET, capture_arch
 from plugins.kernels.gemv import quantize_decode_buffers, split_counters
 from plugins.kernels.gemv_decode import DECODE_MAX_M, MAX_SLOTS, last_quantizes, tail_block
 from plugins.kernels.kv_codes import attend_range, lengths, split16
@@ -86,8 +86,10 @@ def _capability(index: int) -> int:
 
 
 def _register_cap(dev: torch.device, prefill: bool = False) -> int:
-    """The launch's ptxas register cap on `dev` (a CUDA device; the interpreter: sm_87's)."""
-    cc = _capability(torch.cuda.current_device() if dev.index is None else dev.index) if dev.type == "cuda" else 87
+    """The launch's ptxas register cap on `dev` (a CUDA device; a launch capture: its architecture's; the
+    interpreter: sm_87's)."""
+    cc = _capability(torch.cuda.current_device() if dev.index is None else dev.index) if dev.type == "cuda" else \
+        capture_arch() or 87
     return prefill_register_cap(cc) if prefill else register_cap(cc)
 
 

@@ -64,7 +64,10 @@ def prefill_grid(hkv: int, r: int, d: int, t: int) -> tuple[int, int]:
     return hkv, triton.cdiv(t, prefill_rows(d) // r)
 
 
-@triton.jit(do_not_specialize=["T"])
+# T: one program for any chunk width. The output strides: specialized as multiples of 16 (what every real launch
+# has), Triton 3.9 vectorized the tile's one output store and the d64 tile spilled 4 bytes at sm_87's cap of 192
+# (`bitnest compile-kernels --launches` on the default model); unspecialized, no spill and the same loops
+@triton.jit(do_not_specialize=["T", "s_h", "s_t"])
 def flash_prefill_kernel(
     q_ptr, base_ptr, refine_ptr, scale_ptr, sbase_ptr, srefine_ptr, sscale_ptr, out_ptr,
     main_ptr, seq_ptr, kv8_ptr,

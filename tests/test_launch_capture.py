@@ -1,0 +1,123 @@
+"""The proxy on what the triton backend really launches (plugins/kernels/launches.py, `bitnest compile-kernels
+--launches`): every launch of a speculative round and of target and draft steps on the default model goes through
+Triton's own launch path for sm_87 without a GPU, compiles, meets the budgets of the specs it mirrors, and matches
+them; the capture leaves Triton as it found it, parses a launch's options as a device would, and catches a launcher
+change the hand-written specs would not."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}    # the compiler, not the interpreter
+
+LAUNCHED = {"decode_gemv_kernel", "flash_decode_kernel", "chunk_reduce_kernel", "rms_norm_decode_kernel",
+            "swiglu_decode_kernel", "rope_write_kv_kernel", "gemm_kernel", "flash_prefill_kernel"}
+
+
+def _child(code: str, *args: str) -> str:
+    run = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=ENV, cwd=ROOT,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run.stdout.strip().splitlines()[-1]
+
+
+def test_every_launch_of_the_default_models_passes_compiles_for_sm87_within_its_budgets(rtn_checkpoint, tmp_path):
+    """The default model's passes through the triton backend (a prefill chunk, a draft pass, a 5-token verification,
+    a target and a draft step): every kernel family of a decode layer is launched, each variant compiles for sm_87
+    with no spill, the decode GEMVs of both views and both group sizes meet BUDGETS and flash decoding and the prefill
+    tile theirs; each launched decode GEMV and flash-decoding variant carries the constants, warps and register cap
+    of the spec `bitnest compile-kernels` holds for it (the split of K aside, which each linear's shape sets)."""
+    from plugins.kernels import aot
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "compile_kernels.py"), "--arch", "sm_87",
+                          "--launches", str(rtn_checkpoint), "--out", str(tmp_path), "--json"],
+                         capture_output=True, text=True, env=ENV, timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["budgets_met"] and result["launches"] == str(rtn_checkpoint)
+    rows = result["kernels"]
+    assert LAUNCHED <= {r["kernel"].split("_kernel")[0] + "_kernel" for r in rows}
+    assert all(r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0 for r in rows), rows
+    decode = [r for r in rows if r["kernel"].startswith("decode_gemv_kernel")]
+    seen = {(r["constexprs"]["TARGET"], r["constexprs"]["M"], r["constexprs"]["G"]) for r in decode}
+    assert {(False, 1, 64), (False, 1, 128), (True, 1, 64), (True, 1, 128), (True, 5, 64), (True, 5, 128)} <= seen
+    for r in decode:
+        c = r["constexprs"]
+        assert r["held"] and r["budget_failures"] == [] and r["registers"] <= aot.BUDGETS["registers"], r
+        spec = aot._decode("spec", c["TARGET"], c["M"], c["G"], c["RUNTIME_VIEW"], tiled=c["TILED"],
+                           residual=c["HAS_RES"])
+        drop = lambda d: {k: v for k, v in d.items() if k not in ("PARTIAL", "FUSED_REDUCE")}
+        assert drop(spec.constexprs) == drop(c) and spec.num_warps == r["num_warps"], (spec.constexprs, c)
+    flash, = [r for r in rows if r["kernel"].startswith("flash_decode_kernel")]
+    c = flash["constexprs"]
+    spec = aot._attention("spec", c["D"], c["R"], 87)
+    assert {**spec.constexprs, "HKV": c["HKV"]} == c and spec.num_warps == flash["num_warps"]
+    assert flash["budget_failures"] == [] and flash["instructions_per_kv8_byte"] > 0
+
+
+CAPTURE = """
+import json, torch
+from triton.runtime import driver
+from triton.runtime.jit import JITFunction
+from plugins.kernels import decoder_ops
+from plugins.kernels.common import capture_arch
+from plugins.kernels.launches import captured_launches
+before = (driver._active, JITFunction._do_compile)
+x, w = torch.randn(3, 256), torch.randn(256).half()
+with captured_launches(90) as launches:
+    inside = capture_arch()
+    decoder_ops.rms_norm(x, w, 1e-5)
+    try:
+        decoder_ops.rms_norm_kernel[(1,)](x, w, x, 256, 256, 1e-5, BLOCK=256, ONE=True, not_an_option=1)
+        refused = None
+    except KeyError as e:
+        refused = str(e)
+launch, = launches
+print(json.dumps({"inside": inside, "after": capture_arch(), "restored": before == (driver._active,
+                  JITFunction._do_compile), "name": launch.name, "signature": launch.signature,
+                  "target": launch.kernel.metadata.target.arch, "refused": refused}))
+"""
+
+
+def test_a_capture_compiles_for_its_arch_parses_options_and_restores_triton():
+    """Under a capture for sm_90 a real launcher's kernel is compiled for sm_90 with the argument types of its call
+    and recorded, nothing runs, an option Triton does not know is refused as on a device, and afterwards Triton's
+    driver and compile path are as before (with no capture in progress)."""
+    out = json.loads(_child(CAPTURE))
+    assert out["inside"] == 90 and out["after"] is None and out["restored"], out
+    assert out["name"] == "rms_norm_kernel" and out["target"] == 90, out
+    assert out["signature"]["x_ptr"] == "*fp32" and out["signature"]["w_ptr"] == "*fp16", out
+    assert out["refused"] and "not_an_option" in out["refused"], out
+
+
+PREFILL = """
+import json, sys, tempfile
+from pathlib import Path
+import torch, triton
+import plugins.kernels as K
+from plugins.kernels import aot, attention, attention_prefill
+from plugins.kernels.launches import captured_launches, launch_spec
+from plugins.kv import quantize_kv
+if sys.argv[1] == "planted":       # the output strides specialized again, as the launcher once had them
+    attention.flash_prefill_kernel = attention_prefill.flash_prefill_kernel = triton.jit(
+        do_not_specialize=["T"])(attention_prefill.flash_prefill_kernel.fn)
+hq, hkv, d, t = 9, 3, 64, 64                      # the default model's heads, a prefill chunk of 64 queries
+kv = quantize_kv(torch.randn(2, hkv, 320, d))
+with captured_launches(87, aot.JETPACK6_PTX) as launches:
+    K.nested_kv_attention(torch.randn(hq, t, d), *kv, 256, 0)
+launch, = [x for x in launches if x.name == "flash_prefill_kernel"]
+row = aot.summarize(launch.kernel, launch_spec(launch, "prefill"), Path(tempfile.mkdtemp()), 87)
+print(json.dumps({k: row[k] for k in ("registers", "spill_store_bytes", "budget_failures")}))
+"""
+
+
+def test_the_capture_catches_the_prefill_tile_spill_its_spec_did_not_show():
+    """The prefill tile at the default model's heads, as its launcher calls it, meets its budgets on sm_87; with its
+    output strides specialized again (16-divisible in every real launch, never in the hand-written spec, which
+    compiled it without a spill) Triton vectorizes the tile's output store and it spills, which the capture sees."""
+    real = json.loads(_child(PREFILL, "real"))
+    assert real["spill_store_bytes"] == 0 and real["budget_failures"] == [], real
+    planted = json.loads(_child(PREFILL, "planted"))
+    assert planted["spill_store_bytes"] > 0 and any("spills" in f for f in planted["budget_failures"]), planted
