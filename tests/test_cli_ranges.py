@@ -73,7 +73,7 @@ BOUNDS = {
     "quality-table": {"--tokens": "int [2, inf)"},
     "verify-onnx": {"--prompts": "int [1, inf)", "--max-prompt-tokens": "int [1, inf)",
         "--new-tokens": "int [0, inf)", "--chunk": "int [1, inf)"},
-    "compile-kernels": {"--ptx-version": "int [10, inf)"},
+    "compile-kernels": {"--ptx-version": "int [10, inf)", "--sms": "int [1, inf)"},
     "bench-kernels": {"--repeats": "int [1, inf)"},
     "gemv-sweep": {"--repeats": "int [1, inf)"},
     "device-check": {"--repeats": "int [1, inf)", "--new-tokens": "int [1, inf)"},

@@ -61,13 +61,16 @@ CAPTURE = """
 import json, torch
 from triton.runtime import driver
 from triton.runtime.jit import JITFunction
-from plugins.kernels import decoder_ops
+from plugins.kernels import decoder_ops, gemv
 from plugins.kernels.common import capture_arch
 from plugins.kernels.launches import captured_launches
 before = (driver._active, JITFunction._do_compile)
 x, w = torch.randn(3, 256), torch.randn(256).half()
+cpu = torch.device("cpu")
+with captured_launches(87, sms=20):
+    chosen = gemv._sm_count(cpu)
 with captured_launches(90) as launches:
-    inside = capture_arch()
+    inside, sms = capture_arch(), gemv._sm_count(cpu)
     decoder_ops.rms_norm(x, w, 1e-5)
     try:
         decoder_ops.rms_norm_kernel[(1,)](x, w, x, 256, 256, 1e-5, BLOCK=256, ONE=True, not_an_option=1)
@@ -75,7 +78,8 @@ with captured_launches(90) as launches:
     except KeyError as e:
         refused = str(e)
 launch, = launches
-print(json.dumps({"inside": inside, "after": capture_arch(), "restored": before == (driver._active,
+print(json.dumps({"inside": inside, "sms": [chosen, sms, gemv._sm_count(cpu)], "after": capture_arch(),
+                  "restored": before == (driver._active,
                   JITFunction._do_compile), "name": launch.name, "signature": launch.signature,
                   "target": launch.kernel.metadata.target.arch, "refused": refused}))
 """
@@ -83,10 +87,12 @@ print(json.dumps({"inside": inside, "after": capture_arch(), "restored": before 
 
 def test_a_capture_compiles_for_its_arch_parses_options_and_restores_triton():
     """Under a capture for sm_90 a real launcher's kernel is compiled for sm_90 with the argument types of its call
-    and recorded, nothing runs, an option Triton does not know is refused as on a device, and afterwards Triton's
-    driver and compile path are as before (with no capture in progress)."""
+    and recorded, nothing runs, an option Triton does not know is refused as on a device, the GEMV's split of K is
+    planned for the captured GPU's SMs, and afterwards Triton's driver and compile path are as before (with no
+    capture in progress)."""
     out = json.loads(_child(CAPTURE))
     assert out["inside"] == 90 and out["after"] is None and out["restored"], out
+    assert out["sms"] == [20, 132, 8], out     # the split of K planned for the GPU captured (an H200's by default)
     assert out["name"] == "rms_norm_kernel" and out["target"] == 90, out
     assert out["signature"]["x_ptr"] == "*fp32" and out["signature"]["w_ptr"] == "*fp16", out
     assert out["refused"] and "not_an_option" in out["refused"], out
@@ -121,3 +127,15 @@ def test_the_capture_catches_the_prefill_tile_spill_its_spec_did_not_show():
     assert real["spill_store_bytes"] == 0 and real["budget_failures"] == [], real
     planted = json.loads(_child(PREFILL, "planted"))
     assert planted["spill_store_bytes"] > 0 and any("spills" in f for f in planted["budget_failures"]), planted
+
+
+def test_launches_of_an_unknown_model_or_sms_without_launches_are_one_line_errors():
+    """`--launches` names a checkpoint folder or a model preset; anything else, or `--sms` without it, is one line
+    naming the fix, exit 2 (a usage error), no traceback."""
+    for args, says in ((["--launches", "no-such-model"], "no checkpoint folder there and no model preset"),
+                       (["--sms", "20"], "give it with --launches")):
+        run = subprocess.run([sys.executable, str(ROOT / "scripts" / "compile_kernels.py"), "--arch", "sm_87", *args],
+                             capture_output=True, text=True, env=ENV, timeout=300)
+        lines = [ln for ln in run.stderr.splitlines() if ln.strip()]
+        assert run.returncode == 2 and says in run.stderr and "Traceback" not in run.stderr, run.stderr
+        assert len([ln for ln in lines if "compile_kernels.py" in ln]) == 1, run.stderr

@@ -1,4 +1,4 @@
-"""The proxy on what the `triton` backend really launches (`bitnest compile-kernels --launches CHECKPOINT`): the
+"""The proxy on what the `triton` backend really launches (`bitnest compile-kernels --launches CHECKPOINT|PRESET`): the
 backend's engine for a checkpoint runs a speculative round's passes (a prefill chunk, a draft pass, the γ+1-token
 verification) and a target and a draft step, under `plugins.kernels.launches.captured_launches(arch)`: Triton's JIT
 binds, specializes and compiles every launch for sm_`arch` as on that GPU, and nothing runs. Each distinct variant
@@ -21,16 +21,34 @@ def passes(gamma: int, prefill_chunk: int) -> list[Step]:
             + steps_at_end(CONTEXT, False, gamma, prefill_chunk, KVRead("kv4"), view="draft")[1:])
 
 
-def backend_launches(checkpoint: str, arch: int, ptx_version: int | None = None, gamma: int = 4,
-                     prefill_chunk: int = 64) -> list:
-    """The launches (plugins.kernels.launches.Launch) of the triton backend's engine on `checkpoint`: its load and
-    `passes`, compiled for sm_`arch` (at PTX ISA `ptx_version`), in launch order."""
+def _checkpoint(checkpoint: str):
+    """A checkpoint folder, or a model-shape preset (edge.memory.model_shapes) as one decoder block of random planes
+    with the default export's head and online rotations: every launch a block makes at those shapes (the blocks of a
+    model launch the same variants), at a memory this machine holds (Llama-3-8B's block and nested head: ~1.5 GB)."""
+    from dataclasses import replace
+
+    from edge.memory.model_shapes import MODEL_PRESETS
+    if checkpoint not in MODEL_PRESETS:
+        from edge.errors import BitNestError
+        from edge.model.checkpoint import load_checkpoint
+        if not Path(checkpoint).is_dir():
+            raise BitNestError(f"--launches {checkpoint}: no checkpoint folder there and no model preset of that name "
+                               f"(presets: {', '.join(MODEL_PRESETS)})")
+        return load_checkpoint(checkpoint)
+    from edge.memory.synthetic import exported_shapes, with_online_rotations
+    return with_online_rotations(exported_shapes(replace(MODEL_PRESETS[checkpoint], num_layers=1), "cpu"))
+
+
+def backend_launches(checkpoint: str, arch: int, ptx_version: int | None = None, sms: int | None = None,
+                     gamma: int = 4, prefill_chunk: int = 64) -> list:
+    """The launches (plugins.kernels.launches.Launch) of the triton backend's engine on `checkpoint` (a folder or a
+    model-shape preset: `_checkpoint`): its load and `passes`, compiled for sm_`arch` (at PTX ISA `ptx_version`) on a
+    GPU of `sms` SMs (captured_launches' default: Orin NX's 8 for sm_87), in launch order."""
     from edge.backends import make_engine
     from edge.engine import draft_slots
-    from edge.model.checkpoint import load_checkpoint
     from plugins.kernels.launches import captured_launches
-    ckpt = load_checkpoint(checkpoint)
-    with captured_launches(arch, ptx_version) as launches:
+    ckpt = _checkpoint(checkpoint)
+    with captured_launches(arch, ptx_version, sms) as launches:
         eng = make_engine("triton", ckpt, CONTEXT + prefill_chunk, scratch=draft_slots(gamma),
                           prefill_chunk=prefill_chunk)
         for step in passes(gamma, prefill_chunk):
@@ -38,13 +56,14 @@ def backend_launches(checkpoint: str, arch: int, ptx_version: int | None = None,
     return launches
 
 
-def compile_launches(checkpoint: str, out_dir: Path, arch: int, ptx_version: int, gamma: int = 4) -> list[dict]:
+def compile_launches(checkpoint: str, out_dir: Path, arch: int, ptx_version: int, sms: int | None = None,
+                     gamma: int = 4) -> list[dict]:
     """`aot.compile_spec`'s summary of each distinct variant the backend launches on `checkpoint`, as Triton's
     launch compiled it (at PTX ISA `ptx_version`, as `bitnest compile-kernels` pins it), with its constants
     ("constexprs")."""
     from plugins.kernels.aot import summarize
     from plugins.kernels.launches import distinct, launch_spec
-    launches = backend_launches(checkpoint, arch, ptx_version, gamma)
+    launches = backend_launches(checkpoint, arch, ptx_version, sms, gamma)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     for name, launch in distinct(launches).items():

@@ -11,8 +11,9 @@ prefill GEMMs also loop_tokens, loop_imma, instructions_per_weight_byte_token) a
 Exit 1 where a decode GEMV, prefill GEMM or attention kernel held to a budget misses it (plugins/kernels/aot.py),
 naming each miss; --decode-sweep compiles the decode GEMV at every M, view and group size instead; --launches
 CHECKPOINT compiles instead what the triton backend launches for that checkpoint's passes (a speculative round, a
-target and a draft step), through Triton's own launch path, with nothing run (edge/analysis/kernel_launches.py): the
-proxy on the variants that really run, and every launch option checked by the installed Triton. The PTX ISA is
+target and a draft step), or for a model preset's shapes (one block of random planes), through Triton's own launch
+path, with nothing run (edge/analysis/kernel_launches.py): the proxy on the variants that really run, and every
+launch option checked by the installed Triton. The PTX ISA is
 pinned to 8.5 by default so it loads on the CUDA 12.6 driver of JetPack 6.1/6.2.
 """
 
@@ -36,6 +37,8 @@ def run(a) -> dict:
         raise ValueError(f"--arch {a.arch!r}: give sm_XY with XY >= 80 (Orin is sm_87)")
     if a.launches and a.decode_sweep:
         raise ValueError("--launches and --decode-sweep each choose what to compile: give one")
+    if a.sms and not a.launches:
+        raise ValueError("--sms sets the GPU --launches plans its passes for: give it with --launches")
     try:
         from plugins.kernels.aot import compile_all
     except ImportError as e:
@@ -43,11 +46,11 @@ def run(a) -> dict:
     out = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix=f"bitnest-{a.arch}-"))
     if a.launches:
         from edge.analysis.kernel_launches import compile_launches
-        rows = compile_launches(a.launches, out, int(m.group(1)), a.ptx_version)
+        rows = compile_launches(a.launches, out, int(m.group(1)), a.ptx_version, a.sms)
     else:
         rows = compile_all(out, int(m.group(1)), a.ptx_version, a.decode_sweep)
     misses = [f"{r['kernel']}: {'; '.join(r['budget_failures'])}" for r in rows if r.get("budget_failures") and r["held"]]
-    result = {"arch": a.arch, "ptx_version": a.ptx_version, "out": str(out), "launches": a.launches,
+    result = {"arch": a.arch, "ptx_version": a.ptx_version, "out": str(out), "launches": a.launches, "sms": a.sms,
               "budgets_met": not misses, "kernels": rows}
     tmp = out / "summary.json.tmp"
     tmp.write_text(json.dumps(result, indent=1))
@@ -74,8 +77,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ptx-version", type=count(10), default=85, help="PTX ISA version x10 (85 loads on CUDA 12.6)")
     p.add_argument("--decode-sweep", action="store_true",
                    help="instead: the decode GEMV at every M (1-8), view and group size (32, 64, 128)")
-    p.add_argument("--launches", metavar="CHECKPOINT",
-                   help="instead: what the triton backend launches for CHECKPOINT's passes, compiled, none run")
+    p.add_argument("--launches", metavar="CHECKPOINT|PRESET",
+                   help="instead: what the triton backend launches for a checkpoint's passes, or a model preset's "
+                        "(one block of random planes, e.g. llama-2-7b-32k), compiled, none run")
+    p.add_argument("--sms", type=count(), help="with --launches: the GPU's SMs the GEMV's split of K is planned for "
+                                               "(default: 8, Orin NX's, for sm_87; 132 for sm_90)")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
     return p
 

@@ -10,13 +10,19 @@ import triton.language as tl
 # The Triton interpreter (TRITON_INTERPRET=1, set before triton is imported) runs the kernels on CPU tensors;
 # kernels then route dots through float32 (its int8 products wrap and its low-precision dots are not IEEE).
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-CAPTURES: list[int] = []   # the compute capability of a launch capture in progress (`launches.captured_launches`)
+CAPTURES: list[tuple[int, int]] = []   # (compute capability, SMs) of a launch capture in progress (`launches`)
 
 
 def capture_arch() -> int | None:
     """The compute capability a launch capture in progress compiles for (None outside one): the launchers' stand-in
     for the device's, whose tensors are then on the CPU."""
-    return CAPTURES[-1] if CAPTURES else None
+    return CAPTURES[-1][0] if CAPTURES else None
+
+
+def capture_sms() -> int | None:
+    """The SMs of the GPU a launch capture in progress stands for (None outside one): what the GEMV's split of K is
+    planned for."""
+    return CAPTURES[-1][1] if CAPTURES else None
 
 # The CUDA toolkit's own ptxas on a JetPack 6 image (CUDA 12.6). Triton's bundled ptxas (12.9 with Triton 3.9)
 # emits PTX ISA 8.8 and cubins the JetPack 6 driver may not load (it reads PTX up to ISA 8.5), so every path that

@@ -108,18 +108,24 @@ def _record(launches: list, ptx_version: int | None):
     return compile_variant, do_compile
 
 
+# SMs of the GPU a capture stands for, by compute capability: Orin NX (the product's device; AGX Orin has 16), and
+# the H100 / H200 (132 SMs both)
+CAPTURE_SMS = {87: 8, 90: 132}
+
+
 @contextlib.contextmanager
-def captured_launches(arch: int = 87, ptx_version: int | None = None):
+def captured_launches(arch: int = 87, ptx_version: int | None = None, sms: int | None = None):
     """Within it, the Triton launches of this process compile for sm_`arch` and do not run; yields the list their
     variants are appended to, in launch order. `ptx_version`: the PTX ISA (x10) to emit instead of Triton's default
-    (on a device the installed CUDA's ptxas sets it: `aot.JETPACK6_PTX` for a Jetson). Needs the compiler (not
+    (on a device the installed CUDA's ptxas sets it: `aot.JETPACK6_PTX` for a Jetson); `sms`: the GPU's SMs, which
+    the GEMV's split of K is planned for (default CAPTURE_SMS's, else 8). Needs the compiler (not
     TRITON_INTERPRET=1); restores Triton's driver and compile path on exit."""
     launches: list[Launch] = []
     compile_variant, do_compile = _record(launches, ptx_version)
     previous = driver._active     # None until a first launch asks: reset_active would make one (no GPU: fails)
     driver.set_active(_Driver(arch))
     JITFunction._do_compile = do_compile
-    CAPTURES.append(arch)
+    CAPTURES.append((arch, sms or CAPTURE_SMS.get(arch, 8)))
     try:
         yield launches
     finally:
