@@ -92,7 +92,7 @@ class _NotLaunched:
         return None
 
 
-def _record(launches: list, ptx_version: int | None):
+def _record(launches: list, ptx_version: int | None, stubs: list):
     compile_variant = JITFunction._do_compile
 
     def do_compile(self, key, signature, device, constexprs, options, attrs, warmup):
@@ -103,8 +103,10 @@ def _record(launches: list, ptx_version: int | None):
         launches.append(Launch(self, dict(signature), {names[path[0]]: v for path, v in constexprs.items()},
                                {k: getattr(options, k, None) for k in ("num_warps", "num_stages", "maxnreg",
                                                                        "enable_fp_fusion")}, dict(attrs), kernel))
-        self.device_caches[device][0][key] = _NotLaunched()
-        return self.device_caches[device][0][key]
+        cache = self.device_caches[device][0]
+        cache[key] = _NotLaunched()
+        stubs.append((cache, key))         # taken out on exit: a launch after the capture compiles for real
+        return cache[key]
     return compile_variant, do_compile
 
 
@@ -119,9 +121,11 @@ def captured_launches(arch: int = 87, ptx_version: int | None = None, sms: int |
     variants are appended to, in launch order. `ptx_version`: the PTX ISA (x10) to emit instead of Triton's default
     (on a device the installed CUDA's ptxas sets it: `aot.JETPACK6_PTX` for a Jetson); `sms`: the GPU's SMs, which
     the GEMV's split of K is planned for (default CAPTURE_SMS's, else 8). Needs the compiler (not
-    TRITON_INTERPRET=1); restores Triton's driver and compile path on exit."""
+    TRITON_INTERPRET=1); restores Triton's driver, compile path and kernel caches on exit (each capture compiles
+    and records every variant it launches, none left behind as a launch that does nothing)."""
     launches: list[Launch] = []
-    compile_variant, do_compile = _record(launches, ptx_version)
+    stubs: list = []
+    compile_variant, do_compile = _record(launches, ptx_version, stubs)
     previous = driver._active     # None until a first launch asks: reset_active would make one (no GPU: fails)
     driver.set_active(_Driver(arch))
     JITFunction._do_compile = do_compile
@@ -132,6 +136,8 @@ def captured_launches(arch: int = 87, ptx_version: int | None = None, sms: int |
         CAPTURES.pop()
         JITFunction._do_compile = compile_variant
         driver._active = previous
+        for cache, key in stubs:
+            cache.pop(key, None)
 
 
 def launch_spec(launch: Launch, name: str) -> LaunchSpec:
@@ -150,20 +156,22 @@ def launch_spec(launch: Launch, name: str) -> LaunchSpec:
 
 
 def distinct(launches: list[Launch]) -> dict[str, Launch]:
-    """{name: launch} of each distinct variant, in first-launch order, named after its kernel and the constants
-    that tell it from the other variants of the same kernel (e.g. decode_gemv_kernel_M5_TARGET1_G64)."""
-    variants = {}
-    for launch in launches:      # a variant is compiled once a process; a second capture may compile it again
-        variants.setdefault((launch.fn, repr(sorted(launch.constexprs.items())), repr(launch.options)), launch)
+    """{name: launch} of the variants of one capture (each a compile of its own: Triton compiles a launch whose
+    constants, options or specialization differ), in launch order, named after the kernel and the constants that
+    tell it from the other variants of the same kernel (e.g. decode_gemv_kernel_M5_TARGET1_G64); variants that
+    differ in specialization alone (a pointer not 16-byte aligned) take a suffix _v2, _v3, ..."""
     by_fn: dict = {}
-    for launch in variants.values():
+    for launch in launches:
         by_fn.setdefault(launch.fn, []).append(launch)
     out = {}
-    for launch in variants.values():
+    for launch in launches:
         same = by_fn[launch.fn]
         keys = [k for k in launch.constexprs if len({repr(v.constexprs.get(k)) for v in same}) > 1]
         name = "_".join([launch.name] + [f"{k}{_short(launch.constexprs[k])}" for k in keys])
-        out[name if name not in out else f"{name}_{len(out)}"] = launch
+        n = 1
+        while (name if n == 1 else f"{name}_v{n}") in out:
+            n += 1
+        out[name if n == 1 else f"{name}_v{n}"] = launch
     return out
 
 
