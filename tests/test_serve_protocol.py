@@ -31,3 +31,18 @@ def test_text_parts_are_joined_a_line_each():
     parts = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "world"}]
     r = chat_request({"messages": [{"role": "user", "content": parts}]})
     assert r.messages[0]["content"] == "Hello\nworld", r.messages
+
+
+def test_a_server_fault_is_logged_under_an_id_and_its_text_stays_out_of_the_answer(capsys):
+    """A 500 names an incident id the log holds with the traceback; the fault's message (a path, a prompt) and type
+    stay in the log: the answer carries neither."""
+    from edge.serve.app import server_error
+    try:
+        open("/nonexistent/secret-prompt.txt")
+    except OSError as fault:
+        e = server_error(fault)
+    body, log = e.body()["error"], capsys.readouterr().err
+    incident = body["message"].split()[2].rstrip(":")
+    assert (e.status, body["code"], body["type"]) == (500, "internal_error", "server_error"), body
+    assert "secret-prompt" not in str(e.body()) and "FileNotFoundError" not in str(e.body()), body
+    assert f"internal error {incident}:" in log and "secret-prompt" in log and "Traceback" in log, log

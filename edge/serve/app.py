@@ -44,6 +44,17 @@ def unavailable(message: str, code: str) -> APIError:
     return APIError(503, message, None, code, "server_error")
 
 
+def server_error(e: Exception) -> APIError:
+    """A fault of the server itself (the request was checked before any work): its traceback goes to the server's log
+    under an incident id, and the client gets a 500 that names the id and nothing of the fault (its message may hold
+    paths, prompts or the model's internals)."""
+    incident = uuid.uuid4().hex[:12]
+    print(f"bitnest serve: internal error {incident}:", file=sys.stderr)
+    traceback.print_exception(type(e), e, e.__traceback__, file=sys.stderr)
+    return APIError(500, f"internal error {incident}: the server's log holds its details", None, "internal_error",
+                    "server_error")
+
+
 class Server:
     """The handlers' shared state: the LLM (None while it loads), the preparer with a tokenizer of the front's own
     (the engine thread decodes with the runtime's at the same time), the engine worker, the counters, and the cancel
@@ -162,7 +173,7 @@ class Server:
         except APIError as e:
             return error_response(e, {"Retry-After": "5"} if e.status == 503 else None)
         except Exception as e:          # a bug: answered in the same shape, and the server serves on
-            return error_response(self._server_error(e))
+            return error_response(server_error(e))
 
     def _job(self, p: Prepared, cancel: threading.Event, arrived: float, on_text=None):
         """The generation to run on the engine thread: None if it was cancelled while it waited, else the answer and
@@ -193,10 +204,6 @@ class Server:
             print(f"bitnest serve: the power meter stopped ({stopped}); answers go on without J/token",
                   file=sys.stderr)
 
-    def _server_error(self, e: Exception) -> APIError:
-        """A fault of the server itself (the request was checked before any work): logged with its traceback."""
-        traceback.print_exception(type(e), e, e.__traceback__, file=sys.stderr)
-        return APIError(500, f"internal error ({type(e).__name__}): {e}", None, "internal_error", "server_error")
 
     def _gone(self) -> Response:
         """The answer of a generation that ended without its client: 503 if the server stops, else nobody listens."""
@@ -260,7 +267,7 @@ class Server:
                 try:
                     out = await result
                 except Exception as e:
-                    yield protocol.sse(self._server_error(e).body())
+                    yield protocol.sse(server_error(e).body())
                     yield protocol.sse("[DONE]")
                     return
                 if out is None or out[0].finish_reason == CANCELLED:
@@ -330,7 +337,7 @@ def create_app(server: Server):
         return error_response(e, exc.headers)
 
     async def any_error(request: HTTPRequest, exc: Exception) -> Response:
-        return error_response(server._server_error(exc))
+        return error_response(server_error(exc))
 
     routes = [Route("/v1/chat/completions", server.chat, methods=["POST"]),
               Route("/v1/completions", server.completions, methods=["POST"]),
