@@ -40,6 +40,7 @@ def test_every_launch_of_the_default_models_passes_compiles_for_sm87_within_its_
     rows = result["kernels"]
     assert LAUNCHED <= {r["kernel"].split("_kernel")[0] + "_kernel" for r in rows}
     assert all(r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0 for r in rows), rows
+    assert all(r["constexprs"]["PDL"] is False and r["dependent_launch"] == "none" for r in rows), rows   # no PDL
     decode = [r for r in rows if r["kernel"].startswith("decode_gemv_kernel")]
     seen = {(r["constexprs"]["TARGET"], r["constexprs"]["M"], r["constexprs"]["G"]) for r in decode}
     assert {(False, 1, 64), (False, 1, 128), (True, 1, 64), (True, 1, 128), (True, 5, 64), (True, 5, 128)} <= seen
@@ -48,18 +49,28 @@ def test_every_launch_of_the_default_models_passes_compiles_for_sm87_within_its_
         assert r["held"] and r["budget_failures"] == [] and r["registers"] <= aot.BUDGETS["registers"], r
         spec = aot._decode("spec", c["TARGET"], c["M"], c["G"], c["RUNTIME_VIEW"], tiled=c["TILED"],
                            residual=c["HAS_RES"])
-        drop = lambda d: {k: v for k, v in d.items() if k not in ("PARTIAL", "FUSED_REDUCE")}
+        drop = lambda d: {k: v for k, v in d.items() if k not in ("PARTIAL", "FUSED_REDUCE", "PDL")}
         assert drop(spec.constexprs) == drop(c) and spec.num_warps == r["num_warps"], (spec.constexprs, c)
     flashes = [r for r in rows if r["kernel"].startswith("flash_decode_kernel")]   # by pointer alignment, 1-2
     for flash in flashes:
         c = flash["constexprs"]
         spec = aot._attention("spec", c["D"], c["R"], 87)
-        assert {**spec.constexprs, "HKV": c["HKV"]} == c and spec.num_warps == flash["num_warps"]
+        assert {**spec.constexprs, "HKV": c["HKV"], "PDL": False} == c and spec.num_warps == flash["num_warps"]
         assert flash["budget_failures"] == [] and flash["instructions_per_kv8_byte"] > 0
     assert flashes
 
 
-CAPTURE = """
+LATE = """
+import triton, triton.language as tl
+from plugins.kernels.common import dependent_launch
+@triton.jit
+def late_kernel(x_ptr, y_ptr, PDL: tl.constexpr = False):    # reads before it waits on the launch before it
+    v = tl.load(x_ptr + tl.arange(0, 128))
+    dependent_launch(PDL)
+    tl.store(y_ptr + tl.arange(0, 128), v)
+"""
+
+CAPTURE = f"LATE = {LATE!r}\n" + """
 import json, torch
 from triton.runtime import driver
 from triton.runtime.jit import JITFunction
@@ -71,7 +82,7 @@ x, w = torch.randn(3, 256), torch.randn(256).half()
 cpu = torch.device("cpu")
 with captured_launches(87, sms=20):
     chosen = gemv._sm_count(cpu)
-with captured_launches(90) as launches:
+with captured_launches(90, 85) as launches:      # PTX ISA 8.5: what the proxy's ptxas reads
     inside, sms = capture_arch(), gemv._sm_count(cpu)
     decoder_ops.rms_norm(x, w, 1e-5)
     try:
@@ -80,11 +91,25 @@ with captured_launches(90) as launches:
     except KeyError as e:
         refused = str(e)
 launch, = launches
+import sys, tempfile
+from pathlib import Path
+from plugins.kernels import aot
+from plugins.kernels.launches import launch_spec
+def order(launch):
+    return aot.summarize(launch.kernel, launch_spec(launch, launch.name), Path(tempfile.mkdtemp()), 90)[
+        "dependent_launch"]
+planted_dir = Path(tempfile.mkdtemp())           # Triton reads a kernel's source from its file
+(planted_dir / "planted_pdl.py").write_text(LATE)
+sys.path.insert(0, str(planted_dir))
+from planted_pdl import late_kernel
+with captured_launches(90, 85) as planted:
+    late_kernel[(1,)](x, x, PDL=True, launch_pdl=True)
+pdl = [launch.constexprs.get("PDL"), launch.options.get("launch_pdl"), order(launch), order(planted[0])]
 left = sum(type(k).__name__ == "_NotLaunched" for k in decoder_ops.rms_norm_kernel.device_caches[0][0].values())
 print(json.dumps({"inside": inside, "sms": [chosen, sms, gemv._sm_count(cpu)], "after": capture_arch(), "left": left,
                   "restored": before == (driver._active,
                   JITFunction._do_compile), "name": launch.name, "signature": launch.signature,
-                  "target": launch.kernel.metadata.target.arch, "refused": refused}))
+                  "target": launch.kernel.metadata.target.arch, "refused": refused, "pdl": pdl}))
 """
 
 
@@ -99,6 +124,33 @@ def test_a_capture_compiles_for_its_arch_parses_options_and_restores_triton():
     assert out["name"] == "rms_norm_kernel" and out["target"] == 90, out
     assert out["signature"]["x_ptr"] == "*fp32" and out["signature"]["w_ptr"] == "*fp16", out
     assert out["refused"] and "not_an_option" in out["refused"], out
+    # sm_90 launches with programmatic dependent launch, and its SASS waits on the launch before it before it
+    # touches global memory; a kernel that loads before its wait is caught
+    assert out["pdl"] == [True, True, "wait first", "late"], out
+
+
+HOPPER = """
+import json, os, sys
+from edge.analysis.kernel_launches import backend_launches
+launches = backend_launches(sys.argv[1], 90, compile_them=False)
+print(json.dumps([[x.name, x.constexprs.get("PDL"), x.options.get("launch_pdl")] for x in launches]))
+"""
+
+
+def test_on_hopper_every_launch_of_the_default_models_passes_is_a_dependent_launch(rtn_checkpoint):
+    """Every kernel the triton backend launches in a prefill chunk, a speculative round and target and draft steps is
+    launched for sm_90 with programmatic dependent launch (its PDL constant and the launch attribute: a launcher that
+    forgets either is caught); BITNEST_PDL=0 launches none with it. (Recorded, not compiled: the compiled kernels'
+    wait-first order is `compile-kernels --arch sm_90`'s `dependent_launch` column and the test above.)"""
+    on = json.loads(_child(HOPPER, str(rtn_checkpoint)))
+    assert LAUNCHED <= {name for name, _, _ in on}, on
+    assert all(flag is True and attr is True for _, flag, attr in on), on
+    env = dict(ENV, BITNEST_PDL="0")
+    run = subprocess.run([sys.executable, "-c", HOPPER, str(rtn_checkpoint)], capture_output=True, text=True, env=env,
+                         cwd=ROOT, timeout=600)
+    off = json.loads(run.stdout.strip().splitlines()[-1])
+    assert {name for name, _, _ in off} == {name for name, _, _ in on}, (on, off)
+    assert all(not flag and not attr for _, flag, attr in off), off
 
 
 PREFILL = """

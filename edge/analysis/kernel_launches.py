@@ -41,15 +41,16 @@ def _checkpoint(checkpoint: str):
 
 
 def backend_launches(checkpoint: str, arch: int, ptx_version: int | None = None, sms: int | None = None,
-                     gamma: int = 4, prefill_chunk: int = 64) -> list:
+                     gamma: int = 4, prefill_chunk: int = 64, compile_them: bool = True) -> list:
     """The launches (plugins.kernels.launches.Launch) of the triton backend's engine on `checkpoint` (a folder or a
     model-shape preset: `_checkpoint`): its load and `passes`, compiled for sm_`arch` (at PTX ISA `ptx_version`) on a
-    GPU of `sms` SMs (captured_launches' default: Orin NX's 8 for sm_87), in launch order."""
+    GPU of `sms` SMs (captured_launches' default: Orin NX's 8 for sm_87), in launch order (`compile_them` False:
+    recorded, not compiled)."""
     from edge.backends import make_engine
     from edge.engine import draft_slots
     from plugins.kernels.launches import captured_launches
     ckpt = _checkpoint(checkpoint)
-    with captured_launches(arch, ptx_version, sms) as launches:
+    with captured_launches(arch, ptx_version, sms, compile_them) as launches:
         eng = make_engine("triton", ckpt, CONTEXT + prefill_chunk, scratch=draft_slots(gamma),
                           prefill_chunk=prefill_chunk)
         for step in passes(gamma, prefill_chunk):

@@ -1,8 +1,8 @@
 """The checks of one CUDA machine in one run (scripts/device_check.sh, <= 270 s by default, no network): the
 checkpoint cannot travel, so random-plane checkpoints of the default model's shapes (and Llama-2-7B's, opt-in with
 --with-7b) are built on the GPU (edge.memory.synthetic), with a default export's online rotations (R1, R4:
-PASS_CHECKPOINT); the export's GPTQ on CUDA is opt-in too (--with-gptq). It
-writes one JSON object, from which `--table` prints the docs table.
+PASS_CHECKPOINT); the export's GPTQ on CUDA is opt-in too (--with-gptq). It writes one JSON object, from which
+`--table` prints the docs table.
 
     python -m export.tools.device_check --out FILE.json [--dry] [--repeats N] [--with-7b] [--with-gptq] [--sections a,b]
                                     [--limits kernels=120,...] [--hang SECTION (dry only)] [--checkpoint DIR]
@@ -14,25 +14,24 @@ the same run's copy bandwidth; the `triton` backend lossless (speculative = targ
 and verification-pass times of the eager launchers, the static passes and their CUDA-graph replays; the speculative
 speed-up those times project at the acceptance measured on the real model (tokens per round x target pass / (γ draft
 passes + 1 verification)); where each pass's device time goes (`profile`: the profiler's kernel records by family,
-edge.analysis.pass_profile); the TensorRT plugins' own code on the device through the stand-in of TensorRT 10.3's
-API (export.tools.device_plugins: the conformance and KV-binding suites, CUDA-graph replay of the plugin enqueues);
-TensorRT, where importable: the SmolLM2 engine (a --checkpoint export, or an RTN export of the default model made on the spot)
-built with the ping-pong KV binding and run against the independent step reference (export.trt.check, in a process of
-its own: greedy tokens equal, prefill logits within the self-check's bound; the binding, the plane copies its engine
+edge.analysis.pass_profile); the TensorRT plugins' own code on the device through the stand-in of TensorRT 10.3's API
+(export.tools.device_plugins: the conformance and KV-binding suites, CUDA-graph replay of the plugin enqueues);
+TensorRT, where importable: the SmolLM2 engine (a --checkpoint export, or an RTN export of the default model made on the
+spot) built with the ping-pong KV binding and run against the independent step reference (export.trt.check, in a process
+of its own: greedy tokens equal, prefill logits within the self-check's bound; the binding, the plane copies its engine
 inspector lists and the runtime plugins' kv_window recorded), skipped with the reason where TensorRT is absent; with
 --with-gptq, the default model exported with GPTQ on CUDA and evaluated as the committed CPU figures were
-(export.tools.device_gptq: draft/target agreement within 0.5 points of them on every corpus; in a dry run the same path on
-the CPU at a tiny calibration, plumbing only). In the dry run with --checkpoint the same section runs with the graph
-on the CPU (onnxruntime) standing in for the engine. `--dry` runs the same code in the Triton interpreter on the CPU
-at tiny shapes (a test runs it, so a typo costs no device time); its figures mean nothing.
+(export.tools.device_gptq: draft/target agreement within 0.5 points of them on every corpus; in a dry run the same path
+on the CPU at a tiny calibration, plumbing only). In the dry run with --checkpoint the same section runs with the graph
+on the CPU (onnxruntime) standing in for the engine. `--dry` runs the same code in the Triton interpreter on the CPU at
+tiny shapes (a test runs it, so a typo costs no device time); its figures mean nothing.
 
-Evidence survives a timeout: the JSON is written (atomically) before and after every section, with `running`
-naming the section under way and `complete` false until the end; each section has a time limit (LIMITS, SIGALRM:
-a section past it is recorded as timed out and the next one runs; the tensorrt section's child is stopped
-TRT_STOP_MARGIN seconds before that and the section names the phase it was in, with the seconds of those done:
-edge.phase_clock; the plugins section's pytest child PLUGINS_STOP_MARGIN seconds before, naming the test it was
-in); the script's own `timeout` bounds the whole run for a section stuck in native code, where no
-signal handler runs. The Llama-2-7B shape, where asked, is skipped by
+Evidence survives a timeout: the JSON is written (atomically) before and after every section, with `running` naming the
+section under way and `complete` false until the end; each section has a time limit (LIMITS, SIGALRM: a section past it
+is recorded as timed out and the next one runs; the tensorrt section's child is stopped TRT_STOP_MARGIN seconds before
+that and the section names the phase it was in, with the seconds of those done: edge.phase_clock; the plugins section's
+pytest child PLUGINS_STOP_MARGIN seconds before, naming the test it was in); the script's own `timeout` bounds the whole
+run for a section stuck in native code, where no signal handler runs. The Llama-2-7B shape, where asked, is skipped by
 itself on a device with under SEVEN_B_MIN_GIB of memory (an 8 GB Orin), and the JSON says why.
 """
 
@@ -76,12 +75,11 @@ OPT_IN = {"gptq": "--with-gptq"}   # sections that run only when asked, past the
 # compiles): 80 s, taken from the kernels' and plugins' limits (28 and 12-15 s measured).
 # The profile section (each pass's kernels by family, the graphed form's passes again under the profiler) took its
 # 25 s from the kernels' (28 measured), lossless's (3-5) and the plugins' (12-15) limits.
-# The prefill section (a 256-token chunk on the tensor cores against the decode kernel: ~5 cold compiles, then
-# milliseconds a shape) has 30 s of its own, the whole run's timeout raised from 240 to 270 for it; with a chunk's
-# attention on the prefill kernel against the split kernel (4 more cold compiles) 40 s, the 10 from the bandwidth
-# section's (20-40 s estimated) and the pass times' (10-12 s measured before the 1.5B shape); lossless keeps 20 (3-5 s
-# on the H200, but over 15 s in the dry run on a busy 2-core CPU).
-LIMITS = {"kernels": 45, "bandwidth": 75, "prefill": 40, "lossless": 20, "pass_times": 35, "profile": 25,
+# The prefill section (a 256-token chunk on the tensor cores against the decode kernel, ~5 cold compiles; its attention
+# on both kernels, 4 more) 40 s, the whole run's timeout raised from 240 to 270; lossless keeps 20 (3-5 s on the H200,
+# over 15 s in the dry run on a busy 2-core CPU). The pass times' graphs without PDL on sm_90 (a fourth form, not yet
+# timed on a GPU: graph captures and milliseconds of replays a shape) got 10 s, from the kernels' and bandwidth's.
+LIMITS = {"kernels": 40, "bandwidth": 70, "prefill": 40, "lossless": 20, "pass_times": 45, "profile": 25,
           "plugins": 20, "tensorrt": 300, "gptq": 300}
 # A dry run's default limits are these times DRY_LIMIT_SCALE: LIMITS budget a GPU's work, a dry run is the Triton
 # interpreter on whatever CPU runs it (its lossless section took 15-20 s on a busy 2-core CPU against 3-5 s on the
@@ -334,22 +332,27 @@ def _passes(eng) -> dict:
 def pass_times(opts: DeviceCheckOptions, dev: str) -> dict:
     """Median wall time (ms, host included: what a greedy decode step waits for, its argmaxes on the host) of a draft
     pass (1 token into a draft slot), a target pass (1 token) and a verification pass (γ+1 tokens) for each engine
-    form."""
+    form; on a GPU with programmatic dependent launch (sm_90 on: plugins.kernels.common.pdl) the graphs also
+    without it (`graphs_no_pdl`), what it gains."""
     from edge.analysis.pass_profile import median_ms
     from edge.backends.triton_graphs import GraphedEngine
     from edge.engine.interface import PassEngine
+    from plugins.kernels.common import pdl, pdl_off
     out = {}
     for name, capacity, prompt, ckpt, backend in _at_shapes(opts, dev):
         forms = {"eager": (PassEngine, {}), "static": (GraphedEngine, {"graphs": False})}
         if dev == "cuda":
             forms["graphs"] = (GraphedEngine, {"graphs": True})
+            if pdl("cuda"):
+                forms["graphs_no_pdl"] = (GraphedEngine, {"graphs": True})
         rows = {}
         for form, (engine, kw) in forms.items():
-            eng = engine(ckpt, backend, capacity, scratch=GAMMA + 4, **kw)
-            eng.prefill(prompt)
-            rows[form] = {f"{k}_ms": median_ms(fn, opts.repeats, dev == "cuda", warm=not opts.dry)   # nothing to
-                          for k, fn in _passes(eng).items()}                            # warm in the interpreter
-            del eng
+            with pdl_off(form == "graphs_no_pdl"):             # its graphs captured and replayed without it
+                eng = engine(ckpt, backend, capacity, scratch=GAMMA + 4, **kw)
+                eng.prefill(prompt)
+                rows[form] = {f"{k}_ms": median_ms(fn, opts.repeats, dev == "cuda", warm=not opts.dry)  # nothing
+                              for k, fn in _passes(eng).items()}                      # to warm in the interpreter
+                del eng
         out[name] = rows
         del ckpt, backend                   # before `_at_shapes` empties the device cache
     return out

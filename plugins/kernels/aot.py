@@ -42,8 +42,9 @@ from triton.compiler import ASTSource
 
 from plugins.kernels import attention, attention_prefill, decoder_ops, gemm, gemv, gemv_decode, kv_write, swiglu
 from plugins.kernels.sass import (  # noqa: F401  (ptxas_usage, sass_instructions: read through aot by tests)
-    HMMA, IMMA, _plane_loads, _sass, load_loops, main_loop, ptxas_usage, sass_instructions,
+    HMMA, IMMA, _plane_loads, _sass, dependent_launch_order, load_loops, main_loop, ptxas_usage, sass_instructions,
 )
+from plugins.kernels.common import PDL_MIN_CC
 
 JETPACK6_PTX = 85     # PTX ISA 8.5: the newest the CUDA 12.6 driver (JetPack 6.1/6.2) loads
 BUDGETS = {"registers": 128, "spill_bytes": 0, "instructions_per_weight_byte": 4.0}   # decode GEMVs, sm_87
@@ -402,8 +403,11 @@ def compile_spec(spec: KernelSpec, out_dir: Path, arch: int = 87, ptx_version: i
                "enable_fp_fusion": False}
     if spec.maxnreg:
         options["maxnreg"] = spec.maxnreg
-    k = triton.compile(ASTSource(spec.fn, spec.signature, spec.constexprs, spec.attrs()),
-                       target=GPUTarget("cuda", arch, 32), options=options)
+    sig, const = spec.signature, spec.constexprs
+    if arch >= PDL_MIN_CC and "PDL" in spec.fn.arg_names and "PDL" not in const:   # as `common.pdl` launches there
+        sig, const, options["launch_pdl"] = sig | {"PDL": "constexpr"}, const | {"PDL": True}, True
+    k = triton.compile(ASTSource(spec.fn, sig, const, spec.attrs()), target=GPUTarget("cuda", arch, 32),
+                       options=options)
     return summarize(k, spec, out_dir, arch)
 
 
@@ -418,7 +422,8 @@ def summarize(k, spec: KernelSpec, out_dir: Path, arch: int) -> dict:
            "target": re.search(r"^\.target (\S+)", k.asm["ptx"], re.M).group(1),
            "shared_bytes": k.metadata.shared, "num_warps": spec.num_warps,
            "ptx_int8_mma": len(re.findall(r"mma\.sync\.aligned\.\S*\.s8\.s8", k.asm["ptx"])),
-           "ptx_dp4a": k.asm["ptx"].count("dp4a"), **ptxas_usage(ptx, arch), **sass_instructions(sass),
+           "ptx_dp4a": k.asm["ptx"].count("dp4a"), "dependent_launch": dependent_launch_order(sass),
+           **ptxas_usage(ptx, arch), **sass_instructions(sass),
            **sass_proxy(sass, spec), **attention_proxy(sass, spec)}
     if spec.decode:
         row["budget_failures"] = budget_failures(row)

@@ -32,7 +32,6 @@ lengths are clamped inside the kernels (0 <= main_len <= C, main_len <= seq_len 
 T <= write end <= C), so no value of them makes a kernel touch memory outside its planes.
 """
 
-import functools
 import math
 
 import torch
@@ -47,7 +46,7 @@ from plugins.kernels.attention_prefill import (
     prefill_rows,
     prefill_warps,
 )
-from plugins.kernels.common import INTERPRET, capture_arch
+from plugins.kernels.common import INTERPRET, dependent_launch, device_cc, pdl
 from plugins.kernels.gemv import quantize_decode_buffers, split_counters
 from plugins.kernels.gemv_decode import DECODE_MAX_M, MAX_SLOTS, last_quantizes, tail_block
 from plugins.kernels.kv_codes import attend_range, lengths, split16
@@ -79,17 +78,10 @@ def register_cap(cc: int) -> int:
     return MAXNREG_SM90 if cc >= 90 else MAXNREG
 
 
-@functools.lru_cache(maxsize=None)
-def _capability(index: int) -> int:
-    major, minor = torch.cuda.get_device_capability(index)
-    return 10 * major + minor
-
-
 def _register_cap(dev: torch.device, prefill: bool = False) -> int:
     """The launch's ptxas register cap on `dev` (a CUDA device; a launch capture: its architecture's; the
     interpreter: sm_87's)."""
-    cc = _capability(torch.cuda.current_device() if dev.index is None else dev.index) if dev.type == "cuda" else \
-        capture_arch() or 87
+    cc = device_cc(dev) or 87
     return prefill_register_cap(cc) if prefill else register_cap(cc)
 
 
@@ -119,7 +111,7 @@ def flash_decode_kernel(
     m_ws, l_ws, acc_ws, main_ptr, seq_ptr, kv8_ptr,
     T, cap, scap, n_chunks, sm_scale,
     HKV: tl.constexpr, R: tl.constexpr, D: tl.constexpr,
-    CHUNK: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr, INTERP: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program (kv head h, chunk c, row tile): rows i = r*T + t (query head h*R + r, query t at position
     seq_len - T + t). Writes per row and chunk the running max m, the sum l and the unnormalized output [D].
@@ -128,6 +120,7 @@ def flash_decode_kernel(
     Bytes: the chunk's K and V base words and scales once for all R*T rows, refinement words only at positions
     >= kv8_from, nothing past seq_len; q once per program (L2-resident across chunks). A chunk at or past seq_len
     runs no iteration and stores m = -inf, l = 0, acc = 0 (an exact zero in the reduction)."""
+    dependent_launch(PDL)
     h = tl.program_id(0)
     c = tl.program_id(1)
     tile = tl.program_id(2)
@@ -161,7 +154,7 @@ def flash_decode_kernel(
 def chunk_reduce_kernel(m_ws, l_ws, acc_ws, out_ptr, main_ptr, seq_ptr, kv8_ptr, T, n_chunks, cap, scap, s_h, s_t,
                         xq_ptr, xsum_ptr, sx_ptr, count_ptr, R: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr,
                         NC: tl.constexpr, QUANT: tl.constexpr, M: tl.constexpr, G: tl.constexpr,
-                        BLOCK_K: tl.constexpr):
+                        BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
     """One program per (kv head, row): combine the chunks before seq_len (the lengths as `flash_decode_kernel` reads
     them; the chunks past it hold nothing) into out [Hq, T, D] (strides s_h, s_t: the launcher's token-major buffer,
     or a caller's), NC chunks a step in one load each of m, l and the [NC, D] partial outputs: a step's sums are trees
@@ -171,6 +164,7 @@ def chunk_reduce_kernel(m_ws, l_ws, acc_ws, out_ptr, main_ptr, seq_ptr, kv8_ptr,
     of Hq*D values into the decode layout at group size G (`gemv_decode.last_quantizes`): o_proj's activations, what
     `quantize_decode` of the row gives, bit for bit, where a launch of its own made them.
     Bytes: (2 + D) * 4 per visible chunk and row of partials, D * 4 out: no KV bytes."""
+    dependent_launch(PDL)
     h = tl.program_id(0)
     row = tl.program_id(1)
     _, seq_len, _ = lengths(main_ptr, seq_ptr, kv8_ptr, cap, scap)
@@ -235,7 +229,7 @@ def _attend(q, base, refine, scale, scratch, main_ptr, seq_ptr, kv8_ptr, n_chunk
     dev = q.device
     words = [p.view(torch.int32) for p in (base, refine, sb, sr)]        # [2, Hkv, C, D/8] words of 8 nibbles
     y = out if out is not None else torch.empty(t, hq, d, dtype=torch.float32, device=dev).transpose(0, 1)
-    options = {"INTERP": INTERPRET, "num_stages": STAGES, "enable_fp_fusion": False}
+    options = {"INTERP": INTERPRET, "num_stages": STAGES, "enable_fp_fusion": False} | pdl(dev)
     if t > SPLIT_QUERIES and quantize is None and prefill_fits(r, d):   # a prefill chunk: no split, no partials
         rows = prefill_rows(d)
         flash_prefill_kernel[prefill_grid(hkv, r, d, t)](
@@ -256,7 +250,7 @@ def _attend(q, base, refine, scale, scratch, main_ptr, seq_ptr, kv8_ptr, n_chunk
         HKV=hkv, R=r, D=d, CHUNK=CHUNK, BLOCK_S=block_s_for(d), BLOCK_M=block_m, num_warps=warps_for(d, r),
         maxnreg=_register_cap(dev), **options)
     lens = (main_ptr, seq_ptr, kv8_ptr, t, n_chunks, base.shape[2], scap, y.stride(0), y.stride(1))
-    fixed = {"R": r, "D": d, "CHUNK": CHUNK, "NC": REDUCE_CHUNKS, "enable_fp_fusion": False}
+    fixed = {"R": r, "D": d, "CHUNK": CHUNK, "NC": REDUCE_CHUNKS, "enable_fp_fusion": False} | pdl(dev)
     if quantize is None:
         chunk_reduce_kernel[(hkv, r * t)](m_ws, l_ws, acc_ws, y, *lens, y, y, y, y, QUANT=False, M=1, G=1, BLOCK_K=1,
                                           **fixed)

@@ -27,6 +27,7 @@ the grid depends on T alone, so one launch serves any lengths (CUDA graphs, Tens
 import triton
 import triton.language as tl
 
+from plugins.kernels.common import dependent_launch
 from plugins.kernels.kv_codes import attend_range, lengths, split16
 
 PREFILL_MAXNREG = 192        # ptxas's register cap on Orin (sm_87) and below: a program of 8 warps (what a d128 tile
@@ -73,13 +74,14 @@ def flash_prefill_kernel(
     main_ptr, seq_ptr, kv8_ptr,
     T, cap, scap, s_h, s_t, sm_scale,
     HKV: tl.constexpr, R: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr,
-    INTERP: tl.constexpr,
+    INTERP: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program (kv head h, query tile): rows i = (t - t0) * R + r for the tile's queries t (query t at position
     seq_len - T + t) and heads h*R + r; out [Hq, T, D] at strides s_h, s_t. q is float32 [Hq, T, D]; base/refine
     (and the scratch planes) int32 words [2, Hkv, C, D/8].
     Bytes: the K and V base words and scales of positions [0, the tile's last query] once for the tile's BQ queries
     and R heads, refinement words only at positions >= kv8_from; q and out once."""
+    dependent_launch(PDL)
     BQ: tl.constexpr = BLOCK_M // R
     W: tl.constexpr = D // 8
     h = tl.program_id(0)

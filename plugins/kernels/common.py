@@ -1,11 +1,19 @@
 """Pieces shared by the Triton kernels: the interpreter switch and its fixed-order dot, the ptxas Triton compiles
-with, exact rounding."""
+with, programmatic dependent launch, exact rounding."""
 
+import contextlib
+import functools
 import os
 from pathlib import Path
 
+import torch
 import triton
 import triton.language as tl
+
+try:                                  # Triton 3.3 on (3.6, 3.8 and 3.9 were checked); older: launches stay plain
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:
+    gdc_launch_dependents = gdc_wait = None
 
 # The Triton interpreter (TRITON_INTERPRET=1, set before triton is imported) runs the kernels on CPU tensors;
 # kernels then route dots through float32 (its int8 products wrap and its low-precision dots are not IEEE).
@@ -23,6 +31,68 @@ def capture_sms() -> int | None:
     """The SMs of the GPU a launch capture in progress stands for (None outside one): what the GEMV's split of K is
     planned for."""
     return CAPTURES[-1][1] if CAPTURES else None
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> int:
+    major, minor = torch.cuda.get_device_capability(index)
+    return 10 * major + minor
+
+
+def device_cc(dev: torch.device) -> int | None:
+    """The compute capability a launch on `dev` compiles for (87: sm_87): the CUDA device's; under a launch capture
+    its architecture's; None elsewhere (the interpreter's CPU tensors)."""
+    if dev.type == "cuda":
+        return _capability(torch.cuda.current_device() if dev.index is None else dev.index)
+    return capture_arch()
+
+
+# Programmatic dependent launch (PDL, Hopper on: sm_90+). A decode pass is a chain of ~11 launches a layer, most of
+# them microseconds long on a large GPU, so the gap between two launches (the next grid's launch and its programs'
+# start, ~2 us in a CUDA graph) is a real share of a step there. A launch with PDL may start while the launch before
+# it runs, once every program of that one has passed `dependent_launch`: each kernel's first statement waits for the
+# launch before it to complete and its writes to be visible (griddepcontrol.wait) before it touches global memory,
+# then lets the next one start (griddepcontrol.launch_dependents). What overlaps is the next launch's set-up and its
+# programs' scheduling, not its work: every kernel still reads what the one before it wrote, and a launch without
+# the attribute (torch's, a TensorRT engine's) keeps the plain order. Orin (sm_87) has no PDL: nothing changes there.
+# BITNEST_PDL=0 turns it off (`bitnest device-check` times the CUDA-graph passes both ways on such a GPU).
+PDL_MIN_CC = 90
+PDL_ENV = "BITNEST_PDL"
+
+
+def pdl(dev: torch.device | str) -> dict:
+    """The launch arguments of programmatic dependent launch on `dev`: {"PDL": True, "launch_pdl": True} (the kernel's
+    `dependent_launch` and the launch attribute) on a GPU from sm_90 on (a launch capture for one too), else {} (the
+    kernels' PDL defaults to False)."""
+    if INTERPRET or gdc_wait is None or os.environ.get(PDL_ENV) == "0" or (device_cc(torch.device(dev)) or 0) < \
+            PDL_MIN_CC:
+        return {}
+    return {"PDL": True, "launch_pdl": True}
+
+
+@contextlib.contextmanager
+def pdl_off(off: bool = True):
+    """Within it (where `off`), launches go without programmatic dependent launch (PDL_ENV=0): a comparison's other
+    side."""
+    before = os.environ.get(PDL_ENV)
+    if off:
+        os.environ[PDL_ENV] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(PDL_ENV, None)
+        else:
+            os.environ[PDL_ENV] = before
+
+
+@triton.jit
+def dependent_launch(PDL: tl.constexpr):
+    """A kernel's first statement: with PDL, wait until the launch before this one has completed and its writes are
+    visible, then let the launch after this one start (its programs wait in their own `dependent_launch`)."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
 
 # The CUDA toolkit's own ptxas on a JetPack 6 image (CUDA 12.6). Triton's bundled ptxas (12.9 with Triton 3.9)
 # emits PTX ISA 8.8 and cubins the JetPack 6 driver may not load (it reads PTX up to ISA 8.5), so every path that

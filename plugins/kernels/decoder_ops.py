@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from plugins.kernels.gemv import quantize_decode_buffers
-from plugins.kernels.common import scale_of
+from plugins.kernels.common import dependent_launch, pdl, scale_of
 from plugins.kernels.gemv_decode import DECODE_MAX_M, quantize_decode_row, store_decode_codes
 
 
@@ -37,9 +37,11 @@ def norm_plan(h: int) -> dict:
 
 
 @triton.jit
-def rms_norm_kernel(x_ptr, w_ptr, out_ptr, H, stride_x, eps, BLOCK: tl.constexpr, ONE: tl.constexpr):
+def rms_norm_kernel(x_ptr, w_ptr, out_ptr, H, stride_x, eps, BLOCK: tl.constexpr, ONE: tl.constexpr,
+                    PDL: tl.constexpr = False):
     """One program per row of x [M, H] (float32): out[m] = x[m] / sqrt(mean(x[m]^2) + eps) * w (w float16 [H]).
     Bytes: the row (twice where it is longer than a block, the second read from L1/L2), the weight once, the row out."""
+    dependent_launch(PDL)
     if ONE:
         _rms_norm_block(x_ptr, w_ptr, out_ptr, H, stride_x, eps, BLOCK)
     else:
@@ -48,11 +50,13 @@ def rms_norm_kernel(x_ptr, w_ptr, out_ptr, H, stride_x, eps, BLOCK: tl.constexpr
 
 @triton.jit
 def rms_norm_decode_kernel(x_ptr, w_ptr, out_ptr, xq_ptr, xsum_ptr, sx_ptr, H, stride_x, eps, BLOCK: tl.constexpr,
-                           ONE: tl.constexpr, M: tl.constexpr, G: tl.constexpr, BLOCK_K: tl.constexpr):
+                           ONE: tl.constexpr, M: tl.constexpr, G: tl.constexpr, BLOCK_K: tl.constexpr,
+                           PDL: tl.constexpr = False):
     """`rms_norm_kernel`, then the normed row's decode-layout INT8 activations at group size G: from the registers
     where the row is one block (ONE; `gemv_decode.store_decode_codes` at `common.scale_of`), else read back from
     what this program stored, after a barrier (`gemv_decode.quantize_decode_row`): the launch the linears that read
     the normed row would otherwise make, the same bits."""
+    dependent_launch(PDL)
     m = tl.program_id(0)
     if ONE:
         y = _rms_norm_block(x_ptr, w_ptr, out_ptr, H, stride_x, eps, BLOCK)
@@ -104,7 +108,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         raise ValueError(f"rms_norm: x {tuple(x.shape)} {x.dtype} and weight {tuple(weight.shape)} do not fit "
                          "(x float32 [M, H] with unit column stride, weight [H])")
     out = torch.empty(m, h, dtype=torch.float32, device=x.device)
-    rms_norm_kernel[(m,)](x, weight, out, h, x.stride(0), float(eps), **norm_plan(h), enable_fp_fusion=False)
+    rms_norm_kernel[(m,)](x, weight, out, h, x.stride(0), float(eps), **norm_plan(h), enable_fp_fusion=False,
+                          **pdl(x.device))
     return out
 
 
@@ -119,7 +124,7 @@ def rms_norm_decode(x: torch.Tensor, weight: torch.Tensor, eps: float, g: int) -
     xq, xsum, sx = quantize_decode_buffers(m, h, g, x.device)
     plan = norm_plan(h)
     rms_norm_decode_kernel[(m,)](x, weight, out, xq.view(torch.int8), xsum, sx, h, x.stride(0), float(eps), M=m, G=g,
-                                 BLOCK_K=max(g, plan["BLOCK"]), **plan, enable_fp_fusion=False)
+                                 BLOCK_K=max(g, plan["BLOCK"]), **plan, enable_fp_fusion=False, **pdl(x.device))
     return out, (xq, xsum, sx)
 
 
@@ -128,10 +133,11 @@ ROTATE_BN, ROTATE_BK = 32, 8      # a program's output columns and its k step: [
 
 @triton.jit(do_not_specialize=["M"])
 def rotate_decode_kernel(x_ptr, r_ptr, out_ptr, M, H, TRANS: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr,
-                         BK: tl.constexpr):
+                         BK: tl.constexpr, PDL: tl.constexpr = False):
     """One program per BN output columns of y [M, H] = x [M, H] @ r [H, H] (TRANS: @ r^T), every token against one
     read of those columns of r. The token tile is MP rows whatever M (masked past M; M not specialized), so each
     output's sum has one order: BK-wide tree sums added in k order."""
+    dependent_launch(PDL)
     n = tl.program_id(0) * BN + tl.arange(0, BN)
     m = tl.arange(0, MP)
     kk = tl.arange(0, BK)
@@ -158,15 +164,17 @@ def rotate_decode(x: torch.Tensor, r: torch.Tensor, transpose: bool = False) -> 
     out = torch.empty(m, h, dtype=torch.float32, device=x.device)
     rotate_decode_kernel[(triton.cdiv(h, ROTATE_BN),)](x.contiguous(), r.contiguous(), out, m, h, TRANS=transpose,
                                                        MP=DECODE_MAX_M, BN=ROTATE_BN, BK=ROTATE_BK,
-                                                       enable_fp_fusion=False)
+                                                       enable_fp_fusion=False, **pdl(x.device))
     return out
 
 
 @triton.jit
-def rope_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, T, HQ, sq_h, sq_t, sk_h, sk_t, D: tl.constexpr):
+def rope_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, T, HQ, sq_h, sq_t, sk_h, sk_t, D: tl.constexpr,
+                PDL: tl.constexpr = False):
     """One program per (head, token) row of q [HQ, T, D] then of k [HKV, T, D] (strided; unit stride along D):
     out = x * cos + rotate_half(x) * sin with cos, sin [T, D], into contiguous [H, T, D]. Bytes: each row in and
     out once, its position's cos and sin."""
+    dependent_launch(PDL)
     pid = tl.program_id(0)
     HALF: tl.constexpr = D // 2
     j = tl.arange(0, HALF)
@@ -198,5 +206,5 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor)
     qo = torch.empty(hq, t, d, dtype=torch.float32, device=q.device)
     ko = torch.empty(hk, t, d, dtype=torch.float32, device=q.device)
     rope_kernel[((hq + hk) * t,)](q, k, cos.contiguous(), sin.contiguous(), qo, ko, t, hq, q.stride(0), q.stride(1),
-                                  k.stride(0), k.stride(1), D=d, enable_fp_fusion=False)
+                                  k.stride(0), k.stride(1), D=d, enable_fp_fusion=False, **pdl(q.device))
     return qo, ko

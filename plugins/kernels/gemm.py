@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from plugins.kernels.common import INTERPRET, interp_dot, round_half_even, row_scale
+from plugins.kernels.common import INTERPRET, dependent_launch, interp_dot, pdl, round_half_even, row_scale
 
 BLOCK_MS = (16, 64)   # tokens a program: 16 up to 16 tokens (a verification pass past 8, float16 activations), else 64
 GEMM_WARPS = 4
@@ -49,12 +49,14 @@ xor.b32 $1, t, 0x80808080;
 
 
 @triton.jit
-def quantize_rows_kernel(x_ptr, xq_ptr, sx_ptr, xsum_ptr, K, stride_x, G: tl.constexpr, BLOCK_K: tl.constexpr):
+def quantize_rows_kernel(x_ptr, xq_ptr, sx_ptr, xsum_ptr, K, stride_x, G: tl.constexpr, BLOCK_K: tl.constexpr,
+                         PDL: tl.constexpr = False):
     """One program per token: s_x = max|x|/127 (at least 1e-12), x_q = clip(round(x/s_x), -127, 127), column k
     stored at (k // G) * G + (k % 2) * G/2 + (k % G) // 2 (a group's even columns, then its odd ones), and each
     group's sum of x_q (int32 [M, K/G]: what a nest's offsets multiply). BLOCK_K is a multiple of G.
     Bytes: the row of x twice (max, then quantize; the second read hits L1/L2), K bytes of codes, K/G sums and the
     scale out."""
+    dependent_launch(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK_K)
     s = row_scale(x_ptr + row * stride_x, K, BLOCK_K, False)
@@ -137,6 +139,7 @@ def gemm_kernel(
     TARGET: tl.constexpr, HAS_OFFSET: tl.constexpr, FLOAT_ACT: tl.constexpr,
     G: tl.constexpr, DOT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, INTERP: tl.constexpr,
     TILED: tl.constexpr = False, RUNTIME_VIEW: tl.constexpr = False, ONE_RUN: tl.constexpr = True,
+                PDL: tl.constexpr = False,
 ):
     """Program (n-tile, m-tile): rows [n0, n0+BLOCK_N), tokens [m0, m0+BLOCK_M), every group of K, summed as the
     decode launch sums them: in SPLITS runs of GROUPS_PER_SPLIT groups (its split of K, `plan_split`), each run's
@@ -148,6 +151,7 @@ def gemm_kernel(
     only for the target view), one scale per row and group, the tile's x columns (L2-resident), the output tile
     once. RUNTIME_VIEW: the view read from view_ptr (1 = target). DOT_K (`dot_k`): a group's G/2 bytes, padded with
     masked lanes (no load issued) up to the int8 MMA's minimum K of 32. ONE_RUN: SPLITS == 1 (the loop alone)."""
+    dependent_launch(PDL)
     if RUNTIME_VIEW:
         target = tl.load(view_ptr) == 1
     else:
@@ -212,7 +216,8 @@ def quantize_rows(x: torch.Tensor, g: int) -> tuple[torch.Tensor, torch.Tensor, 
     sx = torch.empty(m, dtype=torch.float32, device=x.device)
     xsum = torch.empty(m, k // g, dtype=torch.int32, device=x.device)
     quantize_rows_kernel[(m,)](x, xq, sx, xsum, k, x.stride(0), G=g,
-                               BLOCK_K=max(g, min(1024, triton.next_power_of_2(k))), enable_fp_fusion=False)
+                               BLOCK_K=max(g, min(1024, triton.next_power_of_2(k))), enable_fp_fusion=False,
+                               **pdl(x.device))
     return xq, sx, xsum
 
 
@@ -237,5 +242,6 @@ def launch_gemm(x, base, refine, scale, offset, y, view_code, n: int, g: int, sp
         offset if offset is not None else scale, y, view_code if view_code is not None else scale, m, n, k, per, split,
         TARGET=bool(target), HAS_OFFSET=offset is not None, FLOAT_ACT=float_act, G=g, DOT_K=dot_k(g),
         BLOCK_N=bn, BLOCK_M=bm, INTERP=INTERPRET, TILED=tiled, RUNTIME_VIEW=view_code is not None,
-        ONE_RUN=split == 1, num_warps=GEMM_WARPS, num_stages=GEMM_STAGES[split == 1], enable_fp_fusion=False)
+        ONE_RUN=split == 1, num_warps=GEMM_WARPS, num_stages=GEMM_STAGES[split == 1], enable_fp_fusion=False,
+        **pdl(y.device))
     return y

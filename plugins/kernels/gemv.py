@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 import plugins.kernels.gemm as gemm
-from plugins.kernels.common import INTERPRET, capture_sms
+from plugins.kernels.common import INTERPRET, capture_sms, dependent_launch, pdl
 import plugins.kernels.gemv_decode as gemv_decode
 from plugins.kernels.gemv_decode import DECODE_MAX_M, XSUM_SLOTS, decode_gemv_kernel, quantize_decode_kernel
 
@@ -54,9 +54,11 @@ ACTS = ("int8", "float16")
 
 
 @triton.jit(do_not_specialize=["SPLIT"])   # one compiled reduction for every split count
-def split_reduce_kernel(part_ptr, sx_ptr, out_ptr, M, N, SPLIT, SCALE_X: tl.constexpr, BLOCK: tl.constexpr):
+def split_reduce_kernel(part_ptr, sx_ptr, out_ptr, M, N, SPLIT, SCALE_X: tl.constexpr, BLOCK: tl.constexpr,
+                        PDL: tl.constexpr = False):
     """out[m, n] = s_x[m] * sum over splits in index order (deterministic) of part[split, m, n].
     Bytes: SPLIT * M * N * 4 partials in and M * N * 4 out: no weight bytes."""
+    dependent_launch(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < M * N
     acc = tl.zeros([BLOCK], tl.float32)
@@ -109,7 +111,7 @@ def _reduce(dest, sx, y, m, n, split, scale_x):
     if split > 1:
         block = 256
         split_reduce_kernel[(triton.cdiv(m * n, block),)](dest, sx, y, m, n, SPLIT=split, SCALE_X=scale_x,
-                                                          BLOCK=block, enable_fp_fusion=False)
+                                                          BLOCK=block, enable_fp_fusion=False, **pdl(y.device))
 
 
 def _launch_decode(x, base, refine, scale, offset, y, target, view_code, split, per, acts=None, n=None, g=None,
@@ -136,7 +138,7 @@ def _launch_decode(x, base, refine, scale, offset, y, target, view_code, split, 
         res if in_launch else sx, n, k, per, M=m, TARGET=bool(target), HAS_OFFSET=offset is not None,
         PARTIAL=split > 1, G=g, ROWS=rows, BLOCK_S=32 * warps, INTERP=gemv_decode.interp_form if INTERPRET else 0,
         RUNTIME_VIEW=view_code is not None, TILED=tiled, FUSED_REDUCE=fused, HAS_RES=in_launch, num_warps=warps,
-        enable_fp_fusion=False)
+        enable_fp_fusion=False, **pdl(x.device))
     if not fused:
         _reduce(dest, sx, y, m, n, split, True)
     if res is not None and not in_launch:
@@ -175,7 +177,8 @@ def quantize_decode(x: torch.Tensor, g: int) -> tuple[torch.Tensor, torch.Tensor
     m, k = x.shape
     xq, xsum, sx = quantize_decode_buffers(m, k, g, x.device)
     quantize_decode_kernel[(m,)](x, xq.view(torch.int8), xsum, sx, k, x.stride(0), M=m, G=g,
-                                 BLOCK_K=max(g, min(1024, triton.next_power_of_2(k))), enable_fp_fusion=False)
+                                 BLOCK_K=max(g, min(1024, triton.next_power_of_2(k))), enable_fp_fusion=False,
+                                 **pdl(x.device))
     return xq, xsum, sx
 
 

@@ -29,7 +29,7 @@ a verification pass computes bit for bit what single-token steps compute.
 import triton
 import triton.language as tl
 
-from plugins.kernels.common import load_row, round_half_even, row_scale, scale_for_max
+from plugins.kernels.common import dependent_launch, load_row, round_half_even, row_scale, scale_for_max
 
 DECODE_MAX_M = 8                      # tokens a decode launch serves; larger M runs the tensor-core kernel
 # The interpreter's two forms of the group sums (the kernel's INTERP): INTERP_GROUPS, whole-group numpy operations
@@ -125,9 +125,10 @@ def store_decode_codes(v, k0, s, xq_ptr, xsum_ptr, m, K, M: tl.constexpr, G: tl.
 
 @triton.jit
 def quantize_decode_kernel(x_ptr, xq_ptr, xsum_ptr, sx_ptr, K, stride_x, M: tl.constexpr, G: tl.constexpr,
-                           BLOCK_K: tl.constexpr):
+                           BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
     """One program per token m of x [M, K]: `quantize_decode_row`. Bytes: the row of x twice, K bytes of codes, 4
     per group and 4 of scale out."""
+    dependent_launch(PDL)
     m = tl.program_id(0)
     quantize_decode_row(x_ptr + m * stride_x, xq_ptr, xsum_ptr, sx_ptr, m, K, M, G, BLOCK_K, False)
 
@@ -350,6 +351,7 @@ def decode_gemv_kernel(
     M: tl.constexpr, TARGET: tl.constexpr, HAS_OFFSET: tl.constexpr, PARTIAL: tl.constexpr, G: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_S: tl.constexpr, INTERP: tl.constexpr, RUNTIME_VIEW: tl.constexpr = False,
     TILED: tl.constexpr = False, FUSED_REDUCE: tl.constexpr = False, HAS_RES: tl.constexpr = False,
+                       PDL: tl.constexpr = False,
 ):
     """Program (n-tile, split): rows [n0, n0 + ROWS*BLOCK_S) as ROWS sub-tiles of BLOCK_S (one row per thread),
     groups [split*GPS, min((split+1)*GPS, K/G)) of K, all M tokens.
@@ -365,6 +367,7 @@ def decode_gemv_kernel(
     (`_last_split_reduces`; count_ptr: int32 counters, one per row tile, zero before and after the launch).
     HAS_RES (not with a PARTIAL launch reduced elsewhere): y = res + x @ W^T, res float32 [M, N] (the residual stream a
     block's o_proj and down_proj add to), added to each finished row in one float32 add: torch's `res + y` bits."""
+    dependent_launch(PDL)
     if RUNTIME_VIEW:
         if tl.load(view_ptr) == 1:
             _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, res_ptr, N, K,

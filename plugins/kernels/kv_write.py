@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from plugins.kernels.attention import check_planes, device_scalar
-from plugins.kernels.common import round_half_even
+from plugins.kernels.common import dependent_launch, pdl, round_half_even
 
 
 @triton.jit
@@ -52,10 +52,11 @@ def _quantize_store(x_e, x_o, base_ptr, refine_ptr, scale_ptr, plane, pos, cap, 
 
 @triton.jit
 def write_kv_kernel(k_ptr, v_ptr, base_ptr, refine_ptr, scale_ptr, end_ptr, T, cap, sk_h, sk_t, sv_h, sv_t,
-                    HKV: tl.constexpr, D: tl.constexpr):
+                    HKV: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr = False):
     """One program per (K-or-V, head, token) of k and v [Hkv, T, D] (strided, unit stride along D: the views the
     decoder splits out of the projections, read in place), written at position end - T + t.
     Bytes: the D floats of the vector in, D/2 bytes per plane and one float16 scale out; nothing is read back."""
+    dependent_launch(PDL)
     pos0 = _write_pos0(end_ptr, T, cap)
     pid = tl.program_id(0)
     kv = pid // (HKV * T)
@@ -85,10 +86,12 @@ def _rotated(row, cos_row, sin_row, d, D: tl.constexpr):
 
 @triton.jit
 def rope_write_kv_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, qo_ptr, base_ptr, refine_ptr, scale_ptr, end_ptr,
-                         T, cap, HQ, sq_h, sq_t, sk_h, sk_t, sv_h, sv_t, HKV: tl.constexpr, D: tl.constexpr):
+                         T, cap, HQ, sq_h, sq_t, sk_h, sk_t, sv_h, sv_t, HKV: tl.constexpr, D: tl.constexpr,
+                         PDL: tl.constexpr = False):
     """One program per row: (head, token) of q [HQ, T, D] rotated into qo [HQ, T, D] (contiguous), then (K-or-V,
     head, token) of k and v [HKV, T, D] as `write_kv_kernel`, k rotated first (strided inputs, unit stride along
     D; cos, sin [T, D]). Bytes: each row in once, q's out once, the planes' bytes and scale out."""
+    dependent_launch(PDL)
     pid = tl.program_id(0)
     HALF: tl.constexpr = D // 2
     if pid < HQ * T:
@@ -131,7 +134,7 @@ def write_kv_at(k: torch.Tensor, v: torch.Tensor, base: torch.Tensor, refine: to
         k, v = k.contiguous(), v.contiguous()
     write_kv_kernel[(2 * hkv * t,)](k, v, base, refine, scale, end, t, base.shape[2], k.stride(0), k.stride(1),
                                     v.stride(0), v.stride(1), HKV=hkv, D=d,
-                                    enable_fp_fusion=False)   # x - q4*s rounded as torch rounds it
+                                    enable_fp_fusion=False, **pdl(k.device))   # x - q4*s rounded as torch rounds it
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, base: torch.Tensor, refine: torch.Tensor, scale: torch.Tensor,
@@ -160,5 +163,5 @@ def rope_write_kv_at(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: tor
     rope_write_kv_kernel[((hq + 2 * hkv) * t,)](
         q, k, v, cos.contiguous(), sin.contiguous(), qo, base, refine, scale, end, t, base.shape[2], hq,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), HKV=hkv, D=d,
-        enable_fp_fusion=False)
+        enable_fp_fusion=False, **pdl(q.device))
     return qo

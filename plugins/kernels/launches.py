@@ -92,17 +92,19 @@ class _NotLaunched:
         return None
 
 
-def _record(launches: list, ptx_version: int | None, stubs: list):
+def _record(launches: list, ptx_version: int | None, stubs: list, compile_them: bool):
     compile_variant = JITFunction._do_compile
 
     def do_compile(self, key, signature, device, constexprs, options, attrs, warmup):
         if ptx_version is not None:
             options = replace(options, ptx_version=ptx_version)
-        kernel = compile_variant(self, key, signature, device, constexprs, options, attrs, warmup)   # sm_arch
+        kernel = compile_variant(self, key, signature, device, constexprs, options, attrs, warmup) \
+            if compile_them else None                                                                # sm_arch
         names = [p.name for p in self.params]
         launches.append(Launch(self, dict(signature), {names[path[0]]: v for path, v in constexprs.items()},
                                {k: getattr(options, k, None) for k in ("num_warps", "num_stages", "maxnreg",
-                                                                       "enable_fp_fusion")}, dict(attrs), kernel))
+                                                                       "enable_fp_fusion", "launch_pdl")},
+                               dict(attrs), kernel))
         cache = self.device_caches[device][0]
         cache[key] = _NotLaunched()
         stubs.append((cache, key))         # taken out on exit: a launch after the capture compiles for real
@@ -116,16 +118,19 @@ CAPTURE_SMS = {87: 8, 90: 132}
 
 
 @contextlib.contextmanager
-def captured_launches(arch: int = 87, ptx_version: int | None = None, sms: int | None = None):
+def captured_launches(arch: int = 87, ptx_version: int | None = None, sms: int | None = None,
+                      compile_them: bool = True):
     """Within it, the Triton launches of this process compile for sm_`arch` and do not run; yields the list their
     variants are appended to, in launch order. `ptx_version`: the PTX ISA (x10) to emit instead of Triton's default
     (on a device the installed CUDA's ptxas sets it: `aot.JETPACK6_PTX` for a Jetson); `sms`: the GPU's SMs, which
     the GEMV's split of K is planned for (default CAPTURE_SMS's, else 8). Needs the compiler (not
     TRITON_INTERPRET=1); restores Triton's driver, compile path and kernel caches on exit (each capture compiles
-    and records every variant it launches, none left behind as a launch that does nothing)."""
+    and records every variant it launches, none left behind as a launch that does nothing). `compile_them` False
+    records each variant's signature, constants and options without compiling it (Launch.kernel None): what the
+    launchers pass, in seconds."""
     launches: list[Launch] = []
     stubs: list = []
-    compile_variant, do_compile = _record(launches, ptx_version, stubs)
+    compile_variant, do_compile = _record(launches, ptx_version, stubs, compile_them)
     previous = driver._active     # None until a first launch asks: reset_active would make one (no GPU: fails)
     driver.set_active(_Driver(arch))
     JITFunction._do_compile = do_compile

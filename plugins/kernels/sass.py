@@ -81,3 +81,21 @@ def _plane_loads(loop: list[str]) -> int:
     """Global loads of 32 bits or more in `loop` (plane words; the float16 scales are 16-bit loads)."""
     ops = [o.split()[1] if o.startswith("@") else o.split()[0] for o in loop]
     return sum(op.startswith("LDG") and not re.search(r"\.[US](8|16)\b", op) for op in ops)
+
+
+GLOBAL_MEMORY = re.compile(r"^(LDG|STG|LD|ST|ATOMG?|ATOM|RED|REDG|LDGSTS|UTMALDG|UTMASTG|UBLKCP|UBLKRED|CCTL)\b")
+BRANCH = re.compile(r"^(BRA|BRX|JMP|JMX|CALL|RET)\b")
+
+
+def dependent_launch_order(sass: str) -> str:
+    """Where `sass` waits on the launch before it (programmatic dependent launch: griddepcontrol.wait is ACQBULK in
+    SASS): "wait first" where the wait comes before every global memory instruction and every branch (so it is in
+    the entry's straight-line code: every path to global memory passes it), "late" where a global memory access or
+    a branch precedes it, "none" where the kernel never waits."""
+    ops = [op.strip() for _, op in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    ops = [op.split(None, 1)[1] if op.startswith("@") and " " in op else op for op in ops]    # the predicate off
+    wait = next((i for i, op in enumerate(ops) if op.startswith("ACQBULK")), None)
+    if wait is None:
+        return "none"
+    early = [op for op in ops[:wait] if GLOBAL_MEMORY.match(op) or BRANCH.match(op)]
+    return "late" if early else "wait first"

@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from plugins.hadamard import check_factors, factor_on
+from plugins.kernels.common import dependent_launch, pdl
 from plugins.kernels.gemv import quantize_decode_buffers, split_counters
 from plugins.kernels.gemv_decode import DECODE_MAX_M, MAX_SLOTS, last_quantizes, tail_block
 
@@ -53,10 +54,11 @@ def _gated(gate_row, up_row, at, live):
 def swiglu_decode_kernel(gate_ptr, up_ptr, h1_ptr, h2_ptr, out_ptr, xq_ptr, xsum_ptr, sx_ptr, count_ptr, ROWS,
                          stride_g, stride_u, M: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr,
                          C: tl.constexpr, KB: tl.constexpr, JB: tl.constexpr, DENSE1: tl.constexpr,
-                         DENSE2: tl.constexpr, G: tl.constexpr, BLOCK_K: tl.constexpr):
+                         DENSE2: tl.constexpr, G: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
     """Program (m, s): rows i = s*C + [0, C) of token m's g viewed as [ROWS, P] (module docstring), out [M, ROWS*P]
     float32; h1 [ROWS, ROWS] applied where DENSE1 (y[i] = sum_k h1[k, i] g[k]), h2 [P, P] along each row where
     DENSE2 (y[i, j] = sum_q y[i, q] h2[q, j]); the last program of token m writes its decode activations."""
+    dependent_launch(PDL)
     m = tl.program_id(0)
     n = ROWS * P
     gate_row, up_row = gate_ptr + m * stride_g, up_ptr + m * stride_u
@@ -130,5 +132,5 @@ def swiglu_decode(gate: torch.Tensor, up: torch.Tensor, factors, g: int) -> tupl
     counters = split_counters(gate.device, MAX_SLOTS + m)                             # tokens' counters, maxima
     swiglu_decode_kernel[grid](gate, up, h1, h2, out, xq.view(torch.int8), xsum, sx, counters, cfg.pop("ROWS"),
                                gate.stride(0), up.stride(0), M=m, G=g, BLOCK_K=tail_block(n, g),
-                               num_warps=WARPS, enable_fp_fusion=False, **cfg)
+                               num_warps=WARPS, enable_fp_fusion=False, **pdl(gate.device), **cfg)
     return out, (xq, xsum, sx)
