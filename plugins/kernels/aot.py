@@ -404,8 +404,10 @@ def compile_spec(spec: KernelSpec, out_dir: Path, arch: int = 87, ptx_version: i
     if spec.maxnreg:
         options["maxnreg"] = spec.maxnreg
     sig, const = spec.signature, spec.constexprs
-    if arch >= PDL_MIN_CC and "PDL" in spec.fn.arg_names and "PDL" not in const:   # as `common.pdl` launches there
-        sig, const, options["launch_pdl"] = sig | {"PDL": "constexpr"}, const | {"PDL": True}, True
+    if "PDL" in spec.fn.arg_names and "PDL" not in const:     # as `common.pdl` launches it on sm_`arch`
+        sig, const = sig | {"PDL": "constexpr"}, const | {"PDL": arch >= PDL_MIN_CC}
+        if const["PDL"]:
+            options["launch_pdl"] = True
     k = triton.compile(ASTSource(spec.fn, sig, const, spec.attrs()), target=GPUTarget("cuda", arch, 32),
                        options=options)
     return summarize(k, spec, out_dir, arch)
