@@ -132,23 +132,36 @@ def test_a_capture_compiles_for_its_arch_parses_options_and_restores_triton():
 HOPPER = """
 import json, os, sys
 from edge.analysis.kernel_launches import backend_launches
+from plugins.kernels.common import pdl, pdl_off
+from plugins.kernels.launches import captured_launches
 launches = backend_launches(sys.argv[1], 90, compile_them=False)
-print(json.dumps([[x.name, x.constexprs.get("PDL"), x.options.get("launch_pdl")] for x in launches]))
+with captured_launches(90, compile_them=False), pdl_off():      # the device check's graphs_no_pdl form
+    off = pdl("cpu")
+with captured_launches(90, compile_them=False), pdl_off(False):
+    kept = pdl("cpu")
+with captured_launches(87, compile_them=False):
+    orin = pdl("cpu")
+print(json.dumps({"launches": [[x.name, x.constexprs.get("PDL"), x.options.get("launch_pdl")] for x in launches],
+                  "switch": [off, kept, orin, os.environ.get("BITNEST_PDL")]}))
 """
 
 
 def test_on_hopper_every_launch_of_the_default_models_passes_is_a_dependent_launch(rtn_checkpoint):
     """Every kernel the triton backend launches in a prefill chunk, a speculative round and target and draft steps is
     launched for sm_90 with programmatic dependent launch (its PDL constant and the launch attribute: a launcher that
-    forgets either is caught); BITNEST_PDL=0 launches none with it. (Recorded, not compiled: the compiled kernels'
+    forgets either is caught); BITNEST_PDL=0 launches none with it, nor does `pdl_off` (the device check's
+    `graphs_no_pdl` form), which puts the switch back; sm_87 has none. (Recorded, not compiled: the compiled kernels'
     wait-first order is `compile-kernels --arch sm_90`'s `dependent_launch` column and the test above.)"""
-    on = json.loads(_child(HOPPER, str(rtn_checkpoint)))
+    result = json.loads(_child(HOPPER, str(rtn_checkpoint)))
+    on = result["launches"]
     assert LAUNCHED <= {name for name, _, _ in on}, on
+    pdl = {"PDL": True, "launch_pdl": True}      # pdl_off turns it off and puts the switch back; Orin has none
+    assert result["switch"] == [{}, pdl, {}, None], result["switch"]
     assert all(flag is True and attr is True for _, flag, attr in on), on
     env = dict(ENV, BITNEST_PDL="0")
     run = subprocess.run([sys.executable, "-c", HOPPER, str(rtn_checkpoint)], capture_output=True, text=True, env=env,
                          cwd=ROOT, timeout=600)
-    off = json.loads(run.stdout.strip().splitlines()[-1])
+    off = json.loads(run.stdout.strip().splitlines()[-1])["launches"]
     assert {name for name, _, _ in off} == {name for name, _, _ in on}, (on, off)
     assert all(not flag and not attr for _, flag, attr in off), off
 
