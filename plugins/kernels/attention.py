@@ -229,7 +229,8 @@ def _attend(q, base, refine, scale, scratch, main_ptr, seq_ptr, kv8_ptr, n_chunk
     dev = q.device
     words = [p.view(torch.int32) for p in (base, refine, sb, sr)]        # [2, Hkv, C, D/8] words of 8 nibbles
     y = out if out is not None else torch.empty(t, hq, d, dtype=torch.float32, device=dev).transpose(0, 1)
-    options = {"INTERP": INTERPRET, "num_stages": STAGES, "enable_fp_fusion": False} | pdl(dev)
+    dependent = pdl(dev)
+    options = {"INTERP": INTERPRET, "num_stages": STAGES, "enable_fp_fusion": False} | dependent
     if t > SPLIT_QUERIES and quantize is None and prefill_fits(r, d):   # a prefill chunk: no split, no partials
         rows = prefill_rows(d)
         flash_prefill_kernel[prefill_grid(hkv, r, d, t)](
@@ -250,7 +251,7 @@ def _attend(q, base, refine, scale, scratch, main_ptr, seq_ptr, kv8_ptr, n_chunk
         HKV=hkv, R=r, D=d, CHUNK=CHUNK, BLOCK_S=block_s_for(d), BLOCK_M=block_m, num_warps=warps_for(d, r),
         maxnreg=_register_cap(dev), **options)
     lens = (main_ptr, seq_ptr, kv8_ptr, t, n_chunks, base.shape[2], scap, y.stride(0), y.stride(1))
-    fixed = {"R": r, "D": d, "CHUNK": CHUNK, "NC": REDUCE_CHUNKS, "enable_fp_fusion": False} | pdl(dev)
+    fixed = {"R": r, "D": d, "CHUNK": CHUNK, "NC": REDUCE_CHUNKS, "enable_fp_fusion": False} | dependent
     if quantize is None:
         chunk_reduce_kernel[(hkv, r * t)](m_ws, l_ws, acc_ws, y, *lens, y, y, y, y, QUANT=False, M=1, G=1, BLOCK_K=1,
                                           **fixed)

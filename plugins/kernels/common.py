@@ -47,9 +47,9 @@ def device_cc(dev: torch.device) -> int | None:
     return capture_arch()
 
 
-# Programmatic dependent launch (PDL, Hopper on: sm_90+). A decode pass is a chain of ~11 launches a layer, most of
+# Programmatic dependent launch (PDL, Hopper on: sm_90+). A decode pass is a chain of ~10 launches a layer, most of
 # them microseconds long on a large GPU, so the gap between two launches (the next grid's launch and its programs'
-# start, ~2 us in a CUDA graph) is a real share of a step there. A launch with PDL may start while the launch before
+# start, a few microseconds in a CUDA graph) is a real share of a step there. A launch with PDL may start while the launch before
 # it runs, once every program of that one has passed `dependent_launch`: each kernel's first statement waits for the
 # launch before it to complete and its writes to be visible (griddepcontrol.wait) before it touches global memory,
 # then lets the next one start (griddepcontrol.launch_dependents). What overlaps is the next launch's set-up and its

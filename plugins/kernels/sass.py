@@ -46,10 +46,21 @@ def sass_instructions(sass: str) -> dict:
             "sass_lines": sass.count("\n")}
 
 
+def _code(sass: str) -> list[tuple[int, str]]:
+    """(address, instruction) of each instruction of `sass`, in code order (cuobjdump prints each as
+    /*ADDR*/ OPCODE ...;)."""
+    return [(int(a, 16), op.strip()) for a, op in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+
+
+def _unpredicated(op: str) -> str:
+    """An instruction without its guard predicate (`@P0 BRA 0x120` -> `BRA 0x120`)."""
+    return op.split(None, 1)[1] if op.startswith("@") and " " in op else op
+
+
 def _spans(sass: str) -> list[tuple[int, int, list[str]]]:
     """(first address, last address, instructions) of each loop of `sass` holding a global load, in code order: from
     a backward branch's target to the branch (cuobjdump prints each instruction as /*ADDR*/ OPCODE ...;)."""
-    code = [(int(a, 16), op.strip()) for a, op in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    code = _code(sass)
     loops = []
     for addr, op in code:
         jump = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", op)
@@ -79,7 +90,7 @@ def main_loop(sass: str) -> list[str]:
 
 def _plane_loads(loop: list[str]) -> int:
     """Global loads of 32 bits or more in `loop` (plane words; the float16 scales are 16-bit loads)."""
-    ops = [o.split()[1] if o.startswith("@") else o.split()[0] for o in loop]
+    ops = [_unpredicated(o).split()[0] for o in loop]
     return sum(op.startswith("LDG") and not re.search(r"\.[US](8|16)\b", op) for op in ops)
 
 
@@ -92,8 +103,7 @@ def dependent_launch_order(sass: str) -> str:
     SASS): "wait first" where the wait comes before every global memory instruction and every branch (so it is in
     the entry's straight-line code: every path to global memory passes it), "late" where a global memory access or
     a branch precedes it, "none" where the kernel never waits."""
-    ops = [op.strip() for _, op in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-    ops = [op.split(None, 1)[1] if op.startswith("@") and " " in op else op for op in ops]    # the predicate off
+    ops = [_unpredicated(op) for _, op in _code(sass)]
     wait = next((i for i, op in enumerate(ops) if op.startswith("ACQBULK")), None)
     if wait is None:
         return "none"
