@@ -18,6 +18,9 @@ except ImportError:
 # The Triton interpreter (TRITON_INTERPRET=1, set before triton is imported) runs the kernels on CPU tensors;
 # kernels then route dots through float32 (its int8 products wrap and its low-precision dots are not IEEE).
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+if INTERPRET:                         # its helper calls patch the language once per launch and module (`interp`)
+    from plugins.kernels.interp import fast_helper_calls
+    fast_helper_calls()
 CAPTURES: list[tuple[int, int]] = []   # (compute capability, SMs) of a launch capture in progress (`launches`)
 
 

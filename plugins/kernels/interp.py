@@ -1,0 +1,53 @@
+"""The Triton interpreter's calls of `@triton.jit` helpers inside a kernel, made cheap (TRITON_INTERPRET=1 only).
+
+Triton's interpreter (3.6, 3.8 and 3.9 read alike: `InterpretedFunction.__call__`) patches `triton.language` for
+the interpreter at every call of a jit helper from inside a kernel (ours, and Triton's own such as `tl.zeros`):
+`_patch_lang` walks the `triton.language` modules the helper's module holds with `inspect.getmembers`, ~0.1 ms, once
+per helper call per program of the grid, and keeps no record to undo (its patches stay). Within one launch a second
+call of helpers from the same module patches nothing new: the same modules get the same interpreter wrappers.
+`fast_helper_calls` lets the first helper call from each module in a launch patch as Triton does and sends the
+others straight to the helper's rewritten function; calls outside a launch take Triton's own path. The kernels'
+tests against the reference run through it, so a helper whose result changed would fail them. Outside the
+interpreter nothing here is imported.
+"""
+
+import threading
+
+_INSIDE = threading.local()     # .patched: per launch in progress on this thread, the helper modules' globals' ids
+
+
+def fast_helper_calls() -> bool:
+    """Route a jit helper called inside an interpreted launch straight to its rewritten function; True when applied
+    (once), False when this Triton's interpreter does not have the shape read above (left as it is)."""
+    try:
+        from triton.runtime import interpreter as ti
+        grid_call, helper_call = ti.GridExecutor.__call__, ti.InterpretedFunction.__call__
+        rewrite, error = ti.InterpretedFunction.rewrite, ti.InterpreterError
+    except (ImportError, AttributeError):
+        return False
+    if getattr(helper_call, "bitnest_fast", False):
+        return True
+
+    def launch(self, *args, **kwargs):
+        stack = _INSIDE.__dict__.setdefault("patched", [])
+        stack.append(set())
+        try:
+            return grid_call(self, *args, **kwargs)
+        finally:
+            stack.pop()
+
+    def helper(self, *args, **kwargs):
+        stack = getattr(_INSIDE, "patched", None)
+        if not stack or id(self.fn.__globals__) not in stack[-1]:   # outside a launch, or this module's first call
+            if stack:
+                stack[-1].add(id(self.fn.__globals__))
+            return helper_call(self, *args, **kwargs)
+        fn = rewrite(self)
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            raise error(repr(e)) from e
+
+    helper.bitnest_fast = True
+    ti.GridExecutor.__call__, ti.InterpretedFunction.__call__ = launch, helper
+    return True
