@@ -45,3 +45,34 @@ def test_helpers_inside_a_launch_patch_the_language_once_per_module(monkeypatch)
     assert tl.core.is_builtin(tl.arange)          # the launch's patches are undone when it ends
     with pytest.raises(ValueError, match="triton.jit"):
         tl.arange(0, 4)                           # outside a launch the language is Triton's own again
+
+
+@triton.jit
+def _square_kernel(x_ptr, out_ptr):
+    v = tl.load(x_ptr)
+    tl.store(out_ptr, v * v)
+
+
+def test_the_overflow_checks_dropped_are_ones_that_assert_nothing(monkeypatch):
+    """With the interpreter's own options (debug off) an int32 multiply that overflows wraps as on the GPU whether
+    Triton computes its overflow check or not: dropping the check loses no assert. With debug on the check asserts,
+    and then it is kept."""
+    import dataclasses
+
+    from triton.runtime import interpreter as ti
+
+    from plugins.kernels.interp import skip_discarded_overflow_checks
+    builder = ti.interpreter_builder
+    assert not builder.options.debug and not builder.options.sanitize_overflow      # dropped at import
+    x = torch.tensor([65536], dtype=torch.int32)
+    out = torch.zeros(1, dtype=torch.int32)
+    _square_kernel[(1,)](x, out)
+    assert out.item() == 0                                                          # 2**32 wrapped to int32
+    monkeypatch.setattr(builder, "options", dataclasses.replace(builder.options, sanitize_overflow=True))
+    out.fill_(7)
+    _square_kernel[(1,)](x, out)                                                    # computed, then discarded
+    assert out.item() == 0
+    monkeypatch.setattr(builder, "options", dataclasses.replace(builder.options, debug=True))
+    assert not skip_discarded_overflow_checks() and builder.options.sanitize_overflow   # kept under debug
+    with pytest.raises(Exception, match="overflow detected"):
+        _square_kernel[(1,)](x, out)

@@ -1,4 +1,5 @@
-"""The Triton interpreter's calls of `@triton.jit` helpers inside a kernel, made cheap (TRITON_INTERPRET=1 only).
+"""The Triton interpreter made cheaper (TRITON_INTERPRET=1 only): its calls of `@triton.jit` helpers inside a
+kernel, and the integer overflow checks it computes and discards.
 
 Triton's interpreter (3.6, 3.8 and 3.9 read alike: `InterpretedFunction.__call__`) patches `triton.language` for
 the interpreter at every call of a jit helper from inside a kernel (ours, and Triton's own such as `tl.zeros`):
@@ -7,10 +8,12 @@ per helper call per program of the grid, and keeps no record to undo (its patche
 call of helpers from the same module patches nothing new: the same modules get the same interpreter wrappers.
 `fast_helper_calls` lets the first helper call from each module in a launch patch as Triton does and sends the
 others straight to the helper's rewritten function; calls outside a launch take Triton's own path. The kernels'
-tests against the reference run through it, so a helper whose result changed would fail them. Outside the
+tests against the reference run through it, so a helper whose result changed would fail them.
+`skip_discarded_overflow_checks` stops the interpreter computing overflow checks that it discards. Outside the
 interpreter nothing here is imported.
 """
 
+import dataclasses
 import threading
 
 _INSIDE = threading.local()     # .patched: per launch in progress on this thread, the helper modules' globals' ids
@@ -50,4 +53,23 @@ def fast_helper_calls() -> bool:
 
     helper.bitnest_fast = True
     ti.GridExecutor.__call__, ti.InterpretedFunction.__call__ = launch, helper
+    return True
+
+
+def skip_discarded_overflow_checks() -> bool:
+    """Stop the interpreter computing integer overflow checks it then throws away; True when it did.
+
+    With `sanitize_overflow` (its default) Triton's semantic layer follows every int32 add, sub and mul with a check
+    in int64 (two casts, the operation again, two compares, an and), ~40% of an interpreted pass's time, and hands the
+    result to `device_assert`, which returns at once unless the builder's `debug` option is on; the interpreter's
+    options never turn it on (3.6, 3.8 and 3.9 read alike). So the checks assert nothing and are dropped while
+    `debug` is off; where it is on they stay."""
+    try:
+        from triton.runtime import interpreter as ti
+        options = ti.interpreter_builder.options
+    except (ImportError, AttributeError):
+        return False
+    if options.debug or not getattr(options, "sanitize_overflow", False):
+        return False
+    ti.interpreter_builder.options = dataclasses.replace(options, sanitize_overflow=False)
     return True
