@@ -18,8 +18,8 @@ except ImportError:
 # The Triton interpreter (TRITON_INTERPRET=1, set before triton is imported) runs the kernels on CPU tensors;
 # kernels then route dots through float32 (its int8 products wrap and its low-precision dots are not IEEE).
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-if INTERPRET:                         # helper calls patch the language once per launch and module; no discarded
-    from plugins.kernels.interp import fast_helper_calls, skip_discarded_overflow_checks    # overflow checks (`interp`)
+if INTERPRET:                         # two of the interpreter's costs that compute nothing for us, avoided (`interp`)
+    from plugins.kernels.interp import fast_helper_calls, skip_discarded_overflow_checks
     fast_helper_calls()
     skip_discarded_overflow_checks()
 CAPTURES: list[tuple[int, int]] = []   # (compute capability, SMs) of a launch capture in progress (`launches`)

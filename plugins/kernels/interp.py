@@ -19,14 +19,23 @@ import threading
 _INSIDE = threading.local()     # .patched: per launch in progress on this thread, the helper modules' globals' ids
 
 
+def _interpreter():
+    """Triton's interpreter module, or None where this Triton has none."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return None
+    return interpreter
+
+
 def fast_helper_calls() -> bool:
     """Route a jit helper called inside an interpreted launch straight to its rewritten function; True when applied
     (once), False when this Triton's interpreter does not have the shape read above (left as it is)."""
+    ti = _interpreter()
     try:
-        from triton.runtime import interpreter as ti
         grid_call, helper_call = ti.GridExecutor.__call__, ti.InterpretedFunction.__call__
         rewrite, error = ti.InterpretedFunction.rewrite, ti.InterpreterError
-    except (ImportError, AttributeError):
+    except AttributeError:                      # no interpreter (None has none of these), or another shape
         return False
     if getattr(helper_call, "bitnest_fast", False):
         return True
@@ -40,10 +49,10 @@ def fast_helper_calls() -> bool:
             stack.pop()
 
     def helper(self, *args, **kwargs):
-        stack = getattr(_INSIDE, "patched", None)
-        if not stack or id(self.fn.__globals__) not in stack[-1]:   # outside a launch, or this module's first call
+        stack, module = getattr(_INSIDE, "patched", None), id(self.fn.__globals__)
+        if not stack or module not in stack[-1]:    # outside a launch, or this module's first call in it
             if stack:
-                stack[-1].add(id(self.fn.__globals__))
+                stack[-1].add(module)
             return helper_call(self, *args, **kwargs)
         fn = rewrite(self)
         try:
@@ -65,11 +74,10 @@ def skip_discarded_overflow_checks() -> bool:
     options never turn it on (3.6, 3.8 and 3.9 read alike). So the checks assert nothing and are dropped while
     `debug` is off; where it is on they stay."""
     try:
-        from triton.runtime import interpreter as ti
-        options = ti.interpreter_builder.options
-    except (ImportError, AttributeError):
+        options = _interpreter().interpreter_builder.options
+    except AttributeError:
         return False
     if options.debug or not getattr(options, "sanitize_overflow", False):
         return False
-    ti.interpreter_builder.options = dataclasses.replace(options, sanitize_overflow=False)
+    _interpreter().interpreter_builder.options = dataclasses.replace(options, sanitize_overflow=False)
     return True
