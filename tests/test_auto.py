@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from edge.backends import make_backend
+from edge.backends import make_engine
 from edge.engine import costs
 from edge.decode.auto import (
     PROBE_MAX,
@@ -24,7 +24,6 @@ from edge.decode.auto import (
 from edge.decode.config import GenerateConfig
 from edge.engine.cost_table import CostTable
 from edge.engine.costs import MAX_GAMMA, engine_costs, fingerprint, read_table, table_path
-from edge.engine.interface import PassEngine
 from edge.decode.generate import generate
 from edge.decode.registry import most_proposals
 from edge.decode.sampling import SamplingConfig
@@ -32,11 +31,13 @@ from edge.engine.stats import DecodeStats
 from edge.model.checkpoint import load_checkpoint
 from edge.model.manifest import manifest_seal, read_manifest
 from edge.llm import Runtime
+from tests.conftest import policy_backend
 
 PROMPTS = ["Write a short poem about the sea.", "List three uses of a paperclip."]
 TOKENS = 24                  # per generation: enough for target steps, a probe and rounds after it
 LINEAR = tuple(float(w) for w in range(1, MAX_GAMMA + 2))        # a target pass costs its width: compute-bound
 FLAT = (1.0,) * (MAX_GAMMA + 1)                                  # a target pass costs one token's: weight-bound
+BACKEND = policy_backend()   # the policy is the same code on every engine: the fastest that runs here (conftest)
 
 
 def rate(alpha: float, g: int, t_draft: float, t_target) -> float:
@@ -148,8 +149,7 @@ def test_stats_merge_the_gamma_mix_and_keep_the_latest_estimate():
 # -- greedy output on the real model --------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def engine(rtn_checkpoint):
-    ck = load_checkpoint(rtn_checkpoint)
-    return PassEngine(ck, make_backend("cpu", ck), 256, scratch=MAX_GAMMA + 1)
+    return make_engine(BACKEND, load_checkpoint(rtn_checkpoint), 256, scratch=MAX_GAMMA + 1)
 
 
 def _table(t_draft: float, t_target) -> CostTable:
@@ -172,7 +172,7 @@ def _check_rounds(stats: DecodeStats) -> dict[int, int]:
 
 @pytest.fixture(scope="module")
 def prompts(rtn_checkpoint):
-    rt = Runtime(rtn_checkpoint, backend="cpu", max_context=64)
+    rt = Runtime(rtn_checkpoint, backend=BACKEND, max_context=64)
     return [rt.encode(p) for p in PROMPTS]
 
 
@@ -223,7 +223,7 @@ def test_the_policy_keeps_the_margin(engine, prompts, targets):
 
 def test_the_ceiling_the_room_and_the_scratch_bound_the_choice(rtn_checkpoint, prompts, targets):
     ck = load_checkpoint(rtn_checkpoint)
-    small = PassEngine(ck, make_backend("cpu", ck), len(prompts[0]) + 13, scratch=3)
+    small = make_engine(BACKEND, ck, len(prompts[0]) + 13, scratch=3)
     small.costs = _table(0.01, FLAT)                                 # wants γ = 8 every round
     out, stats = _generate(small, prompts[0], policy="auto", max_new_tokens=64)
     assert out == targets[0][:len(out)] and stats.extra["stopped"] == "context full"
@@ -269,7 +269,7 @@ def test_a_wider_pass_never_costs_less_than_a_narrower_one():
 # -- the cost table's cache -----------------------------------------------------------------------------------------
 @pytest.fixture
 def fresh(engine, tmp_path, monkeypatch):
-    """The cpu engine with no table kept and an empty cache folder (one sweep of real passes, no warm-up: these
+    """The engine with no table kept and an empty cache folder (one sweep of real passes, no warm-up: these
     tests check where a table comes from, not what it says)."""
     monkeypatch.setenv("BITNEST_CACHE", str(tmp_path))
     monkeypatch.setattr(costs, "REPEATS", 1)
@@ -361,14 +361,16 @@ def test_the_spot_check_judges_a_tables_shape_not_its_speed():
 def test_a_cached_table_out_of_step_with_this_machine_is_remeasured(fresh, monkeypatch):
     """A sound file holding a draft pass 1/100 of a target pass (no engine's: the draft reads half the bytes and
     does the same attention) is re-measured with one line saying so; allowed any shape, the same file is read, the
-    check's ratios beside it. The reference backends are not checked (seconds a start): the cpu engine here reads
-    the file as it is until its backend is among the checked ones."""
+    check's ratios beside it. The reference backends are not checked (seconds a start): the engine here reads the
+    file as it is while its backend is not among the checked ones."""
     monkeypatch.setattr(costs, "CHECK_SWEEPS", 1)
     fp = fingerprint(fresh)
     path = table_path(fp)
     skewed = CostTable((0.1,) * (MAX_GAMMA + 1), 0.001, "measured", None, costs.CONTEXT)
     costs.write_table(skewed, path, fp)
-    assert fresh.name not in costs.CHECKED_BACKENDS and engine_costs(fresh, TEXT).target == skewed.target
+    assert {"cpu", "torch"}.isdisjoint(costs.CHECKED_BACKENDS)
+    monkeypatch.setattr(costs, "CHECKED_BACKENDS", tuple(b for b in costs.CHECKED_BACKENDS if b != fresh.name))
+    assert engine_costs(fresh, TEXT).target == skewed.target
     fresh.costs = None
     monkeypatch.setattr(costs, "CHECKED_BACKENDS", (fresh.name,))
     again = engine_costs(fresh, TEXT)
@@ -388,12 +390,15 @@ def test_the_fingerprint_covers_what_changes_the_costs(fresh, rotated_checkpoint
     for key in ("cpu", "torch", "backend", "threads", "checkpoint", "version"):
         assert fp[key], key
     assert fp["checkpoint"] == manifest_seal(fresh.ckpt.manifest) != manifest_seal(read_manifest(rotated_checkpoint))
-    threads = torch.get_num_threads()
+    # the threads that run the passes: the native step's own (torch's do not run them), else torch's
+    get, put = ((lambda: fresh.threads), (lambda n: setattr(fresh, "threads", n))) if fresh.name == "native" else \
+        (torch.get_num_threads, torch.set_num_threads)
+    threads = get()
     try:
-        torch.set_num_threads(threads + 1)
+        put(threads + 1)
         assert fingerprint(fresh) != fp and table_path(fingerprint(fresh)) != table_path(fp)
     finally:
-        torch.set_num_threads(threads)
+        put(threads)
 
 
 def test_a_small_context_or_an_unwritable_cache_measures_without_saving(fresh, rtn_checkpoint, tmp_path, monkeypatch):
@@ -403,7 +408,7 @@ def test_a_small_context_or_an_unwritable_cache_measures_without_saving(fresh, r
     t = engine_costs(fresh, TEXT)
     assert t.source == "measured" and t.path is None and "could not be saved" in t.note
     ck = load_checkpoint(rtn_checkpoint)
-    small = PassEngine(ck, make_backend("cpu", ck), 40, scratch=MAX_GAMMA + 1)
+    small = make_engine(BACKEND, ck, 40, scratch=MAX_GAMMA + 1)
     t = engine_costs(small, TEXT)
     assert t.source == "measured" and t.path is None and t.context == 40 - (MAX_GAMMA + 1) and t.note is None
 

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.conftest import ROOT, command_here, read_until
+from tests.conftest import ROOT, command_here, policy_backend, read_until
 
 
 def _chat(*args, **kw):
@@ -47,12 +47,11 @@ def test_auto_costs_a_ceiling_a_spoiled_table_and_a_remeasure(rtn_checkpoint, tm
     measures though a sound table is cached (a private cache folder for the tables, the native step built already
     linked into it: its passes measure in a second where the cpu backend's take twenty). The first run in a process
     of its own, the next through the same entry point in this one."""
-    from edge.backends.native import native_unavailable
     from edge.cache import cache_root
     from edge.engine import costs
     (tmp_path / "native").symlink_to(cache_root() / "native", target_is_directory=True)
     env = {**os.environ, "BITNEST_CACHE": str(tmp_path)}
-    backend = "cpu" if native_unavailable() else "native"
+    backend = policy_backend()
     args = ("--checkpoint", rtn_checkpoint, "--backend", backend, "--prompt", "Name three rivers.", "--max-new-tokens",
             "12", "--json")
     r = _chat(*args, "--gamma", "2", env=env)

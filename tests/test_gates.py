@@ -1,4 +1,4 @@
-"""Gated escalation on the real model (cpu backend): escalation counts and byte accounting, the lagged
+"""Gated escalation on the real model (`conftest.policy_backend`): escalation counts and byte accounting, the lagged
 gate's single pass per step, the phase switch at the closing tag, the seeded random gate, threshold
 calibration on its own calibration trajectories, and adaptive speculation staying lossless."""
 
@@ -30,7 +30,7 @@ from edge.decode.thresholds import (
 )
 from edge.errors import BitNestError
 from edge.llm import LLM
-from tests.conftest import draft_steps_after_target_prefill, tag_from_output
+from tests.conftest import draft_steps_after_target_prefill, policy_backend, tag_from_output
 
 PROMPTS = ["Write a short poem about the sea.", "What is the capital of France? Explain briefly.",
            "List three uses of a paperclip."]
@@ -40,7 +40,7 @@ PHASE_PROMPT = "<think>one</think> <think>two</think> <think>three</think> <thin
 
 @pytest.fixture(scope="module")
 def rt(rtn_checkpoint):
-    return LLM(rtn_checkpoint, policy="target", meter="none", backend="cpu", max_context=512)
+    return LLM(rtn_checkpoint, policy="target", meter="none", backend=policy_backend(), max_context=512)
 
 
 def _run(rt, prompt, chat=True, **kw):
@@ -139,7 +139,7 @@ def test_random_schedule_realises_its_rate():
 
 def test_calibration_hits_its_target_rates_and_is_saved_beside_the_checkpoint(rt, rtn_checkpoint, tmp_path):
     traces = calibration_traces(rt, prompts=2, max_new_tokens=32)
-    entry = dict(thresholds_from_traces(traces), backend="cpu")
+    entry = dict(thresholds_from_traces(traces), backend=rt.engine.name)
     n = entry["steps"]
     assert n == sum(len(t) for t in traces) >= 40
     for signal in ("entropy", "margin"):
@@ -156,8 +156,9 @@ def test_calibration_hits_its_target_rates_and_is_saved_beside_the_checkpoint(rt
     rt.ckpt.path, saved = ck, rt.ckpt.path
     try:
         path = save_thresholds(rt.ckpt, entry)
-        assert path == ck / THRESHOLDS_FILE and read_thresholds(rt.ckpt)["cpu"] == json.loads(path.read_text())["backends"]["cpu"]
-        gate = resolve_gate(rt.ckpt, "cpu", "gate-margin", GateConfig(rate=0.07))
+        assert path == ck / THRESHOLDS_FILE and read_thresholds(rt.ckpt)[rt.engine.name] == \
+            json.loads(path.read_text())["backends"][rt.engine.name]
+        gate = resolve_gate(rt.ckpt, rt.engine.name, "gate-margin", GateConfig(rate=0.07))
         assert gate.threshold == entry["margin"]["0.07"]
         with pytest.raises(BitNestError, match="bitnest calibrate --checkpoint"):   # the runtime never calibrates
             resolve_gate(rt.ckpt, "torch", "gate-margin", GateConfig(rate=0.07))

@@ -1,6 +1,7 @@
-"""The repaired gate (gate-repair) on the real model, cpu backend: an escalated step re-runs the target view over
-the low steps since the last escalation, so it chooses what the target chooses on the gate's own history, its
-wider pass is counted in the bytes, and its random control (gate-random-repair) does the same on seeded steps."""
+"""The repaired gate (gate-repair) on the real model (`conftest.policy_backend`): an escalated step re-runs the
+target view over the low steps since the last escalation, so it chooses what the target chooses on the gate's own
+history, its wider pass is counted in the bytes, and its random control (gate-random-repair) does the same on seeded
+steps."""
 
 import pytest
 import torch
@@ -9,7 +10,7 @@ from edge.analysis.compare import departures
 from edge.analysis.replay.trace import trace_prompt
 from edge.decode.config import GateConfig, GenerateConfig
 from edge.llm import LLM
-from tests.conftest import draft_steps_after_target_prefill
+from tests.conftest import draft_steps_after_target_prefill, policy_backend
 
 PROMPTS = ["Write a short poem about the sea.", "What is the capital of France? Explain briefly.",
            "List three uses of a paperclip."]
@@ -17,7 +18,7 @@ PROMPTS = ["Write a short poem about the sea.", "What is the capital of France? 
 
 @pytest.fixture(scope="module")
 def rt(rtn_checkpoint):
-    return LLM(rtn_checkpoint, policy="target", meter="none", backend="cpu", max_context=512)
+    return LLM(rtn_checkpoint, policy="target", meter="none", backend=policy_backend(), max_context=512)
 
 
 @pytest.fixture(scope="module")
