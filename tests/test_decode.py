@@ -10,6 +10,7 @@ from edge.engine.interface import PassEngine
 from edge.decode.sampling import SamplingConfig
 from edge.model.checkpoint import load_checkpoint
 from edge.llm import Runtime
+from tests.conftest import policy_backend
 
 PROMPTS = ["Write a short poem about the sea.", "What is the capital of France? Explain briefly.",
            "List three uses of a paperclip."]
@@ -140,10 +141,10 @@ def test_greedy_passes_leave_their_logits_on_the_engines_device(rtn_checkpoint, 
     """A policy asks for logits on the engine's device (`on_device`: only argmaxes, and adaptive speculation's two
     signals, cross to the host on a GPU engine) wherever its sampler is greedy: target steps, draft proposals and
     verification; nowhere a sampler draws from a distribution. Every pass is the real engine's (the flag only
-    recorded on its way through)."""
+    recorded on its way through, on `conftest.policy_backend`'s engine: the flag is the policy's)."""
+    from edge.backends import make_engine
     from edge.decode.generate import generate
-    ck = load_checkpoint(rtn_checkpoint)
-    eng = PassEngine(ck, make_backend("torch", ck), 128, scratch=8)
+    eng = make_engine(policy_backend(), load_checkpoint(rtn_checkpoint), 128, scratch=8)
     seen, real = {"draft": set(), "target": set()}, eng.forward
 
     def forward(ids, view, *a, on_device=False, **kw):
