@@ -74,10 +74,10 @@ def skip_discarded_overflow_checks() -> bool:
     options never turn it on (3.6, 3.8 and 3.9 read alike). So the checks assert nothing and are dropped while
     `debug` is off; where it is on they stay."""
     try:
-        options = _interpreter().interpreter_builder.options
-    except AttributeError:
+        builder = _interpreter().interpreter_builder
+    except AttributeError:                      # no interpreter (None has no builder), or another shape
         return False
-    if options.debug or not getattr(options, "sanitize_overflow", False):
+    if builder.options.debug or not getattr(builder.options, "sanitize_overflow", False):
         return False
-    _interpreter().interpreter_builder.options = dataclasses.replace(options, sanitize_overflow=False)
+    builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)
     return True
