@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one prepared script for a CUDA machine (<= 270 s by default, no network): every kernel against the oracle on the GPU,
+# The one prepared script for a CUDA machine (<= 300 s by default, no network): every kernel against the oracle on the GPU,
 # kernel GB/s against copy bandwidth, the triton backend lossless on the 135M shape, pass times with and without
 # CUDA graphs (135M shapes, Llama-2-7B with --with-7b; random planes built on the GPU: the checkpoint cannot travel), and the
 # speed-up they project at the real model's measured acceptance, each pass's device time by kernel family (profile),
@@ -9,7 +9,7 @@
 # $OUT/device_check.json and, generated from it, $OUT/device_check.md (the docs table). TensorRT is reported and
 # skipped where it is not installed.
 # The JSON is rewritten before and after every section (`running`, `complete`), each section has its own time limit
-# (--limits), and the whole run stops after DEVICE_CHECK_TIMEOUT seconds (270, 570 where TensorRT is importable: its
+# (--limits), and the whole run stops after DEVICE_CHECK_TIMEOUT seconds (300, 600 where TensorRT is importable: its
 # section may take 300; the gptq section's 300 more with --with-gptq): a timeout anywhere leaves the sections done.
 # The plugins section runs the TensorRT plugins' suites on the device through the stand-in. The 7B shape is opt-in
 # (--with-7b; skipped by itself on a device with under 12 GiB, an 8 GB Orin). The gptq section is opt-in (--with-gptq,
@@ -36,12 +36,12 @@ if [ "${DRY:-0}" = "1" ]; then
 else
   unset TRITON_INTERPRET                    # the compiler on the GPU, never the interpreter
 fi
-WHOLE=270
+WHOLE=300
 if [ "${DRY:-0}" = "1" ]; then WHOLE=540; fi  # the interpreter on a CPU: its sections' limits are 4x (DRY_LIMIT_SCALE)
 if ! "$PY" -c "import tensorrt" >/dev/null 2>&1; then
   echo "device_check: TensorRT is not installed here: the engine build and the tensorrt backend are skipped" >&2
 else
-  WHOLE=570                                 # the tensorrt section's limit (300 s) on top
+  WHOLE=600                                 # the tensorrt section's limit (300 s) on top
 fi
 SWEEP=0
 CHECK_ARGS=()

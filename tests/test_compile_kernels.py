@@ -166,6 +166,26 @@ def test_a_hopper_gemm_counts_its_warpgroup_mmas(tmp_path):
     assert row["budget_failures"] == [], row
 
 
+def test_a_hopper_decode_gemv_prefetches_its_weights_before_its_wait_and_nothing_else(tmp_path):
+    """For sm_90 (programmatic dependent launch) the decode GEMV asks L2 for its first weight bytes before it waits on
+    the launch before it: its SASS holds only prefetches before the wait (no load, no branch), one a thread for each
+    of the first 8 chunks of each plane and each of the 2 groups' scales (18 at the target's G = 128), the base plane
+    and scales only (10) where the view is read on the device after the wait; without PREFETCH the wait comes first
+    and nothing is prefetched; with it the kernel keeps its budgets (sm_87 has no PDL: its code is unchanged)."""
+    code = ("import dataclasses, json, sys; from pathlib import Path; "
+            "from plugins.kernels.aot import compile_spec, kernel_specs; "
+            "specs = {s.name: s for s in kernel_specs(90)}; t = specs['decode_target_m1']; "
+            "plain = dataclasses.replace(t, name='plain', signature=t.signature | {'PREFETCH': 'constexpr'}, "
+            "constexprs=t.constexprs | {'PREFETCH': False}); "
+            "print(json.dumps([compile_spec(s, Path(sys.argv[1]), 90) "
+            "for s in (t, specs['decode_runtime_view_m1'], plain)]))")
+    target, runtime_view, plain = compile_planted(tmp_path, code)
+    assert target["dependent_launch"] == "prefetch, then wait" and target["prefetches"] == 18, target
+    assert runtime_view["dependent_launch"] == "prefetch, then wait" and runtime_view["prefetches"] == 10, runtime_view
+    assert plain["dependent_launch"] == "wait first" and plain["prefetches"] == 0, plain
+    assert target["budget_failures"] == [] and runtime_view["budget_failures"] == [], (target, runtime_view)
+
+
 def test_compile_kernels_exits_1_naming_a_kernel_over_budget(tmp_path):
     """Without --out the kernels go to a new temporary folder; a budget the shipped kernels cannot meet (a register
     cap of 16, set in the module's table) makes the command exit 1 with one line naming the kernel over it."""

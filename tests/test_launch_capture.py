@@ -47,9 +47,10 @@ def test_every_launch_of_the_default_models_passes_compiles_for_sm87_within_its_
     for r in decode:
         c = r["constexprs"]
         assert r["held"] and r["budget_failures"] == [] and r["registers"] <= aot.BUDGETS["registers"], r
+        assert not c.get("PREFETCH") and r["prefetches"] == 0, r          # Orin: no PDL, nothing prefetched
         spec = aot._decode("spec", c["TARGET"], c["M"], c["G"], c["RUNTIME_VIEW"], tiled=c["TILED"],
                            residual=c["HAS_RES"])
-        drop = lambda d: {k: v for k, v in d.items() if k not in ("PARTIAL", "FUSED_REDUCE", "PDL")}
+        drop = lambda d: {k: v for k, v in d.items() if k not in ("PARTIAL", "FUSED_REDUCE", "PDL", "PREFETCH")}
         assert drop(spec.constexprs) == drop(c) and spec.num_warps == r["num_warps"], (spec.constexprs, c)
     flashes = [r for r in rows if r["kernel"].startswith("flash_decode_kernel")]   # by pointer alignment, 1-2
     for flash in flashes:
@@ -62,12 +63,17 @@ def test_every_launch_of_the_default_models_passes_compiles_for_sm87_within_its_
 
 LATE = """
 import triton, triton.language as tl
-from plugins.kernels.common import dependent_launch
+from plugins.kernels.common import dependent_launch, prefetch_l2
 @triton.jit
 def late_kernel(x_ptr, y_ptr, PDL: tl.constexpr = False):    # reads before it waits on the launch before it
     v = tl.load(x_ptr + tl.arange(0, 128))
     dependent_launch(PDL)
     tl.store(y_ptr + tl.arange(0, 128), v)
+@triton.jit
+def prefetching_kernel(x_ptr, y_ptr, PDL: tl.constexpr = False):    # asks L2 for x first, reads it after its wait
+    prefetch_l2(x_ptr + tl.arange(0, 128))
+    dependent_launch(PDL)
+    tl.store(y_ptr + tl.arange(0, 128), tl.load(x_ptr + tl.arange(0, 128)))
 """
 
 CAPTURE = f"LATE = {LATE!r}\n" + """
@@ -101,10 +107,12 @@ def order(launch):
 planted_dir = Path(tempfile.mkdtemp())           # Triton reads a kernel's source from its file
 (planted_dir / "planted_pdl.py").write_text(LATE)
 sys.path.insert(0, str(planted_dir))
-from planted_pdl import late_kernel
+from planted_pdl import late_kernel, prefetching_kernel
 with captured_launches(90, 85) as planted:
     late_kernel[(1,)](x, x, PDL=True, launch_pdl=True)
-pdl = [launch.constexprs.get("PDL"), launch.options.get("launch_pdl"), order(launch), order(planted[0])]
+    prefetching_kernel[(1,)](x, x, PDL=True, launch_pdl=True)
+pdl = [launch.constexprs.get("PDL"), launch.options.get("launch_pdl"), order(launch), order(planted[0]),
+       order(planted[1])]
 left = sum(type(k).__name__ == "_NotLaunched" for k in decoder_ops.rms_norm_kernel.device_caches[0][0].values())
 print(json.dumps({"inside": inside, "sms": [chosen, sms, gemv._sm_count(cpu)], "after": capture_arch(), "left": left,
                   "restored": before == (driver._active,
@@ -125,38 +133,46 @@ def test_a_capture_compiles_for_its_arch_parses_options_and_restores_triton():
     assert out["signature"]["x_ptr"] == "*fp32" and out["signature"]["w_ptr"] == "*fp16", out
     assert out["refused"] and "not_an_option" in out["refused"], out
     # sm_90 launches with programmatic dependent launch, and its SASS waits on the launch before it before it
-    # touches global memory; a kernel that loads before its wait is caught
-    assert out["pdl"] == [True, True, "wait first", "late"], out
+    # touches global memory; a kernel that loads before its wait is caught, one that only prefetches is told apart
+    assert out["pdl"] == [True, True, "wait first", "late", "prefetch, then wait"], out
 
 
 HOPPER = """
 import json, os, sys
 from edge.analysis.kernel_launches import backend_launches
-from plugins.kernels.common import pdl, pdl_off
+from plugins.kernels.common import PREFETCH_ENV, env_off, pdl, pdl_off
 from plugins.kernels.launches import captured_launches
 launches = backend_launches(sys.argv[1], 90, compile_them=False)
 with captured_launches(90, compile_them=False), pdl_off():      # the device check's graphs_no_pdl form
-    off = pdl("cpu")
+    off = pdl("cpu", prefetch=True)
 with captured_launches(90, compile_them=False), pdl_off(False):
     kept = pdl("cpu")
+with captured_launches(90, compile_them=False), env_off(PREFETCH_ENV):    # its graphs_no_prefetch form
+    no_prefetch = pdl("cpu", prefetch=True)
 with captured_launches(87, compile_them=False):
-    orin = pdl("cpu")
+    orin = pdl("cpu", prefetch=True)
 print(json.dumps({"launches": [[x.name, x.constexprs.get("PDL"), x.options.get("launch_pdl")] for x in launches],
-                  "switch": [off, kept, orin, os.environ.get("BITNEST_PDL")]}))
+                  "prefetch": sorted({x.name for x in launches if x.constexprs.get("PREFETCH")}),
+                  "switch": [off, kept, no_prefetch, orin, os.environ.get("BITNEST_PDL"),
+                             os.environ.get(PREFETCH_ENV)]}))
 """
 
 
 def test_on_hopper_every_launch_of_the_default_models_passes_is_a_dependent_launch(rtn_checkpoint):
     """Every kernel the triton backend launches in a prefill chunk, a speculative round and target and draft steps is
     launched for sm_90 with programmatic dependent launch (its PDL constant and the launch attribute: a launcher that
-    forgets either is caught); BITNEST_PDL=0 launches none with it, nor does `pdl_off` (the device check's
-    `graphs_no_pdl` form), which puts the switch back; sm_87 has none. (Recorded, not compiled: the compiled kernels'
-    wait-first order is `compile-kernels --arch sm_90`'s `dependent_launch` column and the test above.)"""
+    forgets either is caught); the decode GEMV, and only it, with its weights' L2 prefetch before the wait (PREFETCH),
+    which BITNEST_PDL_PREFETCH=0 turns off with PDL kept (the `graphs_no_prefetch` form); BITNEST_PDL=0 launches none
+    with PDL, nor does `pdl_off` (the device check's `graphs_no_pdl` form), which puts the switch back; sm_87 has
+    none. (Recorded, not compiled: the compiled kernels' order is `compile-kernels --arch sm_90`'s `dependent_launch`
+    column and the tests above and in test_compile_kernels.py.)"""
     result = json.loads(_child(HOPPER, str(rtn_checkpoint)))
     on = result["launches"]
     assert LAUNCHED <= {name for name, _, _ in on}, on
     pdl = {"PDL": True, "launch_pdl": True}      # pdl_off turns it off and puts the switch back; Orin has none
-    assert result["switch"] == [{}, pdl, {}, None], result["switch"]
+    assert result["switch"] == [{}, pdl, pdl, {}, None, None], result["switch"]
+    assert result["prefetch"] == ["decode_gemv_kernel"], result["prefetch"]     # the weight stream, asked for by
+    #                                                                              its launcher; no other kernel
     assert all(flag is True and attr is True for _, flag, attr in on), on
     env = dict(ENV, BITNEST_PDL="0")
     run = subprocess.run([sys.executable, "-c", HOPPER, str(rtn_checkpoint)], capture_output=True, text=True, env=env,

@@ -21,9 +21,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dry", action="store_true", help="Triton interpreter on the CPU, tiny shapes (TRITON_INTERPRET=1)")
     p.add_argument("--repeats", type=count(), default=3)
     p.add_argument("--new-tokens", type=count(), default=32)
-    p.add_argument("--with-7b", action="store_true", help="also the Llama-2-7B shape (past the default run's 270 s)")
+    p.add_argument("--with-7b", action="store_true", help="also the Llama-2-7B shape (past the default run's 300 s)")
     p.add_argument("--with-gptq", action="store_true", help="also the gptq section: the default model exported with "
-                   "GPTQ on CUDA against the committed CPU figures (past the default run's 270 s: "
+                   "GPTQ on CUDA against the committed CPU figures (past the default run's 300 s: "
                    f"{LIMITS['gptq']} s more)")
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {', '.join(SECTIONS)}")
     p.add_argument("--limits", default="", help="per-section seconds, e.g. kernels=200,lossless=60 (default: "

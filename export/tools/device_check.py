@@ -1,4 +1,4 @@
-"""The checks of one CUDA machine in one run (scripts/device_check.sh, <= 270 s by default, no network): the
+"""The checks of one CUDA machine in one run (scripts/device_check.sh, <= 300 s by default, no network): the
 checkpoint cannot travel, so random-plane checkpoints of the default model's shapes (and Llama-2-7B's, opt-in with
 --with-7b) are built on the GPU (edge.memory.synthetic), with a default export's online rotations (R1, R4:
 PASS_CHECKPOINT); the export's GPTQ on CUDA is opt-in too (--with-gptq). It writes one JSON object, from which
@@ -57,29 +57,23 @@ SWEEP = ROOT / "scripts" / "results" / "sweep-bitnest.json"    # the real model'
 # the kernels' unit tests, on the GPU in a real run (test_kernels.py took 16 s on an H200)
 KERNEL_TESTS = ("tests/test_kernels.py", "tests/test_tiled_gemv.py", "tests/test_swiglu_kernel.py")
 KERNEL_TESTS_DRY = ("tests/test_kernels.py::test_dual_plane_linear_rejects_bad_shapes",)
-OPT_IN = {"gptq": "--with-gptq"}   # sections that run only when asked, past the default run's 270 s
-# Seconds per section: the first seven's sum (260) stays under scripts/device_check.sh's timeout of the whole run
-# (270: one device call with time left for a second); where TensorRT is importable the script adds the tensorrt
+OPT_IN = {"gptq": "--with-gptq"}   # sections that run only when asked, past the default run's 300 s
+# Seconds per section: the first seven's sum (295) stays under scripts/device_check.sh's timeout of the whole run
+# (300: one device call with time left for a second); where TensorRT is importable the script adds the tensorrt
 # section's limit (an engine build takes minutes), with --with-gptq the gptq section's. Its 300 s, estimated (no GPU
 # run yet): on this project's 2-core CPU the default export took ~6 min (8.6 s a block, GPTQ and the calibration
 # passes) and its evaluation at 4096 tokens 168 s (2.4 GB; the float reference included); on CUDA the blocks' work
 # moves to the GPU (~1-2 s a block, ~60-100 s with the model's load), and the evaluation, on the CPU as the
 # committed figures' was, runs on 16 cores (~40-60 s): ~100-160 s; 300 leaves room for a cold machine (imports, CUDA
 # start, no cache) and for an estimate that far off.
-# On an H200 (triton 3.6, every section's code compiled cold) they took kernels 28 s (its unit tests 16 of it, 8
-# workers), bandwidth 9-11, lossless 3-5, pass times 10-12 (the 7B shape included), plugins 12-15. The bandwidth
-# section has since grown to 10 shapes x 3 widths with rings of plane copies beyond L2 (estimated 20-40 s: ~12 cold
-# kernel compiles dominate) and pass times by the Qwen2.5-1.5B shape (~2 GB of planes made on the GPU): their limits
-# were raised, the kernels' and plugins' lowered towards what they took, the sum kept at 230.
-# The bandwidth section now times each GEMV row twice (the backend's tiled planes and canonical ones: ~6 more cold
-# compiles): 80 s, taken from the kernels' and plugins' limits (28 and 12-15 s measured).
-# The profile section (each pass's kernels by family, the graphed form's passes again under the profiler) took its
-# 25 s from the kernels' (28 measured), lossless's (3-5) and the plugins' (12-15) limits.
-# The prefill section (a 256-token chunk on the tensor cores against the decode kernel, ~5 cold compiles; its attention
-# on both kernels, 4 more) 40 s, the whole run's timeout raised from 240 to 270; lossless keeps 20 (3-5 s on the H200,
-# over 15 s in the dry run on a busy 2-core CPU). The pass times' graphs without PDL on sm_90 (a fourth form, not yet
-# timed on a GPU: graph captures and milliseconds of replays a shape) got 10 s, from the kernels' and bandwidth's.
-LIMITS = {"kernels": 40, "bandwidth": 70, "prefill": 40, "lossless": 20, "pass_times": 45, "profile": 25,
+# Measured on an H200 (triton 3.6, every section compiled cold): kernels 28 s (its unit tests 16, 8 workers), bandwidth
+# 9-11, lossless 3-5, pass times 10-12 (the 7B shape included), plugins 12-15. Added since, each limit estimated (no
+# GPU run yet): the bandwidth section's shapes beyond L2, rings of plane copies and tiled and canonical rows (~18 cold
+# compiles: 70 s); pass times at the Qwen2.5-1.5B shape, on sm_90 graphs without PDL and without the GEMV's weight
+# prefetch (80 s: five forms at three shapes, ~25 kernels compiled cold without PDL, ~8 GEMVs without the prefetch); the profile section (each pass's kernels by family: 25 s); the prefill section (a 256-token chunk
+# on the tensor cores against the decode kernel and its attention on both kernels, ~9 cold compiles: 40 s); lossless
+# keeps 20 (over 15 s in the dry run on a busy 2-core CPU).
+LIMITS = {"kernels": 40, "bandwidth": 70, "prefill": 40, "lossless": 20, "pass_times": 80, "profile": 25,
           "plugins": 20, "tensorrt": 300, "gptq": 300}
 # A dry run's default limits are these times DRY_LIMIT_SCALE: LIMITS budget a GPU's work, a dry run is the Triton
 # interpreter on whatever CPU runs it (its lossless section took 15-20 s on a busy 2-core CPU against 3-5 s on the
@@ -333,11 +327,12 @@ def pass_times(opts: DeviceCheckOptions, dev: str) -> dict:
     """Median wall time (ms, host included: what a greedy decode step waits for, its argmaxes on the host) of a draft
     pass (1 token into a draft slot), a target pass (1 token) and a verification pass (γ+1 tokens) for each engine
     form; on a GPU with programmatic dependent launch (sm_90 on: plugins.kernels.common.pdl) the graphs also
-    without it (`graphs_no_pdl`), what it gains."""
+    without it (`graphs_no_pdl`), what it gains, and with it but without the GEMV's weight prefetch before its wait
+    (`graphs_no_prefetch`), what that adds."""
     from edge.analysis.pass_profile import median_ms
     from edge.backends.triton_graphs import GraphedEngine
     from edge.engine.interface import PassEngine
-    from plugins.kernels.common import pdl, pdl_off
+    from plugins.kernels.common import PDL_ENV, PREFETCH_ENV, env_off, pdl
     out = {}
     for name, capacity, prompt, ckpt, backend in _at_shapes(opts, dev):
         forms = {"eager": (PassEngine, {}), "static": (GraphedEngine, {"graphs": False})}
@@ -345,9 +340,11 @@ def pass_times(opts: DeviceCheckOptions, dev: str) -> dict:
             forms["graphs"] = (GraphedEngine, {"graphs": True})
             if pdl("cuda"):
                 forms["graphs_no_pdl"] = (GraphedEngine, {"graphs": True})
+                forms["graphs_no_prefetch"] = (GraphedEngine, {"graphs": True})
         rows = {}
         for form, (engine, kw) in forms.items():
-            with pdl_off(form == "graphs_no_pdl"):             # its graphs captured and replayed without it
+            # the graphs of the last two forms captured and replayed without PDL, or without the prefetch
+            with env_off(PDL_ENV, form == "graphs_no_pdl"), env_off(PREFETCH_ENV, form == "graphs_no_prefetch"):
                 eng = engine(ckpt, backend, capacity, scratch=GAMMA + 4, **kw)
                 eng.prefill(prompt)
                 rows[form] = {f"{k}_ms": median_ms(fn, opts.repeats, dev == "cuda", warm=not opts.dry)  # nothing

@@ -408,6 +408,8 @@ def compile_spec(spec: KernelSpec, out_dir: Path, arch: int = 87, ptx_version: i
         sig, const = sig | {"PDL": "constexpr"}, const | {"PDL": arch >= PDL_MIN_CC}
         if const["PDL"]:
             options["launch_pdl"] = True
+        if "PREFETCH" in spec.fn.arg_names and "PREFETCH" not in const:    # the weights' prefetch before the wait
+            sig, const = sig | {"PREFETCH": "constexpr"}, const | {"PREFETCH": const["PDL"]}
     k = triton.compile(ASTSource(spec.fn, sig, const, spec.attrs()), target=GPUTarget("cuda", arch, 32),
                        options=options)
     return summarize(k, spec, out_dir, arch)

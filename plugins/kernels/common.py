@@ -1,5 +1,5 @@
 """Pieces shared by the Triton kernels: the interpreter switch and its fixed-order dot, the ptxas Triton compiles
-with, programmatic dependent launch, exact rounding."""
+with, programmatic dependent launch and the weights' L2 prefetch before its wait, exact rounding."""
 
 import contextlib
 import functools
@@ -62,32 +62,44 @@ def device_cc(dev: torch.device) -> int | None:
 # BITNEST_PDL=0 turns it off (`bitnest device-check` times the CUDA-graph passes both ways on such a GPU).
 PDL_MIN_CC = 90
 PDL_ENV = "BITNEST_PDL"
+# With PDL a weight-streaming kernel (the decode GEMV) may ask L2 for its first weight bytes before its wait
+# (`prefetch_l2`): the planes are written by no launch, so nothing it prefetches can be stale, and a prefetch loads
+# no value into a register; the loads after the wait then find those lines in L2 instead of waiting on DRAM while
+# the launch before it drains. BITNEST_PDL_PREFETCH=0 turns the prefetch off (the device check's `graphs_no_prefetch`).
+PREFETCH_ENV = "BITNEST_PDL_PREFETCH"
 
 
-def pdl(dev: torch.device | str) -> dict:
+def pdl(dev: torch.device | str, prefetch: bool = False) -> dict:
     """The launch arguments of programmatic dependent launch on `dev`: {"PDL": True, "launch_pdl": True} (the kernel's
     `dependent_launch` and the launch attribute) on a GPU from sm_90 on (a launch capture for one too), else {} (the
-    kernels' PDL defaults to False)."""
+    kernels' PDL defaults to False). `prefetch`: the kernel takes a PREFETCH constant (its weights' L2 prefetch before
+    the wait), True with PDL unless PREFETCH_ENV is "0"."""
     if INTERPRET or gdc_wait is None or os.environ.get(PDL_ENV) == "0" or (device_cc(torch.device(dev)) or 0) < \
             PDL_MIN_CC:
         return {}
-    return {"PDL": True, "launch_pdl": True}
+    return {"PDL": True, "launch_pdl": True} | ({"PREFETCH": True} if prefetch and os.environ.get(PREFETCH_ENV) != "0"
+                                                else {})
 
 
 @contextlib.contextmanager
-def pdl_off(off: bool = True):
-    """Within it (where `off`), launches go without programmatic dependent launch (PDL_ENV=0): a comparison's other
-    side."""
-    before = os.environ.get(PDL_ENV)
+def env_off(name: str, off: bool = True):
+    """Within it (where `off`), os.environ[name] is "0" (PDL_ENV: launches without programmatic dependent launch;
+    PREFETCH_ENV: PDL launches without the prefetch): a comparison's other side. The variable is put back after."""
+    before = os.environ.get(name)
     if off:
-        os.environ[PDL_ENV] = "0"
+        os.environ[name] = "0"
     try:
         yield
     finally:
         if before is None:
-            os.environ.pop(PDL_ENV, None)
+            os.environ.pop(name, None)
         else:
-            os.environ[PDL_ENV] = before
+            os.environ[name] = before
+
+
+def pdl_off(off: bool = True):
+    """Within it (where `off`), launches go without programmatic dependent launch (`env_off` of PDL_ENV)."""
+    return env_off(PDL_ENV, off)
 
 
 @triton.jit
@@ -97,6 +109,15 @@ def dependent_launch(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
+
+
+@triton.jit
+def prefetch_l2(ptr):
+    """Ask L2 for the line of each address of `ptr` (PTX prefetch.global.L2, SASS CCTL.E.PF2): no value is loaded,
+    nothing waits on it. Before a kernel's `dependent_launch`, only for bytes no launch writes (weights). Compiled
+    code only: the interpreter has no inline PTX."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptr], dtype=tl.int32,
+                              is_pure=False, pack=1)
 
 # The CUDA toolkit's own ptxas on a JetPack 6 image (CUDA 12.6). Triton's bundled ptxas (12.9 with Triton 3.9)
 # emits PTX ISA 8.8 and cubins the JetPack 6 driver may not load (it reads PTX up to ISA 8.5), so every path that

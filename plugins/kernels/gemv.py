@@ -138,7 +138,7 @@ def _launch_decode(x, base, refine, scale, offset, y, target, view_code, split, 
         res if in_launch else sx, n, k, per, M=m, TARGET=bool(target), HAS_OFFSET=offset is not None,
         PARTIAL=split > 1, G=g, ROWS=rows, BLOCK_S=32 * warps, INTERP=gemv_decode.interp_form if INTERPRET else 0,
         RUNTIME_VIEW=view_code is not None, TILED=tiled, FUSED_REDUCE=fused, HAS_RES=in_launch, num_warps=warps,
-        enable_fp_fusion=False, **pdl(x.device))
+        enable_fp_fusion=False, **pdl(x.device, prefetch=True))
     if not fused:
         _reduce(dest, sx, y, m, n, split, True)
     if res is not None and not in_launch:

@@ -29,7 +29,9 @@ a verification pass computes bit for bit what single-token steps compute.
 import triton
 import triton.language as tl
 
-from plugins.kernels.common import dependent_launch, load_row, round_half_even, row_scale, scale_for_max
+from plugins.kernels.common import (
+    dependent_launch, load_row, prefetch_l2, round_half_even, row_scale, scale_for_max,
+)
 
 DECODE_MAX_M = 8                      # tokens a decode launch serves; larger M runs the tensor-core kernel
 # The interpreter's two forms of the group sums (the kernel's INTERP): INTERP_GROUPS, whole-group numpy operations
@@ -208,26 +210,22 @@ def _zeros(n: tl.constexpr, shape: tl.constexpr, dtype: tl.constexpr):
 
 
 @triton.jit
-def _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, res_ptr, N, K,
-          GROUPS_PER_SPLIT, M: tl.constexpr, TARGET: tl.constexpr, HAS_OFFSET: tl.constexpr, PARTIAL: tl.constexpr,
-          G: tl.constexpr, ROWS: tl.constexpr, BLOCK_S: tl.constexpr, INTERP: tl.constexpr, TILED: tl.constexpr,
-          HAS_RES: tl.constexpr):
-    """The program of `decode_gemv_kernel` for one view. No load is masked (a masked load costs a move per register
-    for its `other`): rows past N read row N-1 and are not stored, and the last split runs only its own groups.
-    TILED: the planes and scales in the warp-tiled layout (plugins.kernels.tiling), else canonical; the two differ
-    in their addresses only."""
+def _offsets(N, K, GROUPS_PER_SPLIT, G: tl.constexpr, ROWS: tl.constexpr, BLOCK_S: tl.constexpr,
+             TILED: tl.constexpr):
+    """The program's rows and where its weights start: (rows, wp, sp), ROWS-tuples of its row tiles' rows [BS], plane
+    word offsets [BS, 4] of their first chunk at the split's first group g0, and scale offsets [BS] there. Rows past
+    N address row N-1 (no masked load)."""
     CH: tl.constexpr = G // CHUNK_COLS
+    CHUNK_WORDS: tl.constexpr = 4 * TILE_ROWS if TILED else 4
     n_groups = K // G
     g0 = tl.program_id(1) * GROUPS_PER_SPLIT
     w = tl.arange(0, 4)                                  # [4] words of a 16-byte chunk
     # TILED: word (((n // 32) * K/G + g) * CH + c) * 128 + (n % 32) * 4 + w, scale ((n // 32) * K/G + g) * 32 + n % 32
     # (a warp's 32 chunks side by side: 512 contiguous bytes); canonical: word n * K/8 + (g * CH + c) * 4 + w, scale
     # n * K/G + g
-    CHUNK_WORDS: tl.constexpr = 4 * TILE_ROWS if TILED else 4
-    SCALE_STEP: tl.constexpr = TILE_ROWS if TILED else 1
     rows = ()
-    wp = ()                                              # [BS, 4] word offsets of each row tile at group g0
-    sp = ()                                              # [BS] scale offsets at group g0
+    wp = ()
+    sp = ()
     for r in tl.static_range(ROWS):
         n = tl.program_id(0) * (ROWS * BLOCK_S) + r * BLOCK_S + tl.arange(0, BLOCK_S)
         rows = rows + (n,)
@@ -240,6 +238,51 @@ def _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, 
             row_words = tl.multiple_of(K // 8, 4)       # K is a multiple of G >= 32: rows start 16-byte aligned
             wp = wp + ((n * row_words)[:, None] + g0 * (CH * 4) + w[None, :],)
             sp = sp + (n * n_groups + g0,)
+    return rows, wp, sp
+
+
+PREFETCH_CHUNKS = tl.constexpr(8)     # 16-byte chunks of each row and plane `_prefetch` asks L2 for: the first two
+#                                       groups at G = 128 (all a program of a 4096-row matrix reads on a 132-SM GPU)
+
+
+@triton.jit
+def _prefetch(base_ptr, refine_ptr, scale_ptr, wp, sp, groups, G: tl.constexpr, ROWS: tl.constexpr,
+              REFINE: tl.constexpr, TILED: tl.constexpr):
+    """Before the program's PDL wait: ask L2 for the first PREFETCH_CHUNKS chunks of each of its rows' base plane (and
+    refinement plane where REFINE) and their scales, from the split's first group on, within its `groups` (>= 1)
+    groups (later chunks clamped to its last group: a repeated prefetch costs an instruction, nothing else). Each
+    thread prefetches the chunks it will load; no value is loaded, so nothing the launch before this one writes is
+    read before the wait (the planes and scales are written by no launch)."""
+    CH: tl.constexpr = G // CHUNK_COLS
+    CHUNK_WORDS: tl.constexpr = 4 * TILE_ROWS if TILED else 4
+    SCALE_STEP: tl.constexpr = TILE_ROWS if TILED else 1
+    for j in tl.static_range(PREFETCH_CHUNKS):
+        gi = tl.minimum(j // CH, groups - 1)
+        at = gi * (CH * CHUNK_WORDS) + (j % CH) * CHUNK_WORDS
+        for r in tl.static_range(ROWS):
+            first = tl.min(wp[r], axis=1)                        # [BS] the chunk's first word: one a thread
+            prefetch_l2(base_ptr + first + at)
+            if REFINE:
+                prefetch_l2(refine_ptr + first + at)
+            if j % CH == 0:
+                prefetch_l2(scale_ptr + sp[r] + gi * SCALE_STEP)
+
+
+@triton.jit
+def _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, res_ptr, N, K,
+          GROUPS_PER_SPLIT, rows, wp, sp, M: tl.constexpr, TARGET: tl.constexpr, HAS_OFFSET: tl.constexpr,
+          PARTIAL: tl.constexpr, G: tl.constexpr, ROWS: tl.constexpr, BLOCK_S: tl.constexpr, INTERP: tl.constexpr,
+          TILED: tl.constexpr, HAS_RES: tl.constexpr):
+    """The program of `decode_gemv_kernel` for one view, from its rows and weight offsets (`_offsets`). No load is
+    masked (a masked load costs a move per register for its `other`): rows past N read row N-1 and are not stored,
+    and the last split runs only its own groups. TILED: the planes and scales in the warp-tiled layout
+    (plugins.kernels.tiling), else canonical; the two differ in their addresses only."""
+    CH: tl.constexpr = G // CHUNK_COLS
+    n_groups = K // G
+    g0 = tl.program_id(1) * GROUPS_PER_SPLIT
+    w = tl.arange(0, 4)                                  # [4] words of a 16-byte chunk
+    CHUNK_WORDS: tl.constexpr = 4 * TILE_ROWS if TILED else 4
+    SCALE_STEP: tl.constexpr = TILE_ROWS if TILED else 1
     xp = x_ptr + g0 * (CH * M * 8) + w                   # [4] the group's first activation words
     acc = _zeros(ROWS * M, [BLOCK_S], tl.float32)
     for gi in range(0, tl.minimum(GROUPS_PER_SPLIT, n_groups - g0)):
@@ -351,7 +394,7 @@ def decode_gemv_kernel(
     M: tl.constexpr, TARGET: tl.constexpr, HAS_OFFSET: tl.constexpr, PARTIAL: tl.constexpr, G: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_S: tl.constexpr, INTERP: tl.constexpr, RUNTIME_VIEW: tl.constexpr = False,
     TILED: tl.constexpr = False, FUSED_REDUCE: tl.constexpr = False, HAS_RES: tl.constexpr = False,
-                       PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False,
 ):
     """Program (n-tile, split): rows [n0, n0 + ROWS*BLOCK_S) as ROWS sub-tiles of BLOCK_S (one row per thread),
     groups [split*GPS, min((split+1)*GPS, K/G)) of K, all M tokens.
@@ -366,17 +409,26 @@ def decode_gemv_kernel(
     FUSED_REDUCE (with PARTIAL): the last program of each row tile reduces the partials into y [M, N]
     (`_last_split_reduces`; count_ptr: int32 counters, one per row tile, zero before and after the launch).
     HAS_RES (not with a PARTIAL launch reduced elsewhere): y = res + x @ W^T, res float32 [M, N] (the residual stream a
-    block's o_proj and down_proj add to), added to each finished row in one float32 add: torch's `res + y` bits."""
+    block's o_proj and down_proj add to), added to each finished row in one float32 add: torch's `res + y` bits.
+    PDL: programmatic dependent launch (`common.dependent_launch`); with it PREFETCH asks L2 for the program's first
+    weight bytes before the wait (`_prefetch`): the planes stream from DRAM while the launch before this one drains."""
+    rows, wp, sp = _offsets(N, K, GROUPS_PER_SPLIT, G, ROWS, BLOCK_S, TILED)
+    if PDL and PREFETCH:           # the refinement plane only where the view is known here (a runtime view reads
+        _prefetch(base_ptr, refine_ptr, scale_ptr, wp, sp,     # its device scalar after the wait)
+                  tl.minimum(GROUPS_PER_SPLIT, K // G - tl.program_id(1) * GROUPS_PER_SPLIT), G, ROWS,
+                  TARGET and not RUNTIME_VIEW, TILED)
     dependent_launch(PDL)
     if RUNTIME_VIEW:
         if tl.load(view_ptr) == 1:
             _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, res_ptr, N, K,
-                  GROUPS_PER_SPLIT, M, True, HAS_OFFSET, PARTIAL, G, ROWS, BLOCK_S, INTERP, TILED, HAS_RES)
+                  GROUPS_PER_SPLIT, rows, wp, sp, M, True, HAS_OFFSET, PARTIAL, G, ROWS, BLOCK_S, INTERP, TILED,
+                  HAS_RES)
         else:
             _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, res_ptr, N, K,
-                  GROUPS_PER_SPLIT, M, False, HAS_OFFSET, PARTIAL, G, ROWS, BLOCK_S, INTERP, TILED, HAS_RES)
+                  GROUPS_PER_SPLIT, rows, wp, sp, M, False, HAS_OFFSET, PARTIAL, G, ROWS, BLOCK_S, INTERP, TILED,
+                  HAS_RES)
     else:
         _tile(x_ptr, xsum_ptr, sx_ptr, base_ptr, refine_ptr, scale_ptr, offset_ptr, out_ptr, res_ptr, N, K,
-              GROUPS_PER_SPLIT, M, TARGET, HAS_OFFSET, PARTIAL, G, ROWS, BLOCK_S, INTERP, TILED, HAS_RES)
+              GROUPS_PER_SPLIT, rows, wp, sp, M, TARGET, HAS_OFFSET, PARTIAL, G, ROWS, BLOCK_S, INTERP, TILED, HAS_RES)
     if PARTIAL and FUSED_REDUCE:
         _last_split_reduces(sx_ptr, out_ptr, y_ptr, count_ptr, res_ptr, N, M, ROWS, BLOCK_S, HAS_RES)

@@ -10,6 +10,7 @@ import triton
 
 IMMA = r"\bIG?MMA\b"   # int8 tensor-core instructions in SASS: IMMA, or from sm_90 on the warpgroup IGMMA (wgmma)
 HMMA = r"\bHG?MMA\b"   # float16 ones: HMMA, or HGMMA
+PREFETCH = r"\bCCTL\S*\.PF[12]\b"   # prefetch.global.L1 / .L2: asks the cache for a line, loads no value
 
 
 def _tool(name: str) -> str:
@@ -40,10 +41,11 @@ def _sass(cubin_file: Path) -> str:
 
 
 def sass_instructions(sass: str) -> dict:
-    """Counts of the matrix / dot-product instructions and of 128-bit global loads in `sass` (cuobjdump -sass)."""
+    """Counts of the matrix / dot-product instructions, of 128-bit global loads and of cache prefetches (CCTL .PF1 /
+    .PF2) in `sass` (cuobjdump -sass)."""
     return {"imma": len(re.findall(IMMA, sass)), "hmma": len(re.findall(HMMA, sass)),
             "idp4a": len(re.findall(r"\bIDP\.4A\b", sass)), "ldg128": len(re.findall(r"\bLDG\.E\S*\.128\b", sass)),
-            "sass_lines": sass.count("\n")}
+            "prefetches": len(re.findall(PREFETCH, sass)), "sass_lines": sass.count("\n")}
 
 
 def _code(sass: str) -> list[tuple[int, str]]:
@@ -101,11 +103,14 @@ BRANCH = re.compile(r"^(BRA|BRX|JMP|JMX|CALL|RET)\b")
 def dependent_launch_order(sass: str) -> str:
     """Where `sass` waits on the launch before it (programmatic dependent launch: griddepcontrol.wait is ACQBULK in
     SASS): "wait first" where the wait comes before every global memory instruction and every branch (so it is in
-    the entry's straight-line code: every path to global memory passes it), "late" where a global memory access or
-    a branch precedes it, "none" where the kernel never waits."""
+    the entry's straight-line code: every path to global memory passes it), "prefetch, then wait" where only cache
+    prefetches (CCTL .PF1 / .PF2, which load no value) come before it and no branch, "late" where a global memory
+    access or a branch precedes it, "none" where the kernel never waits."""
     ops = [_unpredicated(op) for _, op in _code(sass)]
     wait = next((i for i, op in enumerate(ops) if op.startswith("ACQBULK")), None)
     if wait is None:
         return "none"
     early = [op for op in ops[:wait] if GLOBAL_MEMORY.match(op) or BRANCH.match(op)]
-    return "late" if early else "wait first"
+    if not early:
+        return "wait first"
+    return "prefetch, then wait" if all(re.match(PREFETCH, op) for op in early) else "late"
