@@ -174,6 +174,19 @@ def test_a_section_past_its_limit_is_recorded_and_the_next_one_runs(tmp_path):
     assert 2 <= r["lossless_seconds"] < 10 and "Timed out: lossless." in md
 
 
+def test_pass_times_stopped_at_its_limit_keeps_the_forms_it_finished(tmp_path):
+    """pass_times stopped at its limit mid-section (it hangs after its first form) keeps that form's row, names the
+    stop, and the projection and table are made from what it finished; the run goes on to the next section."""
+    out, r, md = _dry(tmp_path, "--sections", "pass_times,profile", "--hang", "pass_times", "--limits",
+                      "pass_times=20")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert r["complete"] and "error" not in r["profile"], r
+    assert list(r["pass_times"]) == ["tiny"] and list(r["pass_times"]["tiny"]) == ["eager"], r["pass_times"]
+    assert r["pass_times_stopped"] == "SectionTimeout: timed out after 20 s (its limit)", r
+    assert r["sections"]["pass_times"] == {"status": "stopped", "reason": r["pass_times_stopped"]}
+    assert list(r["projection"]["tiny"]) == ["eager"] and "| tiny | eager |" in md and "Pass times stopped" in md
+
+
 def _children(pid: int, name: str) -> list[int]:
     """Process ids of `pid`'s children whose command is `name` (/proc)."""
     found = []

@@ -30,8 +30,9 @@ Evidence survives a timeout: the JSON is written (atomically) before and after e
 section under way and `complete` false until the end; each section has a time limit (LIMITS, SIGALRM: a section past it
 is recorded as timed out and the next one runs; the tensorrt section's child is stopped TRT_STOP_MARGIN seconds before
 that and the section names the phase it was in, with the seconds of those done: edge.phase_clock; the plugins section's
-pytest child PLUGINS_STOP_MARGIN seconds before, naming the test it was in); the script's own `timeout` bounds the whole
-run for a section stuck in native code, where no signal handler runs. The Llama-2-7B shape, where asked, is skipped by
+pytest child PLUGINS_STOP_MARGIN seconds before, naming the test it was in; pass_times keeps the forms it finished and
+names the stop in `pass_times_stopped`); the script's own `timeout` bounds the whole run for a section stuck in native
+code, where no signal handler runs. The Llama-2-7B shape, where asked, is skipped by
 itself on a device with under SEVEN_B_MIN_GIB of memory (an 8 GB Orin), and the JSON says why.
 """
 
@@ -60,19 +61,13 @@ KERNEL_TESTS_DRY = ("tests/test_kernels.py::test_dual_plane_linear_rejects_bad_s
 OPT_IN = {"gptq": "--with-gptq"}   # sections that run only when asked, past the default run's 300 s
 # Seconds per section: the first seven's sum (295) stays under scripts/device_check.sh's timeout of the whole run
 # (300: one device call with time left for a second); where TensorRT is importable the script adds the tensorrt
-# section's limit (an engine build takes minutes), with --with-gptq the gptq section's. Its 300 s, estimated (no GPU
-# run yet): on this project's 2-core CPU the default export took ~6 min (8.6 s a block, GPTQ and the calibration
-# passes) and its evaluation at 4096 tokens 168 s (2.4 GB; the float reference included); on CUDA the blocks' work
-# moves to the GPU (~1-2 s a block, ~60-100 s with the model's load), and the evaluation, on the CPU as the
-# committed figures' was, runs on 16 cores (~40-60 s): ~100-160 s; 300 leaves room for a cold machine (imports, CUDA
-# start, no cache) and for an estimate that far off.
-# Measured on an H200 (triton 3.6, every section compiled cold): kernels 28 s (its unit tests 16, 8 workers), bandwidth
-# 9-11, lossless 3-5, pass times 10-12 (the 7B shape included), plugins 12-15. Added since, each limit estimated (no
-# GPU run yet): the bandwidth section's shapes beyond L2, rings of plane copies and tiled and canonical rows (~18 cold
-# compiles: 70 s); pass times at the Qwen2.5-1.5B shape, on sm_90 graphs without PDL and without the GEMV's weight
-# prefetch (80 s: five forms at three shapes, ~25 kernels compiled cold without PDL, ~8 GEMVs without the prefetch); the profile section (each pass's kernels by family: 25 s); the prefill section (a 256-token chunk
-# on the tensor cores against the decode kernel and its attention on both kernels, ~9 cold compiles: 40 s); lossless
-# keeps 20 (over 15 s in the dry run on a busy 2-core CPU).
+# section's limit (an engine build takes minutes), with --with-gptq the gptq section's: 300 s, estimated (no GPU run
+# yet) from the 2-core CPU's ~6 min export (8.6 s a block) and 168 s evaluation: on CUDA ~1-2 s a block (~60-100 s
+# with the load) and the evaluation on 16 cores ~40-60 s, with room for a cold machine and an estimate that far off.
+# Measured on an H200 (triton 3.6, all compiled cold): kernels 28 s (unit tests 16), bandwidth 9-11, lossless 3-5, pass
+# times 10-12 (7B included), plugins 12-15. Estimated since (no GPU run yet): bandwidth beyond L2, tiled and canonical
+# (~18 cold compiles) 70; pass times at three shapes, five forms on sm_90 (~25 kernels compiled cold without PDL, ~8
+# GEMVs without the prefetch) 80; profile 25; prefill (~9 cold compiles) 40; lossless 20 (15 s in a busy dry run).
 LIMITS = {"kernels": 40, "bandwidth": 70, "prefill": 40, "lossless": 20, "pass_times": 80, "profile": 25,
           "plugins": 20, "tensorrt": 300, "gptq": 300}
 # A dry run's default limits are these times DRY_LIMIT_SCALE: LIMITS budget a GPU's work, a dry run is the Triton
@@ -99,7 +94,7 @@ class DeviceCheckOptions:
     skip_7b: bool = True              # the Llama-2-7B shape is opt-in (--with-7b): minutes of planes on the GPU
     sections: tuple = SECTIONS        # which sections run, in SECTIONS order
     limits: tuple = ()                # ((section, seconds), ...) over LIMITS
-    hang: str | None = None           # dry runs only: this section hangs (a simulated cold compile past its limit)
+    hang: str | None = None           # dry runs only: this section hangs (pass_times: after its first form)
     checkpoint: str | None = None     # the tensorrt section's checkpoint (default: export the default model)
     onnx: str | None = None           # the tensorrt section's step graph (default: exported from the checkpoint)
     with_gptq: bool = False           # the gptq section is opt-in (--with-gptq): minutes of export and evaluation
@@ -323,17 +318,18 @@ def _passes(eng) -> dict:
             "verify": lambda: eng.forward([7] * (GAMMA + 1), "target", KV8, on_device=True).argmax(-1).tolist()}
 
 
-def pass_times(opts: DeviceCheckOptions, dev: str) -> dict:
+def pass_times(opts: DeviceCheckOptions, dev: str, done: dict | None = None) -> dict:
     """Median wall time (ms, host included: what a greedy decode step waits for, its argmaxes on the host) of a draft
     pass (1 token into a draft slot), a target pass (1 token) and a verification pass (γ+1 tokens) for each engine
     form; on a GPU with programmatic dependent launch (sm_90 on: plugins.kernels.common.pdl) the graphs also
     without it (`graphs_no_pdl`), what it gains, and with it but without the GEMV's weight prefetch before its wait
-    (`graphs_no_prefetch`), what that adds."""
+    (`graphs_no_prefetch`), what that adds. Each form's row lands in `done` as it finishes (a section stopped at its
+    limit keeps them: the run's caller records them; a dry run's `--hang pass_times` hangs after the first)."""
     from edge.analysis.pass_profile import median_ms
     from edge.backends.triton_graphs import GraphedEngine
     from edge.engine.interface import PassEngine
     from plugins.kernels.common import PDL_ENV, PREFETCH_ENV, env_off, pdl
-    out = {}
+    out = {} if done is None else done
     for name, capacity, prompt, ckpt, backend in _at_shapes(opts, dev):
         forms = {"eager": (PassEngine, {}), "static": (GraphedEngine, {"graphs": False})}
         if dev == "cuda":
@@ -350,7 +346,9 @@ def pass_times(opts: DeviceCheckOptions, dev: str) -> dict:
                 rows[form] = {f"{k}_ms": median_ms(fn, opts.repeats, dev == "cuda", warm=not opts.dry)  # nothing
                               for k, fn in _passes(eng).items()}                      # to warm in the interpreter
                 del eng
-        out[name] = rows
+            out[name] = rows
+            if opts.hang == "pass_times":   # dry runs only: a stop mid-section (tests of the rows it keeps)
+                _hang()
         del ckpt, backend                   # before `_at_shapes` empties the device cache
     return out
 
@@ -446,8 +444,9 @@ def run_device_check(opts: DeviceCheckOptions, out: Path | None = None) -> dict:
         if out is not None:
             write_atomic(json.dumps(result, indent=1).encode(), out)
 
+    times = {}          # pass_times' rows as each form finishes: kept where the section stops at its limit
     run = {"kernels": lambda: kernels(opts), "bandwidth": lambda: bandwidth(opts), "prefill": lambda: prefill(opts),
-           "lossless": lambda: lossless(opts, dev), "pass_times": lambda: pass_times(opts, dev),
+           "lossless": lambda: lossless(opts, dev), "pass_times": lambda: pass_times(opts, dev, times),
            "profile": lambda: pass_profile(opts, dev),
            "plugins": lambda: plugins_section(opts.limit("plugins"), dry=opts.dry),
            "tensorrt": lambda: tensorrt_section(opts), "gptq": lambda: gptq_section(opts.limit("gptq"), dry=opts.dry)}
@@ -456,10 +455,12 @@ def run_device_check(opts: DeviceCheckOptions, out: Path | None = None) -> dict:
         save()
         t0 = time.time()
         try:
-            hang = opts.hang == name and name != "tensorrt"          # tensorrt hangs in its child's phase
+            hang = opts.hang == name and name not in ("tensorrt", "pass_times")   # those hang in their own code
             result[name] = _within(opts.limit(name), _hang if hang else run[name])
         except (Exception, SectionTimeout) as e:             # one broken section must not cost the others
             result[name] = {"error": f"{e.__class__.__name__}: {e}"}
+            if name == "pass_times" and times:                   # the forms done stay, the stop is named
+                result[name], result["pass_times_stopped"] = times, result[name]["error"]
         result[name + "_seconds"] = round(time.time() - t0, 1)
         print(f"device_check: {name} done in {result[name + '_seconds']} s", file=sys.stderr, flush=True)
         save()
@@ -475,6 +476,8 @@ def run_device_check(opts: DeviceCheckOptions, out: Path | None = None) -> dict:
         if s not in opts.chosen and s in opts.sections:
             result[s] = {"status": "not run", "reason": f"opt-in ({flag})"}
     result["sections"] = {s: section_status(s, result.get(s), s in opts.chosen) for s in SECTIONS}
+    if "pass_times_stopped" in result:
+        result["sections"]["pass_times"] = {"status": "stopped", "reason": result["pass_times_stopped"]}
     result["passed"] = bool(verdicts) and all(verdicts)
     result["complete"] = True
     save()
