@@ -184,7 +184,19 @@ def test_pass_times_stopped_at_its_limit_keeps_the_forms_it_finished(tmp_path):
     assert list(r["pass_times"]) == ["tiny"] and list(r["pass_times"]["tiny"]) == ["eager"], r["pass_times"]
     assert r["pass_times_stopped"] == "SectionTimeout: timed out after 20 s (its limit)", r
     assert r["sections"]["pass_times"] == {"status": "stopped", "reason": r["pass_times_stopped"]}
-    assert list(r["projection"]["tiny"]) == ["eager"] and "| tiny | eager |" in md and "Pass times stopped" in md
+    assert list(r["projection"]["tiny"]) == ["eager"] and "| tiny | eager |" in md
+    assert "Stopped at its limit: pass_times (SectionTimeout: timed out after 20 s (its limit))" in md
+
+
+def test_the_bandwidth_section_lands_its_rows_as_it_measures_them():
+    """The bandwidth section's rows go into the dict the run keeps where it stops at its limit (its copy bandwidth,
+    each GEMV and attention row as measured), the same object it returns when it finishes (a dry run's shapes)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("a dry run's shapes run in the Triton interpreter, which this process does not use")
+    from export.tools.device_check import DeviceCheckOptions, bandwidth
+    done = {}
+    out = bandwidth(DeviceCheckOptions(dry=True, repeats=1), done)
+    assert out is done and done["copy_GBps"] > 0 and done["gemv"] and done["attention"], done
 
 
 def _children(pid: int, name: str) -> list[int]:

@@ -134,14 +134,14 @@ def _row(kernel, k, n, m, view, act, need, sec, copy_bw, **extra) -> dict:
 
 
 def gemv_rows(repeats: int, copy_bw: float, shapes=GEMV_SHAPES, device: str = "cuda", timer=time_graph,
-              acts=("int8", "float16"), tokens=GEMV_TOKENS) -> list[dict]:
+              acts=("int8", "float16"), tokens=GEMV_TOKENS, rows: list | None = None) -> list[dict]:
     """One row per (shape, M, view, activations) of the canonical launch, one per (shape, M, view) of the tiled
     launch the `triton` backend runs (`dual_plane_linear_tiled`, INT8 activations) and a cuBLAS float16 row per
     (shape, M), each launch on its own copy of the operands (`ring`); `copy_same_GBps`: a device copy of the
-    target's plane bytes, same ring."""
+    target's plane bytes, same ring. Rows are appended to `rows` (returned) as each is measured."""
     from plugins.kernels import dual_plane_linear, dual_plane_linear_tiled
     from plugins.kernels.tiling import tile_planes
-    rows, l2 = [], l2_bytes(device)
+    rows, l2 = [] if rows is None else rows, l2_bytes(device)
     for k, n in shapes:
         g = 128 if k % 128 == 0 else 64
         plane = n * k // 2
@@ -252,9 +252,9 @@ def prefill_attention_rows(repeats: int, cases=PREFILL_ATTENTION_CASES, device: 
 
 
 def attention_rows(repeats: int, copy_bw: float, contexts: list[int], layouts=ATTENTION_LAYOUTS, device: str = "cuda",
-                   timer=time_graph) -> list[dict]:
+                   timer=time_graph, rows: list | None = None) -> list[dict]:
     from plugins.kernels import nested_kv_attention_at
-    rows = []
+    rows = [] if rows is None else rows          # appended to as each is measured
     for layout, hq, hkv, d in layouts:
         for s in contexts:
             base = torch.randint(0, 256, (2, hkv, s, d // 2), dtype=torch.uint8, device=device)

@@ -26,14 +26,13 @@ on the CPU at a tiny calibration, plumbing only). In the dry run with --checkpoi
 on the CPU (onnxruntime) standing in for the engine. `--dry` runs the same code in the Triton interpreter on the CPU at
 tiny shapes (a test runs it, so a typo costs no device time); its figures mean nothing.
 
-Evidence survives a timeout: the JSON is written (atomically) before and after every section, with `running` naming the
-section under way and `complete` false until the end; each section has a time limit (LIMITS, SIGALRM: a section past it
-is recorded as timed out and the next one runs; the tensorrt section's child is stopped TRT_STOP_MARGIN seconds before
-that and the section names the phase it was in, with the seconds of those done: edge.phase_clock; the plugins section's
-pytest child PLUGINS_STOP_MARGIN seconds before, naming the test it was in; pass_times keeps the forms it finished and
-names the stop in `pass_times_stopped`); the script's own `timeout` bounds the whole run for a section stuck in native
-code, where no signal handler runs. The Llama-2-7B shape, where asked, is skipped by
-itself on a device with under SEVEN_B_MIN_GIB of memory (an 8 GB Orin), and the JSON says why.
+Evidence survives a timeout: the JSON is written (atomically) before and after every section (`running` names the
+one under way, `complete` is false until the end); a section past its limit (LIMITS, SIGALRM) is recorded as timed
+out and the next runs, the bandwidth and pass_times sections keeping the rows they finished (`NAME_stopped` names
+the stop); the tensorrt and plugins sections' children are stopped TRT_STOP_MARGIN / PLUGINS_STOP_MARGIN seconds
+before, naming the phase (edge.phase_clock) or the test they were in; the script's own `timeout` bounds the whole run
+for a section stuck in native code. The Llama-2-7B shape, where asked, is skipped by itself on a device with under
+SEVEN_B_MIN_GIB of memory (an 8 GB Orin), and the JSON says why.
 """
 
 import json
@@ -60,19 +59,17 @@ KERNEL_TESTS = ("tests/test_kernels.py", "tests/test_tiled_gemv.py", "tests/test
 KERNEL_TESTS_DRY = ("tests/test_kernels.py::test_dual_plane_linear_rejects_bad_shapes",)
 OPT_IN = {"gptq": "--with-gptq"}   # sections that run only when asked, past the default run's 300 s
 # Seconds per section: the first seven's sum (295) stays under scripts/device_check.sh's timeout of the whole run
-# (300: one device call with time left for a second); where TensorRT is importable the script adds the tensorrt
-# section's limit (an engine build takes minutes), with --with-gptq the gptq section's: 300 s, estimated (no GPU run
-# yet) from the 2-core CPU's ~6 min export (8.6 s a block) and 168 s evaluation: on CUDA ~1-2 s a block (~60-100 s
-# with the load) and the evaluation on 16 cores ~40-60 s, with room for a cold machine and an estimate that far off.
+# (300); where TensorRT is importable the script adds the tensorrt section's (an engine build takes minutes), with
+# --with-gptq the gptq section's: 300 s, estimated (no GPU run yet) from the 2-core CPU's ~6 min export and 168 s
+# evaluation: on CUDA ~1-2 s a block, the evaluation on 16 cores ~40-60 s, room for a cold machine and the estimate.
 # Measured on an H200 (triton 3.6, all compiled cold): kernels 28 s (unit tests 16), bandwidth 9-11, lossless 3-5, pass
 # times 10-12 (7B included), plugins 12-15. Estimated since (no GPU run yet): bandwidth beyond L2, tiled and canonical
 # (~18 cold compiles) 70; pass times at three shapes, five forms on sm_90 (~25 kernels compiled cold without PDL, ~8
 # GEMVs without the prefetch) 80; profile 25; prefill (~9 cold compiles) 40; lossless 20 (15 s in a busy dry run).
 LIMITS = {"kernels": 40, "bandwidth": 70, "prefill": 40, "lossless": 20, "pass_times": 80, "profile": 25,
           "plugins": 20, "tensorrt": 300, "gptq": 300}
-# A dry run's default limits are these times DRY_LIMIT_SCALE: LIMITS budget a GPU's work, a dry run is the Triton
-# interpreter on whatever CPU runs it (its lossless section took 15-20 s on a busy 2-core CPU against 3-5 s on the
-# H200, and past 20 on a slower one). Limits given with --limits are taken as given (the timeout tests rely on them).
+# A dry run's default limits are these times DRY_LIMIT_SCALE (the interpreter on a CPU: lossless 15-20 s on a busy
+# 2-core CPU against 3-5 s on the H200). Limits given with --limits are taken as given (the timeout tests rely on them).
 DRY_LIMIT_SCALE = 4
 # The sections whose result passes or fails the run, where they ran (the others measure): a section that raised or
 # timed out holds only {"error"} and fails its verdict; a skipped one (its reason recorded) fails nothing.
@@ -124,9 +121,8 @@ class DeviceCheckOptions:
 def seven_b_skip_reason(total_bytes: int) -> str | None:
     """Why the 7B shape cannot run on a device with `total_bytes` of memory, or None where it fits."""
     gib = total_bytes / 2 ** 30
-    if gib < SEVEN_B_MIN_GIB:
-        return f"skipped: the device has {gib:.1f} GiB, the 7B shape needs about {SEVEN_B_MIN_GIB} GiB"
-    return None
+    return f"skipped: the device has {gib:.1f} GiB, the 7B shape needs about {SEVEN_B_MIN_GIB} GiB" \
+        if gib < SEVEN_B_MIN_GIB else None
 
 
 class SectionTimeout(BaseException):
@@ -195,10 +191,11 @@ def kernels(opts: DeviceCheckOptions) -> dict:
     return out
 
 
-def bandwidth(opts: DeviceCheckOptions) -> dict:
+def bandwidth(opts: DeviceCheckOptions, done: dict | None = None) -> dict:
     """Kernel GB/s as a share of the copy bandwidth measured in the same run: the decode GEMV (INT8 activations,
-    M = 1, 5, 8) at the shapes beyond L2 and the real shapes of Qwen2.5-1.5B and Llama-3-8B, each launch on its own
-    copy of the planes (edge.analysis.kernel_bench.ring), and attention at 4K and 16K positions."""
+    M = 1, 5, 8) at the shapes beyond L2 (first) and the real shapes of Qwen2.5-1.5B and Llama-3-8B, each launch on
+    its own copy of the planes (edge.analysis.kernel_bench.ring), and attention at 4K and 16K positions. Rows land in
+    `done` as each is measured (a section stopped at its limit keeps them)."""
     from edge.analysis import kernel_bench as b
     if opts.dry:
         dev, timer, shapes, contexts, layouts, nbytes = "cpu", b.time_host, [(128, 64)], [256], [("tiny", 4, 2, 32)], 1 << 20
@@ -206,9 +203,11 @@ def bandwidth(opts: DeviceCheckOptions) -> dict:
         dev, timer, shapes, contexts, layouts, nbytes = "cuda", b.time_graph, b.DEVICE_CHECK_SHAPES, [4096, 16384], \
             b.ATTENTION_LAYOUTS, 512 << 20
     copy = b.copy_bandwidth(opts.repeats, nbytes, dev, timer)
-    return {"copy_GBps": copy / 1e9, "l2_bytes": b.l2_bytes(dev),
-            "gemv": b.gemv_rows(opts.repeats, copy, shapes, dev, timer, acts=("int8",)),
-            "attention": b.attention_rows(opts.repeats, copy, contexts, layouts, dev, timer)}
+    out = {} if done is None else done
+    out |= {"copy_GBps": copy / 1e9, "l2_bytes": b.l2_bytes(dev), "gemv": [], "attention": []}
+    b.gemv_rows(opts.repeats, copy, shapes, dev, timer, acts=("int8",), rows=out["gemv"])
+    b.attention_rows(opts.repeats, copy, contexts, layouts, dev, timer, rows=out["attention"])
+    return out
 
 
 def prefill(opts: DeviceCheckOptions) -> dict:
@@ -444,9 +443,10 @@ def run_device_check(opts: DeviceCheckOptions, out: Path | None = None) -> dict:
         if out is not None:
             write_atomic(json.dumps(result, indent=1).encode(), out)
 
-    times = {}          # pass_times' rows as each form finishes: kept where the section stops at its limit
-    run = {"kernels": lambda: kernels(opts), "bandwidth": lambda: bandwidth(opts), "prefill": lambda: prefill(opts),
-           "lossless": lambda: lossless(opts, dev), "pass_times": lambda: pass_times(opts, dev, times),
+    kept = {"bandwidth": {}, "pass_times": {}}     # their rows as each is measured: kept where one stops at its limit
+    run = {"kernels": lambda: kernels(opts), "bandwidth": lambda: bandwidth(opts, kept["bandwidth"]),
+           "prefill": lambda: prefill(opts), "lossless": lambda: lossless(opts, dev),
+           "pass_times": lambda: pass_times(opts, dev, kept["pass_times"]),
            "profile": lambda: pass_profile(opts, dev),
            "plugins": lambda: plugins_section(opts.limit("plugins"), dry=opts.dry),
            "tensorrt": lambda: tensorrt_section(opts), "gptq": lambda: gptq_section(opts.limit("gptq"), dry=opts.dry)}
@@ -459,8 +459,8 @@ def run_device_check(opts: DeviceCheckOptions, out: Path | None = None) -> dict:
             result[name] = _within(opts.limit(name), _hang if hang else run[name])
         except (Exception, SectionTimeout) as e:             # one broken section must not cost the others
             result[name] = {"error": f"{e.__class__.__name__}: {e}"}
-            if name == "pass_times" and times:                   # the forms done stay, the stop is named
-                result[name], result["pass_times_stopped"] = times, result[name]["error"]
+            if kept.get(name):                                   # the rows done stay, the stop is named
+                result[name], result[f"{name}_stopped"] = kept[name], result[name]["error"]
         result[name + "_seconds"] = round(time.time() - t0, 1)
         print(f"device_check: {name} done in {result[name + '_seconds']} s", file=sys.stderr, flush=True)
         save()
@@ -476,8 +476,8 @@ def run_device_check(opts: DeviceCheckOptions, out: Path | None = None) -> dict:
         if s not in opts.chosen and s in opts.sections:
             result[s] = {"status": "not run", "reason": f"opt-in ({flag})"}
     result["sections"] = {s: section_status(s, result.get(s), s in opts.chosen) for s in SECTIONS}
-    if "pass_times_stopped" in result:
-        result["sections"]["pass_times"] = {"status": "stopped", "reason": result["pass_times_stopped"]}
+    for name in (n for n in kept if f"{n}_stopped" in result):
+        result["sections"][name] = {"status": "stopped", "reason": result[f"{name}_stopped"]}
     result["passed"] = bool(verdicts) and all(verdicts)
     result["complete"] = True
     save()

@@ -53,8 +53,8 @@ def table(result: dict) -> str:
     timed_out = [s for s in SECTIONS if "timed out" in str(result.get(s, {}).get("error", ""))]
     if timed_out:
         lines.append(f"Timed out: {', '.join(timed_out)}.")
-    if result.get("pass_times_stopped"):
-        lines.append(f"Pass times stopped ({result['pass_times_stopped']}): the rows above are the forms it finished.")
+    for name in (s for s in SECTIONS if result.get(f"{s}_stopped")):
+        lines.append(f"Stopped at its limit: {name} ({result[f'{name}_stopped']}); its rows above are those it finished.")
     if "llama-2-7b" in result:
         lines.append(f"Llama-2-7B shape {result['llama-2-7b']}.")
     if "error" not in result.get("profile", {"error": "not run"}):
