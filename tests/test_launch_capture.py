@@ -140,12 +140,12 @@ def test_a_capture_compiles_for_its_arch_parses_options_and_restores_triton():
 HOPPER = """
 import json, os, sys
 from edge.analysis.kernel_launches import backend_launches
-from plugins.kernels.common import PREFETCH_ENV, env_off, pdl, pdl_off
+from plugins.kernels.common import PDL_ENV, PREFETCH_ENV, env_off, pdl
 from plugins.kernels.launches import captured_launches
 launches = backend_launches(sys.argv[1], 90, compile_them=False)
-with captured_launches(90, compile_them=False), pdl_off():      # the device check's graphs_no_pdl form
+with captured_launches(90, compile_them=False), env_off(PDL_ENV):      # the device check's graphs_no_pdl form
     off = pdl("cpu", prefetch=True)
-with captured_launches(90, compile_them=False), pdl_off(False):
+with captured_launches(90, compile_them=False), env_off(PDL_ENV, False):
     kept = pdl("cpu")
 with captured_launches(90, compile_them=False), env_off(PREFETCH_ENV):    # its graphs_no_prefetch form
     no_prefetch = pdl("cpu", prefetch=True)
@@ -163,13 +163,13 @@ def test_on_hopper_every_launch_of_the_default_models_passes_is_a_dependent_laun
     launched for sm_90 with programmatic dependent launch (its PDL constant and the launch attribute: a launcher that
     forgets either is caught); the decode GEMV, and only it, with its weights' L2 prefetch before the wait (PREFETCH),
     which BITNEST_PDL_PREFETCH=0 turns off with PDL kept (the `graphs_no_prefetch` form); BITNEST_PDL=0 launches none
-    with PDL, nor does `pdl_off` (the device check's `graphs_no_pdl` form), which puts the switch back; sm_87 has
+    with PDL, nor does `env_off(PDL_ENV)` (the device check's `graphs_no_pdl` form), which puts the switch back; sm_87 has
     none. (Recorded, not compiled: the compiled kernels' order is `compile-kernels --arch sm_90`'s `dependent_launch`
     column and the tests above and in test_compile_kernels.py.)"""
     result = json.loads(_child(HOPPER, str(rtn_checkpoint)))
     on = result["launches"]
     assert LAUNCHED <= {name for name, _, _ in on}, on
-    pdl = {"PDL": True, "launch_pdl": True}      # pdl_off turns it off and puts the switch back; Orin has none
+    pdl = {"PDL": True, "launch_pdl": True}      # env_off turns it off and puts the switch back; Orin has none
     assert result["switch"] == [{}, pdl, pdl, {}, None, None], result["switch"]
     assert result["prefetch"] == ["decode_gemv_kernel"], result["prefetch"]     # the weight stream, asked for by
     #                                                                              its launcher; no other kernel

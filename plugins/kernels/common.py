@@ -97,11 +97,6 @@ def env_off(name: str, off: bool = True):
             os.environ[name] = before
 
 
-def pdl_off(off: bool = True):
-    """Within it (where `off`), launches go without programmatic dependent launch (`env_off` of PDL_ENV)."""
-    return env_off(PDL_ENV, off)
-
-
 @triton.jit
 def dependent_launch(PDL: tl.constexpr):
     """A kernel's first statement: with PDL, wait until the launch before this one has completed and its writes are

@@ -256,14 +256,16 @@ def _prefetch(base_ptr, refine_ptr, scale_ptr, wp, sp, groups, G: tl.constexpr, 
     CH: tl.constexpr = G // CHUNK_COLS
     CHUNK_WORDS: tl.constexpr = 4 * TILE_ROWS if TILED else 4
     SCALE_STEP: tl.constexpr = TILE_ROWS if TILED else 1
+    firsts = ()
+    for r in tl.static_range(ROWS):
+        firsts = firsts + (tl.min(wp[r], axis=1),)              # [BS] each row's first chunk word: one a thread
     for j in tl.static_range(PREFETCH_CHUNKS):
         gi = tl.minimum(j // CH, groups - 1)
         at = gi * (CH * CHUNK_WORDS) + (j % CH) * CHUNK_WORDS
         for r in tl.static_range(ROWS):
-            first = tl.min(wp[r], axis=1)                        # [BS] the chunk's first word: one a thread
-            prefetch_l2(base_ptr + first + at)
+            prefetch_l2(base_ptr + firsts[r] + at)
             if REFINE:
-                prefetch_l2(refine_ptr + first + at)
+                prefetch_l2(refine_ptr + firsts[r] + at)
             if j % CH == 0:
                 prefetch_l2(scale_ptr + sp[r] + gi * SCALE_STEP)
 
